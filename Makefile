@@ -1,0 +1,26 @@
+# Installs what is missing, then runs. The CPU wheel of torch goes first so that
+# nothing later pulls a CUDA build (see DEVELOPERS.md).
+PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
+STAMP := .make-installed
+
+.PHONY: install test lint demo bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
+	$(PYTHON) -m pip install -q -e ".[dev,bench]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PYTHON) -m pytest -q -x --timeout=900 tests
+
+lint: install
+	$(PYTHON) -m ruff check copynce_hf scripts tests
+
+bench: install
+	$(PYTHON) scripts/bench_pixtrace.py
+
+clean:
+	rm -f $(STAMP)

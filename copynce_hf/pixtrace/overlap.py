@@ -1,0 +1,111 @@
+"""Patch overlap priors: the paper's q-hat, from a pixel correspondence table.
+
+Paper, section "CopyNCE Loss": q-hat(R_j^r | R_i^q) = |{T[c] in R_j^r : c in R_i^q}| / |R_i^q|,
+the share of query patch i's pixels whose traced position falls inside reference patch j.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TableError
+from .table import CoordinateTable
+
+__all__ = ["patch_overlap", "pair_tables", "pair_overlaps"]
+
+_PATCH_INDEX_CACHE: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[int, int]) -> np.ndarray:
+    """Overlap prior of the patches of image A (the table's image) with those of image B.
+
+    Args:
+        table: maps image A (H, W), both multiples of ``patch_size``, into image B.
+        patch_size: side of a square patch in pixels (16 for ViT-S/16).
+        target_size: ``(H_B, W_B)`` of image B, multiples of ``patch_size``.
+
+    Returns:
+        float32 (L_A, L_B), patches numbered row-major: entry (i, j) is the number of
+        pixels of A-patch i whose traced position lies in B-patch j, over ``patch_size**2``.
+        Untraced and out-of-bounds pixels count nowhere, so rows sum to at most 1.
+    """
+    height, width = table.size
+    target_h, target_w = (int(v) for v in target_size)
+    for name, value in (("table height", height), ("table width", width), ("target height", target_h),
+                        ("target width", target_w)):
+        if value % patch_size:
+            raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    grid_a = (height // patch_size) * (width // patch_size)
+    grid_b_w = target_w // patch_size
+    grid_b = (target_h // patch_size) * grid_b_w
+
+    own_flat, y, x = table.traced_points()
+    with np.errstate(invalid="ignore"):
+        inside = (y >= -0.5) & (y < target_h - 0.5) & (x >= -0.5) & (x < target_w - 0.5)
+    # Positions are >= -0.5 inside, so truncating (v + 0.5) is the nearest pixel (floor).
+    rows = (y[inside] + 0.5).astype(np.intp)
+    cols = (x[inside] + 0.5).astype(np.intp)
+    target_patch = (rows // patch_size) * grid_b_w + cols // patch_size
+    own_patch = _patch_index(height, width, patch_size).ravel()[own_flat[inside]]
+    counts = np.bincount(own_patch * grid_b + target_patch, minlength=grid_a * grid_b)
+    return (counts.astype(np.float32) / np.float32(patch_size * patch_size)).reshape(grid_a, grid_b)
+
+
+def pair_tables(table_a: CoordinateTable, table_b: CoordinateTable) -> tuple[CoordinateTable, CoordinateTable]:
+    """Tables A -> B and B -> A of two copies of one source, through the source (the paper's bridge).
+
+    Both tables must share a source. For tables made by the catalogue's edits the result
+    is exact and dense (analytic inverse); for dense tables the paper's scatter inverse is
+    used, at the source's resolution.
+    """
+    if table_a.source_size != table_b.source_size:
+        raise TableError(
+            f"the two tables trace to different sources: {table_a.source_size} and {table_b.source_size}"
+        )
+    if not (table_a.is_analytic and table_b.is_analytic):
+        table_a, table_b = _common_dense_frame(table_a, table_b)
+    return table_a.compose(table_b.inverse()), table_b.compose(table_a.inverse())
+
+
+#: Largest side of the source frame used to invert dense tables.
+MAX_DENSE_FRAME_SIDE = 4096
+
+
+def _common_dense_frame(table_a: CoordinateTable, table_b: CoordinateTable):
+    """Express both tables' source positions in a frame at least as fine as either copy.
+
+    A scatter inverse at the source's resolution is sparse wherever a copy shows the source
+    at a finer scale than the source grid: a reference shrunk 2x from its original gives
+    only one source pixel in four a value. The reference code rescales the source to the
+    copy's size before inverting; here the frame is scaled so one source pixel is at most
+    one pixel of either copy.
+    """
+    scale = min(table_a.source_pixels_per_pixel(), table_b.source_pixels_per_pixel())
+    factor = 1.0 / max(scale, 1e-6)
+    height, width = table_a.source_size
+    factor = min(factor, MAX_DENSE_FRAME_SIDE / max(height, width))
+    frame = (max(1, int(np.ceil(height * factor))), max(1, int(np.ceil(width * factor))))
+    return table_a.with_source_size(*frame), table_b.with_source_size(*frame)
+
+
+def pair_overlaps(
+    table_q: CoordinateTable, table_r: CoordinateTable, patch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both overlap priors of a copy pair: ``(overlap_qr (L_q, L_r), overlap_rq (L_r, L_q))``."""
+    table_qr, table_rq = pair_tables(table_q, table_r)
+    return (
+        patch_overlap(table_qr, patch_size, table_r.size),
+        patch_overlap(table_rq, patch_size, table_q.size),
+    )
+
+
+def _patch_index(height: int, width: int, patch_size: int) -> np.ndarray:
+    key = (height, width, patch_size)
+    index = _PATCH_INDEX_CACHE.get(key)
+    if index is None:
+        rows = np.arange(height) // patch_size
+        cols = np.arange(width) // patch_size
+        index = rows[:, None] * (width // patch_size) + cols[None, :]
+        index.setflags(write=False)
+        _PATCH_INDEX_CACHE[key] = index
+    return index

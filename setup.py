@@ -1,0 +1,53 @@
+"""Packaging for copynce_hf: CopyNCE image copy detection for the Hugging Face ecosystem."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+README = Path(__file__).with_name("README.md")
+
+setup(
+    name="copynce_hf",
+    version="0.1.0.dev0",
+    description="CopyNCE image copy detection (ICCV 2025): PixTrace, descriptor and matcher models, "
+    "training, retrieval and the muAP metric, built on the Hugging Face ecosystem.",
+    long_description=README.read_text(encoding="utf-8") if README.exists() else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["copynce_hf", "copynce_hf.*"]),
+    include_package_data=True,
+    package_data={
+        "copynce_hf": [
+            "assets/*",
+            "assets/**/*",
+            "pretrained/**/*",
+            "metrics/copy_detection/*",
+        ]
+    },
+    install_requires=[
+        "numpy>=1.24",
+        "pillow>=9.5",
+        "augly>=1.0.0",
+        "torch>=2.1,<2.15",
+        "transformers>=4.45",
+        "accelerate>=0.30",
+        "datasets>=2.19",
+        "evaluate>=0.4.1",
+        "huggingface_hub>=0.23",
+        "safetensors>=0.4",
+        "faiss-cpu>=1.7.4",
+        "pyyaml>=6",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "ruff>=0.4", "pytest-timeout>=2.1"],
+        "bench": ["pdqhash>=0.2", "imagehash>=4.3", "tensorboard>=2.14", "h5py>=3.8"],
+    },
+    entry_points={"console_scripts": ["copynce=copynce_hf.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Image Recognition",
+    ],
+)
