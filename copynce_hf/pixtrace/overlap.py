@@ -39,15 +39,19 @@ def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[in
     grid_b_w = target_w // patch_size
     grid_b = (target_h // patch_size) * grid_b_w
 
-    own_flat, y, x = table.traced_points()
+    y, x, valid = table.positions()
     with np.errstate(invalid="ignore"):
-        inside = (y >= -0.5) & (y < target_h - 0.5) & (x >= -0.5) & (x < target_w - 0.5)
-    # Positions are >= -0.5 inside, so truncating (v + 0.5) is the nearest pixel (floor).
-    rows = (y[inside] + 0.5).astype(np.intp)
-    cols = (x[inside] + 0.5).astype(np.intp)
-    target_patch = (rows // patch_size) * grid_b_w + cols // patch_size
-    own_patch = _patch_index(height, width, patch_size).ravel()[own_flat[inside]]
-    counts = np.bincount(own_patch * grid_b + target_patch, minlength=grid_a * grid_b)
+        # Patch of the nearest target pixel: floor((v + 0.5) / patch); inside the target the
+        # quotient is >= 0, so truncation is the floor. Division (not a reciprocal product)
+        # keeps exact patch borders exact.
+        patch_row = (y + np.float32(0.5)) / np.float32(patch_size)
+        patch_col = (x + np.float32(0.5)) / np.float32(patch_size)
+        inside = valid & (patch_row >= 0) & (patch_row < target_h // patch_size)
+        inside &= (patch_col >= 0) & (patch_col < grid_b_w)
+        key = _patch_index(height, width, patch_size) * grid_b
+        key += patch_row.astype(np.intp) * grid_b_w
+        key += patch_col.astype(np.intp)
+    counts = np.bincount(key[inside], minlength=grid_a * grid_b)
     return (counts.astype(np.float32) / np.float32(patch_size * patch_size)).reshape(grid_a, grid_b)
 
 
@@ -77,10 +81,10 @@ def _common_dense_frame(table_a: CoordinateTable, table_b: CoordinateTable):
     A scatter inverse at the source's resolution is sparse wherever a copy shows the source
     at a finer scale than the source grid: a reference shrunk 2x from its original gives
     only one source pixel in four a value. The reference code rescales the source to the
-    copy's size before inverting; here the frame is scaled so one source pixel is at most
-    one pixel of either copy.
+    copy's size before inverting; here the frame is scaled so that one pixel of either copy
+    covers at least one frame pixel, which every scatter then reaches.
     """
-    scale = min(table_a.source_pixels_per_pixel(), table_b.source_pixels_per_pixel())
+    scale = max(table_a.source_pixels_per_pixel(), table_b.source_pixels_per_pixel())
     factor = 1.0 / max(scale, 1e-6)
     height, width = table_a.source_size
     factor = min(factor, MAX_DENSE_FRAME_SIDE / max(height, width))
@@ -105,7 +109,7 @@ def _patch_index(height: int, width: int, patch_size: int) -> np.ndarray:
     if index is None:
         rows = np.arange(height) // patch_size
         cols = np.arange(width) // patch_size
-        index = rows[:, None] * (width // patch_size) + cols[None, :]
+        index = (rows[:, None] * (width // patch_size) + cols[None, :]).astype(np.intp)
         index.setflags(write=False)
         _PATCH_INDEX_CACHE[key] = index
     return index

@@ -127,19 +127,17 @@ class CoordinateTable:
                 self._valid = self._analytic_valid()
         return self._valid
 
-    def traced_points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The traced pixels only: ``(flat_index, y, x)``, 1-D arrays in row-major order.
+    def positions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(y, x, valid)``, each (H, W): source positions and the traced mask.
 
-        ``flat_index`` is ``row * W + col`` of each traced pixel of this image; ``y`` and
-        ``x`` its source position. Cheaper than :attr:`coords` for analytic tables.
+        Where ``valid`` is False the positions are meaningless (NaN for dense tables, the
+        unmasked projective map for analytic ones). Cheaper than :attr:`coords`, which
+        stacks and masks them.
         """
-        valid = self.valid.ravel()
-        flat_index = np.flatnonzero(valid)
         if self._matrix is None:
-            coords = self._coords.reshape(-1, 2)[flat_index]
-            return flat_index, coords[:, 0], coords[:, 1]
+            return self._coords[..., 0], self._coords[..., 1], self.valid
         x, y = self._mapped()
-        return flat_index, y.ravel()[flat_index], x.ravel()[flat_index]
+        return y, x, self.valid
 
     def _mapped(self) -> tuple[np.ndarray, np.ndarray]:
         """Analytic tables: source (x, y) of every pixel, validity not applied; cached."""
@@ -239,13 +237,16 @@ class CoordinateTable:
         return CoordinateTable(scaled, new_size)
 
     def source_pixels_per_pixel(self) -> float:
-        """Median linear scale of the map: source pixels per pixel of this image (1.0 for identity)."""
+        """Median largest stretch of the map: source pixels per pixel of this image along the
+        direction where the map stretches most (the Jacobian's largest singular value)."""
         coords = self.coords.astype(np.float64)
-        dy = np.diff(coords, axis=0)[:, :-1]
-        dx = np.diff(coords, axis=1)[:-1, :]
-        det = np.abs(dy[..., 0] * dx[..., 1] - dy[..., 1] * dx[..., 0])
-        det = det[np.isfinite(det)]
-        return float(np.sqrt(np.median(det))) if det.size else 1.0
+        dy = np.diff(coords, axis=0)[:, :-1]  # d(source)/d(row)
+        dx = np.diff(coords, axis=1)[:-1, :]  # d(source)/d(col)
+        squares = (dy**2).sum(-1) + (dx**2).sum(-1)
+        det = dy[..., 0] * dx[..., 1] - dy[..., 1] * dx[..., 0]
+        largest = np.sqrt(0.5 * (squares + np.sqrt(np.maximum(squares**2 - 4 * det**2, 0.0))))
+        largest = largest[np.isfinite(largest)]
+        return float(np.median(largest)) if largest.size else 1.0
 
     # ------------------------------------------------------------------ algebra
     def inverse(self) -> CoordinateTable:
@@ -414,13 +415,14 @@ def _nearest_pixel(y: np.ndarray, x: np.ndarray, size):
     """Nearest pixel of an image of ``size`` to positions (y, x); returns rows, cols, inside.
 
     Rows and cols are clipped into the image so they can index it; ``inside`` is False
-    for NaN positions and positions off the pixel area.
+    for NaN positions and positions off the pixel area [-0.5, size - 0.5).
     """
     height, width = size
     with np.errstate(invalid="ignore"):
-        rows = np.floor(y + 0.5)
-        cols = np.floor(x + 0.5)
-        inside = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
-    rows = np.where(inside, rows, 0).astype(np.intp)
-    cols = np.where(inside, cols, 0).astype(np.intp)
+        inside = (y >= -0.5) & (y < height - 0.5) & (x >= -0.5) & (x < width - 0.5)
+        # Clipped into [0, size - 1] (fmax/fmin send NaN to the bound), truncation of
+        # v + 0.5 is then the nearest pixel.
+        half = np.float32(0.5)
+        rows = np.fmin(np.fmax(y + half, np.float32(0)), np.float32(height - 1)).astype(np.intp)
+        cols = np.fmin(np.fmax(x + half, np.float32(0)), np.float32(width - 1)).astype(np.intp)
     return rows, cols, inside

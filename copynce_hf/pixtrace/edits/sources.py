@@ -1,0 +1,62 @@
+"""Images that edits need besides their input (backgrounds, overlays), as replayable specs.
+
+An edit that pastes its input onto another image, or another image onto its input, takes
+that image as a JSON-serialisable *spec*, so that recipes stay replayable:
+
+* ``{"kind": "file", "path": "..."}``: an image file (read with :func:`load_image`);
+* ``{"kind": "noise", "seed": 3, "size": [h, w]}``: smooth random colour noise;
+* ``{"kind": "gradient", "seed": 3, "size": [h, w]}``: a random two-colour linear gradient;
+* ``{"kind": "solid", "color": [r, g, b], "size": [h, w]}``: a flat colour.
+
+Callers that already hold a PIL image can pass it directly; it is then not serialisable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ...errors import EditParameterError
+from ...images import load_image
+
+ImageSpec = dict[str, Any]
+
+
+def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
+    """Return the RGB PIL image an image spec describes (deterministic for a given spec)."""
+    if isinstance(spec, Image.Image):
+        return spec if spec.mode == "RGB" else spec.convert("RGB")
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise EditParameterError(f"an image spec must be a dict with a 'kind', got {spec!r}")
+    kind = spec["kind"]
+    if kind == "file":
+        return load_image(spec["path"])
+    height, width = _spec_size(spec)
+    if kind == "solid":
+        color = tuple(int(c) for c in spec.get("color", (127, 127, 127)))
+        return Image.new("RGB", (width, height), color)
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    if kind == "noise":
+        coarse = rng.integers(0, 256, size=(max(2, height // 16), max(2, width // 16), 3), dtype=np.uint8)
+        return Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC)
+    if kind == "gradient":
+        start, end = rng.integers(0, 256, size=(2, 3)).astype(np.float32)
+        angle = rng.uniform(0, 2 * np.pi)
+        ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+        t = xs * np.cos(angle) + ys * np.sin(angle)
+        t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
+        pixels = start + t[..., None] * (end - start)
+        return Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8), "RGB")
+    raise EditParameterError(f"unknown image spec kind {kind!r}; use file, noise, gradient or solid")
+
+
+def _spec_size(spec: ImageSpec) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in spec["size"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise EditParameterError(f"image spec {spec!r} needs 'size': [height, width]") from error
+    if height < 1 or width < 1:
+        raise EditParameterError(f"image spec size must be positive, got {spec['size']!r}")
+    return height, width

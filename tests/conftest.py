@@ -1,0 +1,44 @@
+"""Shared fixtures: test data location and small synthetic images."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+IMAGENET_SAMPLE = SHARED_DATA / "imagenet-sample"
+SPLITS_CSV = SHARED_DATA / "imagenet-sample-splits.csv"
+
+
+def shared_split(split: str) -> list[Path]:
+    """Files of one split of ../shared/data/imagenet-sample (sorted), or skip the test."""
+    if not SPLITS_CSV.exists():
+        pytest.skip(f"{SPLITS_CSV} not found: shared test data is only present in CI and dev sessions")
+    with SPLITS_CSV.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return sorted(IMAGENET_SAMPLE / row["filename"] for row in rows if row["split"] == split)
+
+
+@pytest.fixture
+def train_images() -> list[Path]:
+    return shared_split("train")
+
+
+def ramp_image(height: int = 256, width: int = 256) -> Image.Image:
+    """Red = x, green = y (both 0..255 over the image), blue constant 128."""
+    xs = np.linspace(0, 255, width)
+    ys = np.linspace(0, 255, height)
+    red = np.broadcast_to(xs[None, :], (height, width))
+    green = np.broadcast_to(ys[:, None], (height, width))
+    blue = np.full((height, width), 128.0)
+    return Image.fromarray(np.rint(np.stack([red, green, blue], -1)).astype(np.uint8), "RGB")
+
+
+@pytest.fixture
+def ramp() -> Image.Image:
+    return ramp_image()

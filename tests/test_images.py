@@ -1,0 +1,98 @@
+"""Image input handling: every mode to RGB, EXIF orientation, refused files with clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from copynce_hf.errors import CopyNCEError, ImageLoadError
+from copynce_hf.images import load_image, to_rgb
+
+
+def save(image: Image.Image, path, **kwargs):
+    image.save(path, **kwargs)
+    return path
+
+
+def test_greyscale_and_palette_convert_to_rgb(tmp_path):
+    grey = Image.fromarray(np.full((20, 30), 77, np.uint8), "L")
+    rgb = load_image(save(grey, tmp_path / "g.png"))
+    assert rgb.mode == "RGB" and rgb.getpixel((3, 3)) == (77, 77, 77)
+    palette = Image.new("RGB", (30, 20), (10, 200, 30)).convert("P", palette=Image.Palette.ADAPTIVE)
+    assert load_image(save(palette, tmp_path / "p.png")).getpixel((0, 0)) == (10, 200, 30)
+    transparent = Image.new("P", (30, 20), 0)
+    transparent.putpalette([0, 0, 0, 200, 0, 0])
+    transparent.info["transparency"] = 0
+    assert load_image(save(transparent, tmp_path / "t.png")).getpixel((0, 0)) == (255, 255, 255)
+
+
+@pytest.mark.parametrize("mode", ["LA", "RGBA"])
+def test_alpha_is_composited_on_white(tmp_path, mode):
+    image = Image.new("RGBA", (20, 20), (0, 0, 0, 0))
+    image.paste((255, 0, 0, 255), (0, 0, 10, 20))
+    image.paste((0, 0, 0, 128), (10, 0, 20, 20))
+    if mode == "LA":
+        image = image.convert("LA")
+    rgb = load_image(save(image, tmp_path / "a.png"))
+    left, right = rgb.getpixel((2, 2)), rgb.getpixel((15, 2))
+    assert right == pytest.approx((127, 127, 127), abs=2)  # half-transparent black on white
+    if mode == "RGBA":
+        assert left == (255, 0, 0)
+
+
+def test_cmyk_and_sixteen_bit(tmp_path):
+    cmyk = Image.new("CMYK", (20, 20), (0, 255, 255, 0))  # pure red in CMYK
+    assert load_image(save(cmyk, tmp_path / "c.jpg", quality=100)).getpixel((5, 5)) == pytest.approx(
+        (255, 0, 0), abs=6
+    )
+    deep = Image.new("I;16", (20, 20))
+    deep.paste(32896, (0, 0, 20, 20))
+    value = to_rgb(deep).getpixel((0, 0))
+    assert value == (128, 128, 128)  # 32896 / 65535 of full scale, not clipped to 255
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    image = Image.new("RGB", (40, 20), (0, 0, 0))
+    image.paste((255, 255, 255), (0, 0, 10, 20))  # white band on the left
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise when displayed
+    path = tmp_path / "rotated.jpg"
+    image.save(path, exif=exif, quality=95)
+    shown = load_image(path)
+    assert shown.size == (20, 40)
+    top_row = np.asarray(shown)[:5].mean()
+    bottom_row = np.asarray(shown)[-5:].mean()
+    assert top_row > 200 and bottom_row < 50  # the left band is now at the top
+
+
+def test_refusals_name_the_file(tmp_path):
+    with pytest.raises(ImageLoadError, match="missing.png"):
+        load_image(tmp_path / "missing.png")
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(ImageLoadError, match="corrupt.jpg"):
+        load_image(corrupt)
+    full = tmp_path / "full.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)).save(full)
+    truncated = tmp_path / "truncated.jpg"
+    truncated.write_bytes(full.read_bytes()[: len(full.read_bytes()) // 2])
+    with pytest.raises(ImageLoadError, match="truncated"):
+        load_image(truncated)
+    tiny = save(Image.new("RGB", (8, 40)), tmp_path / "tiny.png")
+    with pytest.raises(ImageLoadError, match="smaller than the minimum side 16"):
+        load_image(tiny)
+    big = save(Image.new("L", (300, 300)), tmp_path / "bomb.png")
+    with pytest.raises(ImageLoadError, match="decompression bomb"):
+        load_image(big, max_pixels=10_000)
+    assert issubclass(ImageLoadError, CopyNCEError)
+
+
+def test_bytes_and_pil_inputs():
+    image = Image.new("RGB", (20, 20), (1, 2, 3))
+    assert load_image(image).getpixel((0, 0)) == (1, 2, 3)
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    assert load_image(buffer.getvalue()).getpixel((0, 0)) == (1, 2, 3)
