@@ -30,7 +30,7 @@ setup(
         "pillow>=9.5",
         "augly>=1.0.0",
         "torch>=2.1,<2.15",
-        "transformers>=4.45",
+        "transformers>=5.24,<6",
         "accelerate>=0.30",
         "datasets>=2.19",
         "evaluate>=0.4.1",

@@ -24,3 +24,7 @@ class TableError(CopyNCEError, ValueError):
 
 class ConfigError(CopyNCEError, ValueError):
     """A configuration key is unknown or holds an invalid value."""
+
+
+class PredictionsError(CopyNCEError, ValueError):
+    """A predictions or descriptor file is malformed: missing columns, duplicate pairs, bad values."""

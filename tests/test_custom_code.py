@@ -1,0 +1,170 @@
+"""Saved model folders: safetensors, auto_map and Hub custom code that runs without copynce_hf.
+
+The folders are loaded in a fresh Python process with copynce_hf blocked, so that only the
+code inside the folder is available (``trust_remote_code``): AutoModel and AutoImageProcessor
+must give the outputs and losses of the models that were saved. (Loading through the Auto
+classes registered by ``import copynce_hf`` is tested in-process in test_modeling.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import copynce_hf
+from copynce_hf import (
+    CopyNCEDescriptorConfig,
+    CopyNCEDescriptorModel,
+    CopyNCEImageProcessor,
+    CopyNCEMatcherConfig,
+    CopyNCEMatcherModel,
+)
+
+TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=16)
+PACKAGE = Path(copynce_hf.__file__).resolve().parent
+
+# Loads both folders, compares with the references saved by the test, and re-saves the
+# descriptor from the loaded (remote) code to check that a second generation is complete too.
+# Mode "registered" goes through the Auto classes registered by ``import copynce_hf``.
+RUNNER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1] == "blocked":
+        class BlockCopyNCE:
+            def find_spec(self, name, path=None, target=None):
+                if name == "copynce_hf" or name.startswith("copynce_hf."):
+                    raise ModuleNotFoundError(f"{name} is blocked in this test")
+                return None
+
+        sys.meta_path.insert(0, BlockCopyNCE())
+    else:
+        import copynce_hf  # registers the Auto classes
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModel
+
+    root = Path(sys.argv[2])
+    remote = sys.argv[1] == "blocked"
+    kwargs = {"trust_remote_code": True} if remote else {}
+    ref = torch.load(root / "reference.pt")
+    descriptor = AutoModel.from_pretrained(root / "descriptor", **kwargs)
+    matcher = AutoModel.from_pretrained(root / "matcher", **kwargs)
+    processor = AutoImageProcessor.from_pretrained(root / "descriptor", **kwargs)
+    for obj in (descriptor, matcher, processor):
+        module = type(obj).__module__
+        assert module.startswith("transformers_modules." if remote else "copynce_hf."), module
+    pixels = processor(Image.open(root / "image.png"), return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(pixels, ref["pixels"])
+    with torch.no_grad():
+        torch.testing.assert_close(descriptor(pixels).descriptors, ref["descriptors"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(matcher(**ref["matcher_batch"]).logits, ref["logits"], atol=1e-6, rtol=0)
+    if remote:
+        descriptor.save_pretrained(root / "second")  # a second generation, saved from the folder's code
+        again = AutoModel.from_pretrained(root / "second", trust_remote_code=True)
+        with torch.no_grad():
+            torch.testing.assert_close(again(pixels).descriptors, ref["descriptors"], atol=1e-6, rtol=0)
+    # The training objectives run from the folder's own loss code.
+    descriptor.train()
+    matcher.train()
+    torch.testing.assert_close(descriptor(**ref["descriptor_batch"]).loss, ref["descriptor_loss"])
+    torch.testing.assert_close(matcher(**ref["matcher_batch"]).loss, ref["matcher_loss"])
+    if remote:
+        assert not any(name.startswith("copynce_hf") for name in sys.modules)
+    print("LOADED", sys.argv[1])
+    """
+)
+
+
+def batch(size: int = 3, labels=None) -> dict:
+    generator = torch.Generator().manual_seed(5)
+    overlap = torch.rand(size, 4, 4, generator=generator)
+    return {
+        "pixel_values": torch.randn(size, 3, 32, 32, generator=generator),
+        "reference_pixel_values": torch.randn(size, 3, 32, 32, generator=generator),
+        "labels": torch.tensor(labels if labels is not None else [1] * size),
+        "overlap_qr": overlap,
+        "overlap_rq": overlap.transpose(1, 2).contiguous(),
+        "pair_mask": torch.ones(size, dtype=torch.bool),
+    }
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """Two saved folders (descriptor with image processor, matcher) and reference outputs."""
+    root = tmp_path_factory.mktemp("hub")
+    torch.manual_seed(0)
+    descriptor = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**TINY, descriptor_dim=16))
+    matcher = CopyNCEMatcherModel(CopyNCEMatcherConfig(**TINY, num_fusion_layers=1))
+    with torch.no_grad():  # running statistics and segment embeddings away from their defaults
+        descriptor.head.batch_norm.running_mean.normal_()
+        descriptor.head.batch_norm.running_var.uniform_(0.5, 2.0)
+        matcher.segment_embeddings.normal_()
+    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    Image.new("RGBA", (50, 37), (10, 200, 90, 128)).save(root / "image.png")
+    descriptor_batch, matcher_batch = batch(), batch(labels=[1, 0, 1])
+    descriptor.train()
+    matcher.train()
+    reference = {
+        "descriptor_batch": descriptor_batch,
+        "matcher_batch": matcher_batch,
+        "descriptor_loss": descriptor(**descriptor_batch).loss.detach(),
+        "matcher_loss": matcher(**matcher_batch).loss.detach(),
+    }
+    descriptor.eval()
+    matcher.eval()
+    pixels = processor(Image.open(root / "image.png"), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        reference.update(pixels=pixels, descriptors=descriptor(pixels).descriptors,
+                         logits=matcher(**matcher_batch).logits)
+    torch.save(reference, root / "reference.pt")
+    descriptor.save_pretrained(root / "descriptor")
+    processor.save_pretrained(root / "descriptor")
+    matcher.save_pretrained(root / "matcher")
+    return root
+
+
+def run_fresh(mode: str, root: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(root / f"modules-{mode}"), TRANSFORMERS_VERBOSITY="error")
+    script = root / "runner.py"
+    script.write_text(RUNNER)
+    result = subprocess.run([sys.executable, str(script), mode, str(root)], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and f"LOADED {mode}" in result.stdout, result.stdout + result.stderr
+
+
+def test_saved_folder_layout(saved):
+    folder = saved / "descriptor"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "copynce-descriptor"
+    assert config["auto_map"] == {"AutoConfig": "configuration_copynce.CopyNCEDescriptorConfig",
+                                  "AutoModel": "modeling_copynce.CopyNCEDescriptorModel"}
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert processor["auto_map"] == {"AutoImageProcessor": "image_processing_copynce.CopyNCEImageProcessor"}
+    assert processor["resample"] == 3 and processor["image_mean"] == [0.485, 0.456, 0.406]
+    assert (folder / "model.safetensors").exists() and not (folder / "pytorch_model.bin").exists()
+    matcher = json.loads((saved / "matcher" / "config.json").read_text())
+    assert matcher["auto_map"]["AutoModel"] == "modeling_copynce.CopyNCEMatcherModel"
+    # The folder carries the real loss code, not the package's re-export.
+    for folder in (saved / "descriptor", saved / "matcher"):
+        assert (folder / "losses_copynce.py").read_text() == (PACKAGE / "losses.py").read_text()
+        assert (folder / "errors.py").read_text() == (PACKAGE / "errors.py").read_text()
+        for name in ("configuration_copynce.py", "modeling_copynce.py", "convert_dino.py"):
+            assert (folder / name).read_text() == (PACKAGE / "modeling" / name).read_text()
+
+
+@pytest.mark.slow
+def test_custom_code_loads_where_copynce_hf_is_not_importable(saved):
+    run_fresh("blocked", saved)

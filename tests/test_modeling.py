@@ -1,0 +1,306 @@
+"""CopyNCE descriptor and matcher models, configurations and image processor (tiny configs)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoConfig, AutoImageProcessor, AutoModel
+
+from copynce_hf import (
+    ConfigError,
+    CopyNCEDescriptorConfig,
+    CopyNCEDescriptorModel,
+    CopyNCEError,
+    CopyNCEImageProcessor,
+    CopyNCEMatcherConfig,
+    CopyNCEMatcherModel,
+)
+from copynce_hf.losses import copy_bce_loss, copynce_loss
+
+TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=16)
+GRID = 2  # 32 px / 16 px patches per side
+LENGTH = GRID * GRID
+
+
+def descriptor(**overrides) -> CopyNCEDescriptorModel:
+    torch.manual_seed(0)
+    return CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**{**TINY, "descriptor_dim": 16, **overrides}))
+
+
+def matcher(**overrides) -> CopyNCEMatcherModel:
+    torch.manual_seed(0)
+    return CopyNCEMatcherModel(CopyNCEMatcherConfig(**{**TINY, "num_fusion_layers": 1, **overrides}))
+
+
+def identity_overlap(batch: int) -> torch.Tensor:
+    """Prior of an unedited copy: patch i lies entirely in patch i."""
+    return torch.eye(LENGTH).expand(batch, LENGTH, LENGTH).clone()
+
+
+def collator_batch(batch: int = 4, labels=None) -> dict:
+    """A batch dict with the training collator's keys."""
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(batch, 3, 32, 32, generator=generator)
+    reference = query.flip(-1) + 0.1 * torch.randn(batch, 3, 32, 32, generator=generator)
+    overlap = torch.rand(batch, LENGTH, LENGTH, generator=generator)
+    overlap = overlap / overlap.sum(-1, keepdim=True)
+    return {
+        "pixel_values": query,
+        "reference_pixel_values": reference,
+        "labels": torch.ones(batch, dtype=torch.long) if labels is None else torch.tensor(labels),
+        "overlap_qr": overlap,
+        "overlap_rq": overlap.transpose(1, 2).contiguous(),
+        "pair_mask": torch.ones(batch, dtype=torch.bool),
+    }
+
+
+# ----------------------------------------------------------------------------- configurations
+
+
+def test_config_defaults_are_the_papers():
+    config = CopyNCEDescriptorConfig()
+    # ViT-S/16 as DINO, 224 input
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size) == (
+        384, 12, 6, 1536)
+    assert (config.image_size, config.patch_size, config.layer_norm_eps, config.qkv_bias) == (224, 16, 1e-6, True)
+    assert config.descriptor_dim == 512
+    assert (config.copynce_temperature, config.copynce_weight, config.copynce_gamma) == (1 / 16, 5, 3)
+    assert config.copynce_block_index == 11 and config.copynce_weighting == "paper"
+    assert (config.logit_scale_init, config.infonce_weight, config.koleo_weight) == (3.2, 1, 5)
+    matcher_config = CopyNCEMatcherConfig()
+    assert (matcher_config.num_encoder_layers, matcher_config.num_fusion_layers) == (8, 4)
+    assert (matcher_config.copynce_temperature, matcher_config.copynce_weight, matcher_config.copynce_gamma,
+            matcher_config.bce_weight) == (1 / 16, 3, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("config_class", "values", "key"),
+    [
+        (CopyNCEDescriptorConfig, {"image_size": 230}, "image_size"),
+        (CopyNCEDescriptorConfig, {"num_attention_heads": 5}, "num_attention_heads"),
+        (CopyNCEDescriptorConfig, {"koleo_weight": -1.0}, "koleo_weight"),
+        (CopyNCEDescriptorConfig, {"copynce_weight": float("nan")}, "copynce_weight"),
+        (CopyNCEDescriptorConfig, {"copynce_temperature": 0}, "copynce_temperature"),
+        (CopyNCEDescriptorConfig, {"copynce_layer": 13}, "copynce_layer"),
+        (CopyNCEDescriptorConfig, {"descriptor_dim": 0}, "descriptor_dim"),
+        (CopyNCEDescriptorConfig, {"copynce_weighting": "mean"}, "copynce_weighting"),
+        (CopyNCEMatcherConfig, {"num_fusion_layers": 13}, "num_fusion_layers"),
+        (CopyNCEMatcherConfig, {"bce_weight": -0.5}, "bce_weight"),
+        (CopyNCEMatcherConfig, {"copynce_gamma": -1}, "copynce_gamma"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_key(config_class, values, key):
+    with pytest.raises(ConfigError, match=key):
+        config_class(**values)
+
+
+def test_config_round_trip_and_auto_config(tmp_path):
+    config = CopyNCEDescriptorConfig(**TINY, descriptor_dim=256, copynce_layer=2)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, CopyNCEDescriptorConfig)
+    assert loaded.descriptor_dim == 256 and loaded.copynce_block_index == 1 and loaded.hidden_size == 32
+
+
+# ----------------------------------------------------------------------------- descriptor
+
+
+def test_descriptor_shapes_unit_norm_and_batch_norm_eval_with_one_image():
+    model = descriptor().eval()
+    pixels = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        output = model(pixels)
+        single = model(pixels[1:2])
+    assert output.descriptors.shape == (3, 16)
+    assert output.patch_tokens.shape == (3, LENGTH, 32)
+    assert output.last_hidden_state.shape == (3, 1 + LENGTH, 32)
+    torch.testing.assert_close(output.descriptors.norm(dim=-1), torch.ones(3))
+    # Eval mode uses running statistics: an image's descriptor does not depend on its batch.
+    torch.testing.assert_close(single.descriptors[0], output.descriptors[1], atol=1e-6, rtol=0)
+    assert output.loss is None and output.reference_descriptors is None
+
+
+def test_descriptor_loss_is_the_weighted_sum_of_its_parts_and_backpropagates():
+    model = descriptor().train()
+    output = model(**collator_batch())
+    config = model.config
+    for part in (output.loss, output.infonce_loss, output.koleo_loss, output.copynce_loss):
+        assert part is not None and torch.isfinite(part) and part.dim() == 0
+    expected = (config.infonce_weight * output.infonce_loss + config.koleo_weight * output.koleo_loss
+                + config.copynce_weight * output.copynce_loss)
+    torch.testing.assert_close(output.loss, expected)
+    assert output.reference_descriptors.shape == (4, 16) and output.reference_patch_tokens.shape == (4, LENGTH, 32)
+    # The CopyNCE part is the package's loss on the tokens the output exposes.
+    batch = collator_batch()
+    recomputed = copynce_loss(output.patch_tokens, output.reference_patch_tokens, batch["overlap_qr"],
+                              batch["overlap_rq"], temperature=1 / 16, gamma=3.0)
+    torch.testing.assert_close(output.copynce_loss, recomputed)
+    output.loss.backward()
+    for name in ("logit_scale", "blocks.0.attn.qkv.weight", "head.projection.weight", "embeddings.cls_token"):
+        gradient = dict(model.named_parameters())[name].grad
+        assert gradient is not None and gradient.abs().sum() > 0, name
+
+
+def test_descriptor_without_priors_or_with_zero_weight_trains_the_baseline():
+    batch = collator_batch()
+    for model, inputs in ((descriptor(copynce_weight=0.0), batch),
+                          (descriptor(), {k: v for k, v in batch.items() if not k.startswith("overlap")})):
+        output = model(**inputs)
+        assert output.copynce_loss is None
+        torch.testing.assert_close(output.loss, output.infonce_loss + 5 * output.koleo_loss)
+
+
+def test_descriptor_pair_mask_excludes_pairs_from_copynce():
+    model = descriptor().train()
+    batch = collator_batch()
+    batch["pair_mask"] = torch.tensor([True, False, True, False])
+    masked = model(**batch)
+    expected = copynce_loss(masked.patch_tokens[[0, 2]], masked.reference_patch_tokens[[0, 2]],
+                            batch["overlap_qr"][[0, 2]], batch["overlap_rq"][[0, 2]], 1 / 16, 3.0)
+    torch.testing.assert_close(masked.copynce_loss, expected)
+    batch["pair_mask"][:] = False
+    assert model(**batch).copynce_loss.item() == 0.0
+
+
+def test_descriptor_refuses_non_copy_labels():
+    with pytest.raises(CopyNCEError, match="copy pairs"):
+        descriptor()(**collator_batch(labels=[1, 0, 1, 1]))
+
+
+def test_descriptor_intermediate_copynce_layer_uses_that_blocks_tokens():
+    model = descriptor(copynce_layer=2).eval()
+    output = model(torch.randn(2, 3, 32, 32), output_hidden_states=True)
+    assert len(output.hidden_states) == 1 + 3
+    torch.testing.assert_close(output.patch_tokens, output.hidden_states[2][:, 1:])
+
+
+def test_descriptor_training_steps_reduce_the_loss():
+    model = descriptor().train()
+    batch = collator_batch(batch=6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(8):
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.1, losses
+
+
+def test_position_embeddings_interpolate_to_other_sizes_and_refuse_bad_ones():
+    model = descriptor().eval()
+    with torch.no_grad():
+        larger = model(torch.randn(2, 3, 48, 48))
+    assert larger.patch_tokens.shape == (2, 9, 32)
+    with pytest.raises(CopyNCEError, match="interpolate_pos_encoding"):
+        model(torch.randn(1, 3, 48, 48), interpolate_pos_encoding=False)
+    with pytest.raises(CopyNCEError, match="multiple of patch_size"):
+        model(torch.randn(1, 3, 40, 40))
+    # set_image_size resizes the stored table: then 48 px is the native size.
+    model.set_image_size(48)
+    assert model.config.image_size == 48 and model.embeddings.position_embeddings.shape == (1, 10, 32)
+    with torch.no_grad():
+        native = model(torch.randn(1, 3, 48, 48), interpolate_pos_encoding=False)
+    assert native.patch_tokens.shape == (1, 9, 32)
+
+
+# ----------------------------------------------------------------------------- matcher
+
+
+def test_matcher_shapes_and_loss_on_positive_pairs_only():
+    model = matcher().train()
+    batch = collator_batch(labels=[1, 0, 1, 0])
+    output = model(**batch)
+    assert output.logits.shape == (4,)
+    assert output.query_patch_tokens.shape == (4, LENGTH, 32)
+    assert output.reference_patch_tokens.shape == (4, LENGTH, 32)
+    torch.testing.assert_close(output.bce_loss, copy_bce_loss(output.logits, batch["labels"]))
+    positives = [0, 2]
+    expected = copynce_loss(output.query_patch_tokens[positives], output.reference_patch_tokens[positives],
+                            batch["overlap_qr"][positives], batch["overlap_rq"][positives], 1 / 16, 1.0)
+    torch.testing.assert_close(output.copynce_loss, expected)
+    torch.testing.assert_close(output.loss, output.bce_loss + 3 * output.copynce_loss)
+    output.loss.backward()
+    for name in ("fusion_cls_token", "segment_embeddings", "classifier.weight", "encoder_blocks.0.mlp.fc1.weight",
+                 "fusion_blocks.0.attn.qkv.weight"):
+        gradient = dict(model.named_parameters())[name].grad
+        assert gradient is not None and gradient.abs().sum() > 0, name
+
+
+def test_matcher_inference_without_labels_and_structure():
+    model = matcher().eval()
+    assert len(model.encoder_blocks) == 2 and len(model.fusion_blocks) == 1
+    query, reference = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        output = model(pixel_values=query, reference_pixel_values=reference)
+        alone = model(pixel_values=query[:1], reference_pixel_values=reference[:1])
+        larger = model(pixel_values=torch.randn(1, 3, 48, 48), reference_pixel_values=reference[:1])
+    assert output.loss is None and output.bce_loss is None and output.copynce_loss is None
+    torch.testing.assert_close(alone.logits[0], output.logits[0], atol=1e-5, rtol=0)
+    assert larger.query_patch_tokens.shape == (1, 9, 32) and larger.reference_patch_tokens.shape == (1, 4, 32)
+    # return_dict=False gives the non-None fields in order.
+    logits = model(query, reference, return_dict=False)[0]
+    torch.testing.assert_close(logits, output.logits)
+
+
+def test_matcher_segment_embeddings_tell_query_from_reference():
+    model = matcher().eval()
+    query, reference = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        # Zero segments: the fused CLS sees a set of tokens, so swapping the images changes nothing.
+        torch.testing.assert_close(model(query, reference).logits, model(reference, query).logits)
+        model.segment_embeddings.normal_(std=0.5)
+        assert not torch.allclose(model(query, reference).logits, model(reference, query).logits)
+
+
+# ----------------------------------------------------------------------------- image processor
+
+
+def test_image_processor_matches_bicubic_resize_and_imagenet_normalisation():
+    processor = CopyNCEImageProcessor()
+    assert processor.size == {"height": 224, "width": 224}
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (50, 70, 3), dtype=np.uint8))
+    pixels = processor(image, return_tensors="pt")["pixel_values"]
+    assert pixels.shape == (1, 3, 224, 224) and pixels.dtype == torch.float32
+    manual = np.asarray(image.resize((224, 224), Image.Resampling.BICUBIC), dtype=np.float32) / 255.0
+    manual = (manual - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(pixels[0].numpy(), manual.transpose(2, 0, 1), atol=1e-4)
+
+
+def test_image_processor_inputs_and_colour_modes():
+    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    white = (1.0 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    transparent = Image.new("RGBA", (40, 40), (0, 0, 0, 0))  # black but fully transparent -> white
+    sixteen_bit = Image.fromarray(np.full((40, 40), 65535, dtype=np.uint16))  # I;16 full scale -> white
+    assert sixteen_bit.mode.startswith("I;16")
+    arrays = [np.zeros((40, 30, 3), dtype=np.uint8), np.full((20, 20, 3), 255, dtype=np.uint8)]
+    batch = processor([transparent, sixteen_bit, *arrays], return_tensors="pt")["pixel_values"]
+    assert batch.shape == (4, 3, 32, 32)
+    for index in (0, 1, 3):
+        np.testing.assert_allclose(batch[index].mean(dim=(1, 2)).numpy(), white, atol=1e-4)
+    black = -np.array([0.485, 0.456, 0.406]) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(batch[2].mean(dim=(1, 2)).numpy(), black, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- saving and loading
+
+
+def test_save_and_load_with_auto_classes_in_process(tmp_path):
+    model = descriptor().eval()
+    model.save_pretrained(tmp_path)
+    CopyNCEImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists() and not (tmp_path / "pytorch_model.bin").exists()
+    loaded = AutoModel.from_pretrained(tmp_path)
+    processor = AutoImageProcessor.from_pretrained(tmp_path)
+    assert type(loaded) is CopyNCEDescriptorModel and isinstance(processor, CopyNCEImageProcessor)
+    assert not loaded.training and math.isclose(loaded.logit_scale.item(), 3.2, rel_tol=1e-6)
+    pixels = processor(Image.new("RGB", (64, 48), (200, 30, 90)), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(pixels).descriptors, model(pixels).descriptors)
