@@ -4,3 +4,7 @@ from .overlap import pair_overlaps, pair_tables, patch_overlap
 from .table import CoordinateTable
 
 __all__ = ["CoordinateTable", "patch_overlap", "pair_tables", "pair_overlaps"]
+
+from .editor import CopyEditor, CopyRecipe, CopyResult, replay  # noqa: E402
+
+__all__ += ["CopyEditor", "CopyRecipe", "CopyResult", "replay"]

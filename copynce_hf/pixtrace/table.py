@@ -31,8 +31,8 @@ Table"): scatter row by row, the later pixel overwriting the earlier.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -1,0 +1,462 @@
+"""Occluding edits: something is drawn over the image and the pixels it covers become untraced.
+
+Paper, section "PixTrace Pipeline": overlays (text, emoji, other images, stripes, erased
+boxes) hide part of the copied content, so the covered pixels of the copy come from
+nowhere in the original. Every edit here computes the *coverage* of its overlay, the
+effective opacity (uint8, 0..255) with which the overlay is blended into each pixel,
+from the same geometry as the pixel work, and marks the pixels whose effective opacity
+exceeds one half (``coverage >= 128``) untraced. Pixels under a fainter overlay (an
+anti-aliased glyph border, a half-transparent emoji) keep their trace: the original
+still dominates them.
+
+Emoji and stripes are drawn by AugLy; their coverage is computed here by reproducing
+AugLy's geometry (and for stripes by calling AugLy's own stripe-mask function), and
+the tests check that the pixels AugLy changes are exactly the ones the coverage says.
+Text, another image and erased boxes are composited here with Pillow, from the same geometry.
+
+Positions and sizes are fractions of the edited image's size, so an edit (and a
+recipe of edits) applies to images of any size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pickle
+from typing import Any, ClassVar
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from ...errors import EditParameterError
+from ..table import CoordinateTable
+from .base import Edit, check_range, register_edit
+from .sources import resolve_image
+
+__all__ = [
+    "COVERED_ALPHA",
+    "OccludingEdit",
+    "OverlayEmoji",
+    "OverlayText",
+    "OverlayImage",
+    "OverlayStripes",
+    "RandomErasing",
+    "emoji_names",
+    "font_characters",
+]
+
+#: A pixel counts as covered when the overlay's effective opacity is above one half.
+COVERED_ALPHA = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class OccludingEdit(Edit):
+    """Base class: ``apply`` = pixel work + ``table.occlude(coverage >= COVERED_ALPHA)``."""
+
+    kind: ClassVar[str] = "occluding"
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        """uint8 (height, width): effective opacity of the overlay at each pixel (0 = untouched)."""
+        raise NotImplementedError
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        """The edited RGB image; ``coverage`` is :meth:`coverage` of the image's size."""
+        raise NotImplementedError
+
+    def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
+        coverage = self.coverage(image.height, image.width)
+        edited = self.render(image, coverage)
+        if edited.mode != "RGB":
+            edited = edited.convert("RGB")
+        return edited, table.occlude(coverage >= COVERED_ALPHA)
+
+
+# ---------------------------------------------------------------------- AugLy, imported on first use
+
+
+def _augly_image():
+    """AugLy's functional image API (imported lazily: it takes a few hundred milliseconds)."""
+    import augly.image.functional as augly_functional
+
+    return augly_functional
+
+
+@functools.lru_cache(maxsize=1)
+def _asset_dirs() -> tuple[str, str]:
+    """AugLy's bundled (emoji folder, font folder)."""
+    from augly.utils import EMOJI_DIR, FONTS_DIR
+
+    return EMOJI_DIR, FONTS_DIR
+
+
+# ---------------------------------------------------------------------- emoji
+
+
+def emoji_names() -> list[str]:
+    """The emoji bundled with AugLy, as ``"<category>/<name>.png"`` paths relative to its emoji folder."""
+    return _emoji_names()
+
+
+@functools.lru_cache(maxsize=1)
+def _emoji_names() -> list[str]:
+    names = []
+    emoji_dir = _asset_dirs()[0]
+    for category in sorted(os.listdir(emoji_dir)):
+        folder = os.path.join(emoji_dir, category)
+        if os.path.isdir(folder):
+            names += [f"{category}/{name}" for name in sorted(os.listdir(folder)) if name.endswith(".png")]
+    return names
+
+
+def _emoji_path(emoji: str) -> str:
+    return emoji if os.path.isabs(emoji) else os.path.join(_asset_dirs()[0], emoji)
+
+
+@functools.lru_cache(maxsize=64)
+def _emoji_image(path: str) -> Image.Image:
+    with Image.open(path) as handle:
+        handle.load()
+        return handle.copy()
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class OverlayEmoji(OccludingEdit):
+    """Paste one of AugLy's emoji (pixel work by ``augly.image.overlay_emoji``).
+
+    Args:
+        emoji: path relative to AugLy's emoji folder (see :func:`emoji_names`) or an absolute PNG path.
+        size: emoji height as a fraction of the image height, in (0, 1].
+        x, y: top-left corner as fractions of the image width and height, in [0, 1].
+        opacity: in [0, 1]; the emoji's own alpha is multiplied by it.
+    """
+
+    name: ClassVar[str] = "overlay_emoji"
+    emoji: str = "smileys/smiling_face_with_heart_eyes.png"
+    size: float = 0.15
+    x: float = 0.4
+    y: float = 0.4
+    opacity: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.emoji, str) or not os.path.isfile(_emoji_path(self.emoji)):
+            raise EditParameterError(f"{self.name}: parameter emoji={self.emoji!r} is not an emoji file")
+        check_range(self.name, "size", self.size, 1e-6, 1.0)
+        check_range(self.name, "x", self.x, 0.0, 1.0)
+        check_range(self.name, "y", self.y, 0.0, 1.0)
+        check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        # AugLy's overlay_image geometry: height int(H * size) (at least 1), width keeps
+        # the emoji's aspect, default resampling, alpha scaled by opacity and truncated,
+        # pasted at (int(W * x), int(H * y)) and clipped by the image.
+        emoji = _emoji_image(_emoji_path(self.emoji))
+        new_height = max(1, int(height * self.size))
+        new_width = int(emoji.width * new_height / emoji.height)
+        if new_width < 1:
+            return np.zeros((height, width), dtype=np.uint8)
+        resized = emoji.resize((new_width, new_height))
+        alpha = (np.asarray(resized.convert("RGBA").getchannel("A")) * self.opacity).astype(np.uint8)
+        return _place(alpha, int(width * self.x), int(height * self.y), height, width)
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        if not coverage.any():
+            return image.copy()
+        return _augly_image().overlay_emoji(
+            image,
+            emoji_path=_emoji_path(self.emoji),
+            opacity=self.opacity,
+            emoji_size=self.size,
+            x_pos=self.x,
+            y_pos=self.y,
+        )
+
+
+# ---------------------------------------------------------------------- text
+
+
+def _font_path(font: str) -> str:
+    return font if os.path.isabs(font) else os.path.join(_asset_dirs()[1], font)
+
+
+@functools.lru_cache(maxsize=256)
+def _font(path: str, size: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.truetype(path, size)
+
+
+def font_characters(font: str) -> str:
+    """The characters AugLy lists as drawable in one of its bundled fonts (``"<name>.ttf"``)."""
+    return _font_characters(font)
+
+
+@functools.lru_cache(maxsize=64)
+def _font_characters(font: str) -> str:
+    listing = os.path.splitext(_font_path(font))[0] + ".pkl"
+    if not os.path.isfile(listing):
+        raise EditParameterError(f"font {font!r} has no AugLy character listing {listing}")
+    with open(listing, "rb") as handle:
+        return "".join(chr(code) for code in pickle.load(handle))
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class OverlayText(OccludingEdit):
+    """Draw a line of text; covered pixels are those where the drawn glyph alpha times opacity > 1/2.
+
+    Args:
+        text: the string drawn (newlines start new lines), at least one character.
+        font: a TrueType file name in AugLy's font folder or an absolute ``.ttf`` path.
+        font_size: glyph size as a fraction of ``min(H, W)`` (AugLy's convention), in (0, 1].
+        color: RGB text colour.
+        x, y: anchor of the text's top-left as fractions of the image width and height.
+        opacity: in [0, 1].
+    """
+
+    name: ClassVar[str] = "overlay_text"
+    text: str = "copy"
+    font: str = "IBMPlexSans-Bold.ttf"
+    font_size: float = 0.15
+    color: tuple[int, int, int] = (255, 0, 0)
+    x: float = 0.1
+    y: float = 0.4
+    opacity: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise EditParameterError(f"{self.name}: parameter text={self.text!r} must be a non-empty string")
+        if not isinstance(self.font, str) or not os.path.isfile(_font_path(self.font)):
+            raise EditParameterError(f"{self.name}: parameter font={self.font!r} is not a font file")
+        check_range(self.name, "font_size", self.font_size, 1e-6, 1.0)
+        _check_color(self, "color", self.color)
+        check_range(self.name, "x", self.x, 0.0, 1.0)
+        check_range(self.name, "y", self.y, 0.0, 1.0)
+        check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        pixels = max(1, int(min(height, width) * self.font_size))
+        layer = Image.new("L", (width, height), 0)
+        ImageDraw.Draw(layer).text(
+            (self.x * width, self.y * height), self.text, fill=255, font=_font(_font_path(self.font), pixels)
+        )
+        return _scale_alpha(np.asarray(layer), self.opacity)
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        return _blend_color(image, self.color, coverage)
+
+
+# ---------------------------------------------------------------------- another image
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class OverlayImage(OccludingEdit):
+    """Paste another image onto this one ("another image onto it"); opacity > 1/2 counts as covered.
+
+    Args:
+        overlay: image spec of the pasted image (see :mod:`.sources`) or a PIL image.
+        size: pasted height as a fraction of this image's height, in (0, 1]; the
+            overlay keeps its aspect ratio (its width is clipped by the image border).
+        x, y: top-left corner as fractions of this image's width and height, in [0, 1].
+        opacity: in [0, 1].
+    """
+
+    name: ClassVar[str] = "overlay_image"
+    overlay: Any = dataclasses.field(default_factory=lambda: {"kind": "noise", "seed": 0, "size": [64, 64]})
+    size: float = 0.4
+    x: float = 0.3
+    y: float = 0.3
+    opacity: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.overlay, (dict, Image.Image)):
+            raise EditParameterError(f"{self.name}: parameter overlay={self.overlay!r} must be an image spec")
+        check_range(self.name, "size", self.size, 1e-6, 1.0)
+        check_range(self.name, "x", self.x, 0.0, 1.0)
+        check_range(self.name, "y", self.y, 0.0, 1.0)
+        check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
+
+    def _geometry(self, height: int, width: int, overlay_size: tuple[int, int]) -> tuple[int, int, int, int]:
+        overlay_width, overlay_height = overlay_size
+        new_height = max(1, int(round(height * self.size)))
+        new_width = max(1, int(round(overlay_width * new_height / overlay_height)))
+        return int(width * self.x), int(height * self.y), new_width, new_height
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        return self._coverage(height, width, resolve_image(self.overlay).size)
+
+    def _coverage(self, height: int, width: int, overlay_size: tuple[int, int]) -> np.ndarray:
+        left, top, new_width, new_height = self._geometry(height, width, overlay_size)
+        alpha = np.full((new_height, new_width), _opacity_level(self.opacity), dtype=np.uint8)
+        return _place(alpha, left, top, height, width)
+
+    def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
+        overlay = resolve_image(self.overlay)  # resolved once for both geometry and pixels
+        coverage = self._coverage(image.height, image.width, overlay.size)
+        return self._render(image, overlay), table.occlude(coverage >= COVERED_ALPHA)
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        return self._render(image, resolve_image(self.overlay))
+
+    def _render(self, image: Image.Image, overlay: Image.Image) -> Image.Image:
+        left, top, new_width, new_height = self._geometry(image.height, image.width, overlay.size)
+        resized = overlay.resize((new_width, new_height), Image.BILINEAR)
+        edited = image.copy()
+        # PIL clips the paste at the border exactly as _place clips the coverage.
+        edited.paste(resized, (left, top), mask=Image.new("L", resized.size, _opacity_level(self.opacity)))
+        return edited
+
+
+# ---------------------------------------------------------------------- stripes
+
+
+_LINE_TYPES = ("solid", "dotted", "dashed")
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class OverlayStripes(OccludingEdit):
+    """AugLy's stripe pattern (pixel work by ``augly.image.overlay_stripes``).
+
+    Args:
+        line_width: stripe width as a fraction of the stripe period, in (0, 1].
+        line_color: RGB stripe colour.
+        line_angle: degrees, in [-360, 360].
+        line_density: in [0, 0.95]; higher means closer stripes.
+        line_type: "solid", "dotted" or "dashed".
+        line_opacity: in [0, 1].
+    """
+
+    name: ClassVar[str] = "overlay_stripes"
+    line_width: float = 0.5
+    line_color: tuple[int, int, int] = (255, 255, 255)
+    line_angle: float = 0.0
+    line_density: float = 0.5
+    line_type: str = "solid"
+    line_opacity: float = 1.0
+
+    def __post_init__(self):
+        check_range(self.name, "line_width", self.line_width, 1e-6, 1.0)
+        _check_color(self, "line_color", self.line_color)
+        check_range(self.name, "line_angle", self.line_angle, -360.0, 360.0)
+        check_range(self.name, "line_density", self.line_density, 0.0, 0.95)
+        if self.line_type not in _LINE_TYPES:
+            raise EditParameterError(f"{self.name}: parameter line_type={self.line_type!r} not in {_LINE_TYPES}")
+        check_range(self.name, "line_opacity", self.line_opacity, 0.0, 1.0)
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        # Exactly AugLy's mask: the stripe function, times the perpendicular pattern for
+        # dotted (same width) and dashed (width 0.7) lines, times opacity, cast to uint8.
+        from augly.image.utils import compute_stripe_mask
+
+        mask = compute_stripe_mask(width, height, self.line_width, self.line_angle, self.line_density)
+        if self.line_type != "solid":
+            cross_width = self.line_width if self.line_type == "dotted" else 0.7
+            mask = mask * compute_stripe_mask(width, height, cross_width, self.line_angle + 90, self.line_density)
+        return np.uint8(mask * self.line_opacity * 255)
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        return _augly_image().overlay_stripes(
+            image,
+            line_width=self.line_width,
+            line_color=tuple(self.line_color),
+            line_angle=self.line_angle,
+            line_density=self.line_density,
+            line_type=self.line_type,
+            line_opacity=self.line_opacity,
+        )
+
+
+# ---------------------------------------------------------------------- erasing
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class RandomErasing(OccludingEdit):
+    """Fill a box with a flat colour (random erasing with explicit, drawn-beforehand parameters).
+
+    Args:
+        x, y: top-left corner as fractions of the image width and height, in [0, 1).
+        width, height: box size as fractions of the image size, in (0, 1]; the box must
+            fit (``x + width <= 1``, ``y + height <= 1``). At least one pixel is erased.
+        fill: RGB fill colour.
+    """
+
+    name: ClassVar[str] = "random_erasing"
+    x: float = 0.25
+    y: float = 0.25
+    width: float = 0.25
+    height: float = 0.25
+    fill: tuple[int, int, int] = (0, 0, 0)
+
+    def __post_init__(self):
+        check_range(self.name, "x", self.x, 0.0, 1.0)
+        check_range(self.name, "y", self.y, 0.0, 1.0)
+        check_range(self.name, "width", self.width, 1e-6, 1.0 - self.x + 1e-9)
+        check_range(self.name, "height", self.height, 1e-6, 1.0 - self.y + 1e-9)
+        _check_color(self, "fill", self.fill)
+
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """Pixel box ``(left, top, right, bottom)`` (right and bottom exclusive) on an image of that size."""
+        left = min(int(round(self.x * width)), width - 1)
+        top = min(int(round(self.y * height)), height - 1)
+        right = min(width, max(left + 1, int(round((self.x + self.width) * width))))
+        bottom = min(height, max(top + 1, int(round((self.y + self.height) * height))))
+        return left, top, right, bottom
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        left, top, right, bottom = self.box(height, width)
+        coverage = np.zeros((height, width), dtype=np.uint8)
+        coverage[top:bottom, left:right] = 255
+        return coverage
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        pixels = np.array(image)
+        pixels[coverage == 255] = np.asarray(self.fill, dtype=np.uint8)
+        return Image.fromarray(pixels, "RGB")
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _check_color(edit: Edit, key: str, color) -> None:
+    """Check an RGB parameter of ``edit`` and store it as a tuple of ints."""
+    if (
+        not isinstance(color, (tuple, list))
+        or len(color) != 3
+        or not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) and 0 <= c <= 255 for c in color)
+    ):
+        raise EditParameterError(f"{edit.name}: parameter {key}={color!r} must be three integers in [0, 255]")
+    object.__setattr__(edit, key, tuple(int(c) for c in color))
+
+
+def _opacity_level(opacity: float) -> int:
+    return int(np.floor(opacity * 255 + 0.5))
+
+
+def _scale_alpha(alpha: np.ndarray, opacity: float) -> np.ndarray:
+    if opacity >= 1.0:
+        return alpha.astype(np.uint8, copy=True)
+    return np.floor(alpha.astype(np.float32) * opacity + 0.5).astype(np.uint8)
+
+
+def _place(patch: np.ndarray, left: int, top: int, height: int, width: int) -> np.ndarray:
+    """uint8 (height, width) canvas of zeros with ``patch`` pasted at (left, top), clipped."""
+    canvas = np.zeros((height, width), dtype=np.uint8)
+    _place_into(canvas, patch, left, top)
+    return canvas
+
+
+def _place_into(canvas: np.ndarray, patch: np.ndarray, left: int, top: int) -> None:
+    height, width = canvas.shape[:2]
+    right = min(width, left + patch.shape[1])
+    bottom = min(height, top + patch.shape[0])
+    if right > left and bottom > top:
+        canvas[top:bottom, left:right] = patch[: bottom - top, : right - left]
+
+
+def _blend_color(image: Image.Image, color, coverage: np.ndarray) -> Image.Image:
+    """``image`` with ``color`` blended in by ``coverage`` (0 keeps the pixel, 255 replaces it)."""
+    edited = image.copy()
+    edited.paste(tuple(int(c) for c in color), (0, 0, image.width, image.height), mask=Image.fromarray(coverage, "L"))
+    return edited
