@@ -171,7 +171,9 @@ def _color_param(edit: str, key: str, value: Any) -> tuple[int, int, int]:
     if len(color) != 3 or not all(
         not isinstance(c, bool) and isinstance(c, (int, np.integer)) and 0 <= c <= 255 for c in color
     ):
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} must be an RGB triple of integers in [0, 255]")
+        raise EditParameterError(
+            f"{edit}: parameter {key}={value!r} must be an RGB triple of integers in [0, 255]"
+        )
     return tuple(int(c) for c in color)
 
 
@@ -345,7 +347,9 @@ class Scale(GeometricEdit):
         height, width = size
         new = (int(height * self.factor), int(width * self.factor))
         if min(new) < 1:
-            raise EditParameterError(f"{self.name}: factor={self.factor} scales the {height}x{width} image to nothing")
+            raise EditParameterError(
+                f"{self.name}: factor={self.factor} scales the {height}x{width} image to nothing"
+            )
         return [(_resize(size, new), new)]
 
     def render(self, image):
@@ -441,7 +445,9 @@ class ChangeAspectRatio(GeometricEdit):
         area = width * height
         new_width = int(math.sqrt(self.ratio * area))  # AugLy's rounding
         if new_width < 1 or int(area / new_width) < 1:
-            raise EditParameterError(f"{self.name}: ratio={self.ratio} leaves nothing of a {height}x{width} image")
+            raise EditParameterError(
+                f"{self.name}: ratio={self.ratio} leaves nothing of a {height}x{width} image"
+            )
         new = (int(area / new_width), new_width)
         return [(_resize(size, new), new)]
 
@@ -508,7 +514,9 @@ class Rotate(GeometricEdit):
         _resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
         for key in ("expand", "crop_to_content"):
             if not isinstance(getattr(self, key), bool):
-                raise EditParameterError(f"{self.name}: parameter {key}={getattr(self, key)!r} must be a bool")
+                raise EditParameterError(
+                    f"{self.name}: parameter {key}={getattr(self, key)!r} must be a bool"
+                )
 
     def _rotation(self, size) -> Stage:
         height, width = size
@@ -596,7 +604,9 @@ class Affine(GeometricEdit):
             _set(self, key, pair)
         for value in self.shear:
             if not -80.0 <= value <= 80.0:
-                raise EditParameterError(f"{self.name}: parameter shear={self.shear!r} outside [-80, 80] degrees")
+                raise EditParameterError(
+                    f"{self.name}: parameter shear={self.shear!r} outside [-80, 80] degrees"
+                )
         _set(self, "fill", _color_param(self.name, "fill", self.fill))
         _resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
 
@@ -608,8 +618,14 @@ class Affine(GeometricEdit):
         # R(a) S(s) Sh_y(sy) Sh_x(sx), expanded so that its determinant is exactly s^2.
         linear = self.scale * np.array(
             [
-                [math.cos(a - sy) / math.cos(sy), -math.cos(a - sy) * math.tan(sx) / math.cos(sy) - math.sin(a)],
-                [math.sin(a - sy) / math.cos(sy), -math.sin(a - sy) * math.tan(sx) / math.cos(sy) + math.cos(a)],
+                [
+                    math.cos(a - sy) / math.cos(sy),
+                    -math.cos(a - sy) * math.tan(sx) / math.cos(sy) - math.sin(a),
+                ],
+                [
+                    math.sin(a - sy) / math.cos(sy),
+                    -math.sin(a - sy) * math.tan(sx) / math.cos(sy) + math.cos(a),
+                ],
             ]
         )
         centre = np.array([(width - 1) / 2, (height - 1) / 2])
@@ -698,8 +714,14 @@ class Perspective(GeometricEdit):
     def stages(self, size):
         matrix = _homography(np.array(self.endpoints), np.array(self.startpoints))
         height, width = size
-        corners = np.array([[-0.5, -0.5, 1.0], [width - 0.5, -0.5, 1.0], [-0.5, height - 0.5, 1.0],
-                            [width - 0.5, height - 0.5, 1.0]])
+        corners = np.array(
+            [
+                [-0.5, -0.5, 1.0],
+                [width - 0.5, -0.5, 1.0],
+                [-0.5, height - 0.5, 1.0],
+                [width - 0.5, height - 0.5, 1.0],
+            ]
+        )
         if np.any(corners @ matrix[2] <= 1e-9):
             raise EditParameterError(
                 f"{self.name}: the map sends part of the {height}x{width} output beyond the horizon"
@@ -729,7 +751,9 @@ class Skew(GeometricEdit):
     def __post_init__(self):
         _set(self, "skew_factor", _float_param(self.name, "skew_factor", self.skew_factor))
         if abs(self.skew_factor) > 10.0:
-            raise EditParameterError(f"{self.name}: parameter skew_factor={self.skew_factor!r} outside [-10, 10]")
+            raise EditParameterError(
+                f"{self.name}: parameter skew_factor={self.skew_factor!r} outside [-10, 10]"
+            )
         if self.axis not in (0, 1) or isinstance(self.axis, bool):
             raise EditParameterError(f"{self.name}: parameter axis={self.axis!r} must be 0 (x) or 1 (y)")
 
@@ -802,8 +826,12 @@ class PasteOnCanvas(GeometricEdit):
 
     def stages(self, size):
         height, width = size
-        if (self.left >= self.canvas_width or self.top >= self.canvas_height or self.left + width <= 0
-                or self.top + height <= 0):
+        if (
+            self.left >= self.canvas_width
+            or self.top >= self.canvas_height
+            or self.left + width <= 0
+            or self.top + height <= 0
+        ):
             raise EditParameterError(
                 f"{self.name}: a {height}x{width} image at (left={self.left}, top={self.top}) misses the "
                 f"{self.canvas_height}x{self.canvas_width} canvas"
@@ -820,7 +848,9 @@ def _spec_param(edit: str, key: str, value: Any) -> Any:
     if isinstance(value, Image.Image):
         return value
     if not isinstance(value, dict) or "kind" not in value:
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} must be an image spec dict or a PIL image")
+        raise EditParameterError(
+            f"{edit}: parameter {key}={value!r} must be an image spec dict or a PIL image"
+        )
     try:
         json.dumps(value)
     except TypeError as error:
@@ -873,7 +903,9 @@ class OverlayOntoBackground(GeometricEdit):
         new_h = max(1, int(bg_h * self.overlay_size))
         new_w = int(width * new_h / height)
         if new_w < 1:
-            raise EditParameterError(f"{self.name}: overlay_size={self.overlay_size} shrinks the image to nothing")
+            raise EditParameterError(
+                f"{self.name}: overlay_size={self.overlay_size} shrinks the image to nothing"
+            )
         x, y = int(bg_w * self.x_pos), int(bg_h * self.y_pos)
         return [(_resize(size, (new_h, new_w)), (new_h, new_w)), (_translation(-x, -y), (bg_h, bg_w))]
 
@@ -891,15 +923,19 @@ class OverlayOntoBackground(GeometricEdit):
         return self._render(image, resolve_image(self.background))
 
     def _render(self, image, background):
-        return _augly().overlay_onto_background_image(
-            image,
-            background_image=background,
-            opacity=1.0,
-            overlay_size=self.overlay_size,
-            x_pos=self.x_pos,
-            y_pos=self.y_pos,
-            scale_bg=self.scale_bg,
-        ).convert("RGB")
+        return (
+            _augly()
+            .overlay_onto_background_image(
+                image,
+                background_image=background,
+                opacity=1.0,
+                overlay_size=self.overlay_size,
+                x_pos=self.x_pos,
+                y_pos=self.y_pos,
+                scale_bg=self.scale_bg,
+            )
+            .convert("RGB")
+        )
 
 
 @functools.cache
@@ -935,13 +971,20 @@ class OverlayOntoScreenshot(GeometricEdit):
 
     def __post_init__(self):
         if self.template not in ("web", "mobile"):
-            raise EditParameterError(f"{self.name}: parameter template={self.template!r} must be 'web' or 'mobile'")
+            raise EditParameterError(
+                f"{self.name}: parameter template={self.template!r} must be 'web' or 'mobile'"
+            )
         for key in ("crop_src_to_fit", "resize_src_to_match_template"):
             if not isinstance(getattr(self, key), bool):
-                raise EditParameterError(f"{self.name}: parameter {key}={getattr(self, key)!r} must be a bool")
+                raise EditParameterError(
+                    f"{self.name}: parameter {key}={getattr(self, key)!r} must be a bool"
+                )
         if self.max_image_size_pixels is not None:
-            _set(self, "max_image_size_pixels",
-                 _int_param(self.name, "max_image_size_pixels", self.max_image_size_pixels, 1))
+            _set(
+                self,
+                "max_image_size_pixels",
+                _int_param(self.name, "max_image_size_pixels", self.max_image_size_pixels, 1),
+            )
 
     def stages(self, size):
         height, width = size
