@@ -16,6 +16,8 @@ from .modeling import (
     CopyNCEMatcherOutput,
 )
 
+from . import pipelines  # noqa: F401,E402  (registers the "image-copy-detection" pipeline task)
+
 __version__ = "0.1.0.dev0"
 
 __all__ = [

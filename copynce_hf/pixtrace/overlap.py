@@ -13,7 +13,7 @@ from .table import CoordinateTable
 
 __all__ = ["patch_overlap", "pair_tables", "pair_overlaps"]
 
-_PATCH_INDEX_CACHE: dict[tuple[int, int, int], np.ndarray] = {}
+_PATCH_INDEX_CACHE: dict[tuple[int, int, int, int], np.ndarray] = {}
 
 
 def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[int, int]) -> np.ndarray:
@@ -40,18 +40,19 @@ def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[in
     grid_b = (target_h // patch_size) * grid_b_w
 
     y, x, valid = table.positions()
+    size = np.float32(patch_size)
     with np.errstate(invalid="ignore"):
-        # Patch of the nearest target pixel: floor((v + 0.5) / patch); inside the target the
-        # quotient is >= 0, so truncation is the floor. Division (not a reciprocal product)
-        # keeps exact patch borders exact.
-        patch_row = (y + np.float32(0.5)) / np.float32(patch_size)
-        patch_col = (x + np.float32(0.5)) / np.float32(patch_size)
-        inside = valid & (patch_row >= 0) & (patch_row < target_h // patch_size)
-        inside &= (patch_col >= 0) & (patch_col < grid_b_w)
-        key = _patch_index(height, width, patch_size) * grid_b
-        key += patch_row.astype(np.intp) * grid_b_w
-        key += patch_col.astype(np.intp)
-    counts = np.bincount(key[inside], minlength=grid_a * grid_b)
+        # Patch of the nearest target pixel, floor((v + 0.5) / patch), kept in float32: keys
+        # stay exact integers far beyond L_A * L_B. Division (not a reciprocal product) keeps
+        # exact patch borders exact.
+        patch_row = np.floor((y + np.float32(0.5)) / size)
+        patch_col = np.floor((x + np.float32(0.5)) / size)
+        inside = valid & (patch_row >= 0) & (patch_row < np.float32(target_h // patch_size))
+        inside &= (patch_col >= 0) & (patch_col < np.float32(grid_b_w))
+        patch_row *= np.float32(grid_b_w)
+        patch_row += patch_col
+        patch_row += _patch_index(height, width, patch_size, grid_b)
+    counts = np.bincount(patch_row[inside].astype(np.intp), minlength=grid_a * grid_b)
     return (counts.astype(np.float32) / np.float32(patch_size * patch_size)).reshape(grid_a, grid_b)
 
 
@@ -103,13 +104,14 @@ def pair_overlaps(
     )
 
 
-def _patch_index(height: int, width: int, patch_size: int) -> np.ndarray:
-    key = (height, width, patch_size)
+def _patch_index(height: int, width: int, patch_size: int, stride: int) -> np.ndarray:
+    """float32 (H, W): ``stride`` times the row-major patch number of every pixel (cached)."""
+    key = (height, width, patch_size, stride)
     index = _PATCH_INDEX_CACHE.get(key)
     if index is None:
         rows = np.arange(height) // patch_size
         cols = np.arange(width) // patch_size
-        index = (rows[:, None] * (width // patch_size) + cols[None, :]).astype(np.intp)
+        index = ((rows[:, None] * (width // patch_size) + cols[None, :]) * stride).astype(np.float32)
         index.setflags(write=False)
         _PATCH_INDEX_CACHE[key] = index
     return index

@@ -1,0 +1,468 @@
+"""The ``copynce`` command: index references, search queries, re-score with the matcher, evaluate, visualise.
+
+A "find copies of my images" session::
+
+    copynce index references/ --output refs_index/
+    copynce search queries/ --index refs_index/ --k 10 --output candidates.csv
+    copynce match candidates.csv --queries queries/ --references references/ --output scored.csv
+    copynce evaluate scored.csv --ground-truth ground_truth.csv --output report/
+    copynce visualize queries/q1.jpg references/r7.jpg --patch 7,7 --output why/
+
+Bad input (a missing or empty folder, a malformed ground-truth or predictions file, ...)
+ends the command with exit status 2 and a one-line message on stderr, without traceback.
+Descriptor extraction runs distributed when launched with ``accelerate launch -m copynce_hf.cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .errors import ConfigError, CopyNCEError, PredictionsError
+
+logger = logging.getLogger("copynce_hf.cli")
+
+#: Embedded model folders used when ``--model`` / ``--matcher`` is not given.
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
+DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_model(path: str | Path | None, default: Path, option: str):
+    """Load ``(model, image_processor)`` with the Auto classes from a folder or Hub id.
+
+    ``path=None`` means the embedded model folder ``default``; a clear :class:`ConfigError`
+    is raised when that folder is absent or the model cannot be loaded.
+    """
+    # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
+    from transformers import AutoImageProcessor, AutoModel
+
+    if path is None:
+        if not (default / "config.json").is_file():
+            raise ConfigError(
+                f"no {option} given and the embedded model folder {default} does not exist; "
+                f"pass {option} PATH (a folder written by save_pretrained, or a Hub id)"
+            )
+        path = default
+    try:
+        model = AutoModel.from_pretrained(str(path))
+        processor = AutoImageProcessor.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}") from error
+    return model, processor
+
+
+def _descriptor_model(path, option="--model"):
+    from .retrieval import model_kind
+
+    model, processor = load_model(path, DEFAULT_DESCRIPTOR, option)
+    if model_kind(model) != "descriptor":
+        raise ConfigError(
+            f"{option} {path or DEFAULT_DESCRIPTOR} is a {model_kind(model)}, a descriptor model is needed here"
+        )
+    return model, processor
+
+
+def _parse_patch(text: str) -> tuple[int, int]:
+    try:
+        row, col = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROW,COL (two integers), got {text!r}") from None
+    return row, col
+
+
+def _parse_rotations(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated degrees such as 90,180,270, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _index_config_overrides(args) -> dict:
+    return {
+        name: getattr(args, name)
+        for name in ("ef_search", "nprobe", "k_factor")
+        if getattr(args, name, None) is not None
+    }
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_index(args) -> int:
+    from accelerate import Accelerator
+
+    from .retrieval import DescriptorIndex, ImageFolderSource, IndexConfig, extract_descriptors
+
+    source = ImageFolderSource(args.references)
+    config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
+    model, processor = _descriptor_model(args.model)
+    accelerator = Accelerator()
+    references = extract_descriptors(
+        model, processor, source, batch_size=args.batch_size, num_workers=args.num_workers,
+        accelerator=accelerator, progress=not args.quiet, description="reference descriptors",
+    )
+    if accelerator.is_main_process:
+        if len(references) == 0:
+            raise PredictionsError(f"none of the {len(source)} images of {args.references} could be read")
+        model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
+        info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve())}
+        index = DescriptorIndex.build(references, config, info=info)
+        index.save(args.output)
+        print(
+            f"indexed {len(references)} references ({references.dim}-d, {config.kind}) into {args.output}"
+            + (f"; skipped {len(references.skipped)} unreadable image(s)" if references.skipped else "")
+        )
+    accelerator.wait_for_everyone()
+    return 0
+
+
+def cmd_search(args) -> int:
+    import numpy as np
+    from accelerate import Accelerator
+
+    from .retrieval import (
+        DescriptorIndex,
+        DescriptorSet,
+        ImageFolderSource,
+        euclidean_scores,
+        export_disc21_hdf5,
+        extract_descriptors,
+        knn_predictions,
+        normalize_scores,
+        score_normalization_bias,
+        stretch_features,
+        write_predictions,
+    )
+
+    if args.score_norm and args.stretch:
+        raise ConfigError("use either --score-norm or --stretch, not both")
+    source = ImageFolderSource(args.queries)
+    index = DescriptorIndex.load(args.index)
+    overrides = _index_config_overrides(args)
+    if overrides:
+        index.set_search_parameters(**overrides)
+    model_path = args.model or index.info.get("model")
+    if args.model is None and model_path and Path(model_path).is_absolute() and not Path(model_path).exists():
+        raise ConfigError(
+            f"the index was built with the model {model_path}, which no longer exists; pass --model PATH"
+        )
+    model, processor = _descriptor_model(model_path)
+    auxiliary = DescriptorSet.load(args.score_norm or args.stretch) if (args.score_norm or args.stretch) else None
+    accelerator = Accelerator()
+    queries = extract_descriptors(
+        model, processor, source, batch_size=args.batch_size, num_workers=args.num_workers,
+        accelerator=accelerator, progress=not args.quiet, description="query descriptors",
+    )
+    if not accelerator.is_main_process:
+        return 0
+    if len(queries) == 0:
+        raise PredictionsError(f"none of the {len(source)} images of {args.queries} could be read")
+    if queries.dim != index.references.dim:
+        raise ConfigError(
+            f"the model gives {queries.dim}-d descriptors but the index holds {index.references.dim}-d ones"
+        )
+    if args.save_descriptors:
+        queries.save(args.save_descriptors)
+    if args.hdf5:
+        export_disc21_hdf5(args.hdf5, queries, index.references)
+    vectors = queries.descriptors
+    if args.stretch:
+        # feature stretching (supplementary "Feature Stretching"), then euclidean ranking
+        vectors = stretch_features(vectors, auxiliary.descriptors, beta=args.beta, k=args.stretch_k)
+    scores, indices = index.search(vectors, args.k)
+    if args.stretch:
+        reference_sq_norms = np.square(index.references.descriptors).sum(axis=1)[np.maximum(indices, 0)]
+        scores = euclidean_scores(vectors, scores, reference_sq_norms)
+    if args.score_norm:
+        # score normalisation (supplementary "Score Normalization")
+        bias = score_normalization_bias(vectors, auxiliary.descriptors, k_start=args.k_start, k_end=args.k_end)
+        scores = normalize_scores(scores, bias, alpha=args.alpha)
+    predictions = knn_predictions(queries.ids, scores, indices, index.references.ids)
+    count = write_predictions(args.output, predictions)
+    print(f"wrote {count} predictions for {len(queries)} queries to {args.output}")
+    return 0
+
+
+def cmd_match(args) -> int:
+    from .retrieval import (
+        ImageFolderSource,
+        LocalCrops,
+        model_kind,
+        read_predictions,
+        rescore_predictions,
+        write_predictions,
+    )
+
+    candidates = read_predictions(args.predictions)
+    if not candidates:
+        raise PredictionsError(f"predictions file {args.predictions} holds no pair")
+    if args.top is not None:
+        ranked: dict[str, list] = {}
+        for prediction in sorted(candidates, key=lambda p: -p.score):
+            ranked.setdefault(prediction.query_id, []).append(prediction)
+        candidates = [p for per_query in ranked.values() for p in per_query[: args.top]]
+    queries = ImageFolderSource(args.queries).lookup()
+    references = ImageFolderSource(args.references).lookup()
+    model, processor = load_model(args.matcher, DEFAULT_MATCHER, "--matcher")
+    if model_kind(model) == "descriptor":
+        logger.warning("--matcher %s is a descriptor model: pairs are scored by descriptor cosine", args.matcher)
+    crops = (
+        LocalCrops(args.query_grid, args.reference_grid, args.crop_scale, args.rotations) if args.local_crops else None
+    )
+    result = rescore_predictions(
+        candidates, model, processor, queries, references, batch_size=args.batch_size,
+        num_workers=args.num_workers, local_crops=crops, progress=not args.quiet,
+    )
+    count = write_predictions(args.output, result.predictions)
+    print(
+        f"re-scored {count} pairs into {args.output}"
+        + (f"; skipped {len(result.skipped)} (missing or unreadable images)" if result.skipped else "")
+    )
+    return 0
+
+
+METRIC_NAMES = ("micro_ap", "recall_at_p90", "threshold_at_p90", "recall_at_rank1", "recall_at_rank10", "mean_ap")
+
+
+def cmd_evaluate(args) -> int:
+    from .metrics.core import copy_detection_metrics, precision_recall_curve, read_ground_truth_csv
+    from .metrics.plots import save_pr_curves
+    from .retrieval import read_predictions
+
+    try:
+        ground_truth = read_ground_truth_csv(args.ground_truth)
+    except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
+        raise PredictionsError(str(error)) from error
+    systems = {}
+    for path in args.predictions:
+        name = Path(path).stem if Path(path).stem not in systems else str(path)
+        systems[name] = read_predictions(path)
+    results, curves = {}, {}
+    for name, predictions in systems.items():
+        columns = ([p.query_id for p in predictions], [p.reference_id for p in predictions],
+                   [p.score for p in predictions])
+        try:
+            results[name] = copy_detection_metrics(*columns, ground_truth)
+            curves[name] = precision_recall_curve(*columns, ground_truth)
+        except ValueError as error:
+            raise PredictionsError(f"{name}: {error}") from error
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "metrics.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    save_pr_curves(curves, output / "pr_curve.png", title=f"Precision-recall vs {Path(args.ground_truth).name}")
+    rows = (*METRIC_NAMES, "num_predictions", "num_ground_truth_pairs")
+    first = max(len(metric) for metric in rows) + 2
+    width = max(10, *(len(name) for name in results))
+    print("metric".ljust(first) + "".join(name.rjust(width + 2) for name in results))
+    for metric in rows:
+        cells = []
+        for values in results.values():
+            value = values[metric]
+            cells.append(("-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)).rjust(width + 2))
+        print(metric.ljust(first) + "".join(cells))
+    print(f"wrote {output / 'metrics.json'} and {output / 'pr_curve.png'}")
+    return 0
+
+
+def cmd_visualize(args) -> int:
+    from .retrieval import affinity_maps, save_affinity_figures
+
+    model, processor = load_model(args.model, DEFAULT_DESCRIPTOR, "--model")
+    maps = affinity_maps(model, processor, args.query, args.reference, args.patch, temperature=args.temperature)
+    paths = save_affinity_figures(maps, args.output, title=f"{Path(args.query).name} vs {Path(args.reference).name}")
+    print(f"wrote {paths['token_affinity']} and {paths['affinity_entropy']}")
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _add_model_loading(parser: argparse.ArgumentParser, batch_size: int = 64, unit: str = "images") -> None:
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=batch_size, help=f"{unit} per forward pass (default {batch_size})"
+    )
+    parser.add_argument(
+        "--num-workers", type=int, default=0, help="DataLoader worker processes reading images (default 0)"
+    )
+
+
+def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("approximate search knobs")
+    group.add_argument("--ef-search", type=_positive_int, help="HNSW: beam width at search time (default 128)")
+    group.add_argument("--nprobe", type=_positive_int, help="IVF-PQ: inverted lists visited per query (default 32)")
+    group.add_argument(
+        "--k-factor", type=_positive_int, help="IVF-PQ: candidates re-ranked exactly per neighbour (default 8)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="copynce",
+        description="CopyNCE image copy detection: index reference images, search edited copies of query "
+        "images, re-score candidates with the matcher, evaluate (muAP, RP90) and visualise patch affinity.",
+        epilog="Example: copynce index refs/ --output idx/ && copynce search queries/ --index idx/ "
+        "--output candidates.csv && copynce match candidates.csv --queries queries/ --references refs/ "
+        "--output scored.csv",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = commands.add_parser(
+        "index", help="embed a folder of reference images and build a faiss index",
+        description="Embed every image of REFERENCES (file name without extension = id) with the descriptor "
+        "and write OUTPUT/descriptors.safetensors, OUTPUT/index.faiss and OUTPUT/index.json.",
+    )
+    p.add_argument("references", help="folder of reference images")
+    p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument("--output", required=True, help="index folder to write")
+    p.add_argument(
+        "--index-type", choices=("flat", "hnsw", "ivfpq"), default="flat",
+        help="flat: exact inner product (default); hnsw: approximate graph search for millions of references; "
+        "ivfpq: compressed inverted lists with exact re-ranking, for memory-limited collections",
+    )
+    p.add_argument("--nlist", type=_positive_int, help="IVF-PQ: number of inverted lists (default 4*sqrt(N))")
+    p.add_argument("--pq-m", type=_positive_int, help="IVF-PQ: sub-quantisers (default D/2)")
+    _add_search_knobs(p)
+    _add_model_loading(p)
+    p.set_defaults(handler=cmd_index)
+
+    p = commands.add_parser(
+        "search", help="find the k nearest references of every query image",
+        description="Embed the images of QUERIES, search the index and write the k-NN pairs as a DISC21 "
+        "predictions CSV (query_id,reference_id,score; score = cosine similarity, or as post-processed).",
+    )
+    p.add_argument("queries", help="folder of query images")
+    p.add_argument("--index", required=True, help="index folder written by `copynce index`")
+    p.add_argument("--model", help="descriptor model (default: the one the index was built with)")
+    p.add_argument("--k", type=_positive_int, default=10, help="neighbours per query (default 10)")
+    p.add_argument("--output", required=True, help="predictions CSV to write")
+    post = p.add_argument_group(
+        "post-processing (paper supplementary)",
+        "Both need descriptors of an auxiliary image set without copies of the queries, e.g. training "
+        "images: `copynce index AUX --output AUX_INDEX`, then pass AUX_INDEX.",
+    )
+    post.add_argument(
+        "--score-norm", metavar="AUX_DESCRIPTORS",
+        help="score normalisation: subtract alpha * the mean similarity of the query to its auxiliary "
+        "neighbours of rank k-start..k-end (a descriptors.safetensors file or an index folder)",
+    )
+    post.add_argument("--alpha", type=float, default=1.0, help="score normalisation weight (default 1)")
+    post.add_argument("--k-start", type=int, default=0, help="first auxiliary rank, from 0 (default 0)")
+    post.add_argument("--k-end", type=int, default=9, help="last auxiliary rank, inclusive (default 9)")
+    post.add_argument(
+        "--stretch", metavar="AUX_DESCRIPTORS",
+        help="feature stretching: scale each query by beta * its mean top-k auxiliary similarity and score "
+        "pairs by negative squared euclidean distance",
+    )
+    post.add_argument("--beta", type=float, default=2.5, help="stretching coefficient (default 2.5)")
+    post.add_argument("--stretch-k", type=_positive_int, default=5, help="auxiliary neighbours averaged (default 5)")
+    out = p.add_argument_group("extra outputs")
+    out.add_argument("--save-descriptors", metavar="PATH", help="also write the query descriptors (safetensors)")
+    out.add_argument(
+        "--hdf5", metavar="PATH",
+        help="also write query and reference descriptors in the DISC21 descriptor-track HDF5 layout (needs h5py)",
+    )
+    _add_search_knobs(p)
+    _add_model_loading(p)
+    p.set_defaults(handler=cmd_search)
+
+    p = commands.add_parser(
+        "match", help="re-score candidate pairs with the matcher",
+        description="Score every pair of a predictions CSV with the matcher (copy probability = sigmoid of "
+        "its logit) and write them as a new predictions CSV. Images are found by id (file name without "
+        "extension) in the query and reference folders.",
+    )
+    p.add_argument("predictions", help="candidate pairs (query_id,reference_id,score CSV)")
+    p.add_argument("--queries", required=True, help="folder of query images")
+    p.add_argument("--references", required=True, help="folder of reference images")
+    p.add_argument("--matcher", help=f"matcher model folder or Hub id (default: {DEFAULT_MATCHER})")
+    p.add_argument("--output", required=True, help="predictions CSV to write")
+    p.add_argument("--top", type=_positive_int, help="only re-score each query's TOP best candidates")
+    lce = p.add_argument_group("local crops ensembling (supplementary 'Local Crops Ensembling')")
+    lce.add_argument(
+        "--local-crops", action="store_true",
+        help="compare query views (whole, grid crops, rotations) with reference views (whole, grid crops) "
+        "and keep the maximum score",
+    )
+    lce.add_argument("--query-grid", type=_positive_int, default=2, help="query crops per side (default 2)")
+    lce.add_argument("--reference-grid", type=_positive_int, default=1, help="reference crops per side (default 1)")
+    lce.add_argument(
+        "--crop-scale", type=float, default=1.5, help="a crop spans crop-scale/grid of each side (default 1.5)"
+    )
+    lce.add_argument(
+        "--rotations", type=_parse_rotations, default=(90, 180, 270),
+        help="rotations of the whole query, degrees (default 90,180,270; 'none' for no rotation)",
+    )
+    _add_model_loading(p, batch_size=32, unit="image pairs (view pairs with --local-crops)")
+    p.set_defaults(handler=cmd_match)
+
+    p = commands.add_parser(
+        "evaluate", help="score predictions against a ground truth (muAP, RP90, recall@1/10, mAP)",
+        description="Compute the DISC21 metrics of one or more predictions CSVs, print them as a table and "
+        "write OUTPUT/metrics.json ({file stem: metrics}) and OUTPUT/pr_curve.png.",
+    )
+    p.add_argument("predictions", nargs="+", help="predictions CSV file(s) (query_id,reference_id,score)")
+    p.add_argument("--ground-truth", required=True, help="ground-truth CSV with the header query_id,reference_id")
+    p.add_argument("--output", required=True, help="folder for metrics.json and pr_curve.png")
+    p.set_defaults(handler=cmd_evaluate)
+
+    p = commands.add_parser(
+        "visualize", help="token affinity and affinity entropy maps of a query-reference pair",
+        description="Draw the token affinity heatmap of one query patch over the reference and the affinity "
+        "entropy map of all query patches (paper, 'Visualization and Interpretability') as PNG overlays "
+        "in OUTPUT (token_affinity.png, affinity_entropy.png, maps.npz).",
+    )
+    p.add_argument("query", help="query image file")
+    p.add_argument("reference", help="reference image file")
+    p.add_argument("--model", help=f"descriptor or matcher model (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument(
+        "--patch", type=_parse_patch, required=True, help="probe query patch as ROW,COL in the patch grid, from 0"
+    )
+    p.add_argument("--temperature", type=float, help="softmax temperature tau (default: the model's, 1/16)")
+    p.add_argument("--output", required=True, help="folder for the PNG files")
+    p.set_defaults(handler=cmd_visualize)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``copynce`` command; returns the exit status (0 on success, 2 on bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="copynce: %(levelname)s: %(message)s")
+    if args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    try:
+        return args.handler(args)
+    except (CopyNCEError, ImportError) as error:
+        message = " ".join(str(error).split())
+        print(f"copynce {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"copynce {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Descriptor sets on disk: safetensors files with their image ids, and the DISC21 HDF5 export.
+
+A descriptor set is a float32 matrix of shape (N, D), one row per image, with the N image
+ids in the same order. It is stored as one safetensors file: the tensor ``descriptors``
+and, in the header metadata, the ids as a JSON list (key ``ids``) plus ``format``
+``copynce-descriptors``. The DISC21 descriptor track expects instead one HDF5 file with the
+datasets ``query``, ``reference``, ``query_ids`` and ``reference_ids``:
+:func:`export_disc21_hdf5` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file, save_file
+
+from ..errors import PredictionsError
+
+DESCRIPTORS_FORMAT = "copynce-descriptors"
+
+
+@dataclass
+class DescriptorSet:
+    """Image ids and their descriptors.
+
+    Attributes:
+        ids: N image ids (strings, unique).
+        descriptors: float32 array of shape (N, D); rows are L2-normalised for CopyNCE descriptors.
+        skipped: ids (or file names) of images that could not be read during extraction.
+    """
+
+    ids: list[str]
+    descriptors: np.ndarray
+    skipped: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.ids = [str(i) for i in self.ids]
+        self.descriptors = np.ascontiguousarray(self.descriptors, dtype=np.float32)
+        if self.descriptors.ndim != 2 or self.descriptors.shape[0] != len(self.ids):
+            raise PredictionsError(
+                f"descriptors of shape {self.descriptors.shape} do not match {len(self.ids)} ids"
+            )
+        if len(set(self.ids)) != len(self.ids):
+            seen: set[str] = set()
+            duplicate = next(i for i in self.ids if i in seen or seen.add(i))
+            raise PredictionsError(f"image id {duplicate!r} appears twice in a descriptor set")
+        self.skipped = list(self.skipped or [])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.descriptors.shape[1])
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``descriptors`` (float32, (N, D)) and the ids to one safetensors file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        metadata = {
+            "format": DESCRIPTORS_FORMAT,
+            "ids": json.dumps(self.ids),
+            "skipped": json.dumps(self.skipped),
+        }
+        save_file({"descriptors": self.descriptors}, str(path), metadata=metadata)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> DescriptorSet:
+        """Read a file written by :meth:`save`; a folder means ``<folder>/descriptors.safetensors``."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "descriptors.safetensors"
+        if not path.is_file():
+            raise PredictionsError(f"descriptor file {os.fspath(path)!r} does not exist")
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                metadata = handle.metadata() or {}
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError) as error:
+            raise PredictionsError(f"descriptor file {os.fspath(path)!r} is not a safetensors file: {error}") from error
+        if metadata.get("format") != DESCRIPTORS_FORMAT or "descriptors" not in tensors:
+            raise PredictionsError(
+                f"descriptor file {os.fspath(path)!r} was not written by copynce (no {DESCRIPTORS_FORMAT!r} metadata)"
+            )
+        return cls(json.loads(metadata["ids"]), tensors["descriptors"], json.loads(metadata.get("skipped", "[]")))
+
+
+def export_disc21_hdf5(
+    path: str | os.PathLike, queries: DescriptorSet, references: DescriptorSet
+) -> Path:
+    """Write the DISC21 descriptor-track HDF5 file.
+
+    Datasets: ``query`` (Nq, D) float32, ``reference`` (Nr, D) float32, ``query_ids`` and
+    ``reference_ids`` (variable-length UTF-8 strings). Requires ``h5py`` (``pip install h5py``,
+    or the ``bench`` extra).
+    """
+    try:
+        import h5py
+    except ImportError as error:  # optional dependency
+        raise ImportError(
+            "exporting to the DISC21 HDF5 layout needs h5py: pip install h5py (or copynce_hf[bench])"
+        ) from error
+    if queries.dim != references.dim:
+        raise PredictionsError(f"query descriptors have {queries.dim} dimensions, references {references.dim}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    strings = h5py.string_dtype(encoding="utf-8")
+    with h5py.File(path, "w") as handle:
+        handle.create_dataset("query", data=queries.descriptors)
+        handle.create_dataset("reference", data=references.descriptors)
+        handle.create_dataset("query_ids", data=np.array(queries.ids, dtype=object), dtype=strings)
+        handle.create_dataset("reference_ids", data=np.array(references.ids, dtype=object), dtype=strings)
+    return path

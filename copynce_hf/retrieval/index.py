@@ -1,0 +1,220 @@
+"""faiss indexes over reference descriptors, and k-NN search as scored predictions.
+
+Descriptors are L2-normalised, so inner product equals cosine similarity and ranks like
+the euclidean distance. Three index kinds:
+
+* ``flat`` (default): exact inner-product search (``IndexFlatIP``), right up to a few
+  hundred thousand references.
+* ``hnsw``: graph search (``HNSW{M},Flat``), the approximate option for millions of
+  references that fit in memory; the knob is ``ef_search`` (larger: slower, more exact).
+* ``ivfpq``: inverted lists with 4-bit product-quantised codes (``IVF{nlist},PQ{m}x4fs``),
+  optionally re-ranked exactly (``refine``) for memory-limited collections; the knobs are
+  ``nprobe`` and ``k_factor`` (how many PQ candidates are re-ranked per requested neighbour).
+
+An index folder holds ``index.faiss`` (the faiss index), ``descriptors.safetensors`` (ids
+and descriptors, see :mod:`.descriptors`) and ``index.json`` (kind, parameters, model).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from ..errors import ConfigError, PredictionsError
+from .descriptors import DescriptorSet
+from .predictions import Prediction
+
+INDEX_KINDS = ("flat", "hnsw", "ivfpq")
+
+#: Fewest references an IVF-PQ index trains on (k-means of the 16 centroids of each 4-bit sub-quantiser).
+MIN_IVFPQ_TRAINING = 256
+
+
+@dataclass
+class IndexConfig:
+    """How to build and search a faiss index.
+
+    Attributes:
+        kind: ``flat`` (exact), ``hnsw`` or ``ivfpq`` (approximate).
+        hnsw_m: neighbours per node of the HNSW graph.
+        ef_construction: HNSW build-time beam width.
+        ef_search: HNSW search-time beam width (``efSearch``).
+        nlist: IVF lists; ``None`` picks ``4 * sqrt(N)`` clipped so that every list gets
+            at least 39 training vectors.
+        pq_m: PQ sub-quantisers (4 bits each); ``None`` picks ``D / 2``.
+        nprobe: IVF lists visited per query.
+        refine: re-rank the IVF-PQ candidates with exact inner products (keeps the raw vectors).
+        k_factor: candidates re-ranked per requested neighbour when ``refine``.
+    """
+
+    kind: str = "flat"
+    hnsw_m: int = 32
+    ef_construction: int = 40
+    ef_search: int = 128
+    nlist: int | None = None
+    pq_m: int | None = None
+    nprobe: int = 32
+    refine: bool = True
+    k_factor: int = 8
+
+    def __post_init__(self) -> None:
+        if self.kind not in INDEX_KINDS:
+            raise ConfigError(f"unknown index kind {self.kind!r}; choose one of {', '.join(INDEX_KINDS)}")
+        for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe", "k_factor"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"index parameter {name} must be at least 1, got {getattr(self, name)}")
+
+    def factory_string(self, count: int, dim: int) -> str:
+        """The faiss ``index_factory`` description for ``count`` vectors of ``dim`` dimensions."""
+        if self.kind == "flat":
+            return "Flat"
+        if self.kind == "hnsw":
+            return f"HNSW{self.hnsw_m},Flat"
+        nlist = self.nlist or int(np.clip(round(4 * math.sqrt(count)), 1, max(1, count // 39)))
+        if nlist > count:
+            raise ConfigError(f"nlist={nlist} inverted lists need at least as many references, got {count}")
+        pq_m = self.pq_m or max(1, dim // 2)
+        if dim % pq_m:
+            raise ConfigError(f"pq_m={pq_m} must divide the descriptor dimension {dim}")
+        return f"IVF{nlist},PQ{pq_m}x4fs" + (",RFlat" if self.refine else "")
+
+    def search_parameters(self) -> str:
+        """The faiss ``ParameterSpace`` string applying the search-time knobs."""
+        if self.kind == "hnsw":
+            return f"efSearch={self.ef_search}"
+        if self.kind == "ivfpq":
+            return f"nprobe={self.nprobe}" + (f",k_factor_rf={self.k_factor}" if self.refine else "")
+        return ""
+
+
+@dataclass
+class DescriptorIndex:
+    """A faiss index over reference descriptors, with the reference ids.
+
+    Attributes:
+        index: the faiss index (inner-product metric); row ``i`` is ``references.ids[i]``.
+        references: the indexed descriptors and their ids.
+        config: how the index was built and is searched.
+        info: free-form provenance written to ``index.json`` (e.g. the model path).
+    """
+
+    index: faiss.Index
+    references: DescriptorSet
+    config: IndexConfig = field(default_factory=IndexConfig)
+    info: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, references: DescriptorSet, config: IndexConfig | None = None, info: dict | None = None):
+        """Build an index over ``references.descriptors`` (N, D) float32."""
+        config = config or IndexConfig()
+        if len(references) == 0:
+            raise PredictionsError("cannot build an index over an empty descriptor set")
+        vectors = references.descriptors
+        index = faiss.index_factory(
+            references.dim, config.factory_string(len(references), references.dim), faiss.METRIC_INNER_PRODUCT
+        )
+        if config.kind == "hnsw":
+            faiss.downcast_index(index).hnsw.efConstruction = config.ef_construction
+        if not index.is_trained:
+            if len(references) < MIN_IVFPQ_TRAINING:
+                raise ConfigError(
+                    f"an ivfpq index needs at least {MIN_IVFPQ_TRAINING} references to train its quantisers, "
+                    f"got {len(references)}; use the exact 'flat' index"
+                )
+            index.train(vectors)
+        index.add(vectors)
+        built = cls(index, references, config, dict(info or {}))
+        built.set_search_parameters()
+        return built
+
+    def set_search_parameters(self, **overrides) -> None:
+        """Apply ``nprobe`` / ``ef_search`` / ``k_factor`` (optionally changed) to the faiss index."""
+        if overrides:
+            self.config = IndexConfig(**{**asdict(self.config), **overrides})
+        parameters = self.config.search_parameters()
+        if parameters:
+            faiss.ParameterSpace().set_index_parameters(self.index, parameters)
+
+    def __len__(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, queries: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """k-NN by inner product.
+
+        Args:
+            queries: (Nq, D) float32.
+            k: neighbours per query (capped at the index size).
+
+        Returns:
+            ``scores`` (Nq, k') float32 and ``indices`` (Nq, k') int64 into ``references``,
+            best first, with ``k' = min(k, N)``; an approximate index may return ``-1``
+            (no neighbour) in some slots.
+        """
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.references.dim:
+            raise PredictionsError(
+                f"query descriptors of shape {queries.shape} do not match the index dimension {self.references.dim}"
+            )
+        k = min(int(k), len(self))
+        return self.index.search(queries, k)
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write ``index.faiss``, ``descriptors.safetensors`` and ``index.json`` into ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(self.index, str(folder / "index.faiss"))
+        self.references.save(folder / "descriptors.safetensors")
+        meta = {"config": asdict(self.config), "count": len(self), "dim": self.references.dim, **self.info}
+        (folder / "index.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> DescriptorIndex:
+        """Read an index folder written by :meth:`save`."""
+        folder = Path(folder)
+        missing = [name for name in ("index.faiss", "descriptors.safetensors", "index.json") if not (folder / name).is_file()]
+        if missing:
+            raise PredictionsError(
+                f"index folder {os.fspath(folder)!r} lacks {', '.join(missing)}; build it with `copynce index`"
+            )
+        meta = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+        config = IndexConfig(**meta.pop("config"))
+        meta.pop("count", None)
+        meta.pop("dim", None)
+        references = DescriptorSet.load(folder / "descriptors.safetensors")
+        loaded = cls(faiss.read_index(str(folder / "index.faiss")), references, config, meta)
+        if len(loaded) != len(references):
+            raise PredictionsError(
+                f"index folder {os.fspath(folder)!r}: the index holds {len(loaded)} vectors, "
+                f"the descriptor file {len(references)}"
+            )
+        loaded.set_search_parameters()
+        return loaded
+
+
+def knn_predictions(
+    query_ids: list[str], scores: np.ndarray, indices: np.ndarray, reference_ids: list[str]
+) -> list[Prediction]:
+    """Turn k-NN results into predictions.
+
+    Args:
+        query_ids: Nq ids, row order of ``scores``.
+        scores: (Nq, k) similarity (higher is more similar).
+        indices: (Nq, k) rows into ``reference_ids``; negative entries (no neighbour) are skipped.
+        reference_ids: ids of the indexed references.
+
+    Returns:
+        One :class:`Prediction` per valid (query, neighbour) slot.
+    """
+    predictions = []
+    for query_id, row_scores, row_indices in zip(query_ids, scores, indices):
+        for score, index in zip(row_scores, row_indices):
+            if index >= 0:
+                predictions.append(Prediction(query_id, reference_ids[index], float(score)))
+    return predictions

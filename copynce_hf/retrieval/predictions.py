@@ -1,0 +1,100 @@
+"""Predictions in the DISC21 matching-track CSV format: ``query_id,reference_id,score``.
+
+A prediction is one scored (query, reference) pair; higher scores mean "more likely a
+copy". The file has a header line ``query_id,reference_id,score`` and one row per pair.
+Every (query, reference) pair may appear at most once: the metric pools all predictions
+together, so a duplicate would be counted twice; reading or writing one is an error
+that names the pair.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from ..errors import PredictionsError
+
+#: Column names of the DISC21 matching-track CSV, in order.
+PREDICTION_COLUMNS = ("query_id", "reference_id", "score")
+
+
+class Prediction(NamedTuple):
+    """One scored candidate pair."""
+
+    query_id: str
+    reference_id: str
+    score: float
+
+
+def check_unique(predictions: Iterable[Prediction], source: str = "predictions") -> None:
+    """Raise :class:`PredictionsError` naming the first (query, reference) pair seen twice."""
+    seen: set[tuple[str, str]] = set()
+    for prediction in predictions:
+        key = (prediction.query_id, prediction.reference_id)
+        if key in seen:
+            raise PredictionsError(
+                f"{source} has a duplicate prediction for query {key[0]!r} and reference {key[1]!r}; "
+                "each pair may be scored once"
+            )
+        seen.add(key)
+
+
+def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction]) -> int:
+    """Write predictions as ``query_id,reference_id,score`` CSV, sorted by decreasing score.
+
+    Returns the number of rows written. Duplicate pairs and non-finite scores raise
+    :class:`PredictionsError` before anything is written.
+    """
+    rows = [Prediction(str(q), str(r), float(s)) for q, r, s in predictions]
+    check_unique(rows, source=f"predictions for {os.fspath(path)!r}")
+    for row in rows:
+        if not math.isfinite(row.score):
+            raise PredictionsError(f"score {row.score} of pair ({row.query_id!r}, {row.reference_id!r}) is not finite")
+    rows.sort(key=lambda row: (-row.score, row.query_id, row.reference_id))
+    path = Path(path)
+    if path.parent != Path(""):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(PREDICTION_COLUMNS)
+        for row in rows:
+            writer.writerow((row.query_id, row.reference_id, repr(row.score)))
+    return len(rows)
+
+
+def read_predictions(path: str | os.PathLike) -> list[Prediction]:
+    """Read a DISC21 matching-track CSV (header ``query_id,reference_id,score``).
+
+    Raises :class:`PredictionsError` for a missing file, missing columns, a score that
+    is not a finite number, or a (query, reference) pair that appears twice.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PredictionsError(f"predictions file {os.fspath(path)!r} does not exist")
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        columns = [name.strip() for name in (reader.fieldnames or [])]
+        missing = [name for name in PREDICTION_COLUMNS if name not in columns]
+        if missing:
+            raise PredictionsError(
+                f"predictions file {os.fspath(path)!r} has columns {columns}, expected "
+                f"{list(PREDICTION_COLUMNS)} (missing {missing})"
+            )
+        reader.fieldnames = columns
+        predictions = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                score = float(row["score"])
+            except (TypeError, ValueError):
+                score = math.nan
+            if not math.isfinite(score):
+                raise PredictionsError(
+                    f"predictions file {os.fspath(path)!r} line {line}: score {row['score']!r} is not a finite number"
+                )
+            predictions.append(Prediction(row["query_id"].strip(), row["reference_id"].strip(), score))
+    check_unique(predictions, source=f"predictions file {os.fspath(path)!r}")
+    return predictions

@@ -1,0 +1,255 @@
+"""Re-scoring candidate pairs with a model, optionally with local crops ensembling.
+
+The descriptor's k-NN gives candidate (query, reference) pairs; the matcher then scores
+each pair jointly: the copy probability ``sigmoid(logit)`` (paper section on the matcher,
+supplementary "More about Candidates List for Matcher"). A descriptor model can score pairs
+too, by the cosine similarity of the two descriptors.
+
+Local crops ensembling (supplementary "Local Crops Ensembling"): both images are cut into
+a fixed set of views (the whole image, a grid of overlapping crops, and for the query also
+rotations of the whole image); every query view is compared with every reference view and
+the pair's score is the maximum (highest copy probability for the matcher, highest cosine
+for the descriptor). The paper uses 26 query views x 10 reference views; the default here,
+:class:`LocalCrops`, is 8 x 1, and the grid is configurable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError, ImageLoadError, PredictionsError
+from ..images import load_image
+from .predictions import Prediction
+
+logger = logging.getLogger(__name__)
+
+_ROTATIONS = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
+
+
+def model_kind(model) -> str:
+    """``"matcher"`` or ``"descriptor"``, from the model's ``config.model_type``."""
+    model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
+    if "matcher" in model_type:
+        return "matcher"
+    if "descriptor" in model_type:
+        return "descriptor"
+    raise ConfigError(f"model type {model_type!r} is neither a CopyNCE matcher nor a CopyNCE descriptor")
+
+
+def grid_boxes(width: int, height: int, grid: int, crop_scale: float) -> list[tuple[int, int, int, int]]:
+    """``grid * grid`` overlapping crop boxes (left, top, right, bottom), row-major.
+
+    Each crop spans ``min(1, crop_scale / grid)`` of the width and of the height; the crops
+    are spread evenly from one border to the other, so that they overlap when
+    ``crop_scale > 1`` and together cover the image.
+    """
+    fraction = min(1.0, crop_scale / grid)
+    crop_w, crop_h = max(1, round(width * fraction)), max(1, round(height * fraction))
+    boxes = []
+    for row in range(grid):
+        for col in range(grid):
+            left = round((width - crop_w) * col / (grid - 1)) if grid > 1 else 0
+            top = round((height - crop_h) * row / (grid - 1)) if grid > 1 else 0
+            boxes.append((left, top, left + crop_w, top + crop_h))
+    return boxes
+
+
+@dataclass
+class LocalCrops:
+    """The fixed views of local crops ensembling.
+
+    Attributes:
+        query_grid: query crops per side (``query_grid ** 2`` crops; 1 means no crops).
+        reference_grid: reference crops per side.
+        crop_scale: a grid cell crop spans ``min(1, crop_scale / grid)`` of each side.
+        query_rotations: rotations (degrees, multiples of 90) of the whole query added as views.
+
+    Views: query = whole image, grid crops, rotated whole images; reference = whole image
+    and grid crops. Defaults: 1 + 4 + 3 = 8 query views against 1 reference view.
+    """
+
+    query_grid: int = 2
+    reference_grid: int = 1
+    crop_scale: float = 1.5
+    query_rotations: tuple[int, ...] = (90, 180, 270)
+
+    def __post_init__(self) -> None:
+        if self.query_grid < 1 or self.reference_grid < 1:
+            raise ConfigError(f"crop grids must be at least 1, got {self.query_grid} and {self.reference_grid}")
+        if self.crop_scale <= 0:
+            raise ConfigError(f"crop_scale must be positive, got {self.crop_scale}")
+        self.query_rotations = tuple(int(angle) % 360 for angle in self.query_rotations)
+        unknown = [angle for angle in self.query_rotations if angle not in _ROTATIONS]
+        if unknown:
+            raise ConfigError(f"query rotations must be 90, 180 or 270 degrees, got {unknown}")
+
+    def _grid(self, image: Image.Image, grid: int) -> list[Image.Image]:
+        if grid == 1:
+            return []
+        return [image.crop(box) for box in grid_boxes(image.width, image.height, grid, self.crop_scale)]
+
+    def query_views(self, image: Image.Image) -> list[Image.Image]:
+        rotated = [image.transpose(_ROTATIONS[angle]) for angle in self.query_rotations]
+        return [image, *self._grid(image, self.query_grid), *rotated]
+
+    def reference_views(self, image: Image.Image) -> list[Image.Image]:
+        return [image, *self._grid(image, self.reference_grid)]
+
+
+@torch.inference_mode()
+def score_views(model, query_views: torch.Tensor, reference_views: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
+    """Copy score of each pair, maximised over all (query view, reference view) combinations.
+
+    Args:
+        model: a CopyNCE matcher (score: ``sigmoid(logits)``) or descriptor (score: cosine
+            of the descriptors).
+        query_views: (P, Vq, 3, H, W) processed query views.
+        reference_views: (P, Vr, 3, H, W) processed reference views.
+        chunk_size: model inputs per forward pass.
+
+    Returns:
+        (P,) float32 scores on the CPU.
+    """
+    pairs, n_query, n_reference = query_views.shape[0], query_views.shape[1], reference_views.shape[1]
+    device = next(model.parameters()).device
+    if model_kind(model) == "descriptor":
+
+        def embed(views: torch.Tensor) -> torch.Tensor:
+            flat = views.flatten(0, 1)
+            parts = [model(pixel_values=flat[i : i + chunk_size].to(device)).descriptors for i in range(0, len(flat), chunk_size)]
+            out = torch.nn.functional.normalize(torch.cat(parts).float(), dim=-1)
+            return out.view(views.shape[0], views.shape[1], -1)
+
+        # cos(z_q, z_r) for every view combination: (P, Vq, Vr)
+        similarity = torch.einsum("pqd,prd->pqr", embed(query_views), embed(reference_views))
+        return similarity.flatten(1).max(dim=1).values.cpu()
+    # matcher: every query view against every reference view, (P * Vq * Vr) forward rows
+    query_rows = query_views.unsqueeze(2).expand(-1, -1, n_reference, -1, -1, -1).flatten(0, 2)
+    reference_rows = reference_views.unsqueeze(1).expand(-1, n_query, -1, -1, -1, -1).flatten(0, 2)
+    probabilities = []
+    for start in range(0, len(query_rows), chunk_size):
+        logits = model(
+            pixel_values=query_rows[start : start + chunk_size].to(device),
+            reference_pixel_values=reference_rows[start : start + chunk_size].to(device),
+        ).logits
+        probabilities.append(torch.sigmoid(logits.float().view(-1)))
+    return torch.cat(probabilities).view(pairs, n_query * n_reference).max(dim=1).values.cpu()
+
+
+class PairViews(Dataset):
+    """Candidate pairs as processed views: item ``i`` is pair ``i``.
+
+    Items: ``query_views`` (Vq, 3, H, W), ``reference_views`` (Vr, 3, H, W), ``valid`` (0 when
+    an image is unreadable; its views are then black placeholders).
+    """
+
+    def __init__(self, pairs: list[tuple[Path, Path]], image_processor, local_crops: LocalCrops | None = None):
+        self.pairs = pairs
+        self.image_processor = image_processor
+        self.local_crops = local_crops
+        blank = Image.new("RGB", (64, 64))
+        self.placeholders = (self._process(self._query_views(blank)), self._process(self._reference_views(blank)))
+
+    def _query_views(self, image: Image.Image) -> list[Image.Image]:
+        return self.local_crops.query_views(image) if self.local_crops else [image]
+
+    def _reference_views(self, image: Image.Image) -> list[Image.Image]:
+        return self.local_crops.reference_views(image) if self.local_crops else [image]
+
+    def _process(self, views: list[Image.Image]) -> torch.Tensor:
+        return self.image_processor(images=views, return_tensors="pt")["pixel_values"]
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict:
+        query_path, reference_path = self.pairs[index]
+        try:
+            query_views = self._process(self._query_views(load_image(query_path)))
+            reference_views = self._process(self._reference_views(load_image(reference_path)))
+            valid = 1
+        except ImageLoadError as error:
+            logger.warning("skipping pair (%s, %s): %s", query_path.stem, reference_path.stem, error)
+            (query_views, reference_views), valid = self.placeholders, 0
+        return {"query_views": query_views, "reference_views": reference_views, "valid": valid}
+
+
+@dataclass
+class RescoreResult:
+    """Output of :func:`rescore_predictions`: the re-scored pairs and the pairs left out."""
+
+    predictions: list[Prediction]
+    skipped: list[tuple[str, str, str]]  # (query_id, reference_id, reason)
+
+
+def rescore_predictions(
+    predictions: list[Prediction],
+    model,
+    image_processor,
+    query_files: dict[str, os.PathLike],
+    reference_files: dict[str, os.PathLike],
+    batch_size: int = 32,
+    num_workers: int = 0,
+    local_crops: LocalCrops | None = None,
+    progress: bool = True,
+) -> RescoreResult:
+    """Score every candidate pair of ``predictions`` with ``model``; old scores are discarded.
+
+    Args:
+        predictions: candidate pairs (e.g. from k-NN search).
+        model: a CopyNCE matcher or descriptor, see :func:`score_views`.
+        image_processor: the model's image processor.
+        query_files, reference_files: id -> image path.
+        batch_size: model inputs (view combinations) per forward pass.
+        num_workers: ``DataLoader`` workers that read and process the images.
+        local_crops: views for local crops ensembling; ``None`` compares the whole images.
+
+    Returns:
+        :class:`RescoreResult`. Pairs whose image id is not in the folders or whose image
+        cannot be read are skipped, logged and listed; if every pair is skipped,
+        :class:`PredictionsError` is raised.
+    """
+    kept, paths, skipped = [], [], []
+    for prediction in predictions:
+        query_path = query_files.get(prediction.query_id)
+        reference_path = reference_files.get(prediction.reference_id)
+        if query_path is None or reference_path is None:
+            missing = f"query {prediction.query_id!r}" if query_path is None else f"reference {prediction.reference_id!r}"
+            skipped.append((prediction.query_id, prediction.reference_id, f"no image for {missing}"))
+            continue
+        kept.append(prediction)
+        paths.append((Path(query_path), Path(reference_path)))
+    if not kept:
+        reasons = "; ".join(reason for *_, reason in skipped[:3])
+        raise PredictionsError(f"none of the {len(predictions)} candidate pairs has both images ({reasons}, ...)")
+    dataset = PairViews(paths, image_processor, local_crops)
+    views_per_pair = dataset.placeholders[0].shape[0] * dataset.placeholders[1].shape[0]
+    pairs_per_batch = max(1, batch_size // views_per_pair)
+    loader = DataLoader(dataset, batch_size=pairs_per_batch, num_workers=num_workers, shuffle=False)
+    model.eval()
+    scores, valid = [], []
+    with tqdm(total=len(dataset), desc="re-scoring", unit="pair", disable=not progress) as bar:
+        for batch in loader:
+            scores.append(score_views(model, batch["query_views"], batch["reference_views"], chunk_size=batch_size))
+            valid.append(batch["valid"])
+            bar.update(len(batch["valid"]))
+    scores, valid = torch.cat(scores).tolist(), torch.cat(valid).tolist()
+    rescored = []
+    for prediction, score, ok in zip(kept, scores, valid):
+        if ok:
+            rescored.append(Prediction(prediction.query_id, prediction.reference_id, float(score)))
+        else:
+            skipped.append((prediction.query_id, prediction.reference_id, "unreadable image"))
+    if skipped:
+        logger.warning("skipped %d of %d candidate pairs (missing or unreadable images)", len(skipped), len(predictions))
+    if not rescored:
+        raise PredictionsError(f"none of the {len(predictions)} candidate pairs could be scored")
+    return RescoreResult(rescored, skipped)

@@ -1,0 +1,247 @@
+"""The `copynce` command end to end on tiny random models and images, and its error messages."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from copynce_hf import (
+    CopyNCEDescriptorConfig,
+    CopyNCEDescriptorModel,
+    CopyNCEImageProcessor,
+    CopyNCEMatcherConfig,
+    CopyNCEMatcherModel,
+)
+from copynce_hf.cli import main
+from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, read_predictions
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=16)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Tiny random descriptor and matcher folders (save_pretrained), as users get them from the Hub."""
+    root = tmp_path_factory.mktemp("models")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    folders = {}
+    for name, model in (
+        ("descriptor", CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY))),
+        ("matcher", CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY))),
+    ):
+        model.save_pretrained(root / name)
+        processor.save_pretrained(root / name)
+        folders[name] = str(root / name)
+    return folders
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """refs/: 5 random images; queries/: flipped or cropped copies of R0 and R3 plus a distractor."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    (root / "refs").mkdir()
+    (root / "queries").mkdir()
+    (root / "aux").mkdir()
+    originals = {}
+    for i in range(5):
+        originals[f"R{i}"] = Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
+        originals[f"R{i}"].save(root / "refs" / f"R{i}.png")
+    originals["R0"].transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(root / "queries" / "Q0.png")
+    originals["R3"].crop((8, 4, 56, 44)).save(root / "queries" / "Q1.jpg")
+    Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(root / "queries" / "Q2.png")
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(root / "aux" / f"A{i:02d}.png")
+    (root / "gt.csv").write_text("query_id,reference_id\nQ0,R0\nQ1,R3\nQ2,\n")
+    return root
+
+
+def run(capsys, *argv):
+    code = main(["--quiet", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_find_copies_session(models, images, tmp_path, capsys):
+    idx = tmp_path / "idx"
+    code, out, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx)
+    assert code == 0, err
+    assert "indexed 5 references" in out
+    index = DescriptorIndex.load(idx)
+    assert index.references.ids == ["R0", "R1", "R2", "R3", "R4"]
+    assert index.references.descriptors.shape == (5, 16)
+    np.testing.assert_allclose(np.linalg.norm(index.references.descriptors, axis=1), 1.0, atol=1e-5)
+    assert json.loads((idx / "index.json").read_text())["config"]["kind"] == "flat"
+
+    candidates = tmp_path / "candidates.csv"
+    code, out, err = run(
+        capsys, "search", images / "queries", "--index", idx, "--k", 3, "--output", candidates,
+        "--save-descriptors", tmp_path / "q.safetensors", "--hdf5", tmp_path / "disc21.hdf5",
+    )
+    assert code == 0, err
+    with candidates.open() as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["query_id", "reference_id", "score"] and len(rows) == 1 + 3 * 3
+    predictions = read_predictions(candidates)
+    queries = DescriptorSet.load(tmp_path / "q.safetensors")
+    assert queries.ids == ["Q0", "Q1", "Q2"]
+    for p in predictions:  # scores are the cosine similarities of the stored descriptors
+        expected = queries.descriptors[queries.ids.index(p.query_id)] @ index.references.descriptors[
+            index.references.ids.index(p.reference_id)
+        ]
+        assert p.score == pytest.approx(float(expected), abs=1e-5)
+    assert (tmp_path / "disc21.hdf5").stat().st_size > 0
+
+    # score normalisation with an auxiliary index subtracts the same bias from every pair of a query
+    aux = tmp_path / "aux_idx"
+    assert run(capsys, "index", images / "aux", "--model", models["descriptor"], "--output", aux)[0] == 0
+    normalized = tmp_path / "normalized.csv"
+    code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 3, "--score-norm", aux,
+                       "--output", normalized)
+    assert code == 0, err
+    raw = {(p.query_id, p.reference_id): p.score for p in predictions}
+    aux_set = DescriptorSet.load(aux)
+    for p in read_predictions(normalized):
+        q = queries.descriptors[queries.ids.index(p.query_id)]
+        bias = np.sort(aux_set.descriptors @ q)[::-1][:10].mean()
+        assert p.score == pytest.approx(raw[(p.query_id, p.reference_id)] - bias, abs=1e-5)
+
+    # feature stretching: score = -||beta * mean(top-5 aux sims) * z_q - z_r||^2
+    stretched = tmp_path / "stretched.csv"
+    code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 5, "--stretch", aux,
+                       "--output", stretched)
+    assert code == 0, err
+    for p in read_predictions(stretched):
+        q = queries.descriptors[queries.ids.index(p.query_id)]
+        z = 2.5 * np.sort(aux_set.descriptors @ q)[::-1][:5].mean() * q
+        r = index.references.descriptors[index.references.ids.index(p.reference_id)]
+        assert p.score == pytest.approx(-float(np.square(z - r).sum()), abs=1e-4)
+
+    scored = tmp_path / "scored.csv"
+    code, out, err = run(
+        capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
+        "--matcher", models["matcher"], "--output", scored,
+    )
+    assert code == 0, err
+    rescored = read_predictions(scored)
+    assert {(p.query_id, p.reference_id) for p in rescored} == set(raw)
+    assert all(0.0 <= p.score <= 1.0 for p in rescored)
+
+    crops = tmp_path / "crops.csv"
+    code, _, err = run(
+        capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
+        "--matcher", models["matcher"], "--output", crops, "--local-crops", "--top", 1, "--reference-grid", 2,
+    )
+    assert code == 0, err
+    crop_scores = {(p.query_id, p.reference_id): p.score for p in read_predictions(crops)}
+    plain = {(p.query_id, p.reference_id): p.score for p in rescored}
+    assert len(crop_scores) == 3  # --top 1: one candidate per query
+    for pair, score in crop_scores.items():  # the whole-image pair is one of the views: max >= plain score
+        assert score >= plain[pair] - 1e-5
+
+    report = tmp_path / "report"
+    code, out, err = run(capsys, "evaluate", scored, candidates, "--ground-truth", images / "gt.csv",
+                         "--output", report)
+    assert code == 0, err
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert set(metrics) == {"scored", "candidates"}
+    assert {"micro_ap", "recall_at_p90", "threshold_at_p90", "recall_at_rank1", "recall_at_rank10", "mean_ap"} <= set(
+        metrics["scored"]
+    )
+    from copynce_hf.metrics.core import copy_detection_metrics
+
+    for name, path in (("scored", scored), ("candidates", candidates)):
+        preds = read_predictions(path)
+        direct = copy_detection_metrics([p.query_id for p in preds], [p.reference_id for p in preds],
+                                        [p.score for p in preds], {"Q0": ["R0"], "Q1": ["R3"], "Q2": []})
+        assert metrics[name] == pytest.approx(direct)
+    assert metrics["candidates"]["num_predictions"] == 9
+    assert (report / "pr_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "micro_ap" in out and "recall_at_p90" in out
+
+
+def test_visualize_writes_maps(models, images, tmp_path, capsys):
+    for kind in ("descriptor", "matcher"):
+        out_dir = tmp_path / kind
+        code, out, err = run(
+            capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
+            "--model", models[kind], "--patch", "1,0", "--output", out_dir,
+        )
+        assert code == 0, err
+        maps = np.load(out_dir / "maps.npz")
+        assert maps["affinity"].shape == (2, 2) and maps["entropy"].shape == (2, 2)
+        assert maps["affinity"].sum() == pytest.approx(1.0, abs=1e-5)
+        assert (maps["entropy"] >= -1e-6).all() and (maps["entropy"] <= np.log(4) + 1e-5).all()
+        for name in ("token_affinity.png", "affinity_entropy.png"):
+            assert (out_dir / name).read_bytes()[:4] == b"\x89PNG"
+    code, _, err = run(capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
+                       "--model", models["descriptor"], "--patch", "2,0", "--output", tmp_path / "bad")
+    assert code == 2 and "outside the query's 2x2 patch grid" in err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("copynce ") and ": error: " in last
+    for fragment in fragments:
+        assert fragment in last
+
+
+def test_error_missing_and_empty_folder(models, tmp_path, capsys):
+    code, _, err = run(capsys, "index", tmp_path / "nowhere", "--model", models["descriptor"], "--output", tmp_path / "o")
+    assert_one_line_error(code, err, "does not exist", "nowhere")
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "index", tmp_path / "empty", "--model", models["descriptor"], "--output", tmp_path / "o")
+    assert_one_line_error(code, err, "holds no image file")
+    assert not (tmp_path / "o").exists()
+
+
+def test_error_ivfpq_on_too_few_references(models, images, tmp_path, capsys):
+    code, _, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--index-type", "ivfpq",
+                       "--output", tmp_path / "o")
+    assert_one_line_error(code, err, "at least 256 references", "flat")
+
+
+def test_error_ground_truth_unknown_columns(images, tmp_path, capsys):
+    preds = tmp_path / "p.csv"
+    preds.write_text("query_id,reference_id,score\nQ0,R0,0.9\n")
+    gt = tmp_path / "gt.csv"
+    gt.write_text("query,ref\nQ0,R0\n")
+    code, _, err = run(capsys, "evaluate", preds, "--ground-truth", gt, "--output", tmp_path / "r")
+    assert_one_line_error(code, err, "unknown column", "'query'")
+
+
+def test_error_duplicate_predictions(images, tmp_path, capsys):
+    preds = tmp_path / "dup.csv"
+    preds.write_text("query_id,reference_id,score\nQ0,R0,0.9\nQ1,R3,0.5\nQ0,R0,0.4\n")
+    code, _, err = run(capsys, "evaluate", preds, "--ground-truth", images / "gt.csv", "--output", tmp_path / "r")
+    assert_one_line_error(code, err, "duplicate", "'Q0'", "'R0'")
+    code, _, err = run(capsys, "match", preds, "--queries", images / "queries", "--references", images / "refs",
+                       "--output", tmp_path / "m.csv")
+    assert_one_line_error(code, err, "duplicate")
+
+
+def test_error_missing_embedded_model(images, tmp_path, capsys, monkeypatch):
+    import copynce_hf.cli as cli
+
+    monkeypatch.setattr(cli, "DEFAULT_DESCRIPTOR", tmp_path / "pretrained" / "descriptor")
+    code, _, err = run(capsys, "index", images / "refs", "--output", tmp_path / "o")
+    assert_one_line_error(code, err, "embedded model folder", "--model")
+
+
+def test_help_describes_every_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("index", "search", "match", "evaluate", "visualize"):
+        assert command in out
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--output" in capsys.readouterr().out

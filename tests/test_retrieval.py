@@ -1,0 +1,332 @@
+"""Retrieval: predictions CSV, descriptor files, faiss indexes, post-processing, extraction, re-scoring."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from copynce_hf.errors import ConfigError, ImageLoadError, PredictionsError
+from copynce_hf.retrieval import (
+    DatasetImageSource,
+    DescriptorIndex,
+    DescriptorSet,
+    ImageFolderSource,
+    IndexConfig,
+    LocalCrops,
+    Prediction,
+    euclidean_scores,
+    export_disc21_hdf5,
+    grid_boxes,
+    knn_predictions,
+    list_image_files,
+    normalize_scores,
+    read_predictions,
+    score_normalization_bias,
+    stretch_features,
+    write_predictions,
+)
+
+
+def unit_vectors(count: int, dim: int, seed: int) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((count, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- predictions CSV
+
+
+def test_predictions_round_trip_sorted_with_header(tmp_path):
+    path = tmp_path / "preds.csv"
+    rows = [Prediction("Q1", "R2", 0.25), Prediction("Q2", "R1", 0.75), Prediction("Q1", "R1", 0.5)]
+    assert write_predictions(path, rows) == 3
+    lines = path.read_text().splitlines()
+    assert lines[0] == "query_id,reference_id,score"
+    assert [line.split(",")[:2] for line in lines[1:]] == [["Q2", "R1"], ["Q1", "R1"], ["Q1", "R2"]]
+    assert sorted(read_predictions(path)) == sorted(rows)
+
+
+def test_predictions_duplicates_are_refused_naming_the_pair(tmp_path):
+    path = tmp_path / "dup.csv"
+    path.write_text("query_id,reference_id,score\nQ1,R1,0.5\nQ1,R2,0.4\nQ1,R1,0.3\n")
+    with pytest.raises(PredictionsError, match="'Q1'.*'R1'"):
+        read_predictions(path)
+    with pytest.raises(PredictionsError, match="duplicate"):
+        write_predictions(tmp_path / "out.csv", [("Q", "R", 1.0), ("Q", "R", 0.5)])
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_predictions_bad_columns_and_scores(tmp_path):
+    (tmp_path / "cols.csv").write_text("query,reference,score\nQ1,R1,0.5\n")
+    with pytest.raises(PredictionsError, match="missing"):
+        read_predictions(tmp_path / "cols.csv")
+    (tmp_path / "nan.csv").write_text("query_id,reference_id,score\nQ1,R1,abc\n")
+    with pytest.raises(PredictionsError, match="line 2"):
+        read_predictions(tmp_path / "nan.csv")
+
+
+# --------------------------------------------------------------------------- descriptor files
+
+
+def test_descriptor_set_safetensors_round_trip_and_hdf5(tmp_path):
+    refs = DescriptorSet(["R0", "R1", "R2"], unit_vectors(3, 8, 0), skipped=["broken"])
+    path = refs.save(tmp_path / "refs.safetensors")
+    loaded = DescriptorSet.load(path)
+    assert loaded.ids == refs.ids and loaded.skipped == ["broken"]
+    assert loaded.descriptors.dtype == np.float32
+    np.testing.assert_array_equal(loaded.descriptors, refs.descriptors)
+    with pytest.raises(PredictionsError, match="appears twice"):
+        DescriptorSet(["a", "a"], unit_vectors(2, 8, 1))
+
+    h5py = pytest.importorskip("h5py")
+    queries = DescriptorSet(["Q0", "Q1"], unit_vectors(2, 8, 2))
+    export_disc21_hdf5(tmp_path / "disc.hdf5", queries, refs)
+    with h5py.File(tmp_path / "disc.hdf5", "r") as handle:
+        assert set(handle.keys()) == {"query", "reference", "query_ids", "reference_ids"}
+        np.testing.assert_array_equal(handle["reference"][:], refs.descriptors)
+        assert [s.decode() for s in handle["query_ids"][:]] == ["Q0", "Q1"]
+
+
+# --------------------------------------------------------------------------- faiss
+
+
+def test_flat_index_is_exact_and_saves(tmp_path):
+    refs = DescriptorSet([f"R{i}" for i in range(50)], unit_vectors(50, 16, 3))
+    queries = unit_vectors(5, 16, 4)
+    index = DescriptorIndex.build(refs, info={"model": "m"})
+    scores, indices = index.search(queries, k=3)
+    brute = queries @ refs.descriptors.T
+    np.testing.assert_array_equal(indices, np.argsort(-brute, axis=1)[:, :3])
+    np.testing.assert_allclose(scores, np.sort(brute, axis=1)[:, ::-1][:, :3], atol=1e-5)
+    index.save(tmp_path / "idx")
+    again = DescriptorIndex.load(tmp_path / "idx")
+    assert again.info["model"] == "m" and again.references.ids == refs.ids
+    np.testing.assert_array_equal(again.search(queries, 3)[1], indices)
+    preds = knn_predictions(["a", "b", "c", "d", "e"], scores, indices, refs.ids)
+    assert len(preds) == 15 and preds[0] == Prediction("a", refs.ids[indices[0, 0]], float(scores[0, 0]))
+    with pytest.raises(ConfigError, match="unknown index kind"):
+        IndexConfig(kind="lsh")
+
+
+def recall_at_10(approximate: np.ndarray, exact: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(e)) / 10 for a, e in zip(approximate, exact)]))
+
+
+@pytest.mark.slow
+def test_approximate_index_recall_against_exact(tmp_path, capsys):
+    """HNSW on 20k random 64-d unit vectors (the hardest case: no cluster structure) keeps >= 0.9
+    of the exact top-10; IVF-PQ with exact re-ranking on clustered vectors too."""
+    refs = DescriptorSet([str(i) for i in range(20_000)], unit_vectors(20_000, 64, 5))
+    queries = unit_vectors(300, 64, 6)
+    exact = DescriptorIndex.build(refs).search(queries, 10)[1]
+    start = time.perf_counter()
+    hnsw = DescriptorIndex.build(refs, IndexConfig(kind="hnsw"))
+    build_s = time.perf_counter() - start
+    hnsw.save(tmp_path / "hnsw")
+    hnsw = DescriptorIndex.load(tmp_path / "hnsw")
+    recall_hnsw = recall_at_10(hnsw.search(queries, 10)[1], exact)
+    hnsw.set_search_parameters(ef_search=16)
+    recall_low_ef = recall_at_10(hnsw.search(queries, 10)[1], exact)
+
+    rng = np.random.default_rng(7)
+    centres = unit_vectors(200, 64, 8)
+    clustered = centres[rng.integers(0, 200, 20_000)] + 0.15 * rng.standard_normal((20_000, 64)).astype(np.float32)
+    clustered /= np.linalg.norm(clustered, axis=1, keepdims=True)
+    crefs = DescriptorSet([str(i) for i in range(20_000)], clustered)
+    cqueries = clustered[rng.choice(20_000, 300, replace=False)] + 0.05 * rng.standard_normal((300, 64)).astype(
+        np.float32
+    )
+    cexact = DescriptorIndex.build(crefs).search(cqueries, 10)[1]
+    recall_ivfpq = recall_at_10(DescriptorIndex.build(crefs, IndexConfig(kind="ivfpq")).search(cqueries, 10)[1], cexact)
+    with capsys.disabled():
+        print(
+            f"\nrecall@10 vs exact: HNSW32 efSearch=128 {recall_hnsw:.3f} (efSearch=16 {recall_low_ef:.3f}, "
+            f"build {build_s:.1f}s) on uniform 20k x 64; IVF-PQ4fs+refine nprobe=32 {recall_ivfpq:.3f} on clustered"
+        )
+    assert recall_hnsw >= 0.9
+    assert recall_low_ef < recall_hnsw  # the knob is applied after loading
+    assert recall_ivfpq >= 0.9
+
+
+# --------------------------------------------------------------------------- post-processing
+
+
+def test_score_normalization_matches_hand_computation():
+    queries = unit_vectors(4, 8, 9)
+    auxiliary = unit_vectors(30, 8, 10)
+    references = unit_vectors(6, 8, 11)
+    bias = score_normalization_bias(queries, auxiliary, k_start=2, k_end=5)
+    for i, query in enumerate(queries):
+        sims = np.sort(auxiliary @ query)[::-1]
+        assert bias[i] == pytest.approx(sims[2:6].mean(), abs=1e-5)
+    cos = queries @ references.T
+    normalized = normalize_scores(cos, bias, alpha=0.5)
+    np.testing.assert_allclose(normalized, cos - 0.5 * bias[:, None], atol=1e-6)
+    # the paper's defaults: alpha = 1, ranks 0..9
+    default = score_normalization_bias(queries, auxiliary)
+    np.testing.assert_allclose(default, np.sort(queries @ auxiliary.T, axis=1)[:, ::-1][:, :10].mean(1), atol=1e-5)
+    with pytest.raises(ConfigError):
+        score_normalization_bias(queries, auxiliary, k_start=5, k_end=2)
+
+
+def test_feature_stretching_matches_hand_computation():
+    queries = unit_vectors(3, 8, 12)
+    auxiliary = unit_vectors(20, 8, 13)
+    references = unit_vectors(7, 8, 14)
+    stretched = stretch_features(queries, auxiliary)  # beta = 2.5, k = 5
+    for i, query in enumerate(queries):
+        factor = 2.5 * np.sort(auxiliary @ query)[::-1][:5].mean()
+        np.testing.assert_allclose(stretched[i], factor * query, atol=1e-6)
+    inner = stretched @ references.T
+    scores = euclidean_scores(stretched, inner, np.square(references).sum(1)[None, :])
+    distances = ((stretched[:, None, :] - references[None, :, :]) ** 2).sum(-1)
+    np.testing.assert_allclose(scores, -distances, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- sources and crops
+
+
+def save_images(folder, names, size=(40, 36)):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name in names:
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(folder / name)
+
+
+def test_folder_listing_and_errors(tmp_path):
+    save_images(tmp_path / "imgs", ["b.png", "a.jpg"])
+    (tmp_path / "imgs" / "notes.txt").write_text("not an image")
+    assert [p.name for p in list_image_files(tmp_path / "imgs")] == ["a.jpg", "b.png"]
+    assert ImageFolderSource(tmp_path / "imgs").ids == ["a", "b"]
+    with pytest.raises(ImageLoadError, match="does not exist"):
+        list_image_files(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ImageLoadError, match="no image file"):
+        list_image_files(tmp_path / "empty")
+    save_images(tmp_path / "clash", ["x.png", "x.jpg"])
+    with pytest.raises(ImageLoadError, match="'x'"):
+        list_image_files(tmp_path / "clash")
+
+
+def test_dataset_source_reads_image_column(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    save_images(tmp_path / "imgs", ["a.png", "b.png"])
+    ds = datasets.Dataset.from_dict(
+        {"name": ["first", "second"], "img": [str(tmp_path / "imgs" / "a.png"), str(tmp_path / "imgs" / "b.png")]}
+    ).cast_column("img", datasets.Image())
+    source = DatasetImageSource(ds, id_column="name")
+    assert source.image_column == "img" and source.ids == ["first", "second"]
+    assert source.load(1).size == (40, 36) and source.load(1).mode == "RGB"
+    with pytest.raises(ImageLoadError, match="no column"):
+        DatasetImageSource(ds, id_column="missing")
+
+
+def test_grid_boxes_cover_and_overlap():
+    boxes = grid_boxes(100, 80, 3, 1.5)
+    assert len(boxes) == 9
+    assert boxes[0] == (0, 0, 50, 40) and boxes[-1] == (50, 40, 100, 80)
+    covered = np.zeros((80, 100), bool)
+    for left, top, right, bottom in boxes:
+        covered[top:bottom, left:right] = True
+    assert covered.all()
+    crops = LocalCrops(query_grid=2, reference_grid=3, query_rotations=(90,))
+    image = Image.new("RGB", (60, 40))
+    views = crops.query_views(image)
+    assert len(views) == 1 + 4 + 1 and views[-1].size == (40, 60)
+    assert len(crops.reference_views(image)) == 10  # the paper's reference views: 9 local + 1 global
+    with pytest.raises(ConfigError):
+        LocalCrops(query_rotations=(45,))
+
+
+# --------------------------------------------------------------------------- extraction and re-scoring (tiny models)
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=16)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch = pytest.importorskip("torch")
+    from copynce_hf import (
+        CopyNCEDescriptorConfig,
+        CopyNCEDescriptorModel,
+        CopyNCEImageProcessor,
+        CopyNCEMatcherConfig,
+        CopyNCEMatcherModel,
+    )
+
+    torch.manual_seed(2)
+    return (
+        CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY)).eval(),
+        CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY)).eval(),
+        CopyNCEImageProcessor(size={"height": 32, "width": 32}),
+    )
+
+
+def test_extraction_skips_unreadable_images_and_matches_direct_forward(tiny, tmp_path):
+    import torch
+
+    from copynce_hf.retrieval import extract_descriptors
+
+    descriptor, _, processor = tiny
+    save_images(tmp_path / "imgs", ["a.png", "b.png", "c.jpg", "d.png"])
+    (tmp_path / "imgs" / "broken.jpg").write_bytes(b"not a jpeg")
+    source = ImageFolderSource(tmp_path / "imgs")
+    result = extract_descriptors(descriptor, processor, source, batch_size=2, num_workers=1, progress=False)
+    assert result.ids == ["a", "b", "c", "d"] and result.skipped == ["broken"]
+    assert result.descriptors.dtype == np.float32 and result.descriptors.shape == (4, 16)
+    with torch.no_grad():
+        pixels = processor(images=[source.load(i) for i in (0, 1, 3, 4)], return_tensors="pt")["pixel_values"]
+        direct = descriptor(pixel_values=pixels).descriptors.numpy()
+    np.testing.assert_allclose(result.descriptors, direct, atol=1e-5)
+
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"image": [str(p) for p in source.files if p.stem != "broken"]}).cast_column(
+        "image", datasets.Image()
+    )
+    from_dataset = extract_descriptors(descriptor, processor, DatasetImageSource(ds), batch_size=3, progress=False)
+    assert from_dataset.ids == ["0", "1", "2", "3"]
+    np.testing.assert_allclose(from_dataset.descriptors, direct, atol=1e-5)
+
+
+def test_rescoring_matcher_and_descriptor(tiny, tmp_path):
+    import torch
+
+    from copynce_hf.retrieval import rescore_predictions
+
+    descriptor, matcher, processor = tiny
+    save_images(tmp_path / "q", ["q0.png", "q1.png"], size=(48, 40))
+    save_images(tmp_path / "r", ["r0.png", "r1.png"], size=(40, 48))
+    queries = ImageFolderSource(tmp_path / "q").lookup()
+    references = ImageFolderSource(tmp_path / "r").lookup()
+    candidates = [Prediction("q0", "r0", 0.1), Prediction("q1", "r1", 0.2), Prediction("q1", "rX", 0.3)]
+
+    result = rescore_predictions(candidates, matcher, processor, queries, references, batch_size=4, progress=False)
+    assert [(p.query_id, p.reference_id) for p in result.predictions] == [("q0", "r0"), ("q1", "r1")]
+    assert result.skipped == [("q1", "rX", "no image for reference 'rX'")]
+    from copynce_hf.images import load_image
+
+    with torch.no_grad():
+        q = processor(images=[load_image(queries["q0"]), load_image(queries["q1"])], return_tensors="pt")["pixel_values"]
+        r = processor(images=[load_image(references["r0"]), load_image(references["r1"])], return_tensors="pt")[
+            "pixel_values"
+        ]
+        expected = torch.sigmoid(matcher(pixel_values=q, reference_pixel_values=r).logits).tolist()
+        cosine = (descriptor(pixel_values=q).descriptors * descriptor(pixel_values=r).descriptors).sum(-1).tolist()
+    assert [p.score for p in result.predictions] == pytest.approx(expected, abs=1e-5)
+
+    by_descriptor = rescore_predictions(candidates[:2], descriptor, processor, queries, references, progress=False)
+    assert [p.score for p in by_descriptor.predictions] == pytest.approx(cosine, abs=1e-5)
+
+    # local crops: the maximum over views is at least the whole-image score, and a grid of 1 with no
+    # rotation is exactly the whole-image score
+    crops = LocalCrops(query_grid=2, reference_grid=2, query_rotations=(180,))
+    lce = rescore_predictions(candidates[:2], matcher, processor, queries, references, batch_size=7,
+                              local_crops=crops, progress=False)
+    assert all(c.score >= e - 1e-6 for c, e in zip(lce.predictions, expected))
+    identity = rescore_predictions(candidates[:2], matcher, processor, queries, references,
+                                   local_crops=LocalCrops(1, 1, query_rotations=()), progress=False)
+    assert [p.score for p in identity.predictions] == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(PredictionsError, match="none of the"):
+        rescore_predictions([Prediction("zz", "r0", 0.0)], matcher, processor, queries, references, progress=False)
