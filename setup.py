@@ -15,7 +15,9 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["copynce_hf", "copynce_hf.*"]),
+    # The card templates live in the repository's model_cards/ and ship as copynce_hf/model_cards/.
+    packages=find_packages(include=["copynce_hf", "copynce_hf.*"]) + ["copynce_hf.model_cards"],
+    package_dir={"copynce_hf.model_cards": "model_cards"},
     include_package_data=True,
     package_data={
         "copynce_hf": [
@@ -23,7 +25,8 @@ setup(
             "assets/**/*",
             "pretrained/**/*",
             "metrics/copy_detection/*",
-        ]
+        ],
+        "copynce_hf.model_cards": ["*.md"],
     },
     install_requires=[
         "numpy>=1.24",
@@ -38,6 +41,7 @@ setup(
         "safetensors>=0.4",
         "faiss-cpu>=1.7.4",
         "pyyaml>=6",
+        "jinja2>=3",
         "tqdm>=4.60",
         "matplotlib>=3.7",
     ],

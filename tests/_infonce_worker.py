@@ -1,0 +1,45 @@
+"""Worker of ``test_losses.test_info_nce_gathers_negatives_across_processes``.
+
+It lives in its own module so that the spawned processes import only torch and
+``copynce_hf/losses.py`` (plus ``errors.py``), not ``copynce_hf/__init__.py``, which imports
+``transformers`` and would make the two-process test several times slower. The two files are
+loaded as the package ``_copynce_losses_only`` whose path is the real ``copynce_hf`` folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "copynce_hf"
+
+
+def load_losses():
+    """The real ``copynce_hf/losses.py`` module, imported without the package's ``__init__``."""
+    if "_copynce_losses_only" not in sys.modules:
+        package = types.ModuleType("_copynce_losses_only")
+        package.__path__ = [str(PACKAGE_DIR)]
+        sys.modules["_copynce_losses_only"] = package
+    return importlib.import_module("_copynce_losses_only.losses")
+
+
+def distributed_worker(rank: int, world: int, port: int, q: torch.Tensor, r: torch.Tensor, folder: str) -> None:
+    """One process of a gloo group: InfoNCE on its slice of the batch, loss and gradients to ``folder``."""
+    losses = load_losses()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        batch = q.shape[0] // world
+        local_q = q[rank * batch:(rank + 1) * batch].clone().requires_grad_()
+        local_r = r[rank * batch:(rank + 1) * batch].clone().requires_grad_()
+        loss = losses.info_nce_loss(local_q, local_r, 3.2)
+        loss.backward()
+        torch.save((loss.detach(), local_q.grad, local_r.grad), os.path.join(folder, f"rank{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
