@@ -102,6 +102,18 @@ class CoordinateTable:
         return table
 
     @property
+    def matrix(self) -> np.ndarray | None:
+        """(3, 3) projective map from this image's pixel ``(x, y, 1)`` to the source, or None if dense.
+
+        Valid only where :attr:`valid` is True; read-only.
+        """
+        if self._matrix is None:
+            return None
+        view = self._matrix.view()
+        view.flags.writeable = False
+        return view
+
+    @property
     def is_analytic(self) -> bool:
         """True while the table is a projective map with masks (every catalogue edit keeps it so)."""
         return self._matrix is not None
@@ -368,11 +380,12 @@ def _bounds_halfplanes(size) -> np.ndarray:
     )
 
 
-def _apply_matrix(matrix: np.ndarray, size) -> tuple[np.ndarray, np.ndarray]:
+def _apply_matrix(matrix: np.ndarray, size, with_w: bool = False):
     """Apply a (3, 3) map to every pixel centre of an image of ``size``; returns x, y (H, W) float32.
 
     Each homogeneous component is an outer sum of a row and a column vector, so an affine
     map costs one addition per pixel and component, a projective one two more divisions.
+    With ``with_w`` also returns the homogeneous w (H, W), or None for an affine map.
     """
     height, width = size
     cols = np.arange(width, dtype=np.float32)
@@ -380,11 +393,12 @@ def _apply_matrix(matrix: np.ndarray, size) -> tuple[np.ndarray, np.ndarray]:
     m = matrix.astype(np.float32)
     out_x = m[0, 0] * cols + (m[0, 1] * rows + m[0, 2])
     out_y = m[1, 0] * cols + (m[1, 1] * rows + m[1, 2])
+    w = None
     if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
         w = m[2, 0] * cols + (m[2, 1] * rows + m[2, 2])
         out_x /= w
         out_y /= w
-    return out_x, out_y
+    return (out_x, out_y, w) if with_w else (out_x, out_y)
 
 
 def _halfplane_mask(planes: np.ndarray, size) -> np.ndarray:
