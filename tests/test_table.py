@@ -174,3 +174,21 @@ def test_pair_tables_are_mutually_inverse():
     overlap_qr, overlap_rq = pair_overlaps(query, reference, 16)
     # A query patch overlaps a reference patch iff some reference pixels trace back into it.
     assert ((overlap_qr > 0.1) <= (overlap_rq.T > 0)).all()
+
+
+def test_fused_pair_overlaps_equal_compose_then_count():
+    rng = np.random.default_rng(3)
+    original = CoordinateTable.identity(150, 200)
+    for _ in range(6):
+        covered = np.zeros((120, 160), dtype=bool)
+        top, left = rng.integers(0, 80, size=2)
+        covered[top : top + 40, left : left + 60] = True
+        query = crop(original, int(rng.integers(0, 30)), int(rng.integers(0, 40)), 120, 160).occlude(covered)
+        query = perspective(rotate(query, float(rng.uniform(-40, 40))), float(rng.uniform(-3e-4, 3e-4)))
+        query = query.resize(64, 48)
+        reference = rotate(original, float(rng.uniform(-10, 10))).resize(48, 64)
+        fused = pair_overlaps(query, reference, 16)
+        table_qr, table_rq = pair_tables(query, reference)
+        np.testing.assert_array_equal(fused[0], patch_overlap(table_qr, 16, reference.size))
+        np.testing.assert_array_equal(fused[1], patch_overlap(table_rq, 16, query.size))
+        assert fused[0].sum() > 0
