@@ -1,0 +1,41 @@
+"""Training data: image datasets (``datasets``), PixTrace copy pairs, the collator, hard negatives.
+
+Flow: :func:`load_image_dataset` (DISC21 folder, image folder, saved dataset or Hub id) ->
+:class:`CopyPairDataset` / :class:`StreamingCopyPairDataset` (a traced query and reference per item,
+made in the DataLoader workers) batched by :class:`CopyPairBatchSampler` (with GHNM from a
+:class:`KNNGraph`) -> :class:`PixTraceCollator` (pixel tensors, labels, overlap priors).
+"""
+
+from .collator import CopyPair, PixTraceCollator
+from .hard_negatives import CopyPairBatchSampler, KNNGraph, PairKey, build_knn_graph
+from .loading import (
+    ASSET_IMAGES,
+    DISC21_SPLITS,
+    ImageDecoder,
+    default_image_folder,
+    is_disc21_folder,
+    load_disc21_ground_truth,
+    load_image_dataset,
+)
+from .pairs import RECIPES, CopyPairDataset, CopyPairMaker, GroundTruthPairDataset, StreamingCopyPairDataset
+
+__all__ = [
+    "ASSET_IMAGES",
+    "DISC21_SPLITS",
+    "RECIPES",
+    "CopyPair",
+    "CopyPairBatchSampler",
+    "CopyPairDataset",
+    "CopyPairMaker",
+    "GroundTruthPairDataset",
+    "ImageDecoder",
+    "KNNGraph",
+    "PairKey",
+    "PixTraceCollator",
+    "StreamingCopyPairDataset",
+    "build_knn_graph",
+    "default_image_folder",
+    "is_disc21_folder",
+    "load_disc21_ground_truth",
+    "load_image_dataset",
+]

@@ -1,0 +1,269 @@
+"""Image datasets for training and evaluation, loaded with Hugging Face ``datasets``.
+
+Every loader returns a ``datasets.Dataset`` (random access, used for GHNM and exact resume) or a
+``datasets.IterableDataset`` (streaming) with two columns:
+
+- ``image_id`` (string): the DISC21 id (``T000123``), the path relative to an image folder without its
+  extension, or the Hub dataset's id column (the row number when it has none);
+- ``image``: a ``datasets.Image(decode=False)`` value, i.e. ``{"bytes": ..., "path": ...}``.
+
+Images are never decoded by ``datasets``: :class:`ImageDecoder` decodes them with
+:func:`copynce_hf.images.load_image` so that a corrupt file is skipped, logged and counted instead of
+stopping the run.
+
+Sources understood by :func:`load_image_dataset`:
+
+- ``None``: the embedded default, the public-domain images bundled in ``copynce_hf/assets/images``;
+- a DISC21 folder (``training_images/T*.jpg``, ``reference_images/R*.jpg``, ``query_images/Q*.jpg``),
+  split ``train``, ``reference`` or ``query``;
+- a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+- any other local folder of images (searched recursively);
+- a Hub dataset id with an image column (``datasets.load_dataset(id, split=..., streaming=...)``).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import datasets
+from PIL import Image
+
+from ..errors import ConfigError, ImageLoadError
+from ..images import load_image
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ASSET_IMAGES",
+    "DISC21_SPLITS",
+    "IMAGE_EXTENSIONS",
+    "ImageDecoder",
+    "default_image_folder",
+    "is_disc21_folder",
+    "load_disc21_ground_truth",
+    "load_image_dataset",
+]
+
+#: Folder of the embedded default images (see ``copynce_hf/assets/README.md``).
+ASSET_IMAGES = Path(__file__).resolve().parents[1] / "assets" / "images"
+
+#: DISC21 split name -> (sub-folder, file-name prefix).
+DISC21_SPLITS = {
+    "train": ("training_images", "T"),
+    "reference": ("reference_images", "R"),
+    "query": ("query_images", "Q"),
+}
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+#: Column names recognised as the image column / id column of a Hub dataset, in order of preference.
+_IMAGE_COLUMNS = ("image", "img", "picture", "photo", "jpg", "png")
+_ID_COLUMNS = ("image_id", "id", "idx", "filename", "file_name")
+
+_RAW_IMAGE = datasets.Image(decode=False)
+
+
+def default_image_folder() -> Path:
+    """The folder of the bundled default training images."""
+    return ASSET_IMAGES
+
+
+def is_disc21_folder(path: str | os.PathLike) -> bool:
+    """True when ``path`` has at least one of the DISC21 image sub-folders."""
+    root = Path(path)
+    return root.is_dir() and any((root / folder).is_dir() for folder, _ in DISC21_SPLITS.values())
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _list_images(folder: Path, pattern: str = "*") -> list[Path]:
+    return sorted(
+        p for p in folder.rglob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+    )
+
+
+def _from_files(files: list[Path], ids: list[str]) -> datasets.Dataset:
+    """A Dataset of (image_id, undecoded image path); the files are read later, lazily."""
+    table = datasets.Dataset.from_dict(
+        {"image_id": ids, "image": [str(path) for path in files]},
+        features=datasets.Features({"image_id": datasets.Value("string"), "image": _RAW_IMAGE}),
+    )
+    return table
+
+
+def _disc21_split(root: Path, split: str) -> datasets.Dataset:
+    if split not in DISC21_SPLITS:
+        raise ConfigError(f"dataset_split {split!r} is not a DISC21 split; use one of {sorted(DISC21_SPLITS)}")
+    folder, prefix = DISC21_SPLITS[split]
+    files = [p for p in _list_images(root / folder) if p.name.startswith(prefix)] if (root / folder).is_dir() else []
+    if not files:
+        raise ConfigError(f"DISC21 folder {str(root)!r} has no {prefix}*.jpg images in {folder}/ for split {split!r}")
+    return _from_files(files, [p.stem for p in files])
+
+
+def _image_folder(root: Path) -> datasets.Dataset:
+    files = _list_images(root)
+    if not files:
+        raise ConfigError(f"dataset folder {str(root)!r} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    ids = [str(p.relative_to(root).with_suffix("")).replace(os.sep, "/") for p in files]
+    return _from_files(files, ids)
+
+
+def _standardise(
+    dataset: datasets.Dataset | datasets.IterableDataset,
+    image_column: str | None,
+    id_column: str | None,
+    name: str,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Rename a Hub/saved dataset's columns to ``image_id`` + undecoded ``image``."""
+    features = dataset.features
+    if features is None:  # some streamed datasets only know their features after a first read
+        dataset = dataset._resolve_features()
+        features = dataset.features
+    columns = list(features)
+    if image_column is None:
+        typed = [c for c in columns if isinstance(features[c], datasets.Image)]
+        named = [c for c in _IMAGE_COLUMNS if c in columns]
+        image_column = (typed or named or [None])[0]
+    if image_column is None or image_column not in columns:
+        raise ConfigError(
+            f"dataset {name!r} has no image column (columns: {columns}); pass image_column=<name>"
+        )
+    if id_column is None:
+        id_column = next((c for c in _ID_COLUMNS if c in columns and c != image_column), None)
+    elif id_column not in columns:
+        raise ConfigError(f"id_column {id_column!r} is not a column of dataset {name!r} (columns: {columns})")
+    if isinstance(features[image_column], datasets.Image):
+        dataset = dataset.cast_column(image_column, _RAW_IMAGE)
+    if id_column is None:
+        dataset = dataset.map(lambda _, index: {"image_id": str(index)}, with_indices=True)
+    elif id_column != "image_id":
+        dataset = dataset.map(lambda row: {"image_id": str(row[id_column])})
+    elif not isinstance(features[id_column], datasets.Value) or features[id_column].dtype != "string":
+        dataset = dataset.map(lambda row: {"image_id": str(row["image_id"])})
+    if image_column != "image":
+        dataset = dataset.rename_column(image_column, "image")
+    keep = ["image_id", "image"]
+    return dataset.remove_columns([c for c in dataset.column_names or [] if c not in keep])
+
+
+def load_image_dataset(
+    source: str | os.PathLike | None = None,
+    split: str = "train",
+    streaming: bool = False,
+    image_column: str | None = None,
+    id_column: str | None = None,
+    num_shards: int = 8,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Load images as a dataset with columns ``image_id`` (str) and ``image`` (undecoded).
+
+    Args:
+        source: ``None`` for the bundled default images, a local folder (DISC21 layout, ``save_to_disk``
+            output or plain image folder) or a Hub dataset id.
+        split: DISC21 split (``train``, ``reference``, ``query``) or the Hub/saved dataset's split.
+            Ignored for plain image folders.
+        streaming: return a ``datasets.IterableDataset``. Hub ids are then read with
+            ``load_dataset(..., streaming=True)`` (nothing is downloaded ahead); local sources are wrapped
+            with ``to_iterable_dataset(num_shards)`` (their images are read lazily either way).
+        image_column, id_column: column names of a Hub or saved dataset (detected when ``None``).
+        num_shards: shards of a local source turned into a stream (enables DataLoader workers).
+
+    Raises:
+        ConfigError: the folder holds no images, the split is unknown or there is no image column.
+    """
+    if source is None or str(source) == "":
+        dataset = _image_folder(ASSET_IMAGES)
+    else:
+        path = Path(source).expanduser()
+        if path.is_dir():
+            if is_disc21_folder(path):
+                dataset = _disc21_split(path, split)
+            elif _is_saved_dataset(path):
+                loaded = datasets.load_from_disk(str(path))
+                if isinstance(loaded, datasets.DatasetDict):
+                    if split not in loaded:
+                        raise ConfigError(f"dataset_split {split!r} not in {str(path)!r} (splits: {list(loaded)})")
+                    loaded = loaded[split]
+                dataset = _standardise(loaded, image_column, id_column, str(path))
+            else:
+                dataset = _image_folder(path)
+        elif path.exists() or str(source).startswith((".", "/", "~")):
+            raise ConfigError(f"dataset {str(source)!r} is not a folder")
+        else:
+            # A Hub dataset id. Streaming by default for training: nothing is downloaded ahead.
+            try:
+                loaded = datasets.load_dataset(str(source), split=split, streaming=streaming)
+            except Exception as error:  # offline, unknown id, missing split: report the id and the cause
+                raise ConfigError(f"cannot load dataset {str(source)!r} (split {split!r}): {error}") from error
+            return _standardise(loaded, image_column, id_column, str(source))
+    if streaming:
+        return dataset.to_iterable_dataset(num_shards=max(1, min(num_shards, len(dataset))))
+    return dataset
+
+
+def load_disc21_ground_truth(path: str | os.PathLike) -> dict[str, list[str]]:
+    """Read a DISC21 ground-truth CSV (``query_id,reference_id``) into ``{query_id: [reference_id, ...]}``.
+
+    Distractor queries (empty ``reference_id``) map to an empty list, as in the public ground truth file.
+    """
+    path = Path(path)
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = {"query_id", "reference_id"} - set(reader.fieldnames or [])
+        if missing:
+            raise ConfigError(
+                f"ground truth {str(path)!r} lacks column(s) {sorted(missing)} (found {reader.fieldnames})"
+            )
+        truth: dict[str, list[str]] = {}
+        for row in reader:
+            references = truth.setdefault(row["query_id"].strip(), [])
+            reference = (row["reference_id"] or "").strip()
+            if reference:
+                references.append(reference)
+    return truth
+
+
+class ImageDecoder:
+    """Decode undecoded ``datasets.Image`` values with :func:`load_image`; skip, log and count failures.
+
+    ``skipped`` counts the failed decodes seen by this object (in this process); data-loader workers
+    report theirs through the batches (see ``PixTraceCollator``). Each failing file is logged once per
+    process at WARNING level, with the reason.
+    """
+
+    def __init__(self, min_side: int = 16):
+        self.min_side = min_side
+        self.skipped = 0
+        self._logged: set[str] = set()
+
+    def __call__(self, value: dict | str | bytes | Image.Image, image_id: str = "?") -> Image.Image | None:
+        """Return the RGB image, or ``None`` (counted and logged) when it cannot be used."""
+        try:
+            if isinstance(value, dict):
+                source = value.get("bytes") or value.get("path")
+                if source is None:
+                    raise ImageLoadError(f"image {image_id!r} has neither bytes nor a path")
+            else:
+                source = value
+            return load_image(source, min_side=self.min_side)
+        except ImageLoadError as error:
+            self.skipped += 1
+            if image_id not in self._logged:
+                self._logged.add(image_id)
+                logger.warning("skipping image %s: %s", image_id, error)
+            return None
+
+    def decode_all(self, rows: Iterable[dict]) -> list[tuple[str, Image.Image]]:
+        """Decode every row of a dataset, dropping (and counting) the unusable ones."""
+        out = []
+        for row in rows:
+            image = self(row["image"], row["image_id"])
+            if image is not None:
+                out.append((row["image_id"], image))
+        return out

@@ -1,0 +1,319 @@
+"""The training configuration: every option of ``scripts/train.py``, its default, and its checks.
+
+Options follow the names of ``transformers.TrainingArguments`` where one exists (``output_dir``,
+``max_steps``, ``per_device_train_batch_size``, ``learning_rate``, ``seed``, ``push_to_hub``, ...).
+A run is configured by a YAML file (``--config``) and ``--key value`` overrides on the command line;
+unknown keys and invalid values stop the run at start-up with a :class:`ConfigError` naming the key.
+
+Defaults of options left ``null`` depend on ``model_type``, following the paper's supplementary
+table "All detailed settings in our training pipeline":
+
+============================  ===========  ========
+option                        descriptor   matcher
+============================  ===========  ========
+positive_rate                 1.0          0.3
+hard_negative_k               8            128
+hard_negative_prob            1.0          0.5
+hard_negative_mining          ghnm (batch) pairs
+============================  ===========  ========
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+__all__ = ["TrainingConfig", "load_config", "parse_overrides", "DEFAULT_CONFIG"]
+
+#: The configuration used when ``scripts/train.py`` is run without ``--config``.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+
+_MODEL_TYPES = ("descriptor", "matcher")
+_PAIR_SOURCES = ("edits", "ground_truth")
+_MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+_HNM = ("ghnm", "pairs", "off")
+
+_MODEL_DEFAULTS = {
+    "descriptor": {"positive_rate": 1.0, "hard_negative_k": 8, "hard_negative_prob": 1.0, "hard_negative_mining": "ghnm"},
+    "matcher": {"positive_rate": 0.3, "hard_negative_k": 128, "hard_negative_prob": 0.5, "hard_negative_mining": "pairs"},
+}
+
+
+@dataclass
+class TrainingConfig:
+    """All options of a training run (see ``configs/*.yaml`` for the paper's settings).
+
+    Model:
+        model_type: ``descriptor`` or ``matcher``.
+        model: overrides of the model configuration (``CopyNCEDescriptorConfig`` /
+            ``CopyNCEMatcherConfig`` keys: ``hidden_size``, ``num_hidden_layers``, ``image_size``,
+            ``patch_size``, ``descriptor_dim``, ``copynce_weight``, ``copynce_gamma``, ...).
+        model_name_or_path: a saved CopyNCE model to start from (finetuning, second stage).
+        init_from_dino: a DINO ViT (``facebook/dino-vits16``, a local ViT folder or a DINO ``.pth``)
+            to initialise the encoder from.
+    Data:
+        dataset: ``null`` (the bundled sample images), a DISC21 folder, an image folder, a folder
+            saved with ``save_to_disk`` or a Hub dataset id.
+        dataset_split, image_column, id_column: which split and columns to read.
+        streaming: stream the dataset (``null``: Hub ids stream, local sources are indexed).
+        shuffle_buffer_size: shuffle buffer of a streamed dataset.
+        pair_source: ``edits`` (PixTrace copies of each original) or ``ground_truth`` (finetuning on
+            DISC21 dev queries and their references from ``ground_truth``).
+        ground_truth: DISC21 ground-truth CSV (``pair_source: ground_truth``).
+        query_recipe, reference_recipe: ``training``, ``light`` or ``resize``.
+        max_source_side: originals are shrunk to this longer side before editing (``null``: 4 x the
+            model's image size; 0: never), see ``CopyPairMaker``.
+        positive_rate, hard_negative_mining, hard_negative_k, hard_negative_prob, knn_graph: GHNM
+            (``knn_graph`` from ``scripts/build_knn.py``; without it negatives are random).
+        dataloader_num_workers: data-loader worker processes per training process.
+        num_eval_images: images held out of the training set for the periodic evaluation.
+    Optimisation (paper supplementary table):
+        max_steps / num_train_epochs, per_device_train_batch_size, gradient_accumulation_steps,
+        learning_rate: base lr; the optimiser uses ``learning_rate * sqrt(global_batch /
+            lr_reference_batch_size)`` with ``global_batch = per_device * processes * accumulation``
+            (set ``scale_learning_rate: false`` to use it as is);
+        min_learning_rate (2e-6), weight_decay (0.04), adam_beta1/2 (0.9, 0.999), adam_epsilon,
+        warmup_epochs (1) or warmup_steps, max_grad_norm (3.0), mixed_precision, seed.
+    Outputs:
+        output_dir, logging_steps, eval_steps, checkpointing_steps, checkpoints_total_limit,
+        resume (a checkpoint folder or ``latest``), report_to, push_to_hub (a repo id), hub_private_repo.
+    """
+
+    # model
+    model_type: str = "descriptor"
+    model: dict = field(default_factory=dict)
+    model_name_or_path: str | None = None
+    init_from_dino: str | None = None
+    # data
+    dataset: str | None = None
+    dataset_split: str = "train"
+    image_column: str | None = None
+    id_column: str | None = None
+    streaming: bool | None = None
+    shuffle_buffer_size: int = 1000
+    pair_source: str = "edits"
+    ground_truth: str | None = None
+    query_recipe: str = "training"
+    reference_recipe: str = "light"
+    max_source_side: int | None = None
+    positive_rate: float | None = None
+    hard_negative_mining: str | None = None
+    hard_negative_k: int | None = None
+    hard_negative_prob: float | None = None
+    knn_graph: str | None = None
+    dataloader_num_workers: int = 0
+    num_eval_images: int = 0
+    # optimisation
+    seed: int = 0
+    max_steps: int | None = None
+    num_train_epochs: float = 30.0
+    per_device_train_batch_size: int = 96
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 6e-4
+    scale_learning_rate: bool = True
+    lr_reference_batch_size: int = 1024
+    min_learning_rate: float = 2e-6
+    weight_decay: float = 0.04
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    warmup_epochs: float = 1.0
+    warmup_steps: int | None = None
+    max_grad_norm: float = 3.0
+    mixed_precision: str = "no"
+    # outputs
+    output_dir: str = "outputs/copynce"
+    logging_steps: int = 10
+    eval_steps: int | None = None
+    checkpointing_steps: int | None = None
+    checkpoints_total_limit: int | None = 3
+    resume: str | None = None
+    report_to: str = "tensorboard"
+    push_to_hub: str | None = None
+    hub_private_repo: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ derived values
+    def resolved(self, key: str):
+        """The value of a model-type dependent option (its explicit value, else the paper's default)."""
+        value = getattr(self, key)
+        return _MODEL_DEFAULTS[self.model_type][key] if value is None else value
+
+    def effective_learning_rate(self, num_processes: int) -> float:
+        """Paper: lr = base_lr * sqrt(batch / 1024), with the global batch of one optimiser step."""
+        if not self.scale_learning_rate:
+            return self.learning_rate
+        batch = self.per_device_train_batch_size * num_processes * self.gradient_accumulation_steps
+        return self.learning_rate * math.sqrt(batch / self.lr_reference_batch_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid key."""
+
+        def fail(key: str, requirement: str):
+            raise ConfigError(f"invalid configuration value {key}={getattr(self, key)!r}: {requirement}")
+
+        def number(key, positive=False, allow_none=False, integer=False, low=None, high=None):
+            value = getattr(self, key)
+            if value is None:
+                if not allow_none:
+                    fail(key, "must be set")
+                return
+            kind = int if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+                fail(key, "must be an integer" if integer else "must be a finite number")
+            if positive and value <= 0:
+                fail(key, "must be > 0")
+            if low is not None and value < low:
+                fail(key, f"must be >= {low}")
+            if high is not None and value > high:
+                fail(key, f"must be <= {high}")
+
+        if self.model_type not in _MODEL_TYPES:
+            fail("model_type", f"must be one of {_MODEL_TYPES}")
+        if not isinstance(self.model, dict):
+            fail("model", "must be a mapping of model configuration keys")
+        if self.pair_source not in _PAIR_SOURCES:
+            fail("pair_source", f"must be one of {_PAIR_SOURCES}")
+        if self.pair_source == "ground_truth" and not self.ground_truth:
+            fail("ground_truth", "must name the ground-truth CSV when pair_source is ground_truth")
+        from ..data.pairs import RECIPES
+
+        for key in ("query_recipe", "reference_recipe"):
+            if getattr(self, key) not in RECIPES:
+                fail(key, f"must be one of {RECIPES}")
+        if self.hard_negative_mining is not None and self.hard_negative_mining not in _HNM:
+            fail("hard_negative_mining", f"must be one of {_HNM}")
+        if self.mixed_precision not in _MIXED_PRECISION:
+            fail("mixed_precision", f"must be one of {_MIXED_PRECISION}")
+        number("positive_rate", allow_none=True, low=0, high=1)
+        number("hard_negative_prob", allow_none=True, low=0, high=1)
+        number("hard_negative_k", allow_none=True, integer=True, positive=True)
+        number("shuffle_buffer_size", integer=True, low=0)
+        number("max_source_side", allow_none=True, integer=True, low=0)
+        number("dataloader_num_workers", integer=True, low=0)
+        number("num_eval_images", integer=True, low=0)
+        number("seed", integer=True, low=0)
+        number("max_steps", allow_none=True, integer=True, positive=True)
+        number("num_train_epochs", positive=True)
+        number("per_device_train_batch_size", integer=True, positive=True)
+        number("gradient_accumulation_steps", integer=True, positive=True)
+        number("learning_rate", positive=True)
+        number("lr_reference_batch_size", integer=True, positive=True)
+        number("min_learning_rate", low=0)
+        if self.min_learning_rate > self.learning_rate:
+            fail("min_learning_rate", f"must not exceed learning_rate={self.learning_rate}")
+        number("weight_decay", low=0)
+        number("adam_beta1", low=0, high=0.999999)
+        number("adam_beta2", low=0, high=0.999999)
+        number("adam_epsilon", positive=True)
+        number("warmup_epochs", low=0)
+        number("warmup_steps", allow_none=True, integer=True, low=0)
+        number("max_grad_norm", positive=True)
+        number("logging_steps", integer=True, positive=True)
+        number("eval_steps", allow_none=True, integer=True, positive=True)
+        number("checkpointing_steps", allow_none=True, integer=True, positive=True)
+        number("checkpoints_total_limit", allow_none=True, integer=True, positive=True)
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            fail("output_dir", "must be a folder path")
+        if self.report_to not in ("tensorboard", "none", "all", "wandb", "mlflow", "comet_ml", "aim", "clearml"):
+            fail("report_to", "must be an Accelerate tracker name or 'none'")
+        allowed = {"descriptor": ("ghnm", "off"), "matcher": ("pairs", "off")}[self.model_type]
+        if self.resolved("hard_negative_mining") not in allowed:
+            fail("hard_negative_mining", f"must be one of {allowed} for the {self.model_type} (the descriptor "
+                 "mines negatives for its batches, GHNM; the matcher for its negative pairs)")
+        if self.model_type == "descriptor" and self.resolved("positive_rate") != 1.0:
+            fail("positive_rate", "must be 1.0 for the descriptor: it trains on copy pairs only, its negatives "
+                 "are the other pairs of the batch")
+        if self.model_type == "descriptor" and self.resolved("hard_negative_mining") == "ghnm":
+            if self.per_device_train_batch_size % 2:
+                fail("per_device_train_batch_size", "must be even for GHNM (an image and its neighbour)")
+        size = self.model.get("image_size", 224)
+        patch = self.model.get("patch_size", 16)
+        if self.max_source_side and isinstance(size, int) and self.max_source_side < size:
+            fail("max_source_side", f"must be 0 (off) or at least the model's image_size={size}")
+        if isinstance(size, int) and isinstance(patch, int) and patch > 0 and size % patch:
+            raise ConfigError(
+                f"invalid configuration value model.image_size={size!r}: must be a multiple of "
+                f"model.patch_size={patch}"
+            )
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+
+
+def _coerce(key: str, text: str) -> Any:
+    """Turn a command-line string into the option's type (YAML scalars: 1e-4, true, null, [1, 2])."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"cannot parse --{key} {text!r}: {error}") from error
+    if isinstance(value, (int, float)) and _FIELDS[key].type in ("str | None", "str"):
+        return text  # e.g. --push_to_hub 123 or a dataset called "2024"
+    return value
+
+
+def parse_overrides(arguments: list[str]) -> dict[str, Any]:
+    """``["--key", "value", "--model.hidden_size", "64"]`` -> ``{"key": value, "model": {"hidden_size": 64}}``."""
+    out: dict[str, Any] = {}
+    items = list(arguments)
+    while items:
+        flag = items.pop(0)
+        if not flag.startswith("--"):
+            raise ConfigError(f"unexpected argument {flag!r}: options are --key value")
+        key, _, inline = flag[2:].partition("=")
+        key = key.replace("-", "_") if not key.startswith("model.") else key
+        if inline:
+            text = inline
+        elif items and not items[0].startswith("--"):
+            text = items.pop(0)
+        else:
+            text = "true"  # a bare flag such as --streaming
+        top = key.split(".", 1)[0]
+        if top not in _FIELDS:
+            raise ConfigError(f"unknown configuration key {key!r}; known keys: {', '.join(sorted(_FIELDS))}")
+        if "." in key:
+            out.setdefault("model", {})[key.split(".", 1)[1]] = yaml.safe_load(text)
+        else:
+            out[key] = _coerce(key, text)
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainingConfig:
+    """Read a YAML configuration, apply overrides, check every value.
+
+    ``model`` overrides are merged into the file's ``model`` mapping key by key.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"configuration file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"configuration file {str(path)!r} must hold a mapping of keys")
+        values.update(loaded)
+    for key, value in (overrides or {}).items():
+        if key == "model" and isinstance(value, dict):
+            values["model"] = {**(values.get("model") or {}), **value}
+        else:
+            values[key] = value
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown configuration key(s) {unknown} in {str(path) if path else 'overrides'}")
+    if values.get("model") is None:
+        values["model"] = {}
+    return TrainingConfig(**values)

@@ -1,0 +1,104 @@
+"""Periodic evaluation during training: a small copy-detection task scored with the project's muAP.
+
+Images held out of the training set become a miniature DISC21: every held-out image gets one query
+(a training-recipe copy with a fixed seed); the first three quarters also give a reference (a
+``light``-recipe copy), so the queries of the last quarter are distractors. The descriptor scores
+every (query, reference) pair by cosine similarity, the matcher by its copy probability; the
+predictions are scored with :func:`copynce_hf.metrics.core.copy_detection_metrics` (muAP, RP90,
+recall at rank 1, ...). The task is built once, deterministically, so the numbers are comparable
+along the run and between runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..data.collator import PixTraceCollator
+from ..data.loading import ImageDecoder
+from ..data.pairs import CopyPairMaker
+from ..metrics.core import copy_detection_metrics
+
+__all__ = ["CopyDetectionTask", "build_copy_detection_task", "evaluate_copy_detection"]
+
+
+@dataclass
+class CopyDetectionTask:
+    """Pixel tensors of a small copy-detection task.
+
+    Attributes:
+        queries: float32 (Q, 3, S, S), normalised like the image processor.
+        references: float32 (R, 3, S, S).
+        query_ids, reference_ids: ids (``q:<image id>``, ``r:<image id>``).
+        ground_truth: ``{query_id: [reference_id]}``; distractor queries map to ``[]``.
+    """
+
+    queries: torch.Tensor
+    references: torch.Tensor
+    query_ids: list[str]
+    reference_ids: list[str]
+    ground_truth: dict[str, list[str]]
+
+
+def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int = 12345,
+                              query_recipe: str = "training") -> CopyDetectionTask | None:
+    """Build the task from dataset rows (``image_id`` + undecoded ``image``); ``None`` if < 2 readable."""
+    decoder = ImageDecoder()
+    originals = decoder.decode_all(rows)
+    if len(originals) < 2:
+        return None
+    maker = CopyPairMaker(image_size, query_recipe=query_recipe, reference_recipe="light")
+    collator = PixTraceCollator(image_size, patch_size)
+    num_references = max(1, (3 * len(originals)) // 4)
+    queries, references, query_ids, reference_ids, truth = [], [], [], [], {}
+    for position, (image_id, image) in enumerate(originals):
+        image = maker.source(image)
+        query, _, _ = maker.copy(image, query_recipe, seed + position)
+        queries.append(collator.pixels(query))
+        query_id = f"q:{image_id}"
+        query_ids.append(query_id)
+        truth[query_id] = []
+        if position < num_references:
+            reference, _, _ = maker.copy(image, "light", seed + 100_003 + position)
+            references.append(collator.pixels(reference))
+            reference_ids.append(f"r:{image_id}")
+            truth[query_id] = [f"r:{image_id}"]
+    return CopyDetectionTask(torch.from_numpy(np.stack(queries)), torch.from_numpy(np.stack(references)),
+                             query_ids, reference_ids, truth)
+
+
+@torch.inference_mode()
+def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, model_type: str,
+                            batch_size: int = 64) -> dict[str, float]:
+    """Score every (query, reference) pair of ``task`` with ``model`` and return the metric's numbers.
+
+    ``model`` is the bare (unwrapped) model; it is put in eval mode and restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        if model_type == "descriptor":
+            def describe(pixels):
+                return torch.cat([model(pixel_values=chunk.to(device)).descriptors.float()
+                                  for chunk in pixels.split(batch_size)])
+
+            scores = (describe(task.queries) @ describe(task.references).T).cpu().numpy()
+        else:
+            num_q, num_r = len(task.queries), len(task.references)
+            query_index = torch.arange(num_q).repeat_interleave(num_r)
+            reference_index = torch.arange(num_r).repeat(num_q)
+            logits = []
+            for start in range(0, len(query_index), batch_size):
+                q = task.queries[query_index[start:start + batch_size]].to(device)
+                r = task.references[reference_index[start:start + batch_size]].to(device)
+                logits.append(model(pixel_values=q, reference_pixel_values=r).logits.float().reshape(-1))
+            scores = torch.sigmoid(torch.cat(logits)).reshape(num_q, num_r).cpu().numpy()
+    finally:
+        model.train(was_training)
+    query_ids = np.repeat(np.array(task.query_ids, dtype=object), len(task.reference_ids))
+    reference_ids = np.tile(np.array(task.reference_ids, dtype=object), len(task.query_ids))
+    metrics = copy_detection_metrics(list(query_ids), list(reference_ids), scores.reshape(-1), task.ground_truth)
+    return {key: float(value) for key, value in metrics.items() if isinstance(value, (int, float))}

@@ -1,0 +1,63 @@
+"""Writing the trained model folder (weights, config, code, image processor, model card) and uploading it.
+
+The folder is written with :func:`copynce_hf.hub.save_for_hub` (``save_pretrained`` of the model and
+the image processor, plus the card as ``README.md``), so it loads with ``AutoModel.from_pretrained`` and
+``AutoImageProcessor.from_pretrained`` and can be uploaded as it is. The card records the training
+settings of the run and, when the periodic evaluation ran, its copy-detection numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .. import hub
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["save_trained_model", "training_card"]
+
+#: Metric keys of the periodic evaluation that go into the card's results.
+_CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10", "mean_ap")
+
+
+def training_card(model, config, metrics: dict | None, model_id: str):
+    """The model card of a run: architecture and objective from the model, settings from ``config``."""
+    settings = {
+        "training script": "`accelerate launch scripts/train.py`",
+        "dataset": config.dataset or "bundled sample images (copynce_hf/assets/images)",
+        "pairs": f"{config.pair_source} (query recipe {config.query_recipe}, reference recipe {config.reference_recipe})",
+        "optimizer": f"AdamW (betas {config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay}",
+        "learning rate": f"base {config.learning_rate:g}"
+        + (f" x sqrt(batch / {config.lr_reference_batch_size})" if config.scale_learning_rate else "")
+        + f", cosine to {config.min_learning_rate:g}",
+        "batch size per device": config.per_device_train_batch_size,
+        "gradient accumulation": config.gradient_accumulation_steps,
+        "steps / epochs": config.max_steps or config.num_train_epochs,
+        "gradient clipping": config.max_grad_norm,
+        "hard negative mining": config.resolved("hard_negative_mining")
+        + (f" (k={config.resolved('hard_negative_k')})" if config.knn_graph else " (no k-NN graph: off)"),
+        "mixed precision": config.mixed_precision,
+        "seed": config.seed,
+    }
+    results = None
+    if metrics:
+        values = {key: metrics[key] for key in _CARD_METRICS if key in metrics}
+        if values:
+            results = [{"dataset_name": "held-out training images (periodic evaluation)", **values}]
+    base_model = config.init_from_dino if config.init_from_dino and "/" in config.init_from_dino else None
+    datasets = [config.dataset] if config.dataset and "/" in config.dataset and not Path(config.dataset).exists() else None
+    return hub.build_model_card(model, model_id=model_id, results=results, training_settings=settings,
+                            datasets=datasets, base_model=base_model)
+
+
+def save_trained_model(model, processor, config, output_dir, metrics: dict | None = None,
+                       push_to_hub: str | None = None, private: bool = False) -> Path:
+    """Save the model folder into ``output_dir``; with ``push_to_hub=<repo id>`` also upload it."""
+    folder = Path(output_dir)
+    card = training_card(model, config, metrics, model_id=push_to_hub or folder.resolve().name)
+    hub.save_for_hub(model, folder, image_processor=processor, card=card)
+    if push_to_hub:
+        info = hub.push_to_hub(model, push_to_hub, image_processor=processor, card=card, private=private)
+        logger.info("uploaded the model to https://huggingface.co/%s (%s)", push_to_hub, getattr(info, "oid", info))
+    return folder

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Throughput of the training data pipeline: copy pairs per second, and where the time goes.
+
+    python scripts/bench_dataloader.py                      # 224x224, 0/1/2 workers, ../shared/data train split
+    python scripts/bench_dataloader.py --image_size 64 --workers 0 2 --model_step   # vs the tiny CPU model
+
+Two measurements:
+
+1. Time split, in one process, per pair: ``decode`` (reading and decoding the original with
+   ``load_image``), ``edit`` (shrinking the original to at most 4x the model size, the query's
+   training-recipe chain and the reference's light recipe, both ending with the resize to the model
+   size, tables included), ``trace`` (both overlap priors,
+   ``pair_overlaps``), ``collate`` (normalised pixel tensors and stacking, per pair).
+2. End to end: a ``DataLoader`` over :class:`CopyPairDataset` with the :class:`PixTraceCollator`
+   and 0, 1, 2 workers, pairs per second after a warm-up batch.
+
+With ``--model_step``, also the pairs per second one training step of the tiny CPU configuration
+(``configs/tiny_cpu.yaml``) consumes, to check that the pipeline is not the bottleneck.
+Images: the ``train`` split of ``../shared/data/imagenet-sample`` when present (median 500x375),
+else the bundled sample images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from copynce_hf.data import (
+    CopyPairBatchSampler,
+    CopyPairDataset,
+    CopyPairMaker,
+    PixTraceCollator,
+    load_image_dataset,
+)
+from copynce_hf.images import load_image
+from copynce_hf.pixtrace import pair_overlaps
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+
+def _images(limit: int):
+    splits = SHARED / "imagenet-sample-splits.csv"
+    if splits.exists():
+        with splits.open(newline="") as handle:
+            names = [row["filename"] for row in csv.DictReader(handle) if row["split"] == "train"]
+        folder = Path("/tmp/copynce_bench_images")
+        folder.mkdir(exist_ok=True)
+        for name in names[:limit]:  # a folder of links: load_image_dataset reads a folder
+            link = folder / name
+            if not link.exists():
+                link.symlink_to(SHARED / "imagenet-sample" / name)
+        return load_image_dataset(folder), "../shared/data/imagenet-sample (train split)"
+    return load_image_dataset(None), "bundled sample images (copynce_hf/assets/images)"
+
+
+def time_split(images, size: int, patch: int, count: int, seed: int = 0) -> dict[str, float]:
+    """Milliseconds per pair of each stage, measured in this process (one core)."""
+    maker = CopyPairMaker(size)
+    collator = PixTraceCollator(size, patch)
+    totals = dict.fromkeys(("decode", "edit", "trace", "collate"), 0.0)
+    pairs = []
+    for position in range(count):
+        row = images[position % len(images)]
+        start = time.perf_counter()
+        original = load_image(row["image"]["path"] or row["image"]["bytes"])
+        decoded = time.perf_counter()
+        original = maker.source(original)  # shrunk to 4 x the model size if larger
+        query, query_table, _ = maker.copy(original, "training", seed + 2 * position)
+        reference, reference_table, _ = maker.copy(original, "light", seed + 2 * position + 1)
+        edited = time.perf_counter()
+        pair_overlaps(query_table, reference_table, patch)
+        traced = time.perf_counter()
+        totals["decode"] += decoded - start
+        totals["edit"] += edited - decoded
+        totals["trace"] += traced - edited
+        pairs.append((query, reference))
+    start = time.perf_counter()
+    stacked = [np.stack([collator.pixels(q) for q, _ in pairs]), np.stack([collator.pixels(r) for _, r in pairs])]
+    torch.from_numpy(stacked[0]), torch.from_numpy(stacked[1])
+    totals["collate"] = time.perf_counter() - start
+    return {stage: 1000 * value / count for stage, value in totals.items()}
+
+
+def loader_throughput(images, size: int, patch: int, workers: int, batch_size: int, batches: int) -> float:
+    """Pairs per second delivered by the DataLoader (after one warm-up batch)."""
+    dataset = CopyPairDataset(images, CopyPairMaker(size), seed=0, positive_rate=1.0)
+    sampler = CopyPairBatchSampler(len(images), batch_size, seed=0, num_batches=batches + max(1, workers))
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=PixTraceCollator(size, patch),
+                                         num_workers=workers, prefetch_factor=4 if workers else None)
+    iterator = iter(loader)
+    for _ in range(max(1, workers)):  # warm-up: start the workers, fill their first batch
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * batch_size / (time.perf_counter() - start)
+
+
+def model_step_throughput(batch_size: int, steps: int = 10) -> tuple[float, int]:
+    """Pairs per second one optimiser step of configs/tiny_cpu.yaml consumes (forward + backward)."""
+    from copynce_hf.modeling import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
+    from copynce_hf.training import load_config
+
+    config = load_config(REPO / "configs" / "tiny_cpu.yaml")
+    model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**config.model))
+    size, patch = model.config.image_size, model.config.patch_size
+    L = (size // patch) ** 2
+    optimizer = torch.optim.AdamW(model.parameters())
+    batch = {
+        "pixel_values": torch.randn(batch_size, 3, size, size),
+        "reference_pixel_values": torch.randn(batch_size, 3, size, size),
+        "overlap_qr": torch.eye(L).expand(batch_size, L, L).contiguous(),
+        "overlap_rq": torch.eye(L).expand(batch_size, L, L).contiguous(),
+        "labels": torch.ones(batch_size),
+        "pair_mask": torch.ones(batch_size, dtype=torch.bool),
+    }
+    for index in range(steps + 2):
+        if index == 2:
+            start = time.perf_counter()
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return steps * batch_size / (time.perf_counter() - start), size
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--patch_size", type=int, default=16)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=6, help="timed batches per worker setting")
+    parser.add_argument("--split_pairs", type=int, default=64, help="pairs timed for the per-stage split")
+    parser.add_argument("--images", type=int, default=200, help="originals used (shared data)")
+    parser.add_argument("--model_step", action="store_true", help="also time the tiny CPU model's training step")
+    parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    images, source = _images(args.images)
+    print(f"originals: {len(images)} from {source}; pairs at {args.image_size}x{args.image_size}, "
+          f"patch {args.patch_size}; torch threads 1")
+    split = time_split(images, args.image_size, args.patch_size, args.split_pairs)
+    total = sum(split.values())
+    print(f"\nper pair, one process ({args.split_pairs} pairs):")
+    for stage, value in split.items():
+        print(f"  {stage:8s} {value:7.2f} ms  ({100 * value / total:4.1f} %)")
+    print(f"  {'total':8s} {total:7.2f} ms  -> {1000 / total:.1f} pairs/s on one core")
+    throughput = {}
+    print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches:")
+    for workers in args.workers:
+        throughput[workers] = loader_throughput(images, args.image_size, args.patch_size, workers, args.batch_size,
+                                                args.batches)
+        print(f"  num_workers={workers}: {throughput[workers]:7.1f} pairs/s")
+    result = {"image_size": args.image_size, "source": source, "split_ms_per_pair": split,
+              "pairs_per_second": throughput}
+    if args.model_step:
+        consumed, size = model_step_throughput(16)
+        result["tiny_model_pairs_per_second"] = consumed
+        print(f"\ntiny CPU model (configs/tiny_cpu.yaml, {size}x{size}) consumes {consumed:.1f} pairs/s per step "
+              f"(forward + backward + AdamW, 1 thread)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Tests of copynce_hf.data: loading, copy pairs, the PixTrace collator, GHNM and its sampler."""
+
+from __future__ import annotations
+
+import logging
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from copynce_hf.data import (
+    ASSET_IMAGES,
+    CopyPairBatchSampler,
+    CopyPairDataset,
+    CopyPairMaker,
+    GroundTruthPairDataset,
+    ImageDecoder,
+    KNNGraph,
+    PairKey,
+    PixTraceCollator,
+    StreamingCopyPairDataset,
+    build_knn_graph,
+    load_disc21_ground_truth,
+    load_image_dataset,
+)
+from copynce_hf.errors import ConfigError
+from copynce_hf.pixtrace import pair_overlaps
+
+SIZE, PATCH = 64, 16
+
+
+def _small_images(folder, count=8, side=96, names=None):
+    """Natural images (the bundled ones, shrunk) written as JPEG files into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = sorted(ASSET_IMAGES.glob("*.jpg"))
+    paths = []
+    for position in range(count):
+        image = Image.open(sources[position % len(sources)]).convert("RGB")
+        image.thumbnail((side, side))
+        if position >= len(sources):  # more files than sources: make them differ
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        name = names[position] if names else f"img{position:02d}.jpg"
+        image.save(folder / name, quality=90)
+        paths.append(folder / name)
+    return paths
+
+
+def _corrupt(folder):
+    """A truncated JPEG and a file of garbage bytes with an image extension (sorted among the good files)."""
+    good = (folder / "img00.jpg").read_bytes()
+    (folder / "img02_truncated.jpg").write_bytes(good[: len(good) // 3])
+    (folder / "img04_garbage.png").write_bytes(b"this is not an image" * 10)
+
+
+@pytest.fixture
+def disc21(tmp_path):
+    root = tmp_path / "disc21"
+    _small_images(root / "training_images", 6, names=[f"T{i:06d}.jpg" for i in range(6)])
+    _small_images(root / "reference_images", 4, names=[f"R{i:06d}.jpg" for i in range(4)])
+    _small_images(root / "query_images", 3, names=[f"Q{i:05d}.jpg" for i in range(3)])
+    (root / "dev_ground_truth.csv").write_text("query_id,reference_id\nQ00000,R000002\nQ00001,R000000\nQ00002,\n")
+    return root
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def test_disc21_layout_splits_ids_and_ground_truth(disc21):
+    train = load_image_dataset(disc21, "train")
+    assert train["image_id"] == [f"T{i:06d}" for i in range(6)]
+    assert load_image_dataset(disc21, "reference")["image_id"] == [f"R{i:06d}" for i in range(4)]
+    assert load_image_dataset(disc21, "query")["image_id"] == ["Q00000", "Q00001", "Q00002"]
+    streamed = load_image_dataset(disc21, "train", streaming=True)
+    assert isinstance(streamed, datasets.IterableDataset)
+    assert sorted(row["image_id"] for row in streamed) == train["image_id"]
+    truth = load_disc21_ground_truth(disc21 / "dev_ground_truth.csv")
+    assert truth == {"Q00000": ["R000002"], "Q00001": ["R000000"], "Q00002": []}  # Q00002: a distractor
+    with pytest.raises(ConfigError, match="split"):
+        load_image_dataset(disc21, "validation")
+
+
+def test_default_folder_and_saved_dataset_with_other_columns(tmp_path):
+    default = load_image_dataset()
+    assert len(default) == len(list(ASSET_IMAGES.glob("*.jpg"))) >= 10
+    paths = _small_images(tmp_path / "imgs", 3)
+    table = datasets.Dataset.from_dict({"picture": [str(p) for p in paths], "name": ["a", "b", "c"]})
+    table = table.cast_column("picture", datasets.Image())
+    table.save_to_disk(str(tmp_path / "saved"))
+    loaded = load_image_dataset(tmp_path / "saved", id_column="name")
+    assert set(loaded.column_names) == {"image_id", "image"}
+    assert loaded["image_id"] == ["a", "b", "c"]
+    decoded = ImageDecoder()(loaded[1]["image"], "b")
+    assert decoded.size == Image.open(paths[1]).size
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(ConfigError, match="no images"):
+        load_image_dataset(tmp_path / "empty_dir")
+
+
+def test_corrupt_images_are_skipped_logged_and_counted(tmp_path, caplog):
+    folder = tmp_path / "imgs"
+    _small_images(folder, 6)
+    _corrupt(folder)
+    images = load_image_dataset(folder)
+    assert len(images) == 8
+    bad = {i for i, image_id in enumerate(images["image_id"]) if "_" in image_id}
+    dataset = CopyPairDataset(images, CopyPairMaker(SIZE, "resize", "resize"), seed=0, positive_rate=1.0)
+    collator = PixTraceCollator(SIZE, PATCH)
+    with caplog.at_level(logging.WARNING, logger="copynce_hf.data.loading"):
+        pairs = [dataset[PairKey(0, slot, slot % 8)] for slot in range(16)]  # each bad file hit twice
+    assert all(pair.query_id not in ("img02_truncated", "img04_garbage") for pair in pairs)
+    # Each bad file is the query of 2 keys; a random replacement may hit a bad file again (counted too).
+    assert dataset.skipped >= 4 and dataset.skipped == sum(pair.skipped_images for pair in pairs)
+    assert int(collator(pairs)["num_skipped_images"]) == dataset.skipped
+    logged = " ".join(record.getMessage() for record in caplog.records)
+    assert "img02_truncated" in logged and "img04_garbage" in logged
+    assert len(bad) == 2
+
+
+# ---------------------------------------------------------------------------------------------- pairs + collator
+def test_collator_priors_equal_pair_overlaps_and_pixels_match_processor(tmp_path):
+    from copynce_hf.modeling import CopyNCEImageProcessor
+
+    _small_images(tmp_path / "imgs", 6)
+    images = load_image_dataset(tmp_path / "imgs")
+    dataset = CopyPairDataset(images, CopyPairMaker(SIZE), seed=3, positive_rate=0.5)
+    pairs = [dataset[PairKey(0, slot, slot % 6)] for slot in range(8)]
+    assert {p.label for p in pairs} == {0, 1}, "want both positives and negatives in this sample"
+    batch = PixTraceCollator(SIZE, PATCH)(pairs)
+    L = (SIZE // PATCH) ** 2
+    assert batch["pixel_values"].shape == (8, 3, SIZE, SIZE)
+    assert batch["overlap_qr"].shape == batch["overlap_rq"].shape == (8, L, L)
+    for row, pair in enumerate(pairs):
+        assert pair.query.size == pair.reference.size == (SIZE, SIZE)
+        if pair.label:
+            assert pair.query_id == pair.reference_id
+            qr, rq = pair_overlaps(pair.query_table, pair.reference_table, PATCH)
+            np.testing.assert_array_equal(batch["overlap_qr"][row].numpy(), qr)
+            np.testing.assert_array_equal(batch["overlap_rq"][row].numpy(), rq)
+            assert bool(batch["pair_mask"][row]) == bool(qr.sum() > 0 and rq.sum() > 0)
+        else:
+            assert pair.query_id != pair.reference_id
+            assert float(batch["overlap_qr"][row].abs().sum()) == 0 and not bool(batch["pair_mask"][row])
+    assert batch["labels"].tolist() == [float(p.label) for p in pairs]
+    assert bool(batch["pair_mask"].any())
+    processor = CopyNCEImageProcessor(size={"height": SIZE, "width": SIZE})
+    expected = processor(pairs[0].query, return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(batch["pixel_values"][0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pairs_are_deterministic_and_identical_in_workers(tmp_path):
+    _small_images(tmp_path / "imgs", 6)
+    images = load_image_dataset(tmp_path / "imgs")
+    dataset = CopyPairDataset(images, CopyPairMaker(SIZE), seed=11, positive_rate=0.5)
+    collator = PixTraceCollator(SIZE, PATCH)
+    again = dataset[PairKey(3, 1, 2)]
+    first = dataset[PairKey(3, 1, 2)]
+    assert np.array_equal(np.asarray(first.query), np.asarray(again.query)) and first.recipes == again.recipes
+    other = CopyPairDataset(images, CopyPairMaker(SIZE), seed=12, positive_rate=0.5)[PairKey(3, 1, 2)]
+    assert first.recipes != other.recipes
+    sampler = CopyPairBatchSampler(len(images), 4, seed=11, num_batches=3)
+    batches = {}
+    for workers in (0, 2):
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=workers)
+        batches[workers] = list(loader)
+    for a, b in zip(batches[0], batches[2], strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_positive_rate_and_hard_negative_references(tmp_path):
+    _small_images(tmp_path / "imgs", 10, side=40)
+    images = load_image_dataset(tmp_path / "imgs")
+    rng = np.random.default_rng(0)
+    graph = build_knn_graph(rng.normal(size=(10, 8)).astype(np.float32), images["image_id"], k=2)
+    maker = CopyPairMaker(32, "resize", "resize")
+    dataset = CopyPairDataset(images, maker, seed=0, positive_rate=0.3, knn=graph, hard_negative_k=2,
+                              hard_negative_prob=1.0)
+    rows = {image_id: row for row, image_id in enumerate(images["image_id"])}
+    pairs = [dataset[PairKey(0, slot, slot % 10)] for slot in range(150)]
+    rate = np.mean([p.label for p in pairs])
+    assert 0.2 < rate < 0.4
+    for pair in pairs:
+        if not pair.label:  # probability 1: the reference is one of the query image's 2 neighbours
+            assert rows[pair.reference_id] in graph.neighbors[rows[pair.query_id]].tolist()
+    with pytest.raises(ConfigError, match="positive_rate"):
+        CopyPairDataset(images, maker, positive_rate=1.5)
+
+
+def test_ground_truth_pairs_for_finetuning(disc21):
+    queries, references = load_image_dataset(disc21, "query"), load_image_dataset(disc21, "reference")
+    truth = load_disc21_ground_truth(disc21 / "dev_ground_truth.csv")
+    dataset = GroundTruthPairDataset(queries, references, truth, CopyPairMaker(32, "resize", "resize"))
+    assert len(dataset) == 2  # the distractor Q00002 has no pair
+    pairs = [dataset[i] for i in range(2)]
+    assert {(p.query_id, p.reference_id) for p in pairs} == {("Q00000", "R000002"), ("Q00001", "R000000")}
+    batch = PixTraceCollator(32, PATCH)(pairs)
+    assert not bool(batch["pair_mask"].any()) and float(batch["overlap_qr"].sum()) == 0  # CopyNCE off
+
+
+def test_streaming_pairs_resume_skips_exactly(tmp_path):
+    folder = tmp_path / "imgs"
+    _small_images(folder, 9, side=40)
+    _corrupt(folder)
+    stream = load_image_dataset(folder, streaming=True, num_shards=1)
+
+    def run(skip):
+        dataset = StreamingCopyPairDataset(stream, CopyPairMaker(32, "resize", "resize"), batch_size=2, seed=5,
+                                           positive_rate=0.5, shuffle_buffer_size=4)
+        dataset.set_epoch(1)
+        dataset.skip_batches(skip)
+        return [(p.query_id, p.reference_id, p.label, p.skipped_images) for p in dataset], dataset.skipped
+
+    full, skipped = run(0)
+    assert len(full) == 9 and skipped == 2 and sum(p[3] for p in full) == 2
+    assert {p[2] for p in full} == {0, 1}
+    resumed, _ = run(2)
+    assert [p[:3] for p in resumed] == [p[:3] for p in full[4:]]
+
+
+# ---------------------------------------------------------------------------------------------- GHNM
+def test_knn_graph_matches_brute_force_and_round_trips(tmp_path):
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(30, 16)).astype(np.float32)
+    ids = [f"T{i:03d}" for i in range(30)]
+    valid = np.ones(30, dtype=bool)
+    valid[7] = False
+    graph = build_knn_graph(vectors, ids, k=5, valid=valid)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    similarity[:, 7] = -np.inf
+    for row in range(30):
+        if row == 7:
+            assert (graph.neighbors[row] == -1).all()
+            continue
+        assert graph.neighbors[row].tolist() == np.argsort(-similarity[row])[:5].tolist()
+        np.testing.assert_allclose(graph.similarities[row], np.sort(similarity[row])[::-1][:5], rtol=1e-5)
+    graph.save(tmp_path / "knn.safetensors", model="test")
+    loaded = KNNGraph.load(tmp_path / "knn.safetensors")
+    assert loaded.ids == ids and np.array_equal(loaded.neighbors, graph.neighbors)
+    order = ids[::-1]
+    aligned = loaded.aligned_to(order)
+    for row, image_id in enumerate(order):
+        original = ids.index(image_id)
+        expected = [order.index(ids[n]) if n >= 0 else -1 for n in graph.neighbors[original]]
+        assert aligned.neighbors[row].tolist() == expected
+    with pytest.raises(ConfigError, match="build_knn"):
+        KNNGraph.load(tmp_path / "missing.safetensors")
+
+
+def test_ghnm_sampler_algorithm_1_sharding_and_resume():
+    rng = np.random.default_rng(2)
+    ids = [str(i) for i in range(40)]
+    graph = build_knn_graph(rng.normal(size=(40, 8)).astype(np.float32), ids, k=8)
+    sampler = CopyPairBatchSampler(40, 8, seed=4, num_processes=2, process_index=0, knn=graph, hard_negative_k=8,
+                                   hard_negative_prob=1.0, num_batches=10)
+    anchors = []
+    for b in range(10):
+        batch = sampler.global_batch(b)
+        assert len(batch) == 16 and len(set(batch)) == 16  # no image twice in a batch
+        for x, x_hn in zip(batch[0::2], batch[1::2]):
+            assert x_hn in graph.neighbors[x, :8].tolist()  # Algorithm 1: x_hn among x's k-NN
+        anchors += batch[0::2]
+    assert sorted(anchors[:40]) == list(range(40))  # one epoch: every image once as x
+    other = CopyPairBatchSampler(40, 8, seed=4, num_processes=2, process_index=1, knn=graph, num_batches=10)
+    for ours, theirs, b in zip(sampler, other, range(10)):
+        assert [k.index for k in ours] + [k.index for k in theirs] == sampler.global_batch(b)
+        assert [k.slot for k in theirs] == list(range(8, 16))
+    resumed = CopyPairBatchSampler(40, 8, seed=4, num_processes=2, process_index=0, knn=graph, num_batches=10,
+                                   start_batch=6)
+    assert list(resumed) == list(sampler)[6:]
+    with pytest.raises(ConfigError, match="even"):
+        CopyPairBatchSampler(40, 7, knn=graph)
