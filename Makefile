@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint train bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
@@ -19,8 +19,13 @@ test: install
 lint: install
 	$(PYTHON) -m ruff check copynce_hf scripts tests
 
+# The main job on the embedded default: a tiny CopyNCE descriptor trained on the bundled images.
+train: install
+	accelerate launch scripts/train.py
+
 bench: install
 	$(PYTHON) scripts/bench_pixtrace.py
+	$(PYTHON) scripts/bench_dataloader.py
 
 clean:
 	rm -f $(STAMP)
