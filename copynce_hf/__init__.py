@@ -5,6 +5,7 @@
 pipeline or the training code (import ``copynce_hf.pixtrace``, ``copynce_hf.data``, ... for those).
 """
 
+from . import pipelines  # noqa: F401,E402  (registers the "image-copy-detection" pipeline task)
 from .errors import ConfigError, CopyNCEError, EditParameterError, ImageLoadError, TableError
 from .modeling import (
     CopyNCEDescriptorConfig,
@@ -15,8 +16,6 @@ from .modeling import (
     CopyNCEMatcherModel,
     CopyNCEMatcherOutput,
 )
-
-from . import pipelines  # noqa: F401,E402  (registers the "image-copy-detection" pipeline task)
 
 __version__ = "0.1.0.dev0"
 
