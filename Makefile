@@ -17,7 +17,7 @@ test: install
 	$(PYTHON) -m pytest -q -x --timeout=900 tests
 
 lint: install
-	$(PYTHON) -m ruff check copynce_hf scripts tests
+	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks
 
 # The main job on the embedded default: a tiny CopyNCE descriptor trained on the bundled images.
 train: install

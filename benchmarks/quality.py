@@ -1,0 +1,280 @@
+"""Quality benchmark: every system on the same mini-DISC queries, scored with the project's metric.
+
+    python -m benchmarks.quality                         # PDQ, pHash, random ViT, every trained run found
+    python -m benchmarks.quality --systems pdq phash     # only the hashes
+    python -m benchmarks.quality --descriptor mine=path/to/folder --matcher m=path/to/matcher@mine
+
+Systems (see :mod:`benchmarks.systems`): ``pdq``, ``phash``, ``random`` (the benchmark ViT with
+random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model folder in
+``--runs-dir``, written by ``python -m benchmarks.training``, plus ``--descriptor`` entries) and
+``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
+``descriptor-copynce-seed<k>``, plus ``--matcher`` entries). Each system's result is written to
+``<output-dir>/<system>.json`` as soon as it finishes (metrics, PR curve arrays, predictions,
+timing, machine, command), so an interrupted run loses nothing already done;
+``--skip-existing`` resumes. ``python -m benchmarks.report`` renders the tables and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import time
+from pathlib import Path
+
+import yaml
+
+from .common import (
+    DEFAULT_OUTPUT_DIR,
+    REPO_ROOT,
+    command_line,
+    limit_threads,
+    machine_info,
+    now,
+    read_json,
+    write_json,
+)
+from .minidisc import SHARED_DATA, MiniDisc, MiniDiscConfig, build_minidisc
+from .systems import DescriptorSystem, HashSystem, MatcherRescoring, Predictions, score_predictions
+
+logger = logging.getLogger("benchmarks.quality")
+
+__all__ = ["evaluate_system", "run_quality", "discover_runs", "main", "SYSTEM_CHOICES"]
+
+SYSTEM_CHOICES = ("pdq", "phash", "random", "descriptors", "matchers")
+#: Run folder names written by ``benchmarks.training``: ``descriptor-copynce-seed0`` etc.
+RUN_NAME = re.compile(r"^(?P<kind>descriptor|matcher)-(?P<variant>[a-z0-9_]+)-seed(?P<seed>\d+)$")
+DEFAULT_RUNS_DIR = DEFAULT_OUTPUT_DIR / "runs"
+DEFAULT_BENCH_CONFIG = REPO_ROOT / "configs" / "bench_descriptor.yaml"
+
+
+def result_path(output_dir: Path, system: str) -> Path:
+    return Path(output_dir) / f"{system}.json"
+
+
+def evaluate_system(
+    name: str,
+    predictions: Predictions,
+    task: MiniDisc,
+    output_dir: Path,
+    info: dict | None = None,
+) -> dict:
+    """Score ``predictions`` on ``task`` and write ``<output_dir>/<name>.json`` at once.
+
+    Returns:
+        The written record: ``system``, ``metrics`` (muAP ``micro_ap``, ``recall_at_p90``,
+        ``recall_at_rank1``, ...), ``pr_curve`` (precision, recall, thresholds arrays),
+        ``predictions``, ``wall_seconds``, ``task`` (fingerprint and sizes), ``machine``,
+        ``command``, ``created`` and whatever ``info`` adds (family, variant, seed, model folder).
+    """
+    metrics, curve = score_predictions(predictions, task.ground_truth)
+    record = {
+        "kind": "quality",
+        "system": name,
+        **(info or {}),
+        "metrics": metrics,
+        "wall_seconds": predictions.seconds,
+        "task": {"fingerprint": task.fingerprint, "num_references": len(task.reference_ids),
+                 "num_queries": len(task.queries), "num_copies": sum(1 for q in task.queries if q.reference_id),
+                 "config": task.config.to_dict()},
+        "pr_curve": curve,
+        "predictions": predictions.to_dict(),
+        "machine": machine_info(),
+        "command": command_line(),
+        "created": now(),
+    }
+    write_json(result_path(output_dir, name), record)
+    logger.info("%-28s muAP %.4f  RP90 %.4f  recall@1 %.4f  (%.1f s) -> %s", name, metrics["micro_ap"],
+                metrics["recall_at_p90"], metrics["recall_at_rank1"], predictions.seconds,
+                result_path(output_dir, name))
+    return record
+
+
+def discover_runs(runs_dir: Path) -> dict[str, list[dict]]:
+    """Trained model folders under ``runs_dir``: ``{"descriptor": [...], "matcher": [...]}``.
+
+    Each entry: ``name`` (the folder name), ``variant``, ``seed``, ``folder``, ``training`` (the
+    run's ``training_summary.json`` without its history, if present).
+    """
+    found: dict[str, list[dict]] = {"descriptor": [], "matcher": []}
+    if not Path(runs_dir).is_dir():
+        return found
+    for folder in sorted(Path(runs_dir).iterdir()):
+        match = RUN_NAME.match(folder.name)
+        if not match or not (folder / "config.json").is_file():
+            continue
+        summary_path = folder / "training_summary.json"
+        training = None
+        if summary_path.is_file():
+            training = {k: v for k, v in read_json(summary_path).items() if k not in ("history", "weights_checksums")}
+        found[match["kind"]].append({"name": folder.name, "variant": match["variant"], "seed": int(match["seed"]),
+                                     "folder": str(folder), "training": training})
+    return found
+
+
+def _parse_named(values: list[str], option: str) -> list[tuple[str, str]]:
+    out = []
+    for value in values or []:
+        name, sep, rest = value.partition("=")
+        if not sep or not name or not rest:
+            raise SystemExit(f"{option} expects NAME=PATH, got {value!r}")
+        out.append((name, rest))
+    return out
+
+
+def _load_predictions(record: dict) -> Predictions:
+    rows = record["predictions"]
+    return Predictions(rows["query_id"], rows["reference_id"], rows["score"], record.get("wall_seconds", 0.0))
+
+
+def run_quality(
+    task: MiniDisc,
+    systems: list[str],
+    output_dir: Path,
+    query_cache: Path,
+    runs_dir: Path = DEFAULT_RUNS_DIR,
+    descriptors: list[tuple[str, str]] = (),
+    matchers: list[tuple[str, str]] = (),
+    random_config: Path = DEFAULT_BENCH_CONFIG,
+    random_seed: int = 0,
+    k: int = 10,
+    skip_existing: bool = False,
+    batch_size: int = 64,
+) -> dict[str, dict]:
+    """Evaluate the chosen systems in order, writing each one's JSON as it finishes.
+
+    Returns:
+        ``{system name: record}`` (records read back from disk for skipped systems).
+    """
+    output_dir = Path(output_dir)
+    results: dict[str, dict] = {}
+    # Generate the queries once (PNG cache named by the task's fingerprint); every system reads them.
+    query_files = task.materialize(query_cache)
+
+    def existing(name: str) -> dict | None:
+        path = result_path(output_dir, name)
+        if skip_existing and path.is_file():
+            record = read_json(path)
+            if record.get("task", {}).get("fingerprint") == task.fingerprint:
+                logger.info("%s: kept %s (same task)", name, path)
+                return record
+        return None
+
+    def run(name: str, make, info: dict) -> dict:
+        record = existing(name)
+        if record is None:
+            record = evaluate_system(name, make(), task, output_dir, info)
+        results[name] = record
+        return record
+
+    if "pdq" in systems:
+        run("pdq", lambda: HashSystem.pdq().predict(task, k), {"family": "hash"})
+    if "phash" in systems:
+        run("phash", lambda: HashSystem.phash().predict(task, k), {"family": "hash"})
+    if "random" in systems:
+        model_config = yaml.safe_load(Path(random_config).read_text())["model"]
+        info = {"family": "random", "seed": random_seed, "model_config": model_config,
+                "config_file": str(random_config)}
+        run("random-vit", lambda: DescriptorSystem.random("random-vit", model_config, random_seed, batch_size)
+            .predict(task, k), info)
+
+    runs = discover_runs(runs_dir)
+    descriptor_entries = []
+    if "descriptors" in systems:
+        descriptor_entries = [dict(entry, name=entry["name"]) for entry in runs["descriptor"]]
+    descriptor_entries += [{"name": name, "variant": None, "seed": None, "folder": folder, "training": None}
+                           for name, folder in descriptors]
+    for entry in descriptor_entries:
+        info = {"family": "descriptor", "variant": entry["variant"], "seed": entry["seed"],
+                "model_folder": entry["folder"], "training": entry["training"]}
+        run(entry["name"], lambda e=entry: DescriptorSystem.from_folder(e["name"], e["folder"], batch_size)
+            .predict(task, k), info)
+
+    matcher_entries = []
+    if "matchers" in systems:
+        for entry in runs["matcher"]:
+            matcher_entries.append(dict(entry, candidates=f"descriptor-copynce-seed{entry['seed']}"))
+    for name, spec in matchers:
+        folder, sep, candidates = spec.rpartition("@")
+        if not sep:
+            raise SystemExit(f"--matcher expects NAME=FOLDER@DESCRIPTOR_SYSTEM, got {name}={spec!r}")
+        matcher_entries.append({"name": name, "variant": None, "seed": None, "folder": folder, "training": None,
+                                "candidates": candidates})
+    for entry in matcher_entries:
+        candidates_record = results.get(entry["candidates"])
+        if candidates_record is None and result_path(output_dir, entry["candidates"]).is_file():
+            candidates_record = read_json(result_path(output_dir, entry["candidates"]))
+            if candidates_record.get("task", {}).get("fingerprint") != task.fingerprint:
+                candidates_record = None
+        if candidates_record is None:
+            logger.warning("%s: no predictions of %s on this task to re-score; skipped", entry["name"],
+                           entry["candidates"])
+            continue
+        candidates = _load_predictions(candidates_record)
+
+        def make(e=entry, c=candidates):
+            rescored = MatcherRescoring.from_folder(e["name"], e["folder"]).predict(task, c, query_files)
+            rescored.seconds += c.seconds  # the candidates' retrieval is part of the system's cost
+            return rescored
+
+        info = {"family": "matcher", "variant": entry["variant"], "seed": entry["seed"],
+                "model_folder": entry["folder"], "candidates": entry["candidates"], "training": entry["training"]}
+        run(entry["name"], make, info)
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEM_CHOICES), choices=SYSTEM_CHOICES,
+                        help="which systems to run (default: all)")
+    parser.add_argument("--descriptor", action="append", default=[], metavar="NAME=FOLDER",
+                        help="also evaluate this saved descriptor folder (repeatable)")
+    parser.add_argument("--matcher", action="append", default=[], metavar="NAME=FOLDER@DESCRIPTOR",
+                        help="also evaluate this matcher re-scoring the named descriptor system's top-k")
+    parser.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR,
+                        help="folder of trained runs (benchmarks.training output)")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, help="where <system>.json go")
+    parser.add_argument("--query-cache", type=Path, default=DEFAULT_OUTPUT_DIR / "queries",
+                        help="cache folder of the generated query images (PNG)")
+    parser.add_argument("--image-folder", type=Path, default=SHARED_DATA / "imagenet-sample")
+    parser.add_argument("--splits-csv", type=Path, default=SHARED_DATA / "imagenet-sample-splits.csv")
+    parser.add_argument("--num-references", type=int, default=None, help="first N references only (default all)")
+    parser.add_argument("--num-distractors", type=int, default=None, help="first N distractors only (default all)")
+    parser.add_argument("--query-every", type=int, default=2, help="every k-th reference gets a query copy")
+    parser.add_argument("--seed", type=int, default=MiniDiscConfig.seed, help="seed of the query edits")
+    parser.add_argument("--random-config", type=Path, default=DEFAULT_BENCH_CONFIG,
+                        help="YAML whose model section sizes the random-weights ViT")
+    parser.add_argument("--random-seed", type=int, default=0)
+    parser.add_argument("--k", type=int, default=10, help="references returned per query")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="torch/faiss threads (default: library default)")
+    parser.add_argument("--skip-existing", action="store_true",
+                        help="keep results already written for the same task instead of recomputing them")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    limit_threads(args.threads)
+    config = MiniDiscConfig(image_folder=args.image_folder, splits_csv=args.splits_csv,
+                            num_references=args.num_references, num_distractors=args.num_distractors,
+                            query_every=args.query_every, seed=args.seed)
+    start = time.perf_counter()
+    task = build_minidisc(config)
+    logger.info("%s (task %s)", task, task.fingerprint)
+    results = run_quality(task, args.systems, args.output_dir, args.query_cache, args.runs_dir,
+                          _parse_named(args.descriptor, "--descriptor"), _parse_named(args.matcher, "--matcher"),
+                          args.random_config, args.random_seed, args.k, args.skip_existing, args.batch_size)
+    print(f"\n{'system':<30} {'muAP':>7} {'RP90':>7} {'R@1':>7} {'seconds':>8}")
+    for name, record in results.items():
+        m = record["metrics"]
+        print(f"{name:<30} {m['micro_ap']:7.4f} {m['recall_at_p90']:7.4f} {m['recall_at_rank1']:7.4f} "
+              f"{record['wall_seconds']:8.1f}")
+    print(f"({len(results)} systems, {time.perf_counter() - start:.0f} s; results in {args.output_dir})")
+    return results
+
+
+if __name__ == "__main__":
+    main()

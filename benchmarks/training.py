@@ -1,0 +1,310 @@
+"""Train the benchmark's models: baseline and CopyNCE descriptors (and matchers), identical budgets.
+
+    python -m benchmarks.training --minutes 25                 # calibrate steps for 25 min, train all
+    python -m benchmarks.training --max-steps 750 --seeds 0 1  # explicit step count
+    python -m benchmarks.training --max-steps 750 --matchers copynce baseline --matcher-max-steps 600
+    python -m benchmarks.training --dry-run ...                # print the commands only
+
+What it does (issue "Benchmark", deliverable 2; paper Tables "Ablation studies" ask the same
+question at scale):
+
+1. Makes ``<output-dir>/train_split/``: links to the ``train`` split of
+   ``../shared/data/imagenet-sample`` (never the reference or distractor images).
+2. For every seed and variant, runs ``accelerate launch scripts/train.py --config
+   configs/bench_descriptor.yaml`` with *the same* steps, batch, recipe and seed; the only
+   difference between ``baseline`` and ``copynce`` is ``--model.copynce_weight 0``. Then the
+   matchers (``configs/bench_matcher.yaml``) the same way, if asked.
+3. Runs up to ``--parallel`` trainings at a time, each pinned to its own core (``taskset`` and
+   ``OMP_NUM_THREADS=1``, so torch uses one thread), with data loading in the training process
+   (``dataloader_num_workers: 0``).
+4. With ``--minutes``, first measures the seconds per step of the slowest variant (the CopyNCE
+   one) in a short calibration run under the same parallel load, and sets ``max_steps`` so that
+   a run takes about that long; every variant then gets that same step count.
+
+Each run writes its model folder to ``<output-dir>/runs/<kind>-<variant>-seed<k>/`` (what
+``python -m benchmarks.quality`` discovers), its log to ``train.log`` there, and ``run.json``
+(command, start, end, wall time, return code) as soon as it ends. Finished runs are skipped
+when the driver is started again (``--force`` retrains).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .common import DEFAULT_OUTPUT_DIR, REPO_ROOT, machine_info, now, read_json, write_json
+from .minidisc import SHARED_DATA, read_splits
+
+logger = logging.getLogger("benchmarks.training")
+
+__all__ = ["TrainingRun", "prepare_train_split", "plan_runs", "launch", "run_all", "calibrate", "main"]
+
+#: Variant -> model overrides. Everything else is identical between the variants.
+VARIANTS = {"copynce": {}, "baseline": {"copynce_weight": 0}}
+CONFIGS = {"descriptor": REPO_ROOT / "configs" / "bench_descriptor.yaml",
+           "matcher": REPO_ROOT / "configs" / "bench_matcher.yaml"}
+
+
+@dataclass
+class TrainingRun:
+    """One training run: ``kind`` (descriptor / matcher), ``variant`` (copynce / baseline), ``seed``."""
+
+    kind: str
+    variant: str
+    seed: int
+    max_steps: int
+    output_dir: Path
+    dataset: Path
+    config: Path
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.variant}-seed{self.seed}"
+
+    @property
+    def folder(self) -> Path:
+        return self.output_dir / self.name
+
+    def command(self) -> list[str]:
+        """``accelerate launch`` (one CPU process) of ``scripts/train.py`` with this run's options."""
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--cpu",
+                   str(REPO_ROOT / "scripts" / "train.py"), "--config", str(self.config),
+                   "--dataset", str(self.dataset), "--output_dir", str(self.folder), "--seed", str(self.seed),
+                   "--max_steps", str(self.max_steps)]
+        for key, value in VARIANTS[self.variant].items():
+            command += [f"--model.{key}", str(value)]
+        return command + list(self.extra)
+
+    def display_command(self) -> str:
+        """:meth:`command` as a user would type it: ``accelerate launch``, paths relative to the repository."""
+        command = ["accelerate", "launch"] + self.command()[3:]
+        return shlex.join(_relative(part) for part in command)
+
+    def finished(self) -> bool:
+        record = self.folder / "run.json"
+        if not record.is_file() or not (self.folder / "config.json").is_file():
+            return False
+        data = read_json(record)
+        return data.get("returncode") == 0 and data.get("max_steps") == self.max_steps
+
+
+def _relative(part: str) -> str:
+    try:
+        return str(Path(part).resolve().relative_to(REPO_ROOT)) if part.startswith("/") else part
+    except ValueError:
+        return part
+
+
+def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path) -> Path:
+    """``<output_dir>/train_split/`` holding symbolic links to the ``train`` split's images only."""
+    files = read_splits(splits_csv, image_folder).get("train", [])
+    if not files:
+        raise SystemExit(f"no train image listed in {splits_csv}")
+    folder = Path(output_dir) / "train_split"
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = {path.name for path in files}
+    for stale in folder.iterdir():  # an earlier split definition must not leak into training
+        if stale.name not in wanted:
+            stale.unlink()
+    for path in files:
+        link = folder / path.name
+        if not link.exists():
+            link.symlink_to(path.resolve())
+    return folder
+
+
+def plan_runs(kind: str, variants: list[str], seeds: list[int], max_steps: int, runs_dir: Path, dataset: Path,
+              extra: list[str] = ()) -> list[TrainingRun]:
+    """Seed-major order (seed 0 of every variant first), so that a cut-short session still compares."""
+    return [TrainingRun(kind, variant, seed, max_steps, runs_dir, dataset, CONFIGS[kind], list(extra))
+            for seed in seeds for variant in variants]
+
+
+def _environment(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                "OPENBLAS_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))})
+    return env
+
+
+def launch(run: TrainingRun, core: int | None, threads: int = 1, dry_run: bool = False):
+    """Start ``run`` in the background (pinned to ``core`` with ``taskset`` when available)."""
+    command = run.command()
+    if core is not None and shutil.which("taskset"):
+        command = ["taskset", "-c", str(core)] + command
+    logger.info("%s: %s", run.name, " ".join(command))
+    if dry_run:
+        return None
+    if run.folder.exists():  # never mix a new run with the checkpoints of an older one
+        shutil.rmtree(run.folder)
+    run.folder.mkdir(parents=True)
+    log = open(run.folder / "train.log", "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                               env=_environment(threads))
+    display = ("taskset -c " + str(core) + " " if command[0] == "taskset" else "") + run.display_command()
+    return process, log, time.time(), display
+
+
+def run_all(runs: list[TrainingRun], cores: list[int | None], threads: int = 1, dry_run: bool = False,
+            force: bool = False) -> list[dict]:
+    """Run ``runs``, ``len(cores)`` at a time; write ``run.json`` for each as it ends.
+
+    Returns:
+        One record per run: name, command, core, start/end, wall seconds, return code, max_steps.
+    """
+    pending = [run for run in runs if force or dry_run or not run.finished()]
+    for run in runs:
+        if run not in pending:
+            logger.info("%s: already trained (%s), skipped", run.name, run.folder)
+    free = list(cores)
+    active: dict = {}
+    records = []
+    while pending or active:
+        while pending and free:
+            run, core = pending.pop(0), free.pop(0)
+            started = launch(run, core, threads, dry_run)
+            if started is None:
+                free.append(core)
+                continue
+            active[run.name] = (run, core, *started)
+        finished = []
+        for name, (run, core, process, log, start, command) in active.items():
+            if process.poll() is None:
+                continue
+            log.close()
+            record = {"name": name, "kind": run.kind, "variant": run.variant, "seed": run.seed,
+                      "max_steps": run.max_steps, "core": core, "command": command,
+                      "start": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)), "end": now(),
+                      "wall_seconds": time.time() - start, "returncode": process.returncode}
+            write_json(run.folder / "run.json", record)
+            records.append(record)
+            level = logging.INFO if process.returncode == 0 else logging.ERROR
+            logger.log(level, "%s: finished with code %d in %.0f s (log %s)", name, process.returncode,
+                       record["wall_seconds"], run.folder / "train.log")
+            finished.append(name)
+            free.append(core)
+        for name in finished:
+            del active[name]
+        if active:
+            time.sleep(2.0)
+    return records
+
+
+def calibrate(kind: str, minutes: float, cores: list[int | None], dataset: Path, work_dir: Path,
+              steps: int = 30, threads: int = 1) -> dict:
+    """Seconds per optimiser step of the CopyNCE variant, under the parallel load of a real batch of runs.
+
+    Runs ``len(cores)`` short trainings at once (``steps`` steps, logging every 5), reads the logged
+    pairs per second of each window after the first (start-up and first batches excluded), and
+    returns ``{"seconds_per_step", "max_steps"}`` with ``max_steps = minutes * 60 / seconds_per_step``
+    (the periodic evaluation and checkpointing add a little on top).
+    """
+    import yaml
+
+    batch = yaml.safe_load(CONFIGS[kind].read_text())["per_device_train_batch_size"]
+    runs = [TrainingRun(kind, "copynce", index, steps, work_dir, dataset, CONFIGS[kind],
+                        ["--logging_steps", "5", "--eval_steps", str(10 * steps), "--checkpointing_steps",
+                         str(10 * steps), "--num_eval_images", "0", "--report_to", "none"])
+            for index in range(len(cores))]
+    records = {record["name"]: record for record in run_all(runs, cores, threads, force=True)}
+    rates = []
+    for run in runs:
+        if records[run.name]["returncode"] != 0:
+            raise SystemExit(f"calibration run failed, see {run.folder / 'train.log'}")
+        history = read_json(run.folder / "training_summary.json")["history"]
+        rates += [h["train/pairs_per_second"] for h in history if "train/pairs_per_second" in h][1:]
+    if not rates:
+        raise SystemExit("calibration logged no throughput; use more --calibration-steps")
+    rates.sort()
+    seconds_per_step = batch / rates[len(rates) // 2]
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return {"seconds_per_step": seconds_per_step, "max_steps": max(1, int(minutes * 60 / seconds_per_step)),
+            "minutes": minutes, "parallel_runs": len(cores)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--max-steps", type=int, help="optimiser steps of every descriptor run")
+    budget.add_argument("--minutes", type=float, help="wall-time budget per descriptor run; steps calibrated")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--variants", nargs="+", default=["baseline", "copynce"], choices=sorted(VARIANTS))
+    parser.add_argument("--matchers", nargs="*", default=[], choices=sorted(VARIANTS),
+                        help="matcher variants to train after the descriptors (default none)")
+    parser.add_argument("--matcher-seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--matcher-max-steps", type=int, default=None,
+                        help="matcher steps (default: calibrated with --minutes, else --max-steps)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time, one core each")
+    parser.add_argument("--cores", type=int, nargs="+", default=None,
+                        help="cores to pin the parallel runs to (default: the first --parallel available)")
+    parser.add_argument("--calibration-steps", type=int, default=30)
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
+    parser.add_argument("--image-folder", type=Path, default=SHARED_DATA / "imagenet-sample")
+    parser.add_argument("--splits-csv", type=Path, default=SHARED_DATA / "imagenet-sample-splits.csv")
+    parser.add_argument("--force", action="store_true", help="retrain runs that already finished")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.epilog = "Arguments after -- are passed to every scripts/train.py run (e.g. -- --learning_rate 5e-4)."
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    cores = args.cores or available[: args.parallel]
+    if len(cores) < args.parallel:
+        cores = (cores * args.parallel)[: args.parallel]
+        logger.warning("fewer cores than --parallel: runs will share cores %s", sorted(set(cores)))
+    output_dir = args.output_dir
+    runs_dir = output_dir / "runs"
+    dataset = prepare_train_split(output_dir, args.image_folder, args.splits_csv)
+    started = time.perf_counter()
+    plan = {"machine": machine_info(), "started": now(), "seeds": args.seeds, "variants": args.variants,
+            "cores": cores, "extra": extra}
+    if args.minutes is not None and not args.dry_run:
+        plan["descriptor_calibration"] = calibrate("descriptor", args.minutes, cores, dataset,
+                                                   output_dir / "calibration", args.calibration_steps)
+        max_steps = plan["descriptor_calibration"]["max_steps"]
+        logger.info("calibrated: %.2f s/step -> %d steps in %.1f min", plan["descriptor_calibration"]
+                    ["seconds_per_step"], max_steps, args.minutes)
+    else:
+        max_steps = args.max_steps or 1
+    plan["descriptor_max_steps"] = max_steps
+    runs = plan_runs("descriptor", args.variants, args.seeds, max_steps, runs_dir, dataset, extra)
+    records = run_all(runs, cores, dry_run=args.dry_run, force=args.force)
+    if args.matchers:
+        matcher_steps = args.matcher_max_steps
+        if matcher_steps is None and args.minutes is not None and not args.dry_run:
+            plan["matcher_calibration"] = calibrate("matcher", args.minutes, cores, dataset,
+                                                    output_dir / "calibration", args.calibration_steps)
+            matcher_steps = plan["matcher_calibration"]["max_steps"]
+        matcher_steps = matcher_steps or max_steps
+        plan["matcher_max_steps"] = matcher_steps
+        runs = plan_runs("matcher", args.matchers, args.matcher_seeds, matcher_steps, runs_dir, dataset, extra)
+        records += run_all(runs, cores, dry_run=args.dry_run, force=args.force)
+    plan.update({"finished": now(), "wall_seconds": time.perf_counter() - started, "runs": records})
+    if not args.dry_run:
+        write_json(output_dir / "training_plan.json", plan)
+    failed = [r["name"] for r in records if r["returncode"] != 0]
+    if failed:
+        raise SystemExit(f"failed runs: {', '.join(failed)} (see their train.log)")
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Tests of the benchmark package (benchmarks/): mini-DISC, systems, quality, speed, report, training driver.
+
+A tiny mini-DISC is built from the package's bundled sample images (copynce_hf/assets/images) with
+a splits CSV written into tmp_path, so these tests never read ../shared/data.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks import dense_tables
+from benchmarks.minidisc import EvaluationRecipe, MiniDiscConfig, build_minidisc
+from benchmarks.quality import evaluate_system, run_quality
+from benchmarks.report import load_quality, render
+from benchmarks.speed import bench_faiss, bench_pixtrace, pixtrace_chain
+from benchmarks.systems import HashSystem, Predictions, score_predictions
+from benchmarks.training import VARIANTS, plan_runs, prepare_train_split
+from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
+from copynce_hf.pixtrace.edits import Resize
+
+ASSETS = sorted(ASSET_IMAGES.glob("*.jpg"))
+TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+              "image_size": 32, "patch_size": 16, "descriptor_dim": 16}
+
+
+def _splits(tmp_path, references: int = 8, distractors: int = 3):
+    """A splits CSV over the bundled images: ``references`` references, then distractors, rest train."""
+    path = tmp_path / "splits.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["filename", "split"])
+        for index, file in enumerate(ASSETS):
+            split = "reference" if index < references else "distractor" if index < references + distractors else "train"
+            writer.writerow([file.name, split])
+    return path
+
+
+def _config(tmp_path, **changes) -> MiniDiscConfig:
+    return MiniDiscConfig(image_folder=ASSET_IMAGES, splits_csv=_splits(tmp_path), seed=7, **changes)
+
+
+#: A recipe whose queries are the originals themselves (photometric factor 1): every system that works
+#: must find them.
+IDENTITY_RECIPE = EvaluationRecipe(num_structural=(0, 0), photometric_weights=(("brightness", 1.0),),
+                                   num_photometric=(1, 1), brightness=(1.0, 1.0))
+
+
+# ---------------------------------------------------------------------------------------------- mini-DISC
+
+
+def test_minidisc_structure_and_determinism(tmp_path):
+    config = _config(tmp_path)
+    task = build_minidisc(config)
+    # every other reference (0, 2, 4, 6) gets a copy; the 3 distractors get one query each
+    assert len(task.reference_ids) == 8 and len(task.queries) == 4 + 3
+    copies = sorted(refs[0] for refs in task.ground_truth.values() if refs)
+    assert copies == sorted(task.reference_ids[::2])
+    assert sum(1 for refs in task.ground_truth.values() if not refs) == 3
+    distractor_names = {p.name for p in ASSETS[8:11]}
+    assert {q.source_path.name for q in task.queries if q.reference_id is None} == distractor_names
+    again = build_minidisc(config)
+    assert again.fingerprint == task.fingerprint
+    first = task.queries[0]
+    assert np.array_equal(np.asarray(task.query_image(0)), np.asarray(again.query_image(0)))
+    assert first.edits, "every query is edited"
+    # another seed gives other edits
+    assert build_minidisc(dataclasses.replace(config, seed=8)).fingerprint != task.fingerprint
+
+
+def test_evaluation_recipe_differs_from_training_recipe(tmp_path):
+    # Every edit the training recipe can draw (all steps forced on), on a small image.
+    everything = CopyRecipe.from_dict({step: {"p": 1.0} for step in CopyRecipe().to_dict()})
+    training_names = set()
+    for seed in range(3):
+        training_names |= {e["name"] for e in CopyEditor(seed=seed, recipe=everything)(Image.open(ASSETS[0])).recipe}
+    task = build_minidisc(_config(tmp_path))
+    recipe = EvaluationRecipe()
+    rng = np.random.default_rng(0)
+    synthetic = [tuple(e.to_dict() for e in recipe.draw(rng, (375, 500))) for _ in range(200)]
+    for edits in [q.edits for q in task.queries] + synthetic:
+        names = {e["name"] for e in edits}
+        assert names - training_names, f"query edits {names} use only training-recipe edits"
+    # heavy crops (always the first edit when drawn) keep at most 45 % of the image
+    crops = [edits[0]["params"] for edits in synthetic if edits[0]["name"] == "crop"]
+    assert crops
+    for p in crops:
+        assert (p["right"] - p["left"]) * (p["bottom"] - p["top"]) <= 0.46 * 375 * 500
+
+
+def test_materialize_writes_the_replayed_queries_once(tmp_path):
+    task = build_minidisc(_config(tmp_path))
+    expected = np.asarray(task.query_image(1))
+    files = task.materialize(tmp_path / "cache")
+    assert len(files) == len(task.queries) and all(p.suffix == ".png" for p in files.values())
+    assert np.array_equal(np.asarray(Image.open(files[task.query_ids[1]]).convert("RGB")), expected)
+    assert all(max(Image.open(p).size) <= EvaluationRecipe().max_side for p in files.values())
+    stamps = {p: p.stat().st_mtime_ns for p in files.values()}
+    task.materialize(tmp_path / "cache")
+    assert stamps == {p: p.stat().st_mtime_ns for p in files.values()}
+    assert json.loads((tmp_path / "cache" / task.fingerprint / "task.json").read_text())["num_queries"] == 7
+
+
+# ---------------------------------------------------------------------------------------------- systems
+
+
+@pytest.mark.parametrize("system", [HashSystem.pdq(), HashSystem.phash()], ids=["pdq", "phash"])
+def test_hash_systems_find_unedited_copies(tmp_path, system):
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    predictions = system.predict(task, k=5)
+    per_query = {q: predictions.query_ids.count(q) for q in task.query_ids}
+    assert set(per_query.values()) == {5}
+    assert np.all((predictions.scores >= 0) & (predictions.scores <= 1))
+    metrics, curve = score_predictions(predictions, task.ground_truth)
+    assert metrics["recall_at_rank1"] == 1.0  # an unedited copy is at Hamming distance 0
+    for query_id, reference_id, score in zip(predictions.query_ids, predictions.reference_ids, predictions.scores):
+        if task.ground_truth[query_id] == [reference_id]:
+            assert score == 1.0
+    assert len(curve["precision"]) == len(predictions)
+
+
+def test_hash_score_is_one_minus_normalised_hamming(tmp_path):
+    task = build_minidisc(_config(tmp_path))
+    system = HashSystem.phash()
+    predictions = system.predict(task, k=3)
+    query_hashes = dict(zip(task.query_ids, system.hashes(task.query_source())))
+    reference_hashes = dict(zip(task.reference_ids, system.hashes(task.reference_source())))
+    for q, r, score in zip(predictions.query_ids, predictions.reference_ids, predictions.scores):
+        assert score == pytest.approx(1 - np.count_nonzero(query_hashes[q] != reference_hashes[r]) / 64)
+    # rank order within a query: scores never increase
+    for q in task.query_ids:
+        scores = [s for qq, s in zip(predictions.query_ids, predictions.scores) if qq == q]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_quality_run_writes_each_system_and_report(tmp_path):
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    config_file = tmp_path / "bench.yaml"
+    config_file.write_text("model:\n" + "".join(f"  {k}: {v}\n" for k, v in TINY_MODEL.items()))
+    out = tmp_path / "results"
+    results = run_quality(task, ["pdq", "random"], out, tmp_path / "queries", runs_dir=tmp_path / "none",
+                          random_config=config_file, k=4, batch_size=4)
+    assert set(results) == {"pdq", "random-vit"}
+    for name in results:
+        record = json.loads((out / f"{name}.json").read_text())
+        assert record["task"]["fingerprint"] == task.fingerprint
+        assert len(record["predictions"]["score"]) == 4 * len(task.queries)
+        assert len(record["pr_curve"]["precision"]) == len(record["pr_curve"]["recall"]) == 4 * len(task.queries)
+        assert 0.0 <= record["metrics"]["micro_ap"] <= 1.0
+    # the random ViT embeds an unedited copy exactly like its reference: cosine 1 at rank 1
+    assert results["random-vit"]["metrics"]["recall_at_rank1"] == 1.0
+    # two seeds of one variant: the report's mean row is their mean
+    for seed, keep in ((0, 4), (1, 2)):
+        rows = results["random-vit"]["predictions"]
+        kept = [i for i, _ in enumerate(rows["score"]) if i % 4 < keep]
+        predictions = Predictions([rows["query_id"][i] for i in kept], [rows["reference_id"][i] for i in kept],
+                                  [rows["score"][i] for i in kept])
+        evaluate_system(f"descriptor-copynce-seed{seed}", predictions, task, out,
+                        {"family": "descriptor", "variant": "copynce", "seed": seed})
+    records = {r["system"]: r for r in load_quality(out)}
+    markdown = render(out, tmp_path / "B.md", tmp_path / "figures")
+    mean = (records["descriptor-copynce-seed0"]["metrics"]["micro_ap"]
+            + records["descriptor-copynce-seed1"]["metrics"]["micro_ap"]) / 2
+    assert f"**descriptor-copynce (mean of 2)** | - | **{mean:.4f}**" in markdown
+    assert "| pdq |" in markdown and (tmp_path / "figures" / "pr_curves.png").is_file()
+    assert "](figures/pr_curves.png)" in markdown
+
+
+# ---------------------------------------------------------------------------------------------- speed
+
+
+def test_dense_reference_tables_agree_with_pixtrace():
+    rng = np.random.default_rng(3)
+    original = (375, 500)
+    for _ in range(3):
+        query_edits = pixtrace_chain(rng, original)
+        qr_dense, rq_dense = dense_tables.pair_priors(query_edits, [Resize(224, 224)], original, 16)
+        query = CoordinateTable.identity(*original)
+        for edit in query_edits:
+            query = edit.trace(query)
+        qr, rq = pair_overlaps(query, Resize(224, 224).trace(CoordinateTable.identity(*original)), 16)
+        assert qr_dense.shape == qr.shape == (196, 196) and rq_dense.shape == rq.shape
+        assert np.all(qr_dense.sum(1) <= 1 + 1e-6)
+        # nearest sampling moves a few border pixels between patches, nothing more
+        assert np.abs(qr_dense - qr).sum(1).mean() < 0.08
+        assert abs(qr_dense.sum() - qr.sum()) / qr.sum() < 0.02
+
+
+def test_dense_inverse_scatter_last_pixel_wins():
+    table = np.zeros((2, 3, 2), dtype=np.float32)  # every pixel maps to frame cell (0, 0)
+    table[1, 2] = (1, 1)
+    inverse = dense_tables.invert_scatter(table, (2, 2))
+    assert tuple(inverse[0, 0]) == (1.0, 1.0)  # (row 1, col 1) is the last of the five pixels on (0, 0)
+    assert tuple(inverse[1, 1]) == (1.0, 2.0)
+    assert np.isnan(inverse[0, 1]).all() and np.isnan(inverse[1, 0]).all()
+
+
+def test_bench_pixtrace_reports_both_implementations():
+    figures = bench_pixtrace(pairs=4)
+    assert figures["pixtrace_ms_per_pair"] > 0 and figures["dense_ms_per_pair"] > 0
+    assert figures["speedup"] == pytest.approx(figures["dense_ms_per_pair"] / figures["pixtrace_ms_per_pair"])
+    assert figures["mean_l1_row_difference_qr"] < 0.1
+
+
+def test_bench_faiss_exact_is_exact():
+    figures = bench_faiss(sizes=(3000,), dim=32, num_queries=40, kinds=("hnsw",), noise=0.5)
+    entry = figures["sizes"]["3000"]
+    assert entry["flat"]["recall_at_10"] == 1.0 and entry["flat"]["found_at_1"] == 1.0
+    assert 0.0 <= entry["hnsw"]["recall_at_10"] <= 1.0 and entry["hnsw"]["queries_per_second"] > 0
+
+
+# ---------------------------------------------------------------------------------------------- training driver
+
+
+def test_training_runs_differ_only_by_copynce_weight(tmp_path):
+    runs = plan_runs("descriptor", ["baseline", "copynce"], [0, 1], 123, tmp_path / "runs", tmp_path / "data")
+    assert [r.name for r in runs] == ["descriptor-baseline-seed0", "descriptor-copynce-seed0",
+                                      "descriptor-baseline-seed1", "descriptor-copynce-seed1"]
+    baseline, copynce = runs[0].command(), runs[1].command()
+    extra = [a for a in baseline if a not in copynce or baseline.count(a) != copynce.count(a)]
+    assert set(extra) <= {"--model.copynce_weight", "0", str(tmp_path / "runs" / "descriptor-baseline-seed0")}
+    assert "--model.copynce_weight" in baseline and VARIANTS["baseline"] == {"copynce_weight": 0}
+    assert baseline[baseline.index("--max_steps") + 1] == "123" == copynce[copynce.index("--max_steps") + 1]
+    assert runs[0].display_command().startswith("accelerate launch")
+
+
+def test_train_split_folder_links_only_train_images(tmp_path):
+    folder = prepare_train_split(tmp_path, ASSET_IMAGES, _splits(tmp_path, references=6, distractors=4))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in ASSETS[10:])
+    # a changed split definition removes links that are no longer train images
+    folder2 = prepare_train_split(tmp_path, ASSET_IMAGES, _splits(tmp_path, references=6, distractors=5))
+    assert sorted(p.name for p in folder2.iterdir()) == sorted(p.name for p in ASSETS[11:])
+
+
+def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path):
+    import torch
+
+    from benchmarks.systems import DescriptorSystem
+    from copynce_hf.modeling import (
+        CopyNCEDescriptorConfig,
+        CopyNCEDescriptorModel,
+        CopyNCEImageProcessor,
+        CopyNCEMatcherConfig,
+        CopyNCEMatcherModel,
+    )
+
+    runs = tmp_path / "runs"
+    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    torch.manual_seed(0)
+    descriptor = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**TINY_MODEL))
+    descriptor.save_pretrained(runs / "descriptor-copynce-seed0")
+    processor.save_pretrained(runs / "descriptor-copynce-seed0")
+    matcher_config = {k: v for k, v in TINY_MODEL.items() if k != "descriptor_dim"}
+    matcher = CopyNCEMatcherModel(CopyNCEMatcherConfig(**matcher_config, num_fusion_layers=1))
+    matcher.save_pretrained(runs / "matcher-copynce-seed0")
+    processor.save_pretrained(runs / "matcher-copynce-seed0")
+    (runs / "descriptor-stray").mkdir()  # not a run name: ignored
+
+    task = build_minidisc(_config(tmp_path))
+    out = tmp_path / "results"
+    results = run_quality(task, ["descriptors", "matchers"], out, tmp_path / "queries", runs_dir=runs, k=3,
+                          batch_size=4)
+    assert list(results) == ["descriptor-copynce-seed0", "matcher-copynce-seed0"]
+    # the saved folder, loaded with AutoModel, ranks exactly like the in-memory model
+    direct = DescriptorSystem("direct", descriptor, processor, batch_size=4).predict(task, k=3)
+    saved = results["descriptor-copynce-seed0"]["predictions"]
+    assert saved["reference_id"] == direct.reference_ids
+    assert np.allclose(saved["score"], direct.scores, atol=1e-5)
+    # the matcher re-scores the same candidate pairs with probabilities
+    rescored = results["matcher-copynce-seed0"]
+    assert rescored["candidates"] == "descriptor-copynce-seed0"
+    pairs = set(zip(saved["query_id"], saved["reference_id"]))
+    assert set(zip(rescored["predictions"]["query_id"], rescored["predictions"]["reference_id"])) == pairs
+    scores = np.array(rescored["predictions"]["score"])
+    assert np.all((scores > 0) & (scores < 1)) and not np.allclose(scores, saved["score"])
