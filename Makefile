@@ -4,11 +4,11 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed
 
-.PHONY: install test lint train bench clean
+.PHONY: install test lint train bench demo clean
 
 $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
-	$(PYTHON) -m pip install -q -e ".[dev,bench]"
+	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench]"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,11 @@ lint: install
 # The main job on the embedded default: a tiny CopyNCE descriptor trained on the bundled images.
 train: install
 	accelerate launch scripts/train.py
+
+# The main job: copy detection on the bundled images with the embedded models (no network, no data);
+# prints the results table and the path of the HTML report (outputs/demo/report.html).
+demo: install
+	$(PYTHON) -m copynce_hf.demo
 
 bench: install
 	$(PYTHON) scripts/bench_pixtrace.py

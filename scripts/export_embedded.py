@@ -1,0 +1,323 @@
+"""Convert trained model folders into the embedded default models shipped with the package.
+
+The benchmark runs (``python -m benchmarks.training``) write full-precision model folders into
+``outputs/benchmarks/runs/<kind>-<variant>-seed<k>/``. This script turns the seed-0 CopyNCE
+descriptor and matcher into the package's embedded defaults, and the seed-0 baseline descriptor
+into the comparison checkpoint (BENCHMARKS issue, item 5)::
+
+    python scripts/export_embedded.py                                   # all three, default paths
+    python scripts/export_embedded.py --parts descriptor matcher        # only the embedded models
+    python scripts/export_embedded.py --parts descriptor \\
+        --descriptor outputs/benchmarks/runs/descriptor-copynce-seed1 --descriptor-out /tmp/d
+
+For every folder it:
+
+1. loads the model and image processor with ``AutoModel`` / ``AutoImageProcessor`` in float32
+   and checks the model kind (descriptor or matcher);
+2. casts the weights to float16 (``model.to(torch.float16)``) and writes them with
+   :func:`copynce_hf.hub.save_for_hub` (``save_pretrained`` with safetensors, ``config.json`` recording
+   ``dtype: float16``, the custom modelling code, ``preprocessor_config.json`` and ``README.md``);
+3. writes a model card (:func:`copynce_hf.hub.build_model_card`) whose results are the system's mini-DISC
+   numbers read from ``<results-dir>/<system>.json`` (µAP, RP90, recall@1, recall@10) when the quality
+   benchmark has produced that file, and whose licence says the weights are for research use only;
+4. checks the written folder: total size at most ``--max-mb`` (15 MB), float16 tensors only (integer
+   buffers excepted), and ``AutoModel.from_pretrained(folder, dtype=torch.float32)`` reproduces the
+   float32 model's outputs on a fixed random batch up to float16 rounding;
+5. only then replaces the target folder (written next to it first, then renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from a source checkout
+    sys.path.insert(0, str(REPO_ROOT))
+
+import copynce_hf  # noqa: E402,F401  (registers the CopyNCE classes with the Auto classes)
+from copynce_hf import hub  # noqa: E402
+from copynce_hf.errors import ConfigError, CopyNCEError  # noqa: E402
+
+RUNS_DIR = REPO_ROOT / "outputs" / "benchmarks" / "runs"
+RESULTS_DIR = REPO_ROOT / "outputs" / "benchmarks"
+PRETRAINED_DIR = REPO_ROOT / "copynce_hf" / "pretrained"
+BASELINE_DIR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseline-descriptor"
+
+#: Largest embedded model folder, in bytes (issue: "at most 15 MB each").
+MAX_BYTES = 15 * 10**6
+#: Largest |output(fp16 weights) - output(fp32 weights)| accepted on the check batch. Descriptors are unit
+#: vectors and matcher logits are O(1); float16 keeps about 3 significant digits per weight.
+OUTPUT_TOLERANCE = 5e-2
+
+MINI_DISC = "mini-DISC (imagenet-sample: 300 references, 150 edited copies + 100 distractor queries)"
+#: ``copy_detection`` metric keys carried into the card (see ``copynce_hf.hub.METRICS``).
+CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10")
+
+LICENSE_NAME = "research-only"
+LICENSE_TEXT = """## Licence of the weights
+
+These weights were trained by the copynce_hf authors from scratch on the 600 `train`-split images of an
+ImageNet sample (one image per ImageNet-1k class). ImageNet images may be used for non-commercial research
+only, so **these weights are released for research use only** (card metadata `license: other`,
+`license_name: research-only`). The copynce_hf code itself is Apache-2.0. They are small demonstration
+models (a 6-block, 192-wide ViT at 112x112 trained for about 25 minutes on one CPU core), not the paper's
+models: see BENCHMARKS.md in the repository for what they achieve.
+"""
+
+
+@dataclasses.dataclass
+class Export:
+    """One conversion: where from, where to, which kind, and the benchmark system whose numbers go in the card."""
+
+    part: str
+    source: Path
+    target: Path
+    kind: str  # "descriptor" or "matcher"
+    system: str  # name of <results-dir>/<system>.json
+    model_id: str
+    candidates: str | None = None  # matcher: the descriptor system whose top-10 it re-scores
+
+
+@dataclasses.dataclass
+class ExportReport:
+    """What :func:`export_model` wrote and measured."""
+
+    target: Path
+    kind: str
+    total_bytes: int
+    weight_bytes: int
+    num_parameters: int
+    max_output_difference: float
+    results: dict | None
+
+    def summary(self) -> str:
+        results = self.results or {}
+        numbers = ", ".join(f"{key} {results[key]:.4f}" for key in CARD_METRICS if key in results) or "no results"
+        return (f"{self.kind} -> {self.target}: {self.total_bytes / 1e6:.2f} MB "
+                f"(weights {self.weight_bytes / 1e6:.2f} MB, {self.num_parameters / 1e6:.2f} M parameters), "
+                f"fp16 vs fp32 max |diff| {self.max_output_difference:.2e}; card: {numbers}")
+
+
+def default_exports(runs_dir: Path = RUNS_DIR, seed: int = 0) -> dict[str, Export]:
+    """The three conversions of the benchmark issue, for the runs of ``seed``."""
+    return {
+        "descriptor": Export("descriptor", runs_dir / f"descriptor-copynce-seed{seed}", PRETRAINED_DIR / "descriptor",
+                             "descriptor", f"descriptor-copynce-seed{seed}", "copynce-vit-tiny112-descriptor"),
+        "matcher": Export("matcher", runs_dir / f"matcher-copynce-seed{seed}", PRETRAINED_DIR / "matcher",
+                          "matcher", f"matcher-copynce-seed{seed}", "copynce-vit-tiny112-matcher",
+                          candidates=f"descriptor-copynce-seed{seed}"),
+        "baseline": Export("baseline", runs_dir / f"descriptor-baseline-seed{seed}", BASELINE_DIR,
+                           "descriptor", f"descriptor-baseline-seed{seed}", "baseline-vit-tiny112-descriptor"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+
+def load_float32(folder: Path, kind: str):
+    """``(model, image_processor)`` of a saved folder, in float32, checked to be a ``kind`` model."""
+    from transformers import AutoImageProcessor, AutoModel
+
+    from copynce_hf.retrieval import model_kind
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"{folder} is not a saved model folder (no config.json); has the training run finished?")
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    processor = AutoImageProcessor.from_pretrained(folder)
+    if model_kind(model) != kind:
+        raise ConfigError(f"{folder} holds a {model_kind(model)}, expected a {kind}")
+    return model, processor
+
+
+def read_results(results_dir: Path, system: str) -> dict | None:
+    """The ``metrics`` of ``<results_dir>/<system>.json`` (written by ``python -m benchmarks.quality``), or None."""
+    path = Path(results_dir) / f"{system}.json"
+    if not path.is_file():
+        return None
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))["metrics"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path} is not a benchmark result file (no 'metrics'): {error}") from error
+    values = {key: float(metrics[key]) for key in CARD_METRICS if metrics.get(key) is not None}
+    return values or None
+
+
+def training_settings(source: Path) -> dict:
+    """Card rows from the run's ``training_summary.json`` (written by ``scripts/train.py``), if any."""
+    settings: dict = {"training data": "600 `train`-split images of the ImageNet sample (research use only)"}
+    path = Path(source) / "training_summary.json"
+    if path.is_file():
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        for key, name in (("steps", "optimiser steps"), ("learning_rate", "learning rate"),
+                          ("warmup_steps", "warm-up steps"), ("final_train_loss", "final training loss")):
+            if summary.get(key) is not None:
+                settings[name] = summary[key]
+        if summary.get("pairs_per_process") and summary.get("num_processes"):
+            settings["training pairs seen"] = int(summary["pairs_per_process"]) * int(summary["num_processes"])
+        if summary.get("wall_seconds") is not None:
+            settings["training wall time"] = f"{float(summary['wall_seconds']) / 60:.1f} min"
+    settings["export"] = "float16 safetensors (`scripts/export_embedded.py`)"
+    return settings
+
+
+def build_card(model, export: Export, results: dict | None, settings: dict):
+    """The model card: :func:`copynce_hf.hub.build_model_card` plus the research-only licence."""
+    entries = None
+    if results:
+        name = MINI_DISC if export.candidates is None else f"{MINI_DISC}, re-scoring the top-10 of {export.candidates}"
+        entries = [{"dataset_name": name, "dataset_type": "mini-disc", "dataset_split": "queries",
+                    **results}]
+    card = hub.build_model_card(model, model_id=export.model_id, results=entries, training_settings=settings,
+                                license="other")
+    card.data.license_name = LICENSE_NAME
+    if not getattr(model.config, "copynce_weight", 1.0):
+        note = ("> **Baseline without CopyNCE.** This checkpoint was trained with `copynce_weight = 0`: the same model, "
+                "data, steps and seed as the CopyNCE checkpoint, but only the image-level losses. It exists to "
+                "compare against the CopyNCE model.\n\n")
+        title_end = card.text.index("\n\n", card.text.index("# ")) + 2
+        card.text = card.text[:title_end] + note + card.text[title_end:]
+    card.text = card.text.replace("## Limitations", LICENSE_TEXT + "\n## Limitations", 1)
+    if LICENSE_TEXT not in card.text:
+        card.text += "\n" + LICENSE_TEXT
+    hub.validate_model_card(card)
+    return card
+
+
+def check_inputs(model) -> dict[str, torch.Tensor]:
+    """A fixed random batch of model inputs (2 images, or 2 pairs for a matcher)."""
+    size = int(model.config.image_size)
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randn(4, 3, size, size, generator=generator)
+    if "matcher" in model.config.model_type:
+        return {"pixel_values": pixels[:2], "reference_pixel_values": pixels[2:]}
+    return {"pixel_values": pixels[:2]}
+
+
+@torch.inference_mode()
+def model_outputs(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Descriptors (B, D) or matcher logits (B,), in float32."""
+    output = model(**inputs)
+    values = output.logits if "matcher" in model.config.model_type else output.descriptors
+    return values.float()
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+
+
+def check_folder(folder: Path, kind: str, reference: torch.Tensor, inputs: dict, max_bytes: int) -> tuple[int, float]:
+    """Size, dtype and reload checks of a written folder; returns (total bytes, max output difference)."""
+    total = folder_bytes(folder)
+    if total > max_bytes:
+        raise CopyNCEError(f"the exported {kind} folder {folder} holds {total / 1e6:.2f} MB, above the limit of "
+                           f"{max_bytes / 1e6:.2f} MB")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    recorded = config.get("dtype", config.get("torch_dtype"))
+    if recorded != "float16":
+        raise CopyNCEError(f"{folder}/config.json records dtype {recorded!r}, expected 'float16'")
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        for name in weights.keys():
+            dtype = weights.get_slice(name).get_dtype()
+            if dtype.startswith("F") and dtype != "F16":
+                raise CopyNCEError(f"{folder}: tensor {name} is stored as {dtype}, expected F16")
+    reloaded, _ = load_float32(folder, kind)
+    if next(reloaded.parameters()).dtype != torch.float32:
+        raise CopyNCEError(f"{folder} did not load in float32 with dtype=torch.float32")
+    difference = float((model_outputs(reloaded, inputs) - reference).abs().max())
+    if not math.isfinite(difference) or difference > OUTPUT_TOLERANCE:
+        raise CopyNCEError(f"{folder}: the float16 weights change the outputs by {difference:.3g} "
+                           f"(> {OUTPUT_TOLERANCE}); refusing the export")
+    return total, difference
+
+
+def export_model(export: Export, results_dir: Path = RESULTS_DIR, max_bytes: int = MAX_BYTES) -> ExportReport:
+    """Convert ``export.source`` into the float16 model folder ``export.target`` (see the module docstring)."""
+    model, processor = load_float32(export.source, export.kind)
+    inputs = check_inputs(model)
+    reference = model_outputs(model, inputs)
+    results = read_results(results_dir, export.system)
+    card = build_card(model, export, results, training_settings(export.source))
+    num_parameters = sum(parameter.numel() for parameter in model.parameters())
+
+    target = Path(export.target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-export-", dir=target.parent))
+    try:
+        hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
+        total, difference = check_folder(staging, export.kind, reference, inputs, max_bytes)
+        weight_bytes = (staging / "model.safetensors").stat().st_size
+        staging.chmod(0o755)  # mkdtemp makes it private; the folder is package data
+        for path in staging.iterdir():
+            path.chmod(0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return ExportReport(target, export.kind, total, weight_bytes, num_parameters, difference, results)
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = default_exports()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", choices=sorted(defaults), default=["descriptor", "matcher", "baseline"],
+                        help="which folders to export (default: all three)")
+    for part, export in defaults.items():
+        parser.add_argument(f"--{part}", type=Path, default=export.source, help=f"trained {part} folder "
+                            f"(default: {export.source.relative_to(REPO_ROOT)})")
+        parser.add_argument(f"--{part}-out", type=Path, default=export.target, help=f"where the {part} goes "
+                            f"(default: {export.target.relative_to(REPO_ROOT)})")
+        parser.add_argument(f"--{part}-system", default=export.system,
+                            help=f"benchmark system whose numbers go in the card (default: {export.system})")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                        help="folder of the quality benchmark's <system>.json files")
+    parser.add_argument("--max-mb", type=float, default=MAX_BYTES / 1e6, help="size limit per folder in MB (10^6)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> list[ExportReport]:
+    args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    reports = []
+    for part in args.parts:
+        export = dataclasses.replace(
+            default_exports()[part],
+            source=getattr(args, part),
+            target=getattr(args, f"{part}_out"),
+            system=getattr(args, f"{part}_system"),
+        )
+        if export.candidates is not None:  # a matcher re-scores the CopyNCE descriptor of its own seed
+            seed = re.search(r"seed(\d+)$", export.system)
+            export.candidates = f"descriptor-copynce-seed{seed.group(1)}" if seed else "a CopyNCE descriptor"
+        report = export_model(export, results_dir=args.results_dir, max_bytes=int(args.max_mb * 1e6))
+        print(report.summary())
+        reports.append(report)
+    return reports
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except CopyNCEError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,232 @@
+"""The embedded-model export (scripts/export_embedded.py) and the demo (python -m copynce_hf.demo).
+
+Tiny randomly initialised models are trained by nobody: they are saved into a temporary folder,
+exported to float16 by the export script, and the demo runs on a reduced task with them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from transformers import AutoModel
+
+import copynce_hf  # noqa: F401  (registers the Auto classes)
+from copynce_hf.demo import DemoTaskConfig, build_demo_task, main
+from copynce_hf.demo.task import DEFAULT_DISTRACTOR_SOURCES, true_pair_overlap
+from copynce_hf.errors import ConfigError, CopyNCEError
+from copynce_hf.modeling import (
+    CopyNCEDescriptorConfig,
+    CopyNCEDescriptorModel,
+    CopyNCEImageProcessor,
+    CopyNCEMatcherConfig,
+    CopyNCEMatcherModel,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=8)
+SMALL_TASK = ["--num-references", "3", "--num-distractor-sources", "1", "--copies", "1", "--distractor-copies", "1",
+              "--top-k", "2"]
+
+
+@pytest.fixture(scope="module")
+def export_script():
+    spec = importlib.util.spec_from_file_location("copynce_script_export_embedded", REPO / "scripts" / "export_embedded.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being created
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Full-precision tiny descriptor and matcher folders, as a training run would write them."""
+    root = tmp_path_factory.mktemp("runs")
+    torch.manual_seed(0)
+    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    models = {
+        "descriptor": CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY)),
+        "matcher": CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY)),
+    }
+    for name, model in models.items():
+        model.eval().save_pretrained(root / name)
+        processor.save_pretrained(root / name)
+    (root / "descriptor" / "training_summary.json").write_text(json.dumps({"steps": 123, "learning_rate": 0.001}))
+    results = root / "results"
+    results.mkdir()
+    metrics = {"micro_ap": 0.4321, "recall_at_p90": 0.1234, "recall_at_rank1": 0.55, "recall_at_rank10": 0.75,
+               "mean_ap": 0.5}
+    (results / "descriptor-copynce-seed0.json").write_text(json.dumps({"metrics": metrics}))
+    return root, models
+
+
+@pytest.fixture(scope="module")
+def exported(export_script, trained, tmp_path_factory):
+    """The tiny models exported by the export script: {kind: (folder, ExportReport)}."""
+    root, _ = trained
+    target = tmp_path_factory.mktemp("embedded")
+    defaults = export_script.default_exports()
+    out = {}
+    for kind in ("descriptor", "matcher"):
+        export = defaults[kind]
+        export.source, export.target = root / kind, target / kind
+        out[kind] = (target / kind, export_script.export_model(export, results_dir=root / "results"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def test_export_writes_fp16_safetensors_within_the_size_limit(exported, export_script):
+    for kind, (folder, report) in exported.items():
+        size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+        assert size == report.total_bytes <= export_script.MAX_BYTES
+        assert json.loads((folder / "config.json").read_text())["dtype"] == "float16"
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
+        assert "F16" in dtypes and not {"F32", "F64", "BF16"} & dtypes, (kind, dtypes)
+        assert {"preprocessor_config.json", "README.md", "modeling_copynce.py"} <= {p.name for p in folder.iterdir()}
+
+
+def test_exported_models_load_in_float32_and_match_the_source(exported, trained):
+    _, models = trained
+    generator = torch.Generator().manual_seed(1)
+    pixels = torch.randn(4, 3, 32, 32, generator=generator)
+    for kind, (folder, report) in exported.items():
+        loaded = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+        assert type(loaded) is type(models[kind])
+        assert all(p.dtype == torch.float32 for p in loaded.parameters())
+        with torch.inference_mode():
+            if kind == "descriptor":
+                got, want = loaded(pixel_values=pixels).descriptors, models[kind](pixel_values=pixels).descriptors
+            else:
+                got = loaded(pixel_values=pixels[:2], reference_pixel_values=pixels[2:]).logits
+                want = models[kind](pixel_values=pixels[:2], reference_pixel_values=pixels[2:]).logits
+        assert got.dtype == torch.float32
+        # float16 rounding of the weights only: close, but not bit-identical
+        torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
+        assert report.max_output_difference < 5e-3
+
+
+def test_export_card_carries_benchmark_numbers_and_research_licence(exported):
+    card = (exported["descriptor"][0] / "README.md").read_text()
+    header = card.split("---\n")[1]
+    assert "license: other" in header and "license_name: research-only" in header
+    for value in ("0.4321", "0.1234", "0.55", "0.75"):
+        assert f"value: {value}" in header
+    assert "mean_ap" not in header  # only muAP, RP90, recall@1/10 go into the card
+    assert "| optimiser steps | 123 |" in card
+    assert "research use only" in card
+    # the matcher's system file does not exist: its card says it was not evaluated
+    assert "model-index" not in (exported["matcher"][0] / "README.md").read_text()
+
+
+def test_export_refuses_an_oversized_folder_and_leaves_no_target(export_script, trained, tmp_path):
+    root, _ = trained
+    export = export_script.default_exports()["descriptor"]
+    export.source, export.target = root / "descriptor", tmp_path / "descriptor"
+    with pytest.raises(CopyNCEError, match="above the limit"):
+        export_script.export_model(export, results_dir=root / "results", max_bytes=10_000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_refuses_the_wrong_kind_and_missing_runs(export_script, trained, tmp_path):
+    root, _ = trained
+    export = export_script.default_exports()["descriptor"]
+    export.source, export.target = root / "matcher", tmp_path / "descriptor"
+    with pytest.raises(ConfigError, match="holds a matcher"):
+        export_script.export_model(export, results_dir=root / "results")
+    export.source = tmp_path / "not-trained-yet"
+    with pytest.raises(ConfigError, match="no config.json"):
+        export_script.export_model(export, results_dir=root / "results")
+
+
+# ---------------------------------------------------------------------------------------------- task
+
+
+def test_demo_task_roles_and_traced_priors():
+    config = DemoTaskConfig(num_references=3, num_distractor_sources=2, copies_per_reference=1,
+                            copies_per_distractor=1)
+    task = build_demo_task(config)
+    assert not set(task.reference_files) & set(DEFAULT_DISTRACTOR_SOURCES)
+    assert len(task.queries) == 5 and len({q.query_id for q in task.queries}) == 5
+    ground_truth = task.ground_truth
+    for query in task.queries:
+        assert ground_truth[query.query_id] == ([query.source_id] if query.is_copy else [])
+        assert query.table.size == (query.image.height, query.image.width)
+    # same seed, same queries
+    again = build_demo_task(config)
+    assert [q.edits for q in again.queries] == [q.edits for q in task.queries]
+    assert all(np.array_equal(np.asarray(a.image), np.asarray(b.image)) for a, b in zip(again.queries, task.queries))
+    # the prior of a copy covers the share of its (resized) pixels that PixTrace traced
+    for query in (q for q in task.queries if q.is_copy):
+        with Image.open(task.reference_files[query.reference_id]) as reference:
+            size = (reference.height, reference.width)
+        overlap = true_pair_overlap(query, size, 64, 8)
+        assert overlap.shape == (64, 64) and overlap.sum(axis=1).max() <= 1 + 1e-5
+        traced = query.table.resize(64, 64).valid.mean()
+        assert overlap.sum() / 64 == pytest.approx(traced, abs=0.02)
+
+
+# ---------------------------------------------------------------------------------------------- demo
+
+
+def test_demo_end_to_end_writes_report_and_prints_table(exported, tmp_path, capsys):
+    output = tmp_path / "demo"
+    argv = ["--descriptor", str(exported["descriptor"][0]), "--matcher", str(exported["matcher"][0]),
+            "--output", str(output), *SMALL_TASK]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((output / "results.json").read_text())
+    systems = ["CopyNCE descriptor", "CopyNCE descriptor + matcher"]
+    if importlib.util.find_spec("pdqhash") is not None:
+        systems.insert(0, "PDQ")
+    else:
+        assert "PDQ skipped" in printed
+    assert set(systems) <= set(results)
+    for system in systems:  # the printed table shows the numbers of results.json
+        line = next(line for line in printed.splitlines() if re.match(rf"{re.escape(system)}\s+\d", line))
+        muap, rp90, recall1 = (float(value) for value in line[len(system):].split()[:3])
+        metrics = results[system]["metrics"]
+        assert muap == pytest.approx(metrics["micro_ap"], abs=6e-4)
+        assert rp90 == pytest.approx(metrics["recall_at_p90"], abs=6e-4)
+        assert recall1 == pytest.approx(metrics["recall_at_rank1"], abs=6e-4)
+    # 3 copies + 1 distractor; every system returns at most top-2 per query; the matcher re-scores
+    # exactly the descriptor's candidates
+    assert all(len(results[s]["predictions"]) <= 4 * 2 for s in systems)
+    pairs = {s: {(p["query_id"], p["reference_id"]) for p in results[s]["predictions"]} for s in systems}
+    assert pairs["CopyNCE descriptor"] == pairs["CopyNCE descriptor + matcher"]
+
+    report = output / "report.html"
+    assert f"report: {report.resolve()}" in printed
+    html = report.read_text()
+    for source in re.findall(r'src="([^"]+)"', html):
+        assert (output / source).is_file(), source
+    task = json.loads((output / "task.json").read_text())
+    assert len(task["queries"]) == 4
+    for query in task["queries"]:
+        folder = output / "queries" / query["query_id"]
+        assert f'id="{query["query_id"]}"' in html
+        assert (folder / "token_affinity.png").is_file() and (folder / "affinity_entropy.png").is_file()
+        # the overlap prior exists only for copies: a distractor has no true pair
+        assert (folder / "overlap_prior.png").is_file() == (query["reference_id"] is not None)
+    with Image.open(output / "pr_curves.png") as curve:
+        assert curve.format == "PNG" and curve.width > 100
+
+
+def test_demo_without_models_fails_with_a_clear_message(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert main(["--descriptor", str(missing), "--output", str(tmp_path / "out"), *SMALL_TASK]) == 2
+    error = capsys.readouterr().err
+    assert str(missing) in error and "export_embedded.py" in error and "never trains" in error
+    assert not (tmp_path / "out").exists()
