@@ -197,7 +197,7 @@ class DescriptorSystem:
         folder = Path(folder)
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{name}: {str(folder)!r} is not a saved model folder (no config.json)")
-        return cls(name, AutoModel.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder), batch_size)
+        return cls(name, AutoModel.from_pretrained(folder, dtype=torch.float32), AutoImageProcessor.from_pretrained(folder), batch_size)
 
     @classmethod
     def random(cls, name: str, model_config: dict, seed: int = 0, batch_size: int = 64) -> DescriptorSystem:
@@ -260,7 +260,7 @@ class MatcherRescoring:
         folder = Path(folder)
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{name}: {str(folder)!r} is not a saved model folder (no config.json)")
-        return cls(name, AutoModel.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder), batch_size)
+        return cls(name, AutoModel.from_pretrained(folder, dtype=torch.float32), AutoImageProcessor.from_pretrained(folder), batch_size)
 
     def predict(self, task: MiniDisc, candidates: Predictions, query_files: dict[str, Path]) -> Predictions:
         """Re-score ``candidates``; ``query_files`` are the task's materialised queries (id -> path)."""

@@ -41,6 +41,7 @@ def load_model(path: str | Path | None, default: Path, option: str):
     is raised when that folder is absent or the model cannot be loaded.
     """
     # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
+    import torch
     from transformers import AutoImageProcessor, AutoModel
 
     if path is None:
@@ -51,7 +52,9 @@ def load_model(path: str | Path | None, default: Path, option: str):
             )
         path = default
     try:
-        model = AutoModel.from_pretrained(str(path))
+        # float32 whatever the stored dtype: the embedded models are stored in float16 to stay
+        # small, and float16 matrix products are several times slower on a CPU.
+        model = AutoModel.from_pretrained(str(path), dtype=torch.float32)
         processor = AutoImageProcessor.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
