@@ -202,7 +202,7 @@ def test_two_processes_gloo_agree_on_weights(tmp_path, images):
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                "29577", str(REPO / "scripts" / "train.py"),
                *_tiny(images, output, "--max_steps", "4", "--per_device_train_batch_size", "4")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=REPO)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((output / "training_summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["steps"] == 4
