@@ -243,6 +243,23 @@ def check_folder(folder: Path, kind: str, reference: torch.Tensor, inputs: dict,
     return total, difference
 
 
+def strip_custom_code(folder: Path) -> None:
+    """Remove the copied modelling code and ``auto_map`` from an embedded model folder.
+
+    The embedded folders ship inside ``copynce_hf``, which registers its classes with the Auto
+    classes on import, so a second copy of the modelling code beside the weights would only
+    drift from the package's own. (Folders meant for the Hub keep it: ``hub.save_for_hub``.)
+    """
+    for path in folder.glob("*.py"):
+        path.unlink()
+    for name in ("config.json", "preprocessor_config.json"):
+        path = folder / name
+        if path.exists():
+            data = json.loads(path.read_text())
+            if data.pop("auto_map", None) is not None:
+                path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
 def export_model(export: Export, results_dir: Path = RESULTS_DIR, max_bytes: int = MAX_BYTES) -> ExportReport:
     """Convert ``export.source`` into the float16 model folder ``export.target`` (see the module docstring)."""
     model, processor = load_float32(export.source, export.kind)
@@ -257,6 +274,7 @@ def export_model(export: Export, results_dir: Path = RESULTS_DIR, max_bytes: int
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-export-", dir=target.parent))
     try:
         hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
+        strip_custom_code(staging)
         total, difference = check_folder(staging, export.kind, reference, inputs, max_bytes)
         weight_bytes = (staging / "model.safetensors").stat().st_size
         staging.chmod(0o755)  # mkdtemp makes it private; the folder is package data

@@ -95,7 +95,11 @@ def test_export_writes_fp16_safetensors_within_the_size_limit(exported, export_s
         with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
             dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
         assert "F16" in dtypes and not {"F32", "F64", "BF16"} & dtypes, (kind, dtypes)
-        assert {"preprocessor_config.json", "README.md", "modeling_copynce.py"} <= {p.name for p in folder.iterdir()}
+        names = {p.name for p in folder.iterdir()}
+        assert {"preprocessor_config.json", "README.md", "model.safetensors", "config.json"} <= names
+        # the package's own registered classes load it: no stale copy of the modelling code ships
+        assert not any(name.endswith(".py") for name in names)
+        assert "auto_map" not in json.loads((folder / "config.json").read_text())
 
 
 def test_exported_models_load_in_float32_and_match_the_source(exported, trained):
