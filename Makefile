@@ -15,12 +15,13 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 test: install
+	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks
 	$(PYTHON) -m pytest -q -x --timeout=900 tests
 
 lint: install
 	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks
 
-# The main job on the embedded default: a tiny CopyNCE descriptor trained on the bundled images.
+# The training loop on its embedded default: a tiny CopyNCE descriptor trained on the bundled images.
 train: install
 	accelerate launch scripts/train.py
 
