@@ -42,3 +42,37 @@ def ramp_image(height: int = 256, width: int = 256) -> Image.Image:
 @pytest.fixture
 def ramp() -> Image.Image:
     return ramp_image()
+
+
+#: ViT hyper-parameters of the tiny random models the retrieval, CLI and pipeline tests save.
+TINY_VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                image_size=32, patch_size=16)
+
+
+def save_tiny_models(root: Path, seed: int) -> dict[str, str]:
+    """Save a tiny random descriptor and matcher (with their image processor) under ``root``.
+
+    Returns ``{"descriptor": folder, "matcher": folder}``: save_pretrained folders, as users
+    get them from the Hub.
+    """
+    import torch
+
+    from copynce_hf import (
+        CopyNCEDescriptorConfig,
+        CopyNCEDescriptorModel,
+        CopyNCEImageProcessor,
+        CopyNCEMatcherConfig,
+        CopyNCEMatcherModel,
+    )
+
+    torch.manual_seed(seed)
+    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    folders = {}
+    for name, model in (
+        ("descriptor", CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY_VIT))),
+        ("matcher", CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY_VIT))),
+    ):
+        model.save_pretrained(root / name)
+        processor.save_pretrained(root / name)
+        folders[name] = str(root / name)
+    return folders

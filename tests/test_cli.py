@@ -7,37 +7,17 @@ import json
 
 import numpy as np
 import pytest
+from conftest import save_tiny_models
 from PIL import Image
 
-from copynce_hf import (
-    CopyNCEDescriptorConfig,
-    CopyNCEDescriptorModel,
-    CopyNCEImageProcessor,
-    CopyNCEMatcherConfig,
-    CopyNCEMatcherModel,
-)
 from copynce_hf.cli import main
 from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, read_predictions
-
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=16)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Tiny random descriptor and matcher folders (save_pretrained), as users get them from the Hub."""
-    root = tmp_path_factory.mktemp("models")
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
-    folders = {}
-    for name, model in (
-        ("descriptor", CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY))),
-        ("matcher", CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY))),
-    ):
-        model.save_pretrained(root / name)
-        processor.save_pretrained(root / name)
-        folders[name] = str(root / name)
-    return folders
+    return save_tiny_models(tmp_path_factory.mktemp("models"), seed=0)
 
 
 @pytest.fixture(scope="module")

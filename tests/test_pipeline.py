@@ -5,38 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import save_tiny_models
 from PIL import Image
 from transformers import pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 import copynce_hf.pipelines  # noqa: F401  (registers the task)
-from copynce_hf import (
-    CopyNCEDescriptorConfig,
-    CopyNCEDescriptorModel,
-    CopyNCEImageProcessor,
-    CopyNCEMatcherConfig,
-    CopyNCEMatcherModel,
-)
 from copynce_hf.errors import ConfigError
 from copynce_hf.pipelines import ImageCopyDetectionPipeline
-
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=16)
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline_models")
-    torch.manual_seed(1)
-    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
-    out = {}
-    for name, model in (
-        ("descriptor", CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY))),
-        ("matcher", CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY))),
-    ):
-        model.save_pretrained(root / name)
-        processor.save_pretrained(root / name)
-        out[name] = str(root / name)
-    return out
+    return save_tiny_models(tmp_path_factory.mktemp("pipeline_models"), seed=1)
 
 
 @pytest.fixture(scope="module")
