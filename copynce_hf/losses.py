@@ -235,6 +235,32 @@ def copynce_loss(
     return pair_loss[valid].mean()
 
 
+class _GatherRows(torch.autograd.Function):
+    """All-gather of ``(B, D)`` rows over the process group, differentiable.
+
+    Forward: ``dist.all_gather`` of every process's ``(B, D)`` into ``(B * world, D)``, rank order.
+    Backward: every process holds a gradient for the whole ``(B * world, D)`` output; their sum
+    (one ``all_reduce``) sliced at this rank's rows is the gradient of its input. Written here
+    rather than taken from ``torch.distributed.nn.functional`` (deprecated), whose gloo backward
+    emulates reduce-scatter with an all-to-all that intermittently aborted processes at
+    ``destroy_process_group``.
+    """
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.contiguous()
+        gathered = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, rows)
+        ctx.rank, ctx.rows = dist.get_rank(), rows.shape[0]
+        return torch.cat(gathered, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:
+        grad = grad_output.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
+
+
 def info_nce_loss(
     query_descriptors: torch.Tensor,
     reference_descriptors: torch.Tensor,
@@ -251,7 +277,7 @@ def info_nce_loss(
     its gradient when reached).
 
     When ``torch.distributed`` is initialised with more than one process, the descriptors of
-    all processes are gathered with gradients (``torch.distributed.nn.functional.all_gather``),
+    all processes are gathered with gradients (an all-gather whose backward all-reduces),
     the local rows are scored against the global batch and the positive of local row ``b`` is
     global column ``rank * B + b``; every process must pass the same ``B``.
 
@@ -277,11 +303,9 @@ def info_nce_loss(
     rank = 0
     all_queries, all_references = queries, references
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        from torch.distributed.nn.functional import all_gather
-
         rank = dist.get_rank()
-        all_queries = torch.cat(all_gather(queries), dim=0)
-        all_references = torch.cat(all_gather(references), dim=0)
+        all_queries = _GatherRows.apply(queries)  # (B * world, D)
+        all_references = _GatherRows.apply(references)
     targets = torch.arange(batch, device=queries.device) + rank * batch
     logits_qr = scale * queries @ all_references.T  # (B, B * world)
     logits_rq = scale * references @ all_queries.T

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import ProjectConfiguration, broadcast, set_seed
 from tqdm.auto import tqdm
 
 from copynce_hf.data import (
@@ -132,6 +132,12 @@ def build_model(config: TrainingConfig):
     size = model.config.image_size
     processor = CopyNCEImageProcessor(size={"height": size, "width": size})
     return model, processor
+
+
+def _out_of_time(accelerator, started: float, budget_seconds: float) -> bool:
+    """Whether the main process has used its wall-time budget (one decision shared by all processes)."""
+    over = torch.tensor([float(time.perf_counter() - started > budget_seconds)], device=accelerator.device)
+    return bool(broadcast(over, from_process=0).item())
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -362,6 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
                desc=f"training {config.model_type}", dynamic_ncols=True)
     model.train()
     last_metrics: dict[str, float] = {}
+    loop_started = time.perf_counter()
     while progress.micro_batches < total_micro:
         iterator = iter(data.loader(progress, total_micro))
         while progress.micro_batches < total_micro:
@@ -401,6 +408,12 @@ def main(argv: list[str] | None = None) -> dict:
                 scheduler.step()
             progress.step += 1
             bar.update(1)
+            if config.max_train_seconds is not None and _out_of_time(accelerator, loop_started, config.max_train_seconds):
+                if accelerator.is_main_process:
+                    logger.warning("max_train_seconds=%s reached: stopping at step %d of %d", config.max_train_seconds,
+                                   progress.step, total_steps)
+                total_micro = progress.micro_batches
+                break
 
             if progress.step % config.logging_steps == 0 or progress.step == total_steps:
                 means = torch.tensor([sum(v) / len(v) for v in window.values()], device=accelerator.device)

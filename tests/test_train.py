@@ -193,6 +193,17 @@ def test_matcher_tiny_run(train_script, tmp_path, images):
     assert json.loads((output / "config.json").read_text())["model_type"] == "copynce-matcher"
 
 
+def test_wall_time_budget_stops_early_and_still_saves(train_script, tmp_path, images):
+    output = tmp_path / "budget"
+    summary = train_script.main(_tiny(images, output, "--max_steps", "50", "--max_train_seconds", "1e-6"))
+    # The budget is spent after the first optimiser step: the run stops there, keeps its 50-step
+    # schedule (the logged learning rate is still warming up) and saves the model as usual.
+    assert summary["steps"] == 1
+    assert (output / "model.safetensors").exists() and (output / "training_summary.json").exists()
+    with pytest.raises(ConfigError, match="max_train_seconds"):
+        TrainingConfig(max_train_seconds=0)
+
+
 def test_two_processes_gloo_agree_on_weights(tmp_path, images):
     output = tmp_path / "ddp"
     # Accelerate 1.x launches `--cpu --num_processes 2` as ONE process unless mpirun is used; two local

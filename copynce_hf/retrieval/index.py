@@ -22,13 +22,23 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 
 from ..errors import ConfigError, PredictionsError
 from .descriptors import DescriptorSet
 from .predictions import Prediction
+
+if TYPE_CHECKING:
+    import faiss
+
+
+def _faiss():
+    """faiss, imported on first use (``import copynce_hf`` and training need no faiss)."""
+    import faiss
+
+    return faiss
 
 INDEX_KINDS = ("flat", "hnsw", "ivfpq")
 
@@ -116,11 +126,11 @@ class DescriptorIndex:
         if len(references) == 0:
             raise PredictionsError("cannot build an index over an empty descriptor set")
         vectors = references.descriptors
-        index = faiss.index_factory(
-            references.dim, config.factory_string(len(references), references.dim), faiss.METRIC_INNER_PRODUCT
+        index = _faiss().index_factory(
+            references.dim, config.factory_string(len(references), references.dim), _faiss().METRIC_INNER_PRODUCT
         )
         if config.kind == "hnsw":
-            faiss.downcast_index(index).hnsw.efConstruction = config.ef_construction
+            _faiss().downcast_index(index).hnsw.efConstruction = config.ef_construction
         if not index.is_trained:
             if len(references) < MIN_IVFPQ_TRAINING:
                 raise ConfigError(
@@ -139,7 +149,7 @@ class DescriptorIndex:
             self.config = IndexConfig(**{**asdict(self.config), **overrides})
         parameters = self.config.search_parameters()
         if parameters:
-            faiss.ParameterSpace().set_index_parameters(self.index, parameters)
+            _faiss().ParameterSpace().set_index_parameters(self.index, parameters)
 
     def __len__(self) -> int:
         return int(self.index.ntotal)
@@ -168,7 +178,7 @@ class DescriptorIndex:
         """Write ``index.faiss``, ``descriptors.safetensors`` and ``index.json`` into ``folder``."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        faiss.write_index(self.index, str(folder / "index.faiss"))
+        _faiss().write_index(self.index, str(folder / "index.faiss"))
         self.references.save(folder / "descriptors.safetensors")
         meta = {"config": asdict(self.config), "count": len(self), "dim": self.references.dim, **self.info}
         (folder / "index.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -188,7 +198,7 @@ class DescriptorIndex:
         meta.pop("count", None)
         meta.pop("dim", None)
         references = DescriptorSet.load(folder / "descriptors.safetensors")
-        loaded = cls(faiss.read_index(str(folder / "index.faiss")), references, config, meta)
+        loaded = cls(_faiss().read_index(str(folder / "index.faiss")), references, config, meta)
         if len(loaded) != len(references):
             raise PredictionsError(
                 f"index folder {os.fspath(folder)!r}: the index holds {len(loaded)} vectors, "

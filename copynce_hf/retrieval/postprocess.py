@@ -25,7 +25,6 @@ Arrays are float32 numpy; descriptors (N, D) are expected L2-normalised.
 
 from __future__ import annotations
 
-import faiss
 import numpy as np
 
 from ..errors import ConfigError
@@ -48,6 +47,8 @@ def auxiliary_similarities(queries: np.ndarray, auxiliary: np.ndarray, k: int) -
         raise ConfigError(f"auxiliary descriptors {auxiliary.shape} do not match query descriptors {queries.shape}")
     if k < 1 or k > len(auxiliary):
         raise ConfigError(f"need between 1 and {len(auxiliary)} auxiliary neighbours (the auxiliary set size), got {k}")
+    import faiss  # on first use: ``import copynce_hf`` needs no faiss
+
     index = faiss.IndexFlatIP(auxiliary.shape[1])
     index.add(auxiliary)
     similarities, _ = index.search(queries, k)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,10 @@ class TrainingConfig:
             (set ``scale_learning_rate: false`` to use it as is);
         min_learning_rate (2e-6), weight_decay (0.04), adam_beta1/2 (0.9, 0.999), adam_epsilon,
         warmup_epochs (1) or warmup_steps, max_grad_norm (3.0), mixed_precision, seed.
+        max_train_seconds: a wall-time budget for the optimisation loop (``null``: none). The run
+            stops at the first optimiser step past it, then evaluates and saves exactly as at
+            ``max_steps`` (the learning-rate schedule keeps its ``max_steps`` length); the summary
+            records the step reached. All processes stop at the same step.
     Outputs:
         output_dir, logging_steps, eval_steps, checkpointing_steps, checkpoints_total_limit,
         resume (a checkpoint folder or ``latest``), report_to, push_to_hub (a repo id), hub_private_repo.
@@ -129,6 +134,7 @@ class TrainingConfig:
     warmup_steps: int | None = None
     max_grad_norm: float = 3.0
     mixed_precision: str = "no"
+    max_train_seconds: float | None = None
     # outputs
     output_dir: str = "outputs/copynce"
     logging_steps: int = 10
@@ -208,6 +214,7 @@ class TrainingConfig:
         number("num_eval_images", integer=True, low=0)
         number("seed", integer=True, low=0)
         number("max_steps", allow_none=True, integer=True, positive=True)
+        number("max_train_seconds", allow_none=True, positive=True)
         number("num_train_epochs", positive=True)
         number("per_device_train_batch_size", integer=True, positive=True)
         number("gradient_accumulation_steps", integer=True, positive=True)
@@ -255,12 +262,26 @@ class TrainingConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
 
 
-def _coerce(key: str, text: str) -> Any:
-    """Turn a command-line string into the option's type (YAML scalars: 1e-4, true, null, [1, 2])."""
+def _yaml_value(key: str, text: str) -> Any:
+    """A command-line string as a YAML value (true, null, [1, 2], 64, 0.5), with exponent floats.
+
+    PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is a string; on a command line it means a number.
+    """
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"cannot parse --{key} {text!r}: {error}") from error
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+        return float(value)
+    return value
+
+
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _coerce(key: str, text: str) -> Any:
+    """Turn a command-line string into the option's type (YAML scalars: 1e-4, true, null, [1, 2])."""
+    value = _yaml_value(key, text)
     if isinstance(value, (int, float)) and _FIELDS[key].type in ("str | None", "str"):
         return text  # e.g. --push_to_hub 123 or a dataset called "2024"
     return value
@@ -286,7 +307,7 @@ def parse_overrides(arguments: list[str]) -> dict[str, Any]:
         if top not in _FIELDS:
             raise ConfigError(f"unknown configuration key {key!r}; known keys: {', '.join(sorted(_FIELDS))}")
         if "." in key:
-            out.setdefault("model", {})[key.split(".", 1)[1]] = yaml.safe_load(text)
+            out.setdefault("model", {})[key.split(".", 1)[1]] = _yaml_value(key, text)
         else:
             out[key] = _coerce(key, text)
     return out
