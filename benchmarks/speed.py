@@ -163,7 +163,7 @@ def _load_bench_dataloader():
     return module
 
 
-def bench_data(train_folder: Path, sizes=((224, 16), (112, 14)), workers=(0, 1, 2), batch_size: int = 32,
+def bench_data(train_folder: Path, sizes=((224, 16), (112, 8)), workers=(0, 1, 2), batch_size: int = 32,
                batches: int = 4, split_pairs: int = 32) -> dict:
     """Pairs per second of the training data pipeline (functions of ``scripts/bench_dataloader.py``)."""
     import torch
@@ -222,8 +222,8 @@ def bench_extraction(batch_size: int = 32, repeats: int = 5, sizes: dict | None 
     from .minidisc import ImageListSource
 
     sizes = sizes or {
-        "bench ViT (192 wide, 6 blocks, 112/14)": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=3,
-                                                      intermediate_size=768, image_size=112, patch_size=14),
+        "bench ViT (192 wide, 6 blocks, 112/8)": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=3,
+                                                      intermediate_size=768, image_size=112, patch_size=8),
         "ViT-S/16 at 224": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
                                 intermediate_size=1536, image_size=224, patch_size=16),
     }

@@ -65,6 +65,7 @@ class TrainingRun:
     dataset: Path
     config: Path
     extra: list[str] = field(default_factory=list)
+    gpu: bool = False
 
     @property
     def name(self) -> str:
@@ -75,9 +76,10 @@ class TrainingRun:
         return self.output_dir / self.name
 
     def command(self) -> list[str]:
-        """``accelerate launch`` (one CPU process) of ``scripts/train.py`` with this run's options."""
+        """``accelerate launch`` (one process: CPU, or GPU with bf16) of ``scripts/train.py`` with this run's options."""
+        device = ["--mixed_precision", "bf16"] if self.gpu else ["--mixed_precision", "no", "--cpu"]
         command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "--cpu",
+                   "--dynamo_backend", "no", *device,
                    str(REPO_ROOT / "scripts" / "train.py"), "--config", str(self.config),
                    "--dataset", str(self.dataset), "--output_dir", str(self.folder), "--seed", str(self.seed),
                    "--max_steps", str(self.max_steps)]
@@ -124,10 +126,34 @@ def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path) 
 
 
 def plan_runs(kind: str, variants: list[str], seeds: list[int], max_steps: int, runs_dir: Path, dataset: Path,
-              extra: list[str] = ()) -> list[TrainingRun]:
+              extra: list[str] = (), gpu: bool = False) -> list[TrainingRun]:
     """Seed-major order (seed 0 of every variant first), so that a cut-short session still compares."""
-    return [TrainingRun(kind, variant, seed, max_steps, runs_dir, dataset, CONFIGS[kind], list(extra))
+    return [TrainingRun(kind, variant, seed, max_steps, runs_dir, dataset, CONFIGS[kind], list(extra), gpu)
             for seed in seeds for variant in variants]
+
+
+def ensure_knn_graph(kind: str, dataset: Path, dry_run: bool = False) -> Path | None:
+    """Build the hard-negative k-NN graph that ``CONFIGS[kind]`` names, if it does not exist yet.
+
+    The graph is computed on ``dataset`` (the train split) with the config's ``init_from_dino``
+    model (the matcher's starting point) and ``hard_negative_k`` neighbours, by ``scripts/build_knn.py``.
+    """
+    import yaml
+
+    config = yaml.safe_load(CONFIGS[kind].read_text())
+    if not config.get("knn_graph"):
+        return None
+    graph = REPO_ROOT / config["knn_graph"]
+    if graph.exists():
+        return graph
+    model = config.get("init_from_dino") or "facebook/dino-vits16"
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "build_knn.py"), "--dataset", str(dataset),
+               "--model", str(REPO_ROOT / model) if (REPO_ROOT / model).exists() else model,
+               "--k", str(config.get("hard_negative_k") or 8), "--output", str(graph)]
+    logger.info("building the k-NN graph: %s", " ".join(command))
+    if not dry_run:
+        subprocess.run(command, check=True, cwd=REPO_ROOT, env=_environment(os.cpu_count() or 1))
+    return graph
 
 
 def _environment(threads: int) -> dict[str, str]:
@@ -249,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time, one core each")
     parser.add_argument("--cores", type=int, nargs="+", default=None,
                         help="cores to pin the parallel runs to (default: the first --parallel available)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="train on the GPU (bf16, runs not pinned to cores); the matcher rows of BENCHMARKS.md")
     parser.add_argument("--calibration-steps", type=int, default=30)
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
     parser.add_argument("--image-folder", type=Path, default=SHARED_DATA / "imagenet-sample")
@@ -270,6 +298,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if len(cores) < args.parallel:
         cores = (cores * args.parallel)[: args.parallel]
         logger.warning("fewer cores than --parallel: runs will share cores %s", sorted(set(cores)))
+    if args.gpu:  # the runs share the GPU and all cores (their data-loader workers)
+        cores = [None] * args.parallel
     output_dir = args.output_dir
     runs_dir = output_dir / "runs"
     dataset = prepare_train_split(output_dir, args.image_folder, args.splits_csv)
@@ -285,7 +315,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         max_steps = args.max_steps or 1
     plan["descriptor_max_steps"] = max_steps
-    runs = plan_runs("descriptor", args.variants, args.seeds, max_steps, runs_dir, dataset, extra)
+    runs = plan_runs("descriptor", args.variants, args.seeds, max_steps, runs_dir, dataset, extra, args.gpu)
     records = run_all(runs, cores, dry_run=args.dry_run, force=args.force)
     if args.matchers:
         matcher_steps = args.matcher_max_steps
@@ -295,7 +325,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             matcher_steps = plan["matcher_calibration"]["max_steps"]
         matcher_steps = matcher_steps or max_steps
         plan["matcher_max_steps"] = matcher_steps
-        runs = plan_runs("matcher", args.matchers, args.matcher_seeds, matcher_steps, runs_dir, dataset, extra)
+        ensure_knn_graph("matcher", dataset, args.dry_run)
+        runs = plan_runs("matcher", args.matchers, args.matcher_seeds, matcher_steps, runs_dir, dataset, extra,
+                         args.gpu)
         records += run_all(runs, cores, dry_run=args.dry_run, force=args.force)
     plan.update({"finished": now(), "wall_seconds": time.perf_counter() - started, "runs": records})
     if not args.dry_run:

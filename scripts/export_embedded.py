@@ -68,12 +68,13 @@ CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank1
 LICENSE_NAME = "research-only"
 LICENSE_TEXT = """## Licence of the weights
 
-These weights were trained by the copynce_hf authors from scratch on the 600 `train`-split images of an
-ImageNet sample (one image per ImageNet-1k class). ImageNet images may be used for non-commercial research
-only, so **these weights are released for research use only** (card metadata `license: other`,
-`license_name: research-only`). The copynce_hf code itself is Apache-2.0. They are small demonstration
-models (a 6-block, 192-wide ViT at 112x112 trained for about 25 minutes on one CPU core), not the paper's
-models: see BENCHMARKS.md in the repository for what they achieve.
+These weights were trained by the copynce_hf authors on the 600 `train`-split images of an ImageNet sample
+(one image per ImageNet-1k class): the descriptors from scratch, the matcher starting from the baseline
+descriptor (trained on the same images). ImageNet images may be used for non-commercial research only, so
+**these weights are released for research use only** (card metadata `license: other`, `license_name:
+research-only`). The copynce_hf code itself is Apache-2.0. They are small demonstration models (a 6-block,
+192-wide ViT at 112x112; the descriptors trained for about 25 minutes on one CPU core, the matcher for about
+6 minutes on one GPU), not the paper's models: see BENCHMARKS.md in the repository for what they achieve.
 """
 
 

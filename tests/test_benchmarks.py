@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from benchmarks import dense_tables
@@ -228,6 +229,18 @@ def test_training_runs_differ_only_by_copynce_weight(tmp_path):
     assert "--model.copynce_weight" in baseline and VARIANTS["baseline"] == {"copynce_weight": 0}
     assert baseline[baseline.index("--max_steps") + 1] == "123" == copynce[copynce.index("--max_steps") + 1]
     assert runs[0].display_command().startswith("accelerate launch")
+
+
+def test_gpu_matcher_runs_use_bf16_and_the_configured_knn_graph(tmp_path):
+    from benchmarks.training import CONFIGS, REPO_ROOT, ensure_knn_graph
+
+    run = plan_runs("matcher", ["copynce"], [0], 10, tmp_path / "runs", tmp_path / "data", gpu=True)[0]
+    command = run.command()
+    assert "--cpu" not in command and command[command.index("--mixed_precision") + 1] == "bf16"
+    configured = yaml.safe_load(CONFIGS["matcher"].read_text())
+    # The matcher starts from the committed baseline descriptor, whose folder must exist.
+    assert (REPO_ROOT / configured["init_from_dino"] / "model.safetensors").is_file()
+    assert ensure_knn_graph("matcher", tmp_path / "data", dry_run=True) == REPO_ROOT / configured["knn_graph"]
 
 
 def test_train_split_folder_links_only_train_images(tmp_path):
