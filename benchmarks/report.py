@@ -180,6 +180,9 @@ def speed_section(speed: dict) -> str:
         rows = []
         for size, kinds in f["sizes"].items():
             for kind, entry in kinds.items():
+                if "skipped" in entry:
+                    rows.append(f"| {int(size):,} | {kind} | - | - | - | - ({entry['skipped']}) |")
+                    continue
                 rows.append(f"| {int(size):,} | {kind} (`{entry['factory']}` {entry['search_parameters']}) | "
                             f"{entry['build_seconds']:.1f} | {entry['queries_per_second']:.0f} | "
                             f"{entry['recall_at_10']:.3f} | {entry['found_at_1']:.3f} |")

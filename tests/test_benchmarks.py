@@ -214,6 +214,13 @@ def test_bench_faiss_exact_is_exact():
     entry = figures["sizes"]["3000"]
     assert entry["flat"]["recall_at_10"] == 1.0 and entry["flat"]["found_at_1"] == 1.0
     assert 0.0 <= entry["hnsw"]["recall_at_10"] <= 1.0 and entry["hnsw"]["queries_per_second"] > 0
+    # Above hnsw_max_size the HNSW row says why it is missing, and the report renders it.
+    limited = bench_faiss(sizes=(300,), dim=16, num_queries=10, kinds=("hnsw",), hnsw_max_size=100)
+    assert "skipped" in limited["sizes"]["300"]["hnsw"] and limited["sizes"]["300"]["flat"]["recall_at_10"] == 1.0
+    from benchmarks.report import speed_section
+
+    limited.update(command="c", wall_seconds=1.0)
+    assert "HNSW not built above 100 vectors" in speed_section({"parts": {"faiss": limited}})
 
 
 # ---------------------------------------------------------------------------------------------- training driver

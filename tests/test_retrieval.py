@@ -140,6 +140,10 @@ def test_approximate_index_recall_against_exact(tmp_path, capsys):
     )
     cexact = DescriptorIndex.build(crefs).search(cqueries, 10)[1]
     recall_ivfpq = recall_at_10(DescriptorIndex.build(crefs, IndexConfig(kind="ivfpq")).search(cqueries, 10)[1], cexact)
+    # Quantisers trained on a quarter of the references (as a million-image index is), all of them added.
+    sampled = DescriptorIndex.build(crefs, IndexConfig(kind="ivfpq", max_train_vectors=5_000))
+    assert len(sampled) == 20_000
+    recall_sampled = recall_at_10(sampled.search(cqueries, 10)[1], cexact)
     with capsys.disabled():
         print(
             f"\nrecall@10 vs exact: HNSW32 efSearch=128 {recall_hnsw:.3f} (efSearch=16 {recall_low_ef:.3f}, "
@@ -148,6 +152,21 @@ def test_approximate_index_recall_against_exact(tmp_path, capsys):
     assert recall_hnsw >= 0.9
     assert recall_low_ef < recall_hnsw  # the knob is applied after loading
     assert recall_ivfpq >= 0.9
+    assert recall_sampled >= 0.9
+
+
+def test_ivfpq_training_sample_is_a_fixed_subset_of_the_references():
+    from copynce_hf.retrieval.index import _training_sample
+
+    vectors = unit_vectors(1000, 8, 3)
+    sample = _training_sample(vectors, 300)
+    assert sample.shape == (300, 8) and sample.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(sample, _training_sample(vectors, 300))  # same seed, same rows
+    rows = {tuple(v) for v in vectors}
+    assert all(tuple(v) in rows for v in sample) and len({tuple(v) for v in sample}) == 300
+    assert _training_sample(vectors, 5000) is vectors
+    with pytest.raises(ConfigError, match="max_train_vectors"):
+        IndexConfig(kind="ivfpq", max_train_vectors=0)
 
 
 # --------------------------------------------------------------------------- post-processing

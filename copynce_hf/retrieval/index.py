@@ -61,6 +61,9 @@ class IndexConfig:
         nprobe: IVF lists visited per query.
         refine: re-rank the IVF-PQ candidates with exact inner products (keeps the raw vectors).
         k_factor: candidates re-ranked per requested neighbour when ``refine``.
+        max_train_vectors: the IVF-PQ quantisers are trained on at most this many references
+            (a fixed random sample; faiss asks for 30 to 256 per inverted list), which keeps the
+            k-means of a million-image index to minutes. All references are added.
     """
 
     kind: str = "flat"
@@ -72,11 +75,12 @@ class IndexConfig:
     nprobe: int = 32
     refine: bool = True
     k_factor: int = 8
+    max_train_vectors: int = 200_000
 
     def __post_init__(self) -> None:
         if self.kind not in INDEX_KINDS:
             raise ConfigError(f"unknown index kind {self.kind!r}; choose one of {', '.join(INDEX_KINDS)}")
-        for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe", "k_factor"):
+        for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe", "k_factor", "max_train_vectors"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"index parameter {name} must be at least 1, got {getattr(self, name)}")
 
@@ -101,6 +105,14 @@ class IndexConfig:
         if self.kind == "ivfpq":
             return f"nprobe={self.nprobe}" + (f",k_factor_rf={self.k_factor}" if self.refine else "")
         return ""
+
+
+def _training_sample(vectors: np.ndarray, limit: int, seed: int = 0) -> np.ndarray:
+    """At most ``limit`` rows of ``vectors`` (N, D), drawn without replacement with a fixed seed, in row order."""
+    if len(vectors) <= limit:
+        return vectors
+    rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=limit, replace=False))
+    return np.ascontiguousarray(vectors[rows])
 
 
 @dataclass
@@ -137,7 +149,7 @@ class DescriptorIndex:
                     f"an ivfpq index needs at least {MIN_IVFPQ_TRAINING} references to train its quantisers, "
                     f"got {len(references)}; use the exact 'flat' index"
                 )
-            index.train(vectors)
+            index.train(_training_sample(vectors, config.max_train_vectors))
         index.add(vectors)
         built = cls(index, references, config, dict(info or {}))
         built.set_search_parameters()
