@@ -13,7 +13,7 @@ from .table import CoordinateTable, _apply_matrix
 
 __all__ = ["patch_overlap", "pair_tables", "pair_overlaps"]
 
-_PATCH_INDEX_CACHE: dict[tuple[int, int, int, int], np.ndarray] = {}
+_PATCH_INDEX_CACHE: dict[tuple, np.ndarray] = {}
 
 
 def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[int, int]) -> np.ndarray:
@@ -122,43 +122,105 @@ def _analytic_pair_overlap(table_a: CoordinateTable, table_b: CoordinateTable, p
 
     A pixel of A counts in B's patch j when it is traced in A, its source point maps (by
     B's inverse projective map) into B's pixel area, w > 0, and B's nearest pixel there is
-    traced: exactly the validity of the composed table.
+    traced: exactly the validity of the composed table. Positions in B use the composed
+    table's float32 arithmetic (:func:`~.table._apply_matrix`), so the counts equal those of
+    the unfused path bit for bit.
+
+    Per pixel of A: its position in B (a projective map), the index of B's nearest pixel in
+    a grid padded by one pixel on every side, one gather from a look-up table over that
+    grid (1 + B's patch number; 0 on the padding and at untraced pixels, so one gather does
+    the bounds and the validity tests), and one ``bincount`` of
+    ``(L_B + 1) * patch_A + lookup``, whose column 0 collects what counts nowhere.
     """
     (height, width), (target_h, target_w) = table_a.size, table_b.size
     for name, value in (("table height", height), ("table width", width), ("target height", target_h),
                         ("target width", target_w)):
         if value % patch_size:
             raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    grid_a = (height // patch_size) * (width // patch_size)
+    grid_b = (target_h // patch_size) * (target_w // patch_size)
+    if grid_a * (grid_b + 1) >= 2**31 or (target_h + 2) * (target_w + 2) >= 2**24:
+        # int32 keys and float32 indices would not be exact: compose, then count.
+        return patch_overlap(table_a.compose(table_b.inverse()), patch_size, table_b.size)
     to_b = np.linalg.inv(table_b.matrix) @ table_a.matrix
     to_b /= to_b[2, 2] if abs(to_b[2, 2]) > 1e-12 else 1.0
     x, y, w = _apply_matrix(to_b, table_a.size, with_w=True)
-    half = np.float32(0.5)
-    with np.errstate(invalid="ignore"):
-        inside = table_a.valid & (y >= -half) & (y < np.float32(target_h) - half)
-        inside &= (x >= -half) & (x < np.float32(target_w) - half)
-        if w is not None:  # projective: keep the w > 0 side only
-            inside &= w > 0
-        # Nearest pixel of B as a flat index, in float32 (exact below 2**24 pixels).
-        pixel_b = np.floor(y + half)
-        pixel_b *= np.float32(target_w)
-        pixel_b += np.floor(x + half)
-    own = np.flatnonzero(inside)
-    pixel_b = pixel_b.ravel()[own].astype(np.intp)
-    traced_in_b = table_b.valid.ravel()[pixel_b]
-    grid_a = (height // patch_size) * (width // patch_size)
-    grid_b = (target_h // patch_size) * (target_w // patch_size)
-    key = _pixel_patch(height, width, patch_size, grid_b)[own[traced_in_b]]
-    key += _pixel_patch(target_h, target_w, patch_size, 1)[pixel_b[traced_in_b]]
-    counts = np.bincount(key, minlength=grid_a * grid_b)
-    return (counts.astype(np.float32) / np.float32(patch_size * patch_size)).reshape(grid_a, grid_b)
+    behind = w is not None and not _clearly_positive_w(to_b, table_a.size)  # pixels may have w <= 0
+    # NaN positions come only from w = 0 or from a map too large for float32.
+    index = _padded_index(y, x, table_b.size, nan_safe=behind or not np.abs(to_b).max() < 1e30)
+    if not table_a.fully_traced:
+        index *= table_a.valid  # untraced in A -> index 0, a padding pixel
+    if behind:
+        index *= w > 0
+    key = _b_lookup(table_b, patch_size).take(index)
+    key += _pixel_patch(height, width, patch_size, grid_b + 1).reshape(height, width)
+    counts = np.bincount(key.ravel(), minlength=grid_a * (grid_b + 1)).reshape(grid_a, grid_b + 1)
+    overlap = counts[:, 1:].astype(np.float32)
+    overlap /= np.float32(patch_size * patch_size)
+    return overlap
 
 
-def _pixel_patch(height: int, width: int, patch_size: int, stride: int) -> np.ndarray:
-    """intp (H * W,): ``stride`` times the row-major patch number of every pixel, flat (cached)."""
-    key = (height, width, patch_size, -stride)
+def _clearly_positive_w(matrix: np.ndarray, size) -> bool:
+    """True if the homogeneous w of ``matrix`` (3, 3) is positive, with a margin far above float32
+    rounding, at the four corner pixel centres of an image of ``size``, and so (w being affine in
+    the pixel) at every pixel."""
+    height, width = size
+    w0, w1, w2 = matrix[2].tolist()
+    lowest = w2 + min(0.0, w0 * (width - 1)) + min(0.0, w1 * (height - 1))
+    return lowest > 1e-4 * (abs(w0) * width + abs(w1) * height + abs(w2))
+
+
+def _padded_index(y: np.ndarray, x: np.ndarray, size, nan_safe: bool) -> np.ndarray:
+    """int32 (H, W): flat index of the nearest pixel, ``floor(v + 0.5)``, of an image of ``size``
+    in its grid padded by one pixel on every side; positions off the pixel area land on the
+    padding. ``y`` and ``x`` (float32 (H, W)) are overwritten.
+
+    ``v + 0.5`` is the unfused path's value bit for bit; clipping the floored value into
+    [-1, size] keeps the index in the padded grid (``nan_safe`` also sends NaN there).
+    """
+    height, width = size
+    for values, high in ((y, height), (x, width)):
+        values += np.float32(0.5)
+        np.floor(values, out=values)
+        if nan_safe:
+            np.fmax(values, np.float32(-1), out=values)
+            np.fmin(values, np.float32(high), out=values)
+        else:
+            np.clip(values, np.float32(-1), np.float32(high), out=values)
+    y *= np.float32(width + 2)  # float32 arithmetic on integers below 2**24 is exact
+    y += x
+    y += np.float32(width + 3)
+    return y.astype(np.int32)
+
+
+def _b_lookup(table: CoordinateTable, patch_size: int) -> np.ndarray:
+    """int32 ((H + 2) * (W + 2),): 1 + the patch number of every pixel of ``table``'s image, in
+    its grid padded by one pixel on every side; 0 on the padding and at untraced pixels."""
+    height, width = table.size
+    patch = _pixel_patch(height, width, patch_size, 1, plus=1).reshape(height, width)
+    if table.fully_traced:  # depends on the size only: cached
+        key = (height, width, patch_size, "lookup")
+        lookup = _PATCH_INDEX_CACHE.get(key)
+        if lookup is None:
+            lookup = np.zeros((height + 2, width + 2), dtype=np.int32)
+            lookup[1:-1, 1:-1] = patch
+            lookup = lookup.ravel()
+            lookup.setflags(write=False)
+            _PATCH_INDEX_CACHE[key] = lookup
+        return lookup
+    lookup = np.zeros((height + 2, width + 2), dtype=np.int32)
+    np.multiply(patch, table.valid, out=lookup[1:-1, 1:-1])
+    return lookup.ravel()
+
+
+def _pixel_patch(height: int, width: int, patch_size: int, stride: int, plus: int = 0) -> np.ndarray:
+    """int32 (H * W,): ``stride`` times the row-major patch number of every pixel, plus ``plus``,
+    flat (cached, read-only)."""
+    key = (height, width, patch_size, -stride, plus)
     index = _PATCH_INDEX_CACHE.get(key)
     if index is None:
-        index = _patch_index(height, width, patch_size, 1).astype(np.intp).ravel() * stride
+        index = _patch_index(height, width, patch_size, 1).astype(np.int32).ravel() * np.int32(stride)
+        index += np.int32(plus)
         index.setflags(write=False)
         _PATCH_INDEX_CACHE[key] = index
     return index

@@ -20,7 +20,8 @@ from such edits is therefore kept *analytically*: one 3x3 matrix from this image
 source, the half-planes outside which a pixel fell off some intermediate image, and the
 masks of occluding edits with the matrix that brings this image's pixels to that stage.
 Nothing is warped at full resolution; ``coords`` is materialised once, at this image's
-size, when first asked for. The inverse of such a table is analytic too, and so dense:
+size, when first asked for; so is the traced mask, row by row (the half-planes leave one
+span of columns per row). The inverse of such a table is analytic too, and so dense:
 inverting a table that downscales does not leave three pixels in four empty, which a
 pixel-scatter inverse would (the trap described in the package's PixTrace issue).
 
@@ -31,6 +32,7 @@ Table"): scatter row by row, the later pixel overwriting the earlier.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +43,8 @@ from ..errors import TableError
 __all__ = ["CoordinateTable"]
 
 _EPS = 1e-9
+#: Analytic tables prune their half-planes that cut nothing once they hold more than this many.
+_KEEP_PLANES = 32
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class CoordinateTable:
             raise TableError(f"coords must have shape (H, W, 2), got {coords.shape}")
         self._coords: np.ndarray | None = coords
         self._valid: np.ndarray | None = None
+        self._spans: tuple[np.ndarray, np.ndarray] | None = None
+        self._fully: bool | None = None
         self.size = (int(coords.shape[0]), int(coords.shape[1]))
         self.source_size = _check_size(source_size, "source_size")
         self._matrix: np.ndarray | None = None
@@ -86,17 +92,23 @@ class CoordinateTable:
     def identity(cls, height: int, width: int) -> CoordinateTable:
         """The table of an unedited image: every pixel maps to itself."""
         size = _check_size((height, width), "size")
-        return cls._analytic(np.eye(3), size, size, np.zeros((0, 3)), ())
+        return cls._analytic(np.eye(3), size, size, _NO_PLANES, (), check=False)
 
     @classmethod
-    def _analytic(cls, matrix, size, source_size, halfplanes, masks) -> CoordinateTable:
+    def _analytic(cls, matrix, size, source_size, halfplanes, masks, check: bool = True) -> CoordinateTable:
+        """An analytic table. ``matrix`` (3, 3) float64 is normalised here (validated if ``check``);
+        ``halfplanes`` (K, 3) float64 lose those that cut nothing of an image of ``size`` once there
+        are more than ``_KEEP_PLANES`` of them (keeping a few such planes changes no pixel)."""
         table = cls.__new__(cls)
         table._coords = None
         table._valid = None
+        table._spans = None
+        table._fully = None
         table.size = size
         table.source_size = source_size
-        table._matrix = _normalise(np.asarray(matrix, dtype=np.float64))
-        table._halfplanes = _drop_redundant(np.asarray(halfplanes, dtype=np.float64).reshape(-1, 3), size)
+        table._matrix = _normalise(matrix, check)
+        # Pruning the half-planes that cut nothing costs more per edit than carrying a few of them.
+        table._halfplanes = halfplanes if len(halfplanes) <= _KEEP_PLANES else _drop_redundant(halfplanes, size)
         table._masks = tuple(masks)
         table._mapped_cache = None
         return table
@@ -158,6 +170,21 @@ class CoordinateTable:
         return self._mapped_cache
 
     @property
+    def fully_traced(self) -> bool:
+        """True when every pixel is traced (cached); for analytic tables without occlusion masks
+        this is read off the half-planes' per-row spans, without building :attr:`valid`."""
+        if self._fully is None:
+            if self._valid is None and self._matrix is not None and not self._masks:
+                if _clearly_hold(self._halfplanes, self.size):
+                    self._fully = True
+                else:
+                    start, stop = self._plane_spans()
+                    self._fully = bool((start == 0).all() and (stop == self.size[1]).all())
+            else:
+                self._fully = bool(self.valid.all())
+        return self._fully
+
+    @property
     def traced_fraction(self) -> float:
         """Fraction of this image's pixels that are traced to the source."""
         return float(self.valid.mean())
@@ -192,11 +219,15 @@ class CoordinateTable:
             x, y = _apply_matrix(matrix, output_size)
             return self.remap(np.stack([y, x], axis=-1))
         # This image's bounds and the earlier half-planes, pulled back to the new pixels
-        # (a line maps to a line under a homography; w > 0 is kept as its own half-plane).
-        planes = np.concatenate([self._halfplanes, _bounds_halfplanes(self.size)]) @ matrix
-        planes = np.concatenate([planes, matrix[2:3]])
+        # (a line maps to a line under a homography; w > 0 is kept as its own half-plane,
+        # needed only when the map is projective: an affine map has w = 1).
+        planes = np.concatenate((self._halfplanes, _bounds_halfplanes(self.size))) @ matrix
+        if matrix[2, 0] != 0.0 or matrix[2, 1] != 0.0:
+            planes = np.concatenate((planes, matrix[2:3]))
         masks = [_StageMask(m.matrix @ matrix, m.keep) for m in self._masks]
-        return CoordinateTable._analytic(self._matrix @ matrix, output_size, self.source_size, planes, masks)
+        return CoordinateTable._analytic(
+            self._matrix @ matrix, output_size, self.source_size, planes, masks, check=False
+        )
 
     def resize(self, height: int, width: int) -> CoordinateTable:
         """Table of this image resized to ``(height, width)`` (e.g. the model input size)."""
@@ -319,8 +350,18 @@ class CoordinateTable:
         return CoordinateTable(out.reshape(self.source_size + (2,)), self.size)
 
     # ------------------------------------------------------------------ internals
+    def _plane_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """Analytic tables: per row, the columns [start, stop) inside every half-plane (masks not
+        applied); int64 (H,) each, cached."""
+        if self._spans is None:
+            self._spans = _halfplane_spans(self._halfplanes, self.size)
+        return self._spans
+
     def _analytic_valid(self) -> np.ndarray:
-        valid = _halfplane_mask(self._halfplanes, self.size)
+        if len(self._halfplanes):
+            valid = _spans_mask(*self._plane_spans(), self.size[1])
+        else:
+            valid = np.ones(self.size, dtype=bool)
         for mask in self._masks:
             if not valid.any():
                 break
@@ -344,6 +385,9 @@ class CoordinateTable:
 
 
 def _check_size(size, name: str) -> tuple[int, int]:
+    if type(size) is tuple and len(size) == 2 and type(size[0]) is int and type(size[1]) is int:
+        if size[0] > 0 and size[1] > 0:  # the common case, without conversions
+            return size
     try:
         height, width = (int(v) for v in size)
     except (TypeError, ValueError) as error:
@@ -353,11 +397,18 @@ def _check_size(size, name: str) -> tuple[int, int]:
     return height, width
 
 
-def _normalise(matrix: np.ndarray) -> np.ndarray:
-    if matrix.shape != (3, 3) or not np.all(np.isfinite(matrix)):
+def _normalise(matrix: np.ndarray, check: bool = True) -> np.ndarray:
+    """(3, 3) float64 map scaled to ``matrix[2, 2] == 1`` (or its largest entry to 1 when that is ~0).
+
+    The scale is positive where ``matrix[2, 2] > 0``, so the w > 0 side is kept. ``check``
+    refuses non-finite or non-3x3 input (maps given by callers; products of checked maps skip it).
+    """
+    if check and (matrix.shape != (3, 3) or not np.logical_and.reduce(np.isfinite(matrix), axis=None)):
         raise TableError(f"a projective map must be a finite 3x3 matrix, got {matrix!r}")
-    scale = matrix[2, 2] if abs(matrix[2, 2]) > _EPS else np.abs(matrix).max()
-    return matrix / scale
+    scale = float(matrix[2, 2])
+    if abs(scale) <= _EPS:
+        scale = float(np.abs(matrix).max())
+    return matrix if scale == 1.0 else matrix / scale
 
 
 def _resize_matrix(old_size, new_size) -> np.ndarray:
@@ -367,10 +418,18 @@ def _resize_matrix(old_size, new_size) -> np.ndarray:
     return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5], [0.0, 0.0, 1.0]])
 
 
+_NO_PLANES = np.zeros((0, 3))
+_NO_PLANES.setflags(write=False)
+
+
+@functools.lru_cache(maxsize=256)
 def _bounds_halfplanes(size) -> np.ndarray:
-    """Half-planes (4, 3) of the pixel area [-0.5, W - 0.5] x [-0.5, H - 0.5]: a*x + b*y + c >= 0."""
+    """Half-planes (4, 3) of the pixel area [-0.5, W - 0.5] x [-0.5, H - 0.5]: a*x + b*y + c >= 0.
+
+    Cached per size (a chain of edits asks for the same few sizes); read-only.
+    """
     height, width = size
-    return np.array(
+    planes = np.array(
         [
             [1.0, 0.0, 0.5],
             [-1.0, 0.0, width - 0.5],
@@ -378,6 +437,18 @@ def _bounds_halfplanes(size) -> np.ndarray:
             [0.0, -1.0, height - 0.5],
         ]
     )
+    planes.setflags(write=False)
+    return planes
+
+
+@functools.lru_cache(maxsize=256)
+def _area_corners(size) -> np.ndarray:
+    """(3, 4): homogeneous corners ``(x, y, 1)`` of the pixel area of an image of ``size``, as columns."""
+    height, width = size
+    corners = np.array([[-0.5, width - 0.5, -0.5, width - 0.5], [-0.5, -0.5, height - 0.5, height - 0.5],
+                        [1.0, 1.0, 1.0, 1.0]])
+    corners.setflags(write=False)
+    return corners
 
 
 def _apply_matrix(matrix: np.ndarray, size, with_w: bool = False):
@@ -411,35 +482,86 @@ def _drop_redundant(planes: np.ndarray, size) -> np.ndarray:
     """
     if len(planes) == 0:
         return planes
-    height, width = size
-    corners = np.array([[-0.5, -0.5, 1.0], [width - 0.5, -0.5, 1.0], [-0.5, height - 0.5, 1.0],
-                        [width - 0.5, height - 0.5, 1.0]])
-    holds_everywhere = (planes @ corners.T >= 0).all(axis=1)
+    holds_everywhere = np.logical_and.reduce(planes @ _area_corners(size) >= 0, axis=1)
     return planes[~holds_everywhere]
 
 
-def _halfplane_mask(planes: np.ndarray, size) -> np.ndarray:
-    """bool (H, W): pixel centres satisfying every half-plane ``a*x + b*y + c >= 0``.
+def _clearly_hold(planes: np.ndarray, size) -> bool:
+    """True if every half-plane holds, with a margin, at the four corner pixel centres (and so,
+    being linear, at every pixel centre): no pixel is cut. False does not mean one is."""
+    if len(planes) == 0:
+        return True
+    height, width = size
+    values = planes @ _centre_corners(size)  # (K, 4)
+    return bool(values.min() > 1e-6 + 1e-9 * (height + width))
 
-    Per row the half-planes cut an interval of x, so the mask costs two comparisons per
-    pixel whatever the number of half-planes.
+
+@functools.lru_cache(maxsize=256)
+def _centre_corners(size) -> np.ndarray:
+    """(3, 4): homogeneous corner pixel centres ``(x, y, 1)`` of an image of ``size``, as columns."""
+    height, width = size
+    corners = np.array([[0.0, width - 1.0, 0.0, width - 1.0], [0.0, 0.0, height - 1.0, height - 1.0],
+                        [1.0, 1.0, 1.0, 1.0]])
+    corners.setflags(write=False)
+    return corners
+
+
+def _halfplane_spans(planes: np.ndarray, size) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the columns whose pixel centres satisfy every half-plane ``a*x + b*y + c >= 0``.
+
+    Per row the half-planes cut an interval of x (tolerance 1e-7 pixel). Returns int64
+    ``(start, stop)``, each (H,), clipped to [0, W]:
+    the row's columns ``start <= col < stop`` (``stop <= start`` for a row that has none).
     """
     height, width = size
-    cols = np.arange(width, dtype=np.float64)
+    start = np.zeros(height, dtype=np.int64)
+    stop = np.full(height, width, dtype=np.int64)
     if len(planes) == 0:
-        return np.ones(size, dtype=bool)
+        return start, stop
+    a = planes[:, 0]
+    rising, falling = a > _EPS, a < -_EPS  # x >= bound, x <= bound
+    offset = planes[:, 1:2] * _float_rows(height) + planes[:, 2:3]  # (K, H): b*y + c
+    if not np.isfinite(offset).all():
+        raise TableError("the half-planes of an analytic table are not finite (a degenerate map)")
+    if rising.any():  # bound: the x where a*x + b*y + c = 0
+        low = np.ceil((offset[rising] / -planes[rising, 0:1]).max(axis=0) - 1e-7)
+        start[:] = np.minimum(np.maximum(low, 0, out=low), width, out=low)
+    if falling.any():
+        high = np.floor((offset[falling] / -planes[falling, 0:1]).min(axis=0) + 1e-7) + 1
+        stop[:] = np.minimum(np.maximum(high, 0, out=high), width, out=high)
+    flat = ~(rising | falling)
+    if flat.any():  # rows where a plane with a ~ 0 fails everywhere: b*y + c < 0
+        stop[(offset[flat] < -_EPS).any(axis=0)] = 0
+    return start, stop
+
+
+@functools.lru_cache(maxsize=64)
+def _float_rows(height: int) -> np.ndarray:
+    """float64 (H,): 0, 1, ..., H - 1 (cached, read-only)."""
     rows = np.arange(height, dtype=np.float64)
-    a = planes[:, 0:1]
-    offset = planes[:, 1:2] * rows + planes[:, 2:3]  # (K, H)
-    flat = np.abs(a[:, 0]) <= _EPS
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = -offset / a
-    low = np.max(np.where(a > _EPS, bound, -np.inf), axis=0, initial=-np.inf)
-    high = np.min(np.where(a < -_EPS, bound, np.inf), axis=0, initial=np.inf)
-    if flat.any():
-        row_ok = np.all(offset[flat] >= -_EPS, axis=0)
-        high = np.where(row_ok, high, -np.inf)
-    return (cols >= low[:, None] - 1e-7) & (cols <= high[:, None] + 1e-7)
+    rows.setflags(write=False)
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _run_pattern(height: int) -> np.ndarray:
+    """bool (3 H,): False, True, False repeated (cached, read-only)."""
+    pattern = np.tile(np.array([False, True, False]), height)
+    pattern.setflags(write=False)
+    return pattern
+
+
+def _spans_mask(start: np.ndarray, stop: np.ndarray, width: int) -> np.ndarray:
+    """bool (H, W): True at columns ``start[r] <= col < stop[r]`` of every row r.
+
+    Built as runs (False * start, True * length, False * rest) per row with one ``np.repeat``.
+    """
+    runs = np.empty((len(start), 3), dtype=np.int64)
+    runs[:, 0] = start
+    np.subtract(stop, start, out=runs[:, 1])
+    np.maximum(runs[:, 1], 0, out=runs[:, 1])
+    np.subtract(width - start, runs[:, 1], out=runs[:, 2])
+    return np.repeat(_run_pattern(len(start)), runs.ravel()).reshape(len(start), width)
 
 
 def _nearest_pixel(y: np.ndarray, x: np.ndarray, size):

@@ -531,10 +531,17 @@ class Rotate(GeometricEdit):
         else:
             new_h, new_w = height, width
         # Backward map in area coordinates: about the output centre, rotate by -degrees on
-        # screen (y points down), then move to the input centre.
-        rotate = np.array([[cos, -sin, 0.0], [sin, cos, 0.0], [0.0, 0.0, 1.0]])
-        area = _translation(width / 2, height / 2) @ rotate @ _translation(-new_w / 2, -new_h / 2)
-        return area_to_centre(area), (new_h, new_w)
+        # screen (y points down), then move to the input centre:
+        # T(W/2, H/2) R T(-W'/2, -H'/2), written out in pixel-centre coordinates (S^-1 A S).
+        dx, dy = 0.5 - new_w / 2, 0.5 - new_h / 2
+        matrix = np.array(
+            [
+                [cos, -sin, cos * dx - sin * dy + width / 2 - 0.5],
+                [sin, cos, sin * dx + cos * dy + height / 2 - 0.5],
+                [0.0, 0.0, 1.0],
+            ]
+        )
+        return matrix, (new_h, new_w)
 
     def _content_box(self, size, rotated_size) -> tuple[int, int, int, int]:
         from augly.image.utils import rotated_rect_with_max_area
@@ -612,30 +619,33 @@ class Affine(GeometricEdit):
 
     def forward_matrix(self, size) -> np.ndarray:
         """(3, 3) forward map in pixel-centre coordinates (input position -> output position)."""
+        return np.array(self._forward(size) + ((0.0, 0.0, 1.0),))
+
+    def _forward(self, size) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+        """The first two rows of :meth:`forward_matrix`, as Python floats."""
         height, width = size
         a = math.radians(self.angle)
         sx, sy = (math.radians(v) for v in self.shear)
         # R(a) S(s) Sh_y(sy) Sh_x(sx), expanded so that its determinant is exactly s^2.
-        linear = self.scale * np.array(
-            [
-                [
-                    math.cos(a - sy) / math.cos(sy),
-                    -math.cos(a - sy) * math.tan(sx) / math.cos(sy) - math.sin(a),
-                ],
-                [
-                    math.sin(a - sy) / math.cos(sy),
-                    -math.sin(a - sy) * math.tan(sx) / math.cos(sy) + math.cos(a),
-                ],
-            ]
-        )
-        centre = np.array([(width - 1) / 2, (height - 1) / 2])
-        forward = np.eye(3)
-        forward[:2, :2] = linear
-        forward[:2, 2] = centre + np.array(self.translate) - linear @ centre
-        return forward
+        scale, cos_sy = self.scale, math.cos(sy)
+        l00 = scale * math.cos(a - sy) / cos_sy
+        l01 = scale * (-math.cos(a - sy) * math.tan(sx) / cos_sy - math.sin(a))
+        l10 = scale * math.sin(a - sy) / cos_sy
+        l11 = scale * (-math.sin(a - sy) * math.tan(sx) / cos_sy + math.cos(a))
+        cx, cy = (width - 1) / 2, (height - 1) / 2
+        tx = cx + self.translate[0] - (l00 * cx + l01 * cy)
+        ty = cy + self.translate[1] - (l10 * cx + l11 * cy)
+        return (l00, l01, tx), (l10, l11, ty)
 
     def stages(self, size):
-        return [(np.linalg.inv(self.forward_matrix(size)), size)]
+        # The inverse of the forward map, written out: [L^-1, -L^-1 t].
+        (l00, l01, tx), (l10, l11, ty) = self._forward(size)
+        det = l00 * l11 - l01 * l10
+        i00, i01, i10, i11 = l11 / det, -l01 / det, -l10 / det, l00 / det
+        backward = np.array(
+            [[i00, i01, -(i00 * tx + i01 * ty)], [i10, i11, -(i10 * tx + i11 * ty)], [0.0, 0.0, 1.0]]
+        )
+        return [(backward, size)]
 
     def render(self, image):
         size = (image.height, image.width)
@@ -692,11 +702,14 @@ class Perspective(GeometricEdit):
         start = _quad_param(self.name, "startpoints", self.startpoints)
         end = _quad_param(self.name, "endpoints", self.endpoints)
         try:
-            _homography(np.array(end), np.array(start))
+            backward = _homography(np.array(end), np.array(start))
         except np.linalg.LinAlgError as error:
             raise EditParameterError(f"{self.name}: startpoints/endpoints give a singular map") from error
+        backward.setflags(write=False)
         _set(self, "startpoints", start)
         _set(self, "endpoints", end)
+        # The backward map depends on the points only: kept from the validation above (not a field).
+        _set(self, "_backward", backward)
         _set(self, "fill", _color_param(self.name, "fill", self.fill))
         _resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
 
@@ -712,20 +725,15 @@ class Perspective(GeometricEdit):
         return cls(tuple(start), tuple(end), **kwargs)
 
     def stages(self, size):
-        matrix = _homography(np.array(self.endpoints), np.array(self.startpoints))
+        matrix = self._backward
         height, width = size
-        corners = np.array(
-            [
-                [-0.5, -0.5, 1.0],
-                [width - 0.5, -0.5, 1.0],
-                [-0.5, height - 0.5, 1.0],
-                [width - 0.5, height - 0.5, 1.0],
-            ]
-        )
-        if np.any(corners @ matrix[2] <= 1e-9):
-            raise EditParameterError(
-                f"{self.name}: the map sends part of the {height}x{width} output beyond the horizon"
-            )
+        h0, h1, h2 = matrix[2].tolist()
+        # w > 0 at the four corners of the output's pixel area (and so on all of it).
+        for x, y in ((-0.5, -0.5), (width - 0.5, -0.5), (-0.5, height - 0.5), (width - 0.5, height - 0.5)):
+            if h0 * x + h1 * y + h2 <= 1e-9:
+                raise EditParameterError(
+                    f"{self.name}: the map sends part of the {height}x{width} output beyond the horizon"
+                )
         return [(matrix, size)]
 
     def render(self, image):
