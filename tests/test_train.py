@@ -117,6 +117,16 @@ def test_bad_values_stop_at_start_naming_the_key(overrides, key):
         load_config(CONFIGS / "tiny_cpu.yaml", parse_overrides(overrides))
 
 
+def test_exponent_floats_are_numbers_in_files_and_on_the_command_line(tmp_path):
+    # PyYAML alone reads 1e-4 (no dot) as a string; configurations mean a number.
+    path = tmp_path / "config.yaml"
+    path.write_text("learning_rate: 1e-4\nmin_learning_rate: 2.0e-6\nmodel:\n  copynce_temperature: 6.25E-2\n")
+    config = load_config(path, parse_overrides(["--weight_decay", "4e-2", "--push_to_hub", "1e5"]))
+    assert config.learning_rate == 1e-4 and config.min_learning_rate == 2e-6 and config.weight_decay == 0.04
+    assert config.model["copynce_temperature"] == 0.0625
+    assert config.push_to_hub == "1e5"  # a string option keeps the text
+
+
 def test_bad_values_stop_the_script_with_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["train.py", "--learning_rate", "-1", "--output_dir", str(tmp_path)])
     with pytest.raises(SystemExit) as stopped:

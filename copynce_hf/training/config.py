@@ -262,21 +262,25 @@ class TrainingConfig:
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
 
 
-def _yaml_value(key: str, text: str) -> Any:
-    """A command-line string as a YAML value (true, null, [1, 2], 64, 0.5), with exponent floats.
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads exponent floats without a dot (``1e-4``) as numbers.
 
-    PyYAML follows YAML 1.1, where ``1e-4`` (no dot) is a string; on a command line it means a number.
+    PyYAML follows YAML 1.1, where ``1e-4`` is a string; in a configuration file or on a command
+    line it means a number (YAML 1.2 reads it so).
     """
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+)
+
+
+def _yaml_value(key: str, text: str) -> Any:
+    """A command-line string as a YAML value (true, null, [1, 2], 64, 0.5, 1e-4)."""
     try:
-        value = yaml.safe_load(text)
+        return yaml.load(text, Loader=_ConfigLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"cannot parse --{key} {text!r}: {error}") from error
-    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
-        return float(value)
-    return value
-
-
-_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _coerce(key: str, text: str) -> Any:
@@ -323,7 +327,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"configuration file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = yaml.load(path.read_text(), Loader=_ConfigLoader) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"configuration file {str(path)!r} must hold a mapping of keys")
         values.update(loaded)
