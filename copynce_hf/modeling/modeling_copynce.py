@@ -517,17 +517,9 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             else:
                 koleo = descriptors.sum() * 0.0
             loss = self.config.infonce_weight * infonce + self.config.koleo_weight * koleo
-            if overlap_qr is not None and overlap_rq is not None and self.config.copynce_weight > 0:
-                copynce = copynce_loss(
-                    patch_tokens,
-                    reference_patch_tokens,
-                    overlap_qr,
-                    overlap_rq,
-                    temperature=self.config.copynce_temperature,
-                    gamma=self.config.copynce_gamma,
-                    weighting=self.config.copynce_weighting,
-                    pair_mask=_pair_selection(pair_mask, labels, batch, patch_tokens.device),
-                )
+            copynce = _configured_copynce(self.config, patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
+                                          pair_mask, labels)
+            if copynce is not None:
                 loss = loss + self.config.copynce_weight * copynce
 
         output = CopyNCEDescriptorOutput(
@@ -543,6 +535,26 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             hidden_states=hidden_states,
         )
         return output if return_dict else output.to_tuple()
+
+
+def _configured_copynce(config, query_tokens, reference_tokens, overlap_qr, overlap_rq, pair_mask, labels):
+    """The CopyNCE loss with the model's settings (tau, gamma, weighting), or None when it is off.
+
+    It is off without both overlap priors or with ``copynce_weight`` 0. Tokens are (B, L, C), priors
+    (B, L, L); only the pairs :func:`_pair_selection` keeps (masked in, positive) count.
+    """
+    if overlap_qr is None or overlap_rq is None or not config.copynce_weight > 0:
+        return None
+    return copynce_loss(
+        query_tokens,
+        reference_tokens,
+        overlap_qr,
+        overlap_rq,
+        temperature=config.copynce_temperature,
+        gamma=config.copynce_gamma,
+        weighting=config.copynce_weighting,
+        pair_mask=_pair_selection(pair_mask, labels, query_tokens.shape[0], query_tokens.device),
+    )
 
 
 def _pair_selection(
@@ -661,17 +673,9 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         if labels is not None:
             bce = copy_bce_loss(logits, labels.reshape(batch))
             loss = self.config.bce_weight * bce
-        if overlap_qr is not None and overlap_rq is not None and self.config.copynce_weight > 0:
-            copynce = copynce_loss(
-                query_patch_tokens,
-                reference_patch_tokens,
-                overlap_qr,
-                overlap_rq,
-                temperature=self.config.copynce_temperature,
-                gamma=self.config.copynce_gamma,
-                weighting=self.config.copynce_weighting,
-                pair_mask=_pair_selection(pair_mask, labels, batch, logits.device),
-            )
+        copynce = _configured_copynce(self.config, query_patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
+                                      pair_mask, labels)
+        if copynce is not None:
             weighted = self.config.copynce_weight * copynce
             loss = weighted if loss is None else loss + weighted
 
