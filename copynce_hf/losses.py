@@ -256,7 +256,7 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:
-        grad = grad_output.contiguous().clone()
+        grad = grad_output.clone(memory_format=torch.contiguous_format)  # all_reduce works in place
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         return grad[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
 
