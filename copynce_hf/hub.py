@@ -66,12 +66,12 @@ METRICS: dict[str, str] = {
 _RESULT_DATASET_KEYS = ("dataset_name", "dataset_type", "dataset_split", "dataset_config", "source_name",
                         "source_url")
 
-# The descriptor maps one image to a vector: the Hub task "image-feature-extraction". The
-# matcher maps an image pair to one copy / not-copy logit: a binary image classification whose
-# input is a pair. The Hub has no pair task ("image-copy-detection" is this package's own
-# transformers pipeline, not a Hub tag), so "image-classification" is the closest valid tag; the
-# card says that inputs are pairs.
-PIPELINE_TAGS = {"descriptor": "image-feature-extraction", "matcher": "image-classification"}
+# The descriptor maps one image to a vector: the Hub task "image-feature-extraction", which the stock
+# transformers pipeline of that name runs. The matcher maps an image pair to one copy logit; no Hub task
+# or stock pipeline takes pairs, so its tag is the Hub's "other", and what loads it is this package's
+# "image-copy-detection" pipeline, which save_for_hub records in the config's custom_pipelines (with its
+# code), so pipeline(model=repo, trust_remote_code=True) builds it.
+PIPELINE_TAGS = {"descriptor": "image-feature-extraction", "matcher": "other"}
 _MODEL_TYPES = {"copynce-descriptor": "descriptor", "copynce-matcher": "matcher"}
 _TASK_NAME = "Image copy detection"
 
@@ -333,10 +333,13 @@ def save_for_hub(
     """Write everything a Hub model repository holds into ``folder``.
 
     ``model.save_pretrained`` writes ``config.json`` and ``model.safetensors`` (plus, for
-    classes registered for the Auto API, ``auto_map`` and the modelling code); then the image
-    processor's ``preprocessor_config.json`` and the card as ``README.md``. Without a card,
-    a default one is built with :func:`build_model_card` (``model_id`` defaults to the folder
-    name).
+    classes registered for the Auto API, ``auto_map`` and the modelling code). With an image
+    processor, the folder is written by the ``image-copy-detection`` pipeline's
+    ``save_pretrained`` instead, which also writes ``preprocessor_config.json``, the pipeline
+    code and the config's ``custom_pipelines`` entry (so ``pipeline(model=folder,
+    trust_remote_code=True)`` works without copynce_hf). The card goes in ``README.md``; without
+    one, a default card is built with :func:`build_model_card` (``model_id`` defaults to the
+    folder name).
 
     Returns:
         The folder.
@@ -346,11 +349,14 @@ def save_for_hub(
     if card is None:
         card = build_model_card(model, model_id=model_id or folder.resolve().name)
     validate_model_card(card)
-    model.save_pretrained(folder)
+    if image_processor is not None:
+        from .pipelines import ImageCopyDetectionPipeline
+
+        ImageCopyDetectionPipeline(model=model, image_processor=image_processor).save_pretrained(folder)
+    else:
+        model.save_pretrained(folder)
     if not (folder / "model.safetensors").is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CopyNCEError(f"save_pretrained wrote no safetensors weights into {folder}")
-    if image_processor is not None:
-        image_processor.save_pretrained(folder)
     (folder / "README.md").write_text(str(card), encoding="utf-8")
     return folder
 

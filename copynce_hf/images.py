@@ -11,46 +11,16 @@ import os
 import warnings
 from pathlib import Path
 
-import numpy as np
 from PIL import Image, ImageOps
 
 from .errors import ImageLoadError
+from .modeling.rgb_conversion import pil_to_rgb as to_rgb  # the image processor's own conversion
 
 #: Images above this many pixels are refused as decompression bombs (about 16k x 16k).
 MAX_IMAGE_PIXELS = 16384 * 16384
 
 #: Default smallest accepted side: one ViT patch.
 MIN_IMAGE_SIDE = 16
-
-
-def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
-    """Convert a PIL image of any mode to RGB.
-
-    Alpha (modes ``LA``, ``RGBA``, ``PA`` and palette images with transparency) is
-    composited on ``background`` (white by default); ``CMYK`` and ``YCbCr`` use Pillow's
-    colour conversion; 16- and 32-bit greyscale (``I;16``, ``I``, ``F``) are rescaled from
-    their dynamic range to 8 bits rather than clipped.
-    """
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-        mode = image.mode
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        array = np.asarray(image, dtype=np.float64)
-        if mode.startswith("I;16"):
-            low, high = 0.0, 65535.0
-        else:
-            low, high = float(array.min()), float(array.max())
-        scaled = np.clip((array - low) / max(high - low, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(scaled, mode="L").convert("RGB")
-    if mode in ("LA", "RGBA", "La", "RGBa", "PA"):
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, background + (255,))
-        canvas.alpha_composite(rgba)
-        return canvas.convert("RGB")
-    return image.convert("RGB")
 
 
 def load_image(

@@ -106,7 +106,7 @@ def test_model_index_round_trips(descriptor_card):
 def test_matcher_card_without_results_has_no_model_index():
     card = build_model_card(matcher_config(), model_id="org/copynce-vits-matcher")
     metadata = metadata_of(card)
-    assert metadata["pipeline_tag"] == "image-classification"
+    assert metadata["pipeline_tag"] == "other"
     assert "matcher" in metadata["tags"] and "copy-detection" in metadata["tags"]
     assert "model-index" not in metadata and "base_model" not in metadata
     assert "not been evaluated" in section(card.text, "Evaluation results")
