@@ -137,6 +137,21 @@ def test_bad_values_stop_the_script_with_one_line(tmp_path, monkeypatch, capsys)
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("config", ["descriptor_vits16_224.yaml", "matcher_vits16_224.yaml"])
+def test_paper_configs_refuse_hard_negative_mining_without_a_knn_graph(config, tmp_path, monkeypatch, capsys):
+    # The dataset does not exist: the run must stop on the configuration, before reading any data.
+    monkeypatch.setattr(sys, "argv", ["train.py", "--config", str(CONFIGS / config), "--dataset",
+                                      str(tmp_path / "missing"), "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(REPO / "scripts" / "train.py"), run_name="__main__")
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert message.startswith("error: invalid configuration value knn_graph=None") and "Traceback" not in message
+    assert not (tmp_path / "out").exists()
+    # Random negatives stay available explicitly.
+    assert load_config(CONFIGS / config, {"hard_negative_mining": None}).knn_graph is None
+
+
 def test_unknown_model_key_is_named(train_script, tmp_path, images):
     with pytest.raises(ConfigError, match="model.hiden_size"):
         train_script.main(_tiny(images, tmp_path, "--model.hiden_size", "32", "--max_steps", "1"))
