@@ -21,6 +21,7 @@ import logging
 import sys
 from pathlib import Path
 
+from . import __version__
 from .errors import ConfigError, CopyNCEError, PredictionsError
 
 logger = logging.getLogger("copynce_hf.cli")
@@ -325,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output scored.csv",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = commands.add_parser(

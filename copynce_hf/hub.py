@@ -28,6 +28,7 @@ from .errors import ConfigError, CopyNCEError
 __all__ = [
     "CITATION",
     "METRICS",
+    "METRIC_ID",
     "PIPELINE_TAGS",
     "TEMPLATE_DIR",
     "build_model_card",
@@ -53,8 +54,9 @@ CITATION = """@inproceedings{lu2025tracing,
 }"""
 """BibTeX of the CopyNCE paper (ICCV 2025)."""
 
-# Result keys of the ``copy_detection`` evaluate metric -> display name. The keys are used
-# as the ``model-index`` metric types, so a card's numbers match the metric's output by name.
+# Result keys of the ``copy_detection`` evaluate metric -> display name. In the ``model-index`` every
+# value has the metric's id as its type (METRIC_ID), the display name as its name and the result key
+# as its config, so a card's numbers match the metric's output by name.
 METRICS: dict[str, str] = {
     "micro_ap": "µAP",
     "recall_at_p90": "RP90 (recall at 90% precision)",
@@ -63,6 +65,8 @@ METRICS: dict[str, str] = {
     "mean_ap": "mAP",
     "threshold_at_p90": "Score threshold at 90% precision",
 }
+METRIC_ID = "copy_detection"
+"""Id of the evaluate metric the results come from (``evaluate.load`` of ``copynce_hf/metrics/copy_detection``)."""
 _RESULT_DATASET_KEYS = ("dataset_name", "dataset_type", "dataset_split", "dataset_config", "source_name",
                         "source_url")
 
@@ -190,8 +194,9 @@ def _eval_results(results: list[dict[str, Any]], pipeline_tag: str) -> list[Eval
                 dataset_name=str(dataset["dataset_name"]),
                 dataset_split=dataset.get("dataset_split"),
                 dataset_config=dataset.get("dataset_config"),
-                metric_type=key,
+                metric_type=METRIC_ID,
                 metric_name=METRICS[key],
+                metric_config=key,
                 metric_value=value,
                 source_name=dataset.get("source_name"),
                 source_url=dataset.get("source_url"),
@@ -208,6 +213,8 @@ def build_model_card(
     datasets: str | Sequence[str] | None = None,
     base_model: str | Sequence[str] | None = None,
     license: str = "apache-2.0",
+    license_name: str | None = None,
+    license_link: str | None = None,
     template_path: str | Path | None = None,
 ) -> ModelCard:
     """Model card of a CopyNCE descriptor or matcher.
@@ -229,7 +236,8 @@ def build_model_card(
         datasets: Hub ids of the training datasets (card metadata ``datasets``).
         base_model: Hub id(s) of the checkpoint the model was initialised from (e.g.
             ``"facebook/dino-vits16"``); None for a model trained from scratch.
-        license: SPDX-style Hub license id.
+        license: SPDX-style Hub license id, or "other" with ``license_name`` (a short id) and
+            ``license_link`` (the licence text: a file of the repository or a URL).
         template_path: a Jinja template to use instead of ``model_cards/<kind>.md``.
 
     Returns:
@@ -244,15 +252,19 @@ def build_model_card(
     dataset_ids = _as_list(datasets)
     base_models = _as_list(base_model)
     settings = dict(training_settings or {})
+    if license == "other" and not (license_name and license_link):
+        raise CopyNCEError("license='other' needs license_name and license_link (where the licence text is)")
 
     card_data = ModelCardData(
         license=license,
+        license_name=license_name,
+        license_link=license_link,
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=["copy-detection", "copynce", "image-copy-detection", "pixtrace", "vision", "vit", kind],
         datasets=dataset_ids or None,
         base_model=(base_models[0] if len(base_models) == 1 else base_models) or None,
-        metrics=sorted({key for entry in normalised for key in entry["metrics"]}) or None,
+        metrics=[METRIC_ID] if normalised else None,
         model_name=model_id.rstrip("/").split("/")[-1],
         eval_results=_eval_results(normalised, pipeline_tag) or None,
     )
@@ -319,6 +331,8 @@ def validate_model_card(card: ModelCard | str) -> ModelCardData:
             raise CopyNCEError(f"model card metadata lacks {field!r}")
     if "copy-detection" not in data.tags:
         raise CopyNCEError("model card metadata lacks the 'copy-detection' tag")
+    if data.license == "other" and not (getattr(data, "license_name", None) and getattr(data, "license_link", None)):
+        raise CopyNCEError("model card metadata has license 'other' without license_name and license_link")
     return data
 
 

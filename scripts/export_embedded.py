@@ -69,6 +69,8 @@ MINI_DISC = "mini-DISC (imagenet-sample: 300 references, 150 edited copies + 100
 CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10")
 
 LICENSE_NAME = "research-only"
+#: The folder's file holding :data:`LICENSE_TEXT` (the card's ``license_link``).
+LICENSE_FILE = "LICENSE"
 LICENSE_TEXT = """## Licence of the weights
 
 These weights were trained by the copynce_hf authors on the 600 `train`-split images of an ImageNet sample
@@ -185,8 +187,7 @@ def build_card(model, export: Export, results: dict | None, settings: dict):
         entries = [{"dataset_name": name, "dataset_type": "mini-disc", "dataset_split": "queries",
                     **results}]
     card = hub.build_model_card(model, model_id=export.model_id, results=entries, training_settings=settings,
-                                license="other")
-    card.data.license_name = LICENSE_NAME
+                                license="other", license_name=LICENSE_NAME, license_link=LICENSE_FILE)
     if not getattr(model.config, "copynce_weight", 1.0):
         note = ("> **Baseline without CopyNCE.** This checkpoint was trained with `copynce_weight = 0`: the same model, "
                 "data, steps and seed as the CopyNCE checkpoint, but only the image-level losses. It exists to "
@@ -288,6 +289,7 @@ def _write_checked(model, processor, card, staging: Path, target: Path, kind: st
     """Write the float16 folder (weights, config, modelling code with ``auto_map``, processor, card) into
     ``staging``, check it, and move it to ``target``; returns (total bytes, max difference, weight bytes)."""
     hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
+    (staging / LICENSE_FILE).write_text(LICENSE_TEXT, encoding="utf-8")
     link_package_code(staging, target)
     total, difference = check_folder(staging, kind, reference, inputs, max_bytes)
     weight_bytes = (staging / "model.safetensors").stat().st_size
@@ -299,6 +301,19 @@ def _write_checked(model, processor, card, staging: Path, target: Path, kind: st
         shutil.rmtree(target)
     staging.rename(target)
     return total, difference, weight_bytes
+
+
+def current_card_metadata(card):
+    """Bring the metadata of a card written by an earlier version up to date: the licence link, and the
+    ``model-index`` metric types as the metric's id (the result key becomes the metric's config)."""
+    if card.data.license == "other" and not getattr(card.data, "license_link", None):
+        card.data.license_link = LICENSE_FILE
+    for result in card.data.eval_results or []:
+        if result.metric_type in hub.METRICS:
+            result.metric_config, result.metric_type = result.metric_type, hub.METRIC_ID
+    if card.data.eval_results:
+        card.data.metrics = [hub.METRIC_ID]
+    return card
 
 
 def refresh_model(folder: Path, kind: str, max_bytes: int = MAX_BYTES) -> ExportReport:
@@ -313,7 +328,7 @@ def refresh_model(folder: Path, kind: str, max_bytes: int = MAX_BYTES) -> Export
     model, processor = load_float32(folder, kind)
     inputs = check_inputs(model)
     reference = model_outputs(model, inputs)
-    card = ModelCard.load(folder / "README.md")
+    card = current_card_metadata(ModelCard.load(folder / "README.md"))
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-refresh-", dir=folder.parent))
     try:
         total, difference, weight_bytes = _write_checked(model, processor, card, staging, folder, kind, reference,
