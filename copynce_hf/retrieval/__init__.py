@@ -48,6 +48,7 @@ from .view_search import (
     lce_normalization_bias,
     search_views,
     view_predictions,
+    view_preset_of,
 )
 from .views import (
     DESCRIPTOR_LCE_MODES,
@@ -118,6 +119,7 @@ __all__ = [
     "lce_normalization_bias",
     "search_views",
     "view_predictions",
+    "view_preset_of",
     "DEFAULT_CANDIDATES",
     "Descriptor",
     "DetectConfig",
