@@ -85,7 +85,7 @@ def test_paper_views_are_the_defined_boxes(width, height):
         assert abs((left + right) / 2 - cx * w) <= 1 and abs((top + bottom) / 2 - cy * h) <= 1
         assert abs((right - left) - w / 3) <= 1 and abs((bottom - top) - h / 3) <= 1
     # the ninths tile the image exactly
-    assert sum((r - l) * (b - t) for l, t, r, b in ninths) == w * h
+    assert sum((x1 - x0) * (y1 - y0) for x0, y0, x1, y1 in ninths) == w * h
 
     image = noise(w, h, 0)
     rendered = ViewPreset("paper").query_images(image)

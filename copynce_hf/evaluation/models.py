@@ -51,7 +51,11 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         processor = AutoImageProcessor.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}") from error
+        hint = ""
+        if not Path(str(path)).exists():
+            hint = ("; it is neither a model folder here nor a reachable Hub id (the embedded models are made by "
+                    "`python scripts/export_embedded.py`, nothing here trains a model)")
+        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}{hint}") from error
     if kind is not None and model_kind(model) != kind:
         raise ConfigError(f"{option} {path} holds a {model_kind(model)}; a {kind} is needed here")
     return model, processor

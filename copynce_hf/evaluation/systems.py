@@ -270,9 +270,13 @@ class MatcherRescoring:
 
     def predict(self, task, candidates: Predictions, query_files: dict[str, Path]) -> Predictions:
         """Re-score ``candidates``; ``query_files`` are the task's materialised queries (id -> path)."""
+        return self.rescore(candidates, query_files, task.reference_files)
+
+    def rescore(self, candidates: Predictions, query_files: dict, reference_files: dict) -> Predictions:
+        """Re-score ``candidates`` with images looked up by id (path or PIL image) in the two mappings."""
         start = time.perf_counter()
         result = rescore_predictions(candidates.rows(), self.model, self.image_processor, query_files,
-                                     task.reference_files, batch_size=self.batch_size, progress=False)
+                                     reference_files, batch_size=self.batch_size, progress=False)
         if result.skipped:
             raise ConfigError(f"{self.name}: {len(result.skipped)} candidate pairs could not be scored, "
                               f"e.g. {result.skipped[0]}")
