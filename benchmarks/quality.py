@@ -55,12 +55,13 @@ __all__ = ["evaluate_system", "run_quality", "discover_runs", "main", "SYSTEM_CH
 SYSTEM_CHOICES = ("pdq", "phash", "random", "descriptors", "matchers", "pipeline")
 #: The pipeline benchmark, one system per added stage: (name, descriptors, score normalisation, descriptor LCE,
 #: matcher LCE or None for no matcher, candidates: "k" for the top-k or "merged" for --pipeline-candidates).
+#: ``--merge-baseline`` adds the baseline descriptor's candidates to the last stage (merged per query).
 PIPELINE_STAGES = (
     ("pipeline-1-descriptor", ("copynce",), False, "none", None, "k"),
     ("pipeline-2-score-norm", ("copynce",), True, "none", None, "k"),
     ("pipeline-3-descriptor-lce", ("copynce",), True, "paper", None, "k"),
     ("pipeline-4-matcher-top10", ("copynce",), True, "paper", "none", "k"),
-    ("pipeline-5-matcher-lce-merged", ("copynce", "baseline"), True, "paper", "paper", "merged"),
+    ("pipeline-5-matcher-lce", ("copynce",), True, "paper", "paper", "merged"),
 )
 DEFAULT_BASELINE_DESCRIPTOR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseline-descriptor"
 #: Run folder names written by ``benchmarks.training``: ``descriptor-copynce-seed0`` etc.
@@ -162,8 +163,9 @@ def run_quality(
     k: int = 10,
     skip_existing: bool = False,
     batch_size: int = 64,
-    pipeline_candidates: int = 3,
+    pipeline_candidates: int = 2,
     baseline_descriptor: Path = DEFAULT_BASELINE_DESCRIPTOR,
+    merge_baseline: bool = False,
 ) -> dict[str, dict]:
     """Evaluate the chosen systems in order, writing each one's JSON as it finishes.
 
@@ -204,7 +206,7 @@ def run_quality(
 
     if "pipeline" in systems:
         run_pipeline(task, query_files, run, k, batch_size, pipeline_candidates, baseline_descriptor,
-                     output_dir / "pipeline-indexes")
+                     output_dir / "pipeline-indexes", merge_baseline)
 
     runs = discover_runs(runs_dir)
     descriptor_entries = []
@@ -252,7 +254,7 @@ def run_quality(
 
 
 def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int, candidates: int,
-                 baseline_descriptor: Path, index_folder: Path) -> None:
+                 baseline_descriptor: Path, index_folder: Path, merge_baseline: bool = False) -> None:
     """Evaluate :data:`PIPELINE_STAGES` with the embedded models (reference/auxiliary indexes kept in ``index_folder``).
 
     The auxiliary set of score normalisation is the ``train`` split of the task's splits CSV (no copies of the
@@ -266,11 +268,16 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
 
     train = read_splits(task.config.splits_csv, task.config.image_folder).get("train", [])
     auxiliary = ImageListSource([path.stem for path in train], train)
-    models = {"copynce": Descriptor("copynce", *load_model(None, "descriptor"), source="embedded descriptor"),
-              "baseline": Descriptor("baseline", *load_model(baseline_descriptor, "descriptor", "baseline"),
-                                     source=str(baseline_descriptor))}
+    models = {"copynce": Descriptor("copynce", *load_model(None, "descriptor"), source="embedded descriptor")}
+    if merge_baseline:
+        models["baseline"] = Descriptor("baseline", *load_model(baseline_descriptor, "descriptor", "baseline"),
+                                        source=str(baseline_descriptor))
     matcher = load_model(None, "matcher")
-    for name, descriptor_names, score_norm, descriptor_lce, matcher_lce, pool in PIPELINE_STAGES:
+    stages = list(PIPELINE_STAGES)
+    if merge_baseline:
+        name, names, *rest = stages[-1]
+        stages[-1] = (name + "-merged", names + ("baseline",), *rest)
+    for name, descriptor_names, score_norm, descriptor_lce, matcher_lce, pool in stages:
         config = DetectConfig(k=k, candidates=k if pool == "k" else candidates, descriptor_lce=descriptor_lce,
                               matcher_lce=matcher_lce or "none", batch_size=batch_size)
         system = PipelineSystem(name, [models[n] for n in descriptor_names], matcher if matcher_lce else None,
@@ -307,11 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--k", type=int, default=10, help="references returned per query")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch/faiss threads (default: library default)")
-    parser.add_argument("--pipeline-candidates", type=int, default=3,
-                        help="pipeline: merged candidates per query re-scored by the matcher with LCE (default 3, "
-                             "bounded for a CPU: 35 fusion passes per candidate)")
+    parser.add_argument("--pipeline-candidates", type=int, default=2,
+                        help="pipeline: candidates per query re-scored by the matcher with LCE in the last stage "
+                             "(default 2, bounded for a shared CPU: 35 fusion passes per candidate)")
+    parser.add_argument("--merge-baseline", action="store_true",
+                        help="pipeline: merge the baseline descriptor's candidates into the last stage")
     parser.add_argument("--baseline-descriptor", type=Path, default=DEFAULT_BASELINE_DESCRIPTOR,
-                        help="pipeline: the second descriptor whose candidates are merged")
+                        help="pipeline: the second descriptor whose candidates are merged (--merge-baseline)")
     parser.add_argument("--skip-existing", action="store_true",
                         help="keep results already written for the same task instead of recomputing them")
     return parser
@@ -330,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = run_quality(task, args.systems, args.output_dir, args.query_cache, args.runs_dir,
                           _parse_named(args.descriptor, "--descriptor"), _parse_named(args.matcher, "--matcher"),
                           args.random_config, args.random_seed, args.k, args.skip_existing, args.batch_size,
-                          args.pipeline_candidates, args.baseline_descriptor)
+                          args.pipeline_candidates, args.baseline_descriptor, args.merge_baseline)
     print(f"\n{'system':<30} {'muAP':>7} {'RP90':>7} {'R@1':>7} {'seconds':>8}")
     for name, record in results.items():
         m = record["metrics"]

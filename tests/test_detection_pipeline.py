@@ -224,9 +224,11 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     identity = json.loads((tmp_path / "indexes" / "one" / "references" / "identity.json").read_text())
     assert identity["views"] == "paper" and identity["images"] == ["r0", "r1", "r2", "r3", "r4"]
     stamp = (tmp_path / "indexes" / "one" / "references" / "index.faiss").stat().st_mtime_ns
+    query_stamp = (tmp_path / "indexes" / "one" / "queries" / "descriptors.safetensors").stat().st_mtime_ns
     again = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),
                    config, index_folder=tmp_path / "indexes", progress=False)
     assert (tmp_path / "indexes" / "one" / "references" / "index.faiss").stat().st_mtime_ns == stamp
+    assert (tmp_path / "indexes" / "one" / "queries" / "descriptors.safetensors").stat().st_mtime_ns == query_stamp
     assert sorted(again.predictions) == sorted(result.predictions)
     # descriptors only: the merged candidates' top-k
     plain = detect(queries, references, descriptors[:1], None, None, DetectConfig(k=1, candidates=4), progress=False)

@@ -55,6 +55,7 @@ from ..pixtrace.edits import (
     emoji_names,
 )
 from ..retrieval.sources import ImageListSource
+from .drawing import Range, check_families, choose, color, signed, uniform
 
 __all__ = [
     "BUNDLED_IMAGES",
@@ -78,7 +79,6 @@ _WORDS = ("LOL", "ME IRL", "NOPE", "SO TRUE", "WAIT FOR IT", "OK", "MONDAY", "FO
 _FONTS = ("Chunkfive.ttf", "CaviarDreams.ttf", "Elsie-Black.ttf", "GrandHotel-Regular.ttf")
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
-Range = tuple[float, float]
 
 
 # ---------------------------------------------------------------------------------------------- recipe
@@ -129,18 +129,10 @@ class DemoRecipe:
     PHOTOMETRIC = ("brightness", "contrast", "saturation", "grayscale", "jpeg")
 
     def __post_init__(self):
-        for field, known in (("structural_weights", self.ORDER), ("photometric_weights", self.PHOTOMETRIC)):
-            weights = getattr(self, field)
-            for name, weight in weights:
-                if name not in known:
-                    raise ConfigError(f"DemoRecipe.{field}: unknown family {name!r}; known: {known}")
-                if not weight >= 0:
-                    raise ConfigError(f"DemoRecipe.{field}: weight of {name!r} must be >= 0, got {weight}")
-            count_field = "num_structural" if field == "structural_weights" else "num_photometric"
-            low, high = getattr(self, count_field)
-            if not 0 <= low <= high <= sum(1 for _, weight in weights if weight > 0):
-                raise ConfigError(f"DemoRecipe.{count_field}={(low, high)} must satisfy 0 <= low <= high <= "
-                                  f"the number of families with a positive weight")
+        check_families("DemoRecipe", "structural_weights", self.structural_weights, self.ORDER, "num_structural",
+                       self.num_structural)
+        check_families("DemoRecipe", "photometric_weights", self.photometric_weights, self.PHOTOMETRIC,
+                       "num_photometric", self.num_photometric)
         if self.max_side < 32:
             raise ConfigError(f"DemoRecipe.max_side={self.max_side} must be at least 32")
 
@@ -162,9 +154,9 @@ class DemoRecipe:
                 image, table = edit(image, table)
                 done.append(edit.to_dict())
 
-        structural = _choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
+        structural = choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
                                                                       self.num_structural[1] + 1))
-        photometric = _choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
+        photometric = choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
                                                                         self.num_photometric[1] + 1))
         for family in (name for name in self.ORDER if name in structural):
             run(getattr(self, f"_{family}")(rng, (image.height, image.width)))
@@ -178,8 +170,8 @@ class DemoRecipe:
     # structural families: (rng, (H, W)) -> list of edits
     def _crop_overlays(self, rng, size):
         height, width = size
-        area = _uniform(rng, self.crop_area)
-        aspect = math.exp(_uniform(rng, (-0.4, 0.4)))
+        area = uniform(rng, self.crop_area)
+        aspect = math.exp(uniform(rng, (-0.4, 0.4)))
         box_w = min(width, max(16, round(width * math.sqrt(area * aspect))))
         box_h = min(height, max(16, round(height * math.sqrt(area / aspect))))
         left, top = int(rng.integers(0, width - box_w + 1)), int(rng.integers(0, height - box_h + 1))
@@ -187,10 +179,10 @@ class DemoRecipe:
         return [
             Crop(left, top, left + box_w, top + box_h),
             OverlayText(text=_WORDS[int(rng.integers(len(_WORDS)))], font=_FONTS[int(rng.integers(len(_FONTS)))],
-                        font_size=_uniform(rng, self.text_font_size), color=_color(rng),
-                        x=_uniform(rng, (0.0, 0.4)), y=_uniform(rng, (0.0, 0.8)), opacity=1.0),
-            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=_uniform(rng, self.emoji_size),
-                         x=_uniform(rng, (0.0, 0.7)), y=_uniform(rng, (0.0, 0.7)), opacity=1.0),
+                        font_size=uniform(rng, self.text_font_size), color=color(rng),
+                        x=uniform(rng, (0.0, 0.4)), y=uniform(rng, (0.0, 0.8)), opacity=1.0),
+            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=uniform(rng, self.emoji_size),
+                         x=uniform(rng, (0.0, 0.7)), y=uniform(rng, (0.0, 0.7)), opacity=1.0),
         ]
 
     def _flip(self, rng, size):
@@ -198,18 +190,18 @@ class DemoRecipe:
 
     def _aspect_ratio(self, rng, size):
         low, high = (math.log(v) for v in self.aspect_ratio)
-        return [ChangeAspectRatio(ratio=math.exp(_uniform(rng, (low, high))))]
+        return [ChangeAspectRatio(ratio=math.exp(uniform(rng, (low, high))))]
 
     def _skew(self, rng, size):
-        return [Skew(skew_factor=_signed(rng, self.skew_factor), axis=int(rng.integers(2)))]
+        return [Skew(skew_factor=signed(rng, self.skew_factor), axis=int(rng.integers(2)))]
 
     def _rotate(self, rng, size):
-        return [Rotate(degrees=_signed(rng, self.rotate_degrees), crop_to_content=True)]
+        return [Rotate(degrees=signed(rng, self.rotate_degrees), crop_to_content=True)]
 
     def _meme_format(self, rng, size):
         dark = bool(rng.random() < 0.5)
         return [MemeFormat(text=_WORDS[int(rng.integers(len(_WORDS)))],
-                           caption_height=max(11, int(size[0] * _uniform(rng, self.meme_caption))),
+                           caption_height=max(11, int(size[0] * uniform(rng, self.meme_caption))),
                            text_color=(255, 255, 255) if dark else (0, 0, 0),
                            bg_color=(0, 0, 0) if dark else (255, 255, 255))]
 
@@ -219,13 +211,13 @@ class DemoRecipe:
 
     # photometric families: rng -> edit
     def _brightness(self, rng):
-        return Brightness(factor=_uniform(rng, self.brightness))
+        return Brightness(factor=uniform(rng, self.brightness))
 
     def _contrast(self, rng):
-        return Contrast(factor=_uniform(rng, self.contrast))
+        return Contrast(factor=uniform(rng, self.contrast))
 
     def _saturation(self, rng):
-        return Saturation(factor=_uniform(rng, self.saturation))
+        return Saturation(factor=uniform(rng, self.saturation))
 
     def _grayscale(self, rng):
         return Grayscale()
@@ -234,27 +226,12 @@ class DemoRecipe:
         return JpegQuality(quality=int(rng.integers(self.jpeg_quality[0], self.jpeg_quality[1] + 1)))
 
 
-def _uniform(rng: np.random.Generator, bounds: Range) -> float:
-    return float(rng.uniform(bounds[0], bounds[1]))
 
 
-def _signed(rng: np.random.Generator, bounds: Range) -> float:
-    return (1.0 if rng.random() < 0.5 else -1.0) * _uniform(rng, bounds)
 
 
-def _color(rng: np.random.Generator) -> tuple[int, int, int]:
-    return tuple(int(c) for c in rng.integers(0, 256, size=3))
 
 
-def _choose(rng: np.random.Generator, weights: Sequence[tuple[str, float]], count) -> list[str]:
-    """``count`` distinct family names, drawn without replacement proportionally to their weights."""
-    names = [name for name, weight in weights if weight > 0]
-    probabilities = np.array([weight for _, weight in weights if weight > 0], dtype=np.float64)
-    count = min(int(count), len(names))
-    if count == 0:
-        return []
-    chosen = rng.choice(len(names), size=count, replace=False, p=probabilities / probabilities.sum())
-    return [names[i] for i in chosen]
 
 
 # ---------------------------------------------------------------------------------------------- task

@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +62,10 @@ from ..pixtrace.edits import (
     emoji_names,
 )
 from ..retrieval.sources import ImageListSource
+from .drawing import Range, check_families, choose, color, uniform
 
 __all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
 
-Range = tuple[float, float]
 
 #: Fonts of AugLy's asset folder that the training recipe (``OverlayTextStep``) does not use.
 _EVAL_FONTS = ("Chunkfive.ttf", "CaviarDreams.ttf", "Elsie-Black.ttf", "GrandHotel-Regular.ttf")
@@ -127,19 +126,10 @@ class EvaluationRecipe:
     ORDER = ("heavy_crop_overlays", "aspect_ratio", "skew", "rotate", "meme_format", "screenshot")
 
     def __post_init__(self):
-        for field in ("structural_weights", "photometric_weights"):
-            known = self.ORDER if field == "structural_weights" else _PHOTOMETRIC
-            weights = getattr(self, field)
-            for name, weight in weights:
-                if name not in known:
-                    raise ConfigError(f"EvaluationRecipe.{field}: unknown family {name!r}; known: {known}")
-                if not weight >= 0:
-                    raise ConfigError(f"EvaluationRecipe.{field}: weight of {name!r} must be >= 0, got {weight}")
-        for field in ("num_structural", "num_photometric"):
-            low, high = getattr(self, field)
-            count = len(self.structural_weights if field == "num_structural" else self.photometric_weights)
-            if not 0 <= low <= high <= count:
-                raise ConfigError(f"EvaluationRecipe.{field}={(low, high)} must satisfy 0 <= low <= high <= {count}")
+        check_families("EvaluationRecipe", "structural_weights", self.structural_weights, self.ORDER,
+                       "num_structural", self.num_structural)
+        check_families("EvaluationRecipe", "photometric_weights", self.photometric_weights, _PHOTOMETRIC,
+                       "num_photometric", self.num_photometric)
         if self.max_side < 32:
             raise ConfigError(f"EvaluationRecipe.max_side={self.max_side} must be at least 32")
 
@@ -150,9 +140,9 @@ class EvaluationRecipe:
     # ------------------------------------------------------------------ drawing
     def draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:
         """The explicit edits of one query made from an image of (H, W) ``size``."""
-        structural = _choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
+        structural = choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
                                                                       self.num_structural[1] + 1))
-        photometric = _choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
+        photometric = choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
                                                                         self.num_photometric[1] + 1))
         edits: list[Edit] = []
         height, width = size
@@ -171,8 +161,8 @@ class EvaluationRecipe:
     # structural families: each returns a list of edits for an image of (H, W) ``size``
     def _heavy_crop_overlays(self, rng, size):
         height, width = size
-        area = _uniform(rng, self.crop_area)
-        aspect = math.exp(_uniform(rng, (math.log(self.crop_aspect[0]), math.log(self.crop_aspect[1]))))
+        area = uniform(rng, self.crop_area)
+        aspect = math.exp(uniform(rng, (math.log(self.crop_aspect[0]), math.log(self.crop_aspect[1]))))
         box_w = min(width, max(1, int(round(width * math.sqrt(area * aspect)))))
         box_h = min(height, max(1, int(round(height * math.sqrt(area / aspect)))))
         left = int(rng.integers(0, width - box_w + 1))
@@ -182,26 +172,26 @@ class EvaluationRecipe:
         return [
             Crop(left, top, left + box_w, top + box_h),
             OverlayText(text=words, font=_EVAL_FONTS[int(rng.integers(len(_EVAL_FONTS)))],
-                        font_size=_uniform(rng, self.text_font_size), color=_color(rng),
-                        x=_uniform(rng, (0.0, 0.4)), y=_uniform(rng, (0.0, 0.8)), opacity=1.0),
-            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=_uniform(rng, self.emoji_size),
-                         x=_uniform(rng, (0.0, 0.7)), y=_uniform(rng, (0.0, 0.7)), opacity=1.0),
+                        font_size=uniform(rng, self.text_font_size), color=color(rng),
+                        x=uniform(rng, (0.0, 0.4)), y=uniform(rng, (0.0, 0.8)), opacity=1.0),
+            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=uniform(rng, self.emoji_size),
+                         x=uniform(rng, (0.0, 0.7)), y=uniform(rng, (0.0, 0.7)), opacity=1.0),
         ]
 
     def _skew(self, rng, size):
         sign = 1.0 if rng.random() < 0.5 else -1.0
-        return [Skew(skew_factor=sign * _uniform(rng, self.skew_factor), axis=int(rng.integers(2)))]
+        return [Skew(skew_factor=sign * uniform(rng, self.skew_factor), axis=int(rng.integers(2)))]
 
     def _rotate(self, rng, size):
         sign = 1.0 if rng.random() < 0.5 else -1.0
-        return [Rotate(degrees=sign * _uniform(rng, self.rotate_degrees), crop_to_content=True)]
+        return [Rotate(degrees=sign * uniform(rng, self.rotate_degrees), crop_to_content=True)]
 
     def _aspect_ratio(self, rng, size):
         low, high = (math.log(v) for v in self.aspect_ratio)
-        return [ChangeAspectRatio(ratio=math.exp(_uniform(rng, (low, high))))]
+        return [ChangeAspectRatio(ratio=math.exp(uniform(rng, (low, high))))]
 
     def _meme_format(self, rng, size):
-        caption = max(11, int(size[0] * _uniform(rng, self.meme_caption)))
+        caption = max(11, int(size[0] * uniform(rng, self.meme_caption)))
         dark = rng.random() < 0.5
         return [MemeFormat(text=_MEME_WORDS[int(rng.integers(len(_MEME_WORDS)))], caption_height=caption,
                            text_color=(255, 255, 255) if dark else (0, 0, 0),
@@ -213,16 +203,16 @@ class EvaluationRecipe:
 
     # photometric families
     def _brightness(self, rng):
-        return Brightness(factor=_uniform(rng, self.brightness))
+        return Brightness(factor=uniform(rng, self.brightness))
 
     def _contrast(self, rng):
-        return Contrast(factor=_uniform(rng, self.contrast))
+        return Contrast(factor=uniform(rng, self.contrast))
 
     def _saturation(self, rng):
-        return Saturation(factor=_uniform(rng, self.saturation))
+        return Saturation(factor=uniform(rng, self.saturation))
 
     def _sharpen(self, rng):
-        return Sharpen(factor=_uniform(rng, self.sharpen))
+        return Sharpen(factor=uniform(rng, self.sharpen))
 
     def _solarize(self, rng):
         return Solarize(threshold=int(rng.integers(self.solarize_threshold[0], self.solarize_threshold[1] + 1)))
@@ -237,23 +227,10 @@ class EvaluationRecipe:
 _PHOTOMETRIC = ("brightness", "contrast", "saturation", "sharpen", "solarize", "posterize", "edge_enhance")
 
 
-def _uniform(rng: np.random.Generator, bounds: Range) -> float:
-    return float(rng.uniform(bounds[0], bounds[1]))
 
 
-def _color(rng: np.random.Generator) -> tuple[int, int, int]:
-    return tuple(int(c) for c in rng.integers(0, 256, size=3))
 
 
-def _choose(rng: np.random.Generator, weights: Sequence[tuple[str, float]], count: int) -> list[str]:
-    """``count`` distinct names drawn without replacement, proportionally to their weights."""
-    names = [name for name, weight in weights if weight > 0]
-    probabilities = np.array([weight for _, weight in weights if weight > 0], dtype=np.float64)
-    count = min(int(count), len(names))
-    if count == 0:
-        return []
-    chosen = rng.choice(len(names), size=count, replace=False, p=probabilities / probabilities.sum())
-    return [names[i] for i in chosen]
 
 
 def _output_size(edit: Edit, size: tuple[int, int]) -> tuple[int, int]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, PredictionsError
 from .candidates import candidate_recall, merge_candidates, top_per_query
+from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig
 from .matcher_cache import MatcherScorer
 from .predictions import Prediction
@@ -125,10 +126,49 @@ class _SourceImages:
         return self.source.load(self.position[image_id])
 
 
-def _index_identity(descriptor: Descriptor, source, preset: ViewPreset) -> dict:
+def _file_stamps(source) -> list | None:
+    """(size, mtime) of every image file of ``source``, so that a changed file invalidates a saved index."""
+    files = getattr(source, "files", None) or getattr(source, "images", None)
+    if files is None or not all(isinstance(f, (str, os.PathLike)) for f in files):
+        return None
+    stamps = []
+    for file in files:
+        try:
+            stat = os.stat(file)
+            stamps.append([stat.st_size, stat.st_mtime_ns])
+        except OSError:
+            stamps.append(None)
+    return stamps
+
+
+def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: str = "reference") -> dict:
     folder = getattr(source, "folder", None)
-    return {"model": descriptor.source or descriptor.name, "views": preset.name,
-            "source": str(Path(folder).resolve()) if folder is not None else None, "images": list(source.ids)}
+    return {"model": descriptor.source or descriptor.name, "views": preset.name, "role": role,
+            "source": str(Path(folder).resolve()) if folder is not None else None, "images": list(source.ids),
+            "files": _file_stamps(source)}
+
+
+def _stored_identity(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "identity.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
+                           progress: bool = True, description: str = "query views", **extract) -> DescriptorSet:
+    """Descriptors of every view of the query images; kept in ``folder`` and reused from it for the same
+    images (ids, file sizes and times), model and views."""
+    identity = _index_identity(descriptor, source, preset, "query")
+    if folder is not None and _stored_identity(Path(folder)) == identity:
+        logger.info("reusing the query descriptors in %s", folder)
+        return DescriptorSet.load(Path(folder) / "descriptors.safetensors")
+    views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "query",
+                                     progress=progress, description=description, **extract)
+    if folder is not None and len(views):
+        views.save(Path(folder) / "descriptors.safetensors")
+        (Path(folder) / "identity.json").write_text(json.dumps(identity) + "\n", encoding="utf-8")
+    return views
 
 
 def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
@@ -137,14 +177,9 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
     """An exact index over the views of ``source``'s images; written to ``folder`` and reused from it when it
     was built from the same images, model and views (``identity.json`` beside the index files)."""
     identity = _index_identity(descriptor, source, preset)
-    if folder is not None and (Path(folder) / "identity.json").is_file():
-        try:
-            stored = json.loads((Path(folder) / "identity.json").read_text(encoding="utf-8"))
-        except ValueError:
-            stored = None
-        if stored == identity:
-            logger.info("reusing the index in %s", folder)
-            return DescriptorIndex.load(folder)
+    if folder is not None and _stored_identity(Path(folder)) == identity:
+        logger.info("reusing the index in %s", folder)
+        return DescriptorIndex.load(folder)
     views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "reference",
                                      progress=progress, description=description, **extract)
     if len(views) == 0:
@@ -176,8 +211,9 @@ def detect(
         matcher: ``(model, image_processor)`` of a CopyNCE matcher, or ``None`` for descriptors only.
         auxiliary: an image source without copies of the queries, for score normalisation; ``None``: off.
         config: :class:`DetectConfig`.
-        index_folder: where the reference (and auxiliary) indexes are saved and reused,
-            ``<index_folder>/<descriptor name>/references`` and ``.../auxiliary``; ``None``: not saved.
+        index_folder: where the reference (and auxiliary) indexes and the query view descriptors are saved
+            and reused, ``<index_folder>/<descriptor name>/references``, ``.../auxiliary`` and ``.../queries``;
+            ``None``: not saved.
         progress: progress bars per stage.
         log: receives one line per stage.
     """
@@ -206,9 +242,9 @@ def detect(
                                          **extract)
             seconds[f"auxiliary:{descriptor.name}"] = time.perf_counter() - start
         start = time.perf_counter()
-        query_views = extract_view_descriptors(descriptor.model, descriptor.processor, queries, preset, "query",
-                                               progress=progress, description=f"{descriptor.name}: query views",
-                                               **extract)
+        query_views = query_view_descriptors(descriptor, queries, preset, folder / "queries" if folder else None,
+                                             progress=progress, description=f"{descriptor.name}: query views",
+                                             **extract)
         skipped.extend(q for q in query_views.skipped if q not in skipped)
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(queries)} query images could be read")
