@@ -15,6 +15,11 @@ IMAGENET_SAMPLE = SHARED_DATA / "imagenet-sample"
 SPLITS_CSV = SHARED_DATA / "imagenet-sample-splits.csv"
 
 
+def requires_extra(module: str, extra: str):
+    """``pytest.importorskip`` whose reason names the setup.py extra that installs ``module``."""
+    return pytest.importorskip(module, reason=f"needs {module}, from the '{extra}' extra: pip install -e '.[{extra}]'")
+
+
 def shared_split(split: str) -> list[Path]:
     """Files of one split of ../shared/data/imagenet-sample (sorted), or skip the test."""
     if not SPLITS_CSV.exists():
