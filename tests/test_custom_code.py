@@ -9,14 +9,12 @@ classes registered by ``import copynce_hf`` is tested in-process in test_modelin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_without_copynce_hf
 from PIL import Image
 
 import copynce_hf
@@ -37,19 +35,10 @@ PACKAGE = Path(copynce_hf.__file__).resolve().parent
 # Mode "registered" goes through the Auto classes registered by ``import copynce_hf``.
 RUNNER = textwrap.dedent(
     """
-    import sys
     from pathlib import Path
 
-    if sys.argv[1] == "blocked":
-        class BlockCopyNCE:
-            def find_spec(self, name, path=None, target=None):
-                if name == "copynce_hf" or name.startswith("copynce_hf."):
-                    raise ModuleNotFoundError(f"{name} is blocked in this test")
-                return None
-
-        sys.meta_path.insert(0, BlockCopyNCE())
-    else:
-        import copynce_hf  # registers the Auto classes
+    if sys.argv[1] != "blocked":
+        import copynce_hf  # registers the Auto classes on first use
 
     import torch
     from PIL import Image
@@ -80,8 +69,6 @@ RUNNER = textwrap.dedent(
     matcher.train()
     torch.testing.assert_close(descriptor(**ref["descriptor_batch"]).loss, ref["descriptor_loss"])
     torch.testing.assert_close(matcher(**ref["matcher_batch"]).loss, ref["matcher_loss"])
-    if remote:
-        assert not any(name.startswith("copynce_hf") for name in sys.modules)
     print("LOADED", sys.argv[1])
     """
 )
@@ -91,16 +78,6 @@ RUNNER = textwrap.dedent(
 # their outputs with the in-package loads saved by the test.
 SHIPPED_RUNNER = textwrap.dedent(
     """
-    import sys
-    from pathlib import Path
-
-    class BlockCopyNCE:
-        def find_spec(self, name, path=None, target=None):
-            if name == "copynce_hf" or name.startswith("copynce_hf."):
-                raise ModuleNotFoundError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, BlockCopyNCE())
     import torch
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModel
@@ -119,7 +96,6 @@ SHIPPED_RUNNER = textwrap.dedent(
                 values = model(pixels).descriptors
         torch.testing.assert_close(values, expected, atol=1e-5, rtol=0)
         print("SHIPPED", folder, model.config.model_type)
-    assert not any(name.startswith("copynce_hf") for name in sys.modules)
     """
 )
 SHIPPED_FOLDERS = (PACKAGE / "pretrained" / "descriptor", PACKAGE / "pretrained" / "matcher",
@@ -175,13 +151,8 @@ def saved(tmp_path_factory) -> Path:
 
 
 def run_fresh(mode: str, root: Path) -> None:
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(root / f"modules-{mode}"), TRANSFORMERS_VERBOSITY="error")
-    script = root / "runner.py"
-    script.write_text(RUNNER)
-    result = subprocess.run([sys.executable, str(script), mode, str(root)], cwd=root, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and f"LOADED {mode}" in result.stdout, result.stdout + result.stderr
+    output = run_without_copynce_hf(RUNNER, [mode, root], root, blocked=mode == "blocked")
+    assert f"LOADED {mode}" in output, output
 
 
 def test_saved_folder_layout(saved):
@@ -231,11 +202,5 @@ def test_shipped_model_folders_load_as_hub_custom_code_without_copynce_hf(tmp_pa
         reference["outputs"][str(folder)] = values
         reference["pixels"][str(folder)] = pixels
     torch.save(reference, tmp_path / "reference.pt")
-    script = tmp_path / "runner.py"
-    script.write_text(SHIPPED_RUNNER)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TRANSFORMERS_VERBOSITY="error")
-    result = subprocess.run([sys.executable, str(script), str(tmp_path / "reference.pt")], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("SHIPPED") == len(SHIPPED_FOLDERS), result.stdout
+    output = run_without_copynce_hf(SHIPPED_RUNNER, [tmp_path / "reference.pt"], tmp_path)
+    assert output.count("SHIPPED") == len(SHIPPED_FOLDERS), output

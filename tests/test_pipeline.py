@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
-from conftest import save_tiny_models
+from conftest import run_without_copynce_hf, save_tiny_models
 from PIL import Image
 from transformers import pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
@@ -104,28 +100,17 @@ def test_descriptor_works_with_the_stock_image_feature_extraction_pipeline(folde
     torch.testing.assert_close(features.reshape(2, -1), expected, atol=1e-5, rtol=0)
 
 
-# Loads a saved pipeline folder where copynce_hf is blocked, scores the pairs, prints the scores.
-REMOTE_PIPELINE = textwrap.dedent(
-    """
-    import json
-    import sys
+# Loads a saved pipeline folder (run where copynce_hf is blocked), scores the pairs, prints the scores.
+REMOTE_PIPELINE = """
+import json
 
-    class BlockCopyNCE:
-        def find_spec(self, name, path=None, target=None):
-            if name == "copynce_hf" or name.startswith("copynce_hf."):
-                raise ModuleNotFoundError(f"{name} is blocked in this test")
-            return None
+from transformers import pipeline
 
-    sys.meta_path.insert(0, BlockCopyNCE())
-    from transformers import pipeline
-
-    detector = pipeline(model=sys.argv[1], trust_remote_code=True)
-    assert type(detector).__module__.startswith("transformers_modules."), type(detector).__module__
-    images = sys.argv[2:]
-    print("SCORES", json.dumps([r["score"] for r in detector(images[0], images[1:])]))
-    assert not any(name.startswith("copynce_hf") for name in sys.modules)
-    """
-)
+detector = pipeline(model=sys.argv[1], trust_remote_code=True)
+assert type(detector).__module__.startswith("transformers_modules."), type(detector).__module__
+images = sys.argv[2:]
+print("SCORES", json.dumps([r["score"] for r in detector(images[0], images[1:])]))
+"""
 
 
 @pytest.mark.slow
@@ -141,12 +126,6 @@ def test_saved_pipeline_runs_from_its_folder_without_copynce_hf(folders, pair_im
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert config["custom_pipelines"]["image-copy-detection"]["impl"] == "pipeline_copynce.ImageCopyDetectionPipeline"
     assert (tmp_path / "saved" / "pipeline_copynce.py").is_file()
-    script = tmp_path / "runner.py"
-    script.write_text(REMOTE_PIPELINE)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), TRANSFORMERS_VERBOSITY="error")
-    result = subprocess.run([sys.executable, str(script), str(tmp_path / "saved"), *images], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    scores = json.loads(result.stdout.split("SCORES", 1)[1].strip().splitlines()[0])
+    output = run_without_copynce_hf(REMOTE_PIPELINE, [tmp_path / "saved", *images], tmp_path)
+    scores = json.loads(output.split("SCORES", 1)[1].strip().splitlines()[0])
     assert scores == pytest.approx(expected, abs=1e-6)
