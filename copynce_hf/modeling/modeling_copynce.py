@@ -378,6 +378,13 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
     def _init_extra(self) -> None:
         """Initialise parameters owned directly by the model (overridden by subclasses)."""
 
+    def _output_options(self, output_attentions, output_hidden_states, return_dict) -> tuple[bool, bool, bool]:
+        """The forward's output options, ``None`` meaning the config's value."""
+        config = self.config
+        return (bool(config.output_attentions if output_attentions is None else output_attentions),
+                bool(config.output_hidden_states if output_hidden_states is None else output_hidden_states),
+                bool(config.return_dict if return_dict is None else return_dict))
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """``PreTrainedModel.from_pretrained``, also reading checkpoints of the earlier layout.
@@ -501,11 +508,8 @@ class CopyNCEViTModel(CopyNCEPreTrainedModel):
             output_hidden_states: also return the embeddings and each block's output.
             return_dict: return a tuple instead when False.
         """
-        output_attentions = bool(output_attentions if output_attentions is not None
-                                 else self.config.output_attentions)
-        output_hidden_states = bool(output_hidden_states if output_hidden_states is not None
-                                    else self.config.output_hidden_states)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_attentions, output_hidden_states, return_dict = self._output_options(
+            output_attentions, output_hidden_states, return_dict)
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
         hidden_states, states, attentions = self.run_blocks(
             hidden_states, output_attentions=output_attentions, output_hidden_states=output_hidden_states
@@ -602,11 +606,8 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             interpolate_pos_encoding: see :class:`CopyNCEEmbeddings` (default: automatic).
             return_dict: return a tuple instead when False.
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        output_attentions = bool(output_attentions if output_attentions is not None
-                                 else self.config.output_attentions)
-        output_hidden_states = bool(output_hidden_states if output_hidden_states is not None
-                                    else self.config.output_hidden_states)
+        output_attentions, output_hidden_states, return_dict = self._output_options(
+            output_attentions, output_hidden_states, return_dict)
         batch = pixel_values.shape[0]
         pair_mode = reference_pixel_values is not None
         if pair_mode and reference_pixel_values.shape[0] != batch:
@@ -797,11 +798,8 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
             interpolate_pos_encoding: see :class:`CopyNCEEmbeddings` (default: automatic).
             return_dict: return a tuple instead when False.
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        output_attentions = bool(output_attentions if output_attentions is not None
-                                 else self.config.output_attentions)
-        output_hidden_states = bool(output_hidden_states if output_hidden_states is not None
-                                    else self.config.output_hidden_states)
+        output_attentions, output_hidden_states, return_dict = self._output_options(
+            output_attentions, output_hidden_states, return_dict)
         batch = pixel_values.shape[0]
         if reference_pixel_values is None or reference_pixel_values.shape[0] != batch:
             raise CopyNCEError("the matcher needs reference_pixel_values with as many images as pixel_values")
