@@ -27,6 +27,9 @@ except ImportError:  # inside a saved model folder loaded with trust_remote_code
 __all__ = ["CopyNCEDescriptorConfig", "CopyNCEMatcherConfig", "ConfigError"]
 
 COPYNCE_WEIGHTINGS = ("paper", "reference")
+#: InfoNCE negatives (``copynce_hf.losses.info_nce_loss``) and KoLeo scopes of the descriptor.
+INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
+KOLEO_SCOPES = ("per_view", "all_embeddings")
 
 
 def _check(condition: bool, key: str, value, requirement: str) -> None:
@@ -155,7 +158,13 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
             see :func:`copynce_hf.losses.copynce_loss`.
         logit_scale_init: initial value of InfoNCE's learnable log-scale (3.2, i.e. scale 24.5).
         infonce_weight: weight of InfoNCE (1).
+        infonce_negatives: "cross_view" (each query against the batch's references and each
+            reference against its queries) or "all_embeddings" (SSCD's form, the authors' code: each
+            of the 2N descriptors against all others, its partner the positive).
         koleo_weight: weight of KoLeo (5).
+        koleo_scope: "per_view" (KoLeo of the local queries and of the local references, averaged)
+            or "all_embeddings" (the authors' code: over the 2N descriptors of all processes, each
+            one's partner excluded from its neighbours), see :func:`copynce_hf.losses.paired_koleo_loss`.
     """
 
     model_type = "copynce-descriptor"
@@ -171,9 +180,13 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
         logit_scale_init: float = 3.2,
         infonce_weight: float = 1.0,
         koleo_weight: float = 5.0,
+        infonce_negatives: str = "cross_view",
+        koleo_scope: str = "per_view",
         **kwargs,
     ):
         self.descriptor_dim = descriptor_dim
+        self.infonce_negatives = infonce_negatives
+        self.koleo_scope = koleo_scope
         self.copynce_temperature = copynce_temperature
         self.copynce_weight = copynce_weight
         self.copynce_gamma = copynce_gamma
@@ -193,6 +206,9 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
                "logit_scale_init", logit_scale_init, "must be a finite number")
         _check_non_negative("infonce_weight", infonce_weight)
         _check_non_negative("koleo_weight", koleo_weight)
+        _check(infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", infonce_negatives,
+               f"must be one of {INFONCE_NEGATIVES}")
+        _check(koleo_scope in KOLEO_SCOPES, "koleo_scope", koleo_scope, f"must be one of {KOLEO_SCOPES}")
 
     @property
     def copynce_block_index(self) -> int:
