@@ -48,6 +48,8 @@ __all__ = [
 _NOWHERE_TOLERANCE = 1e-5
 
 WEIGHTINGS = ("paper", "reference")
+#: Pairs the batch loss of CopyNCE is averaged over.
+AVERAGES = ("overlap_pairs", "all_pairs")
 #: InfoNCE negatives: the other view's descriptors only, or every other descriptor of the batch (SSCD).
 INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
 
@@ -185,6 +187,7 @@ def copynce_loss(
     gamma: float = 1.0,
     weighting: str = "paper",
     pair_mask: torch.Tensor | None = None,
+    average: str = "overlap_pairs",
 ) -> torch.Tensor:
     """Symmetric CopyNCE loss of a batch of copy pairs (paper equations "CopyNCE #3" and "CopyNCE").
 
@@ -217,10 +220,16 @@ def copynce_loss(
         gamma: confidence sharpening, ``>= 0`` or ``float('inf')`` (descriptor 3, matcher 1).
         weighting: ``"paper"`` or ``"reference"`` (see above).
         pair_mask: optional (B,) bool, pairs allowed to contribute (e.g. only positive pairs).
+        average: ``"overlap_pairs"``: the mean over the contributing pairs (above);
+            ``"all_pairs"`` (the authors' code): their sum divided by ``B``, every pair of the
+            batch counted (negatives and pairs without overlap contribute zero), so a batch with a
+            share ``s`` of contributing pairs weighs CopyNCE ``s`` times less.
 
     Returns:
         Scalar tensor (float32, or float64 for float64 tokens).
     """
+    if average not in AVERAGES:
+        raise CopyNCEError(f"average must be one of {AVERAGES}, got {average!r}")
     logits = token_affinity_logits(query_tokens, reference_tokens, temperature)
     batch = logits.shape[0]
     if overlap_rq.shape != logits.shape[:1] + logits.shape[2:0:-1]:
@@ -237,6 +246,8 @@ def copynce_loss(
     if not bool(valid.any()):
         # Zero with a gradient path through both token tensors (all gradients are zero).
         return 0.0 * pair_loss.sum()
+    if average == "all_pairs":
+        return pair_loss[valid].sum() / batch
     return pair_loss[valid].mean()
 
 

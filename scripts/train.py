@@ -147,7 +147,7 @@ class TrainingData:
     def __init__(self, config: TrainingConfig, accelerator: Accelerator, image_size: int, patch_size: int):
         self.config = config
         self.accelerator = accelerator
-        self.collator = PixTraceCollator(image_size, patch_size)
+        self.collator = PixTraceCollator(image_size, patch_size, reverse_prior=config.copynce_reverse_prior)
         maker = CopyPairMaker(image_size, config.query_recipe, config.reference_recipe, config.max_source_side)
         mining = config.resolved("hard_negative_mining")
         streaming = config.streaming

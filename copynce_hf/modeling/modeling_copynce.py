@@ -563,6 +563,7 @@ def _configured_copynce(config, query_tokens, reference_tokens, overlap_qr, over
         temperature=config.copynce_temperature,
         gamma=config.copynce_gamma,
         weighting=config.copynce_weighting,
+        average=getattr(config, "copynce_average", "overlap_pairs"),  # configs saved before the option
         pair_mask=_pair_selection(pair_mask, labels, query_tokens.shape[0], query_tokens.device),
     )
 

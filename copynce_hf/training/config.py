@@ -82,6 +82,9 @@ class TrainingConfig:
             code): ``per_device_train_batch_size`` slots per process, each yielding an anchor's pair
             and its hard negative's pair, so twice as many pairs (see ``CopyPairBatchSampler``). The
             learning-rate scaling counts slots.
+        copynce_reverse_prior: how the collator makes the reference -> query overlap prior: ``exact``
+            (the inverse table) or ``scatter`` (the authors' scatter inverse of the query's table,
+            with holes where the query shows the reference shrunk); see ``PixTraceCollator``.
         dataloader_num_workers: data-loader worker processes per training process.
         num_eval_images: images held out of the training set for the periodic evaluation.
     Optimisation (paper supplementary table):
@@ -126,6 +129,7 @@ class TrainingConfig:
     hard_negative_prob: float | None = None
     knn_graph: str | None = None
     hard_negative_slots: bool = False
+    copynce_reverse_prior: str = "exact"
     dataloader_num_workers: int = 0
     num_eval_images: int = 0
     # optimisation
@@ -258,6 +262,10 @@ class TrainingConfig:
         if self.model_type == "descriptor" and self.resolved("positive_rate") != 1.0:
             fail("positive_rate", "must be 1.0 for the descriptor: it trains on copy pairs only, its negatives "
                  "are the other pairs of the batch")
+        from ..pixtrace.overlap import REVERSE_PRIORS
+
+        if self.copynce_reverse_prior not in REVERSE_PRIORS:
+            fail("copynce_reverse_prior", f"must be one of {REVERSE_PRIORS}")
         if not isinstance(self.hard_negative_slots, bool):
             fail("hard_negative_slots", "must be true or false")
         if self.hard_negative_slots and (self.model_type != "descriptor" or self.hard_negative_mining == "off"):
