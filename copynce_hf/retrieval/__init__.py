@@ -7,7 +7,7 @@ The detection flow (see docs/ARCHITECTURE.md)::
       -> write_predictions (DISC21 CSV) -> copy_detection metric
 """
 
-from .affinity import AffinityMaps, affinity_maps, save_affinity_figures
+from .affinity import AffinityMaps, affinity_figures, affinity_maps, save_affinity_figures
 from .descriptors import DescriptorSet, export_disc21_hdf5
 from .extract import ProcessedImages, extract_descriptors
 from .index import INDEX_KINDS, DescriptorIndex, IndexConfig, knn_predictions
@@ -32,6 +32,7 @@ from .sources import IMAGE_EXTENSIONS, DatasetImageSource, ImageFolderSource, li
 
 __all__ = [
     "AffinityMaps",
+    "affinity_figures",
     "affinity_maps",
     "save_affinity_figures",
     "DescriptorSet",
