@@ -334,7 +334,9 @@ def gallery_from_zip(detector: Detector, path: str | os.PathLike | None,
                 try:
                     images[info.filename] = _shrunk(load_image(archive.read(info)))
                 except ImageLoadError as error:
-                    skipped.append(f"{info.filename} ({str(error).split(': ', 1)[-1]})")
+                    # "image <N bytes> is truncated or corrupt: <decoder detail>" -> "is truncated or corrupt"
+                    reason = str(error).split(" bytes> ", 1)[-1].split(": ", 1)[0]
+                    skipped.append(f"{info.filename} ({reason})")
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, NotImplementedError) as error:
         raise ImageLoadError(f"The zip {name} is corrupt or unsupported: {error}.") from error
     if not images:

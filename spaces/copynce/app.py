@@ -172,12 +172,12 @@ class SpaceApp:
                 compare_status = gr.Markdown(elem_id="compare-status")
                 score = gr.Markdown(elem_id="compare-score")
                 with gr.Row():
-                    query_view = gr.Image(label="Query: click a patch", type="pil", interactive=False,
+                    query_view = gr.Image(label="Query: click a patch", type="pil", interactive=False, scale=2,
                                           elem_id="compare-query-view")
                     affinity = gr.Image(label="Token affinity of the probe patch", type="pil", interactive=False,
-                                        elem_id="compare-affinity")
+                                        scale=4, elem_id="compare-affinity")
                     entropy = gr.Image(label="Affinity entropy of the query", type="pil", interactive=False,
-                                       elem_id="compare-entropy")
+                                       scale=3, elem_id="compare-entropy")
                 outputs = [compare_status, query_view, score, affinity, entropy]
                 compare_button.click(self.compare, [query_file, reference_file], outputs)
                 query_view.select(self.compare_at, [query_file, reference_file], outputs)
