@@ -146,6 +146,10 @@ def test_make_copy_is_seeded_replayable_and_checked(astronaut):
     assert np.array_equal(np.asarray(first.image), np.asarray(again.image))
     replayed = replay(astronaut, first.recipe)
     assert np.array_equal(np.asarray(replayed.image), np.asarray(first.image))
+    for preset in ("paper_descriptor", "paper_matcher"):
+        paper = interactive.make_copy(astronaut, preset, 3, image_pool=pool)
+        assert paper.recipe and np.array_equal(np.asarray(replay(astronaut, paper.recipe).image),
+                                               np.asarray(paper.image))
     evaluation = interactive.make_copy(astronaut, "evaluation", 11)
     assert evaluation.recipe and max(evaluation.image.size) <= 320
     summary = interactive.copy_summary(first, "training", 11, "astronaut.jpg")

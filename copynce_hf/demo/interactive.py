@@ -383,8 +383,11 @@ def search(detector: Detector, gallery: Gallery, query: Image.Image, k: int = 5)
 
 #: Recipe presets of :func:`make_copy`: name -> what it is.
 COPY_PRESETS = {
-    "training": "CopyRecipe.training(): the paper's training augmentation (crops, flips, affine, perspective, "
+    "training": "CopyRecipe.training(): the package's training augmentation (crops, flips, affine, perspective, "
                 "colour, blur, pasting, overlays, erasing, compression)",
+    "paper_descriptor": "CopyRecipe.paper_descriptor(): the authors' descriptor training recipe (four shuffled "
+                        "groups of edits, then padding and erasing)",
+    "paper_matcher": "CopyRecipe.paper_matcher(): the authors' matcher training recipe (heavier)",
     "evaluation": "DemoRecipe(): the demo's evaluation-style edits (heavy crops with text and emoji, rotations, "
                   "skew, aspect ratio, memes, screenshots, then photometric changes)",
 }
@@ -397,17 +400,18 @@ def make_copy(image: Image.Image, preset: str, seed: int,
     Args:
         image: the original (RGB).
         preset: a key of :data:`COPY_PRESETS`.
-        seed: non-negative seed; the same (image, preset, seed) gives the same copy.
-        image_pool: image files the training preset may paste the copy onto or overlay on it.
+        seed: non-negative seed; the same (image, preset, seed, image_pool) gives the same copy.
+        image_pool: image files the training presets may paste the copy onto or overlay on it.
     """
     if preset not in COPY_PRESETS:
         raise ConfigError(f"unknown copy preset {preset!r}; known presets: {', '.join(COPY_PRESETS)}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**31:
         raise ConfigError(f"the seed must be an integer in [0, 2^31), got {seed!r}")
-    if preset == "training":
-        return CopyEditor(seed=int(seed), recipe=CopyRecipe.training(), image_pool=image_pool)(image)
-    edited, table, edits = DemoRecipe().apply(image, np.random.default_rng(int(seed)))
-    return CopyResult(edited, table, edits)
+    if preset == "evaluation":
+        edited, table, edits = DemoRecipe().apply(image, np.random.default_rng(int(seed)))
+        return CopyResult(edited, table, edits)
+    recipe = getattr(CopyRecipe, preset)()
+    return CopyEditor(seed=int(seed), recipe=recipe, image_pool=image_pool)(image)
 
 
 def copy_overlap_image(original: Image.Image, copy: CopyResult, image_size: int, patch_size: int,
