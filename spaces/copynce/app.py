@@ -164,7 +164,8 @@ class SpaceApp:
             with gr.Tab("Compare", id="compare"):
                 gr.Markdown("Upload a suspected copy (query) and an original (reference). The heatmap shows where "
                             "the matcher finds the query patch boxed in green inside the reference; **click the "
-                            "query** to probe another patch. Low affinity entropy marks the copied region.")
+                            "query** to probe another patch. Low affinity entropy marks the copied region. "
+                            f"Images up to {core.MAX_IMAGE_BYTES // 2**20} MB.")
                 with gr.Row():
                     query_file = gr.File(label="Query image (suspected copy)", elem_id="compare-query-file")
                     reference_file = gr.File(label="Reference image (original)", elem_id="compare-reference-file")
@@ -185,7 +186,9 @@ class SpaceApp:
 
             with gr.Tab("Search", id="search"):
                 gallery_state = gr.State(None)
-                gr.Markdown("Upload a query; the descriptor ranks the gallery, the matcher verifies the best match.")
+                gr.Markdown("Upload a query (an image up to "
+                            f"{core.MAX_IMAGE_BYTES // 2**20} MB); the descriptor ranks the gallery, the matcher "
+                            "verifies the best match.")
                 with gr.Row():
                     with gr.Column():
                         search_query = gr.File(label="Query image", elem_id="search-query-file")
