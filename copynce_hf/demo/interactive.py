@@ -30,9 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..cli import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
-from ..cli import load_model as _load_model
 from ..errors import ConfigError, ImageLoadError
+from ..evaluation.models import load_model
 from ..images import load_image
 from ..pixtrace import CopyEditor, CopyRecipe, CopyResult
 from ..retrieval import (
@@ -40,15 +39,14 @@ from ..retrieval import (
     AffinityMaps,
     DescriptorIndex,
     DescriptorSet,
+    ImageListSource,
     IndexConfig,
     affinity_figures,
     affinity_maps,
     extract_descriptors,
-    model_kind,
     score_views,
 )
 from .figures import figure_image, overlap_figure
-from .systems import ImageListSource
 from .task import BUNDLED_IMAGES, DemoRecipe, input_overlap, probe_patch
 
 __all__ = [
@@ -114,12 +112,9 @@ class Detector:
         Raises :class:`ConfigError` when a model cannot be loaded or is of the wrong kind.
         """
         loaded = {}
-        for kind, source, default, env in (("descriptor", descriptor, DEFAULT_DESCRIPTOR, DESCRIPTOR_ENV),
-                                           ("matcher", matcher, DEFAULT_MATCHER, MATCHER_ENV)):
-            model, processor = _load_model(source or None, default, env)
-            if model_kind(model) != kind:
-                raise ConfigError(f"{env}={source or default} holds a {model_kind(model)}; a {kind} is needed")
-            loaded[kind] = ((model.eval(), processor), str(source) if source else f"embedded {kind}")
+        for kind, source, env in (("descriptor", descriptor, DESCRIPTOR_ENV), ("matcher", matcher, MATCHER_ENV)):
+            model, processor = load_model(str(source) if source else None, kind, env)
+            loaded[kind] = ((model, processor), str(source) if source else f"embedded {kind}")
         return cls(loaded["descriptor"][0], loaded["matcher"][0], loaded["descriptor"][1], loaded["matcher"][1])
 
     @classmethod
