@@ -157,6 +157,20 @@ class Detector:
 # ---------------------------------------------------------------------------------------------- uploads
 
 
+def _uploaded_file(path: str | os.PathLike | None, missing: str, what: str, max_bytes: int) -> Path:
+    """``path`` as a Path after the checks every upload gets: present, a file, at most ``max_bytes``."""
+    if path is None or str(path) == "":
+        raise ImageLoadError(missing)
+    path = Path(path)
+    if not path.is_file():
+        raise ImageLoadError(f"{what} {path.name} could not be read (upload it again).")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ImageLoadError(f"{what} {path.name} is too large: {_megabytes(size)}, "
+                             f"the limit is {_megabytes(max_bytes)}.")
+    return path
+
+
 def read_upload(path: str | os.PathLike | None, label: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
     """An uploaded image file as RGB, or an :class:`ImageLoadError` with a message for the page.
 
@@ -165,16 +179,8 @@ def read_upload(path: str | os.PathLike | None, label: str, max_bytes: int = MAX
         label: what the file is for, e.g. ``"query"`` (named in the message).
         max_bytes: the largest file accepted.
     """
-    if path is None or str(path) == "":
-        raise ImageLoadError(f"Please upload a {label} image.")
-    path = Path(path)
+    path = _uploaded_file(path, f"Please upload a {label} image.", f"The {label} file", max_bytes)
     name = path.name
-    if not path.is_file():
-        raise ImageLoadError(f"The {label} file {name} could not be read (upload it again).")
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise ImageLoadError(f"The {label} file {name} is too large: {_megabytes(size)}, "
-                             f"the limit is {_megabytes(max_bytes)}.")
     try:
         return load_image(path)
     except ImageLoadError as error:
@@ -299,15 +305,8 @@ def gallery_from_zip(detector: Detector, path: str | os.PathLike | None,
     Raises :class:`ImageLoadError` for a missing, too large or corrupt zip, more than ``max_images``
     images, more than ``max_uncompressed`` bytes once unpacked, or a zip without a readable image.
     """
-    if path is None or str(path) == "":
-        raise ImageLoadError("Please upload a .zip file of reference images.")
-    path = Path(path)
+    path = _uploaded_file(path, "Please upload a .zip file of reference images.", "The zip", max_bytes)
     name = path.name
-    if not path.is_file():
-        raise ImageLoadError(f"The zip {name} could not be read (upload it again).")
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise ImageLoadError(f"The zip {name} is too large: {_megabytes(size)}, the limit is {_megabytes(max_bytes)}.")
     if not zipfile.is_zipfile(path):
         raise ImageLoadError(f"{name} is not a zip archive (or it is corrupt): upload a .zip of reference images.")
     images: dict[str, Image.Image] = {}
