@@ -19,7 +19,7 @@ import sys
 import types
 
 _SOURCES = {
-    **dict.fromkeys(('AffinityMaps', 'affinity_maps', 'save_affinity_figures'), 'affinity'),
+    **dict.fromkeys(('AffinityMaps', 'affinity_figures', 'affinity_maps', 'save_affinity_figures'), 'affinity'),
     **dict.fromkeys(('candidate_recall', 'merge_candidates', 'top_per_query'), 'candidates'),
     **dict.fromkeys(('DescriptorSet', 'export_disc21_hdf5'), 'descriptors'),
     **dict.fromkeys(('DEFAULT_CANDIDATES', 'Descriptor', 'DetectConfig', 'DetectResult', 'detect', 'view_index'), 'detect'),
@@ -61,6 +61,7 @@ sys.modules[__name__].__class__ = _LazyPackage
 
 __all__ = [
     "AffinityMaps",
+    "affinity_figures",
     "affinity_maps",
     "save_affinity_figures",
     "DescriptorSet",
