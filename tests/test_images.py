@@ -80,10 +80,10 @@ def test_refusals_name_the_file(tmp_path):
     with pytest.raises(ImageLoadError, match="truncated"):
         load_image(truncated)
     tiny = save(Image.new("RGB", (8, 40)), tmp_path / "tiny.png")
-    with pytest.raises(ImageLoadError, match="smaller than the minimum side 16"):
+    with pytest.raises(ImageLoadError, match="too small: 8x40, minimum 16"):
         load_image(tiny)
     big = save(Image.new("L", (300, 300)), tmp_path / "bomb.png")
-    with pytest.raises(ImageLoadError, match="decompression bomb"):
+    with pytest.raises(ImageLoadError, match="too large: 300x300"):
         load_image(big, max_pixels=10_000)
     assert issubclass(ImageLoadError, CopyNCEError)
 
