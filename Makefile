@@ -23,7 +23,7 @@ lint: install
 
 # The training loop on its embedded default: a tiny CopyNCE descriptor trained on the bundled images.
 train: install
-	accelerate launch scripts/train.py
+	$(PYTHON) -m copynce_hf.training
 
 # The main job: copy detection on the bundled images with the embedded models (no network, no data);
 # prints the results table and the path of the HTML report (outputs/demo/report.html).
