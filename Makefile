@@ -1,5 +1,5 @@
 # Installs what is missing, then runs. The CPU wheel of torch goes first so that
-# nothing later pulls a CUDA build (see DEVELOPERS.md).
+# nothing later pulls a CUDA build.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed

@@ -36,8 +36,8 @@ _PILLOW_LIMIT_LOCK = threading.Lock()
 
 
 def megapixels(pixels: int) -> str:
-    """``268435456`` -> ``"268.4 megapixels"``."""
-    return f"{pixels / 1e6:.1f} megapixels"
+    """``268435456`` -> ``"268.4 megapixels"``; under 0.1 megapixels, ``"4096 pixels"``."""
+    return f"{pixels / 1e6:.1f} megapixels" if pixels >= 100_000 else f"{pixels} pixels"
 
 
 def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
@@ -149,7 +149,8 @@ def _plain(error: Exception) -> str:
 
 
 def _how_to_raise(max_pixels: int) -> str:
-    return (f"the limit is {max_pixels} pixels ({megapixels(max_pixels)}); raise it with --max-pixels N "
+    size = f"{max_pixels} pixels" + (f" ({megapixels(max_pixels)})" if max_pixels >= 100_000 else "")
+    return (f"the limit is {size}; raise it with --max-pixels N "
             "(command line), max_pixels=N (load_image) or max_image_pixels (training configuration)")
 
 

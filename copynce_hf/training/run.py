@@ -408,11 +408,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     if log_with:
         accelerator.init_trackers("copynce", config=_flat_hparams(config))
-    task = None
+    task, eval_decoder = None, data.decoder()
     if data.eval_rows and accelerator.is_main_process:
         model_config = accelerator.unwrap_model(model).config
         task = build_copy_detection_task(data.eval_rows, model_config.image_size, model_config.patch_size,
-                                         seed=config.seed + 7919, decoder=data.decoder())
+                                         seed=config.seed + 7919, decoder=eval_decoder)
     if accelerator.is_main_process:
         logger.info(
             "training a %s for %d steps (warm-up %d) on %s: %d processes x %d pairs x %d accumulation, "
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> dict:
     # skips of the last window when the loop stopped between two logging steps (max_train_seconds)
     leftover = accelerator.reduce(torch.tensor([window_skipped], device=accelerator.device), reduction="sum")
     progress.skipped_images += int(leftover[0])
-    eval_skipped = task.skipped_images if task is not None else 0
+    eval_skipped = eval_decoder.skipped  # held-out images that could not be read (main process)
 
     last_metrics = evaluate()
     accelerator.wait_for_everyone()
