@@ -13,8 +13,6 @@ import hashlib
 import logging
 import os
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -357,19 +355,14 @@ def test_evaluate_refuses_predictions_that_cannot_be_scored(tmp_path, capsys, ca
 
 
 # ---------------------------------------------------------------------------------------------- the console command
-def test_console_command_global_option_after_the_subcommand(models, good, tmp_path):
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    output = tmp_path / "idx"
-    result = subprocess.run([sys.executable, "-m", "copynce_hf.cli", "index", "-q", str(good), "--model",
-                             models["descriptor"], "--output", str(output)], capture_output=True, text=True,
-                            env=environment, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "index: read 4 images, skipped 0, wrote 4 descriptors" in result.stdout
-    assert "%|" not in result.stderr  # no progress bar
-    result = subprocess.run([sys.executable, "-m", "copynce_hf.cli", "index", str(tmp_path / "missing"), "--output",
-                             str(tmp_path / "o")], capture_output=True, text=True, env=environment, timeout=300)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("copynce index: error: image folder")
+def test_global_options_work_after_the_subcommand(models, good, tmp_path, capsys):
+    code = main(["index", "-q", str(good), "--model", models["descriptor"], "--output", str(tmp_path / "idx")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "index: read 4 images, skipped 0, wrote 4 descriptors" in captured.out
+    assert "%|" not in captured.err  # no progress bar
+    code = main(["index", str(good), "--model", models["descriptor"], "--output", str(tmp_path / "idx2")])
+    assert code == 0 and "%|" in capsys.readouterr().err  # without -q, the bar is shown
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -400,3 +393,16 @@ def test_training_summary_counts_skipped_images(tmp_path):
     assert summary["skipped_evaluation_images"] == 2
     assert summary["skipped_training_images"] >= 1
     assert summary["skipped_images"] == summary["skipped_training_images"] + 2
+
+
+def test_training_output_dir_is_checked_before_any_work(tmp_path, capsys):
+    from copynce_hf.training.run import cli
+
+    a_file = tmp_path / "not_a_folder"
+    a_file.write_text("keep me\n")
+    assert cli(["--output_dir", str(a_file), "--report_to", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"error: invalid configuration value output_dir '{a_file}' is an existing file; a folder is expected here"
+    ]
+    assert a_file.read_text() == "keep me\n"

@@ -132,12 +132,11 @@ def test_ctrl_c_stops_with_one_line_naming_the_checkpoint_and_the_resume_command
     assert last.endswith("--resume latest") and "python -m copynce_hf.training" in last
 
 
-def test_configuration_error_is_one_line_and_status_2(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "copynce_hf.training", "--learning_rate", "-1", "--output_dir",
-                             str(tmp_path / "out")], capture_output=True, text=True, env=_environment(), cwd=REPO,
-                            timeout=300)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+def test_configuration_error_is_one_line_and_status_2(tmp_path, capsys):
+    from copynce_hf.training.run import cli
+
+    assert cli(["--learning_rate", "-1", "--output_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "error: invalid configuration value learning_rate=-1: must be > 0"
     ]
     assert not (tmp_path / "out").exists()

@@ -65,6 +65,7 @@ from copynce_hf.modeling import (
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
 )
+from copynce_hf.outputs import OutputPathError, StagedFile, check_output_folder
 from copynce_hf.training import (
     DEFAULT_CONFIG,
     TrainingConfig,
@@ -366,6 +367,10 @@ def _weights_checksum(model: torch.nn.Module) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> dict:
     """Run training; returns the summary written to ``<output_dir>/training_summary.json``."""
     config = parse_args(argv)
+    try:  # before any work: an output_dir that is a file or cannot be written stops the run at once
+        check_output_folder(config.output_dir, "output_dir")
+    except OutputPathError as error:
+        raise ConfigError(f"invalid configuration value {error}") from None
     output_dir = Path(config.output_dir)
     log_with = None if config.report_to == "none" else config.report_to
     accelerator = Accelerator(
@@ -546,7 +551,8 @@ def main(argv: list[str] | None = None) -> dict:
         folder = save_trained_model(accelerator.unwrap_model(model), processor, config, output_dir, last_metrics,
                                     push_to_hub=config.push_to_hub, private=config.hub_private_repo)
         summary["model_folder"] = str(folder)
-        (output_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+        with StagedFile(output_dir / "training_summary.json") as temporary:
+            temporary.write_text(json.dumps(summary, indent=2))
         logger.info("saved the %s to %s (%.0f s)", config.model_type, folder, summary["wall_seconds"])
     accelerator.wait_for_everyone()
     accelerator.end_training()
