@@ -12,6 +12,7 @@ PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
 DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
 DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
+_MADE_BY = " (the embedded models are made by `python scripts/export_embedded.py`, nothing here trains a model)"
 
 
 def check_model_path(path: str | Path | None, option: str = "--model") -> None:
@@ -32,7 +33,7 @@ def check_model_path(path: str | Path | None, option: str = "--model") -> None:
             raise ConfigError(f"{option} {text!r} is a folder without config.json (not a saved model folder)")
         return
     if local.is_absolute() or text.startswith((".", "~")) or text.replace("\\", "/").count("/") > 1:
-        raise ConfigError(f"{option} {text!r}: the model folder does not exist")
+        raise ConfigError(f"{option} {text!r}: the model folder does not exist{_MADE_BY}")
 
 
 def load_model(path: str | Path | None = None, kind: str | None = None, option: str = "--model",
@@ -76,8 +77,7 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         hint = ""
         if not Path(str(path)).exists():
-            hint = ("; it is neither a model folder here nor a reachable Hub id (the embedded models are made by "
-                    "`python scripts/export_embedded.py`, nothing here trains a model)")
+            hint = f"; it is neither a model folder here nor a reachable Hub id{_MADE_BY}"
         raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}{hint}") from error
     if kind is not None and model_kind(model) != kind:
         raise ConfigError(f"{option} {path} holds a {model_kind(model)}; a {kind} is needed here")
