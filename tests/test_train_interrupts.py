@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
+from conftest import shrunk_asset_images
 from safetensors.torch import load_file
 
-from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.training.run import CHECKPOINT_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,12 +26,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("images")
-    for path in sorted(ASSET_IMAGES.glob("*.jpg")):
-        image = Image.open(path).convert("RGB")
-        image.thumbnail((64, 64))
-        image.save(folder / path.name, quality=90)
-    return folder
+    return shrunk_asset_images(tmp_path_factory.mktemp("images"), 64)
 
 
 def _options(images, output, *extra) -> list[str]:
