@@ -51,7 +51,14 @@ def _tracked_text_files() -> list[Path]:
     return files
 
 
+#: Installed layout -> repository folder of the package data that setup.py maps (see its package_dir).
+PACKAGE_DATA = {"copynce_hf/model_cards/": "model_cards/", "copynce_hf/configs/": "configs/"}
+
+
 def _document_exists(reference: str, source: Path) -> bool:
+    for installed, folder in PACKAGE_DATA.items():
+        if reference.startswith(installed):
+            reference = folder + reference[len(installed):]
     candidates = [source.parent / reference] + [root / reference for root in DOCUMENT_ROOTS]
     return any(candidate.resolve().is_file() and candidate.resolve().is_relative_to(REPO) for candidate in candidates)
 
