@@ -304,6 +304,27 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
         run(name, lambda s=system, on=on: s.predict(on, query_files), info, on)
 
 
+def pipeline_table(output_dir: Path) -> str:
+    """The pipeline stages' results in ``output_dir`` as a Markdown table (one row per stage record found)."""
+    lines = ["| stage | queries | candidates | muAP | RP90 | recall@1 | candidate recall | s per query |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(Path(output_dir).glob("pipeline-*.json")):
+        record = read_json(path)
+        metrics, pipeline = record["metrics"], record.get("pipeline", {})
+        queries = record["task"]["num_queries"]
+        recall = pipeline.get("candidate_recall")
+        lines.append(f"| {record['system']} | {queries} | {record.get('candidates', '-')} | {metrics['micro_ap']:.3f} | "
+                     f"{metrics['recall_at_p90']:.3f} | {metrics['recall_at_rank1']:.3f} | "
+                     f"{'-' if recall is None else f'{recall:.3f}'} | "
+                     f"{pipeline.get('query_seconds', record['wall_seconds']) / queries:.2f} |")
+        previous = record.get("previous_stage_on_subset")
+        if previous:
+            m = previous["metrics"]
+            lines.append(f"| ({previous['system']} on the same {queries} queries) | {queries} | - | {m['micro_ap']:.3f} | "
+                         f"{m['recall_at_p90']:.3f} | {m['recall_at_rank1']:.3f} | - | - |")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -339,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pipeline: merge the baseline descriptor's candidates into the last stage")
     parser.add_argument("--baseline-descriptor", type=Path, default=DEFAULT_BASELINE_DESCRIPTOR,
                         help="pipeline: the second descriptor whose candidates are merged (--merge-baseline)")
+    parser.add_argument("--pipeline-table", action="store_true",
+                        help="only print the pipeline stages found in --output-dir as a Markdown table")
     parser.add_argument("--skip-existing", action="store_true",
                         help="keep results already written for the same task instead of recomputing them")
     return parser
@@ -346,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = build_parser().parse_args(argv)
+    if args.pipeline_table:
+        print(pipeline_table(args.output_dir))
+        return {}
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     limit_threads(args.threads)
     config = MiniDiscConfig(image_folder=args.image_folder, splits_csv=args.splits_csv,
