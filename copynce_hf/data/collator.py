@@ -17,6 +17,7 @@ from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..errors import ConfigError
 from ..pixtrace import CoordinateTable, pair_overlaps
+from ..pixtrace.overlap import REVERSE_PRIORS
 
 __all__ = ["CopyPair", "PixTraceCollator"]
 
@@ -57,7 +58,9 @@ class PixTraceCollator:
     - ``labels`` float32 (B,): 1 for copies, 0 for negatives;
     - ``overlap_qr`` float32 (B, L, L): the paper's q-hat from query patches to reference patches,
       ``pair_overlaps(query_table, reference_table, patch_size)[0]``; zero for negative pairs;
-    - ``overlap_rq`` float32 (B, L, L): the same from reference patches to query patches;
+    - ``overlap_rq`` float32 (B, L, L): the same from reference patches to query patches (the exact
+      inverse, or with ``reverse_prior="scatter"`` the authors' scatter inverse of the query's table,
+      see :func:`copynce_hf.pixtrace.overlap.scatter_reverse_overlap`);
     - ``pair_mask`` bool (B,): positive pairs with at least one overlapping patch in both directions
       (the pairs CopyNCE is computed on);
     - ``num_skipped_images`` int64 scalar (only with ``report_skipped=True``): unreadable images
@@ -72,6 +75,7 @@ class PixTraceCollator:
         image_std: Sequence[float] = IMAGENET_DEFAULT_STD,
         compute_overlaps: bool = True,
         report_skipped: bool = True,
+        reverse_prior: str = "exact",
     ):
         if image_size % patch_size:
             raise ConfigError(f"image_size={image_size} must be a multiple of patch_size={patch_size}")
@@ -85,6 +89,9 @@ class PixTraceCollator:
         self.offset = (-mean / std).reshape(3, 1, 1).astype(np.float32)
         self.compute_overlaps = compute_overlaps
         self.report_skipped = report_skipped
+        if reverse_prior not in REVERSE_PRIORS:
+            raise ConfigError(f"reverse_prior={reverse_prior!r} must be one of {REVERSE_PRIORS}")
+        self.reverse_prior = reverse_prior
 
     # ------------------------------------------------------------------ per pair
     def pixels(self, image: Image.Image) -> np.ndarray:
@@ -101,7 +108,7 @@ class PixTraceCollator:
     def overlaps(self, pair: CopyPair) -> tuple[np.ndarray, np.ndarray]:
         """``(overlap_qr (L, L), overlap_rq (L, L))`` of a pair; zeros for negatives and untraced pairs."""
         if pair.label and self.compute_overlaps and pair.query_table is not None and pair.reference_table is not None:
-            return pair_overlaps(pair.query_table, pair.reference_table, self.patch_size)
+            return pair_overlaps(pair.query_table, pair.reference_table, self.patch_size, self.reverse_prior)
         zeros = np.zeros((self.num_patches, self.num_patches), dtype=np.float32)
         return zeros, zeros
 
