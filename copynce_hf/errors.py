@@ -5,6 +5,7 @@ custom code; this module is the package-level name for the same classes.
 """
 
 from .modeling.errors import (  # noqa: F401
+    SKIP_REASONS,
     ConfigError,
     CopyNCEError,
     EditParameterError,
@@ -13,4 +14,5 @@ from .modeling.errors import (  # noqa: F401
     TableError,
 )
 
-__all__ = ["ConfigError", "CopyNCEError", "EditParameterError", "ImageLoadError", "PredictionsError", "TableError"]
+__all__ = ["SKIP_REASONS", "ConfigError", "CopyNCEError", "EditParameterError", "ImageLoadError",
+           "PredictionsError", "TableError"]

@@ -33,6 +33,7 @@ class CopyDetectionTask:
         references: float32 (R, 3, S, S).
         query_ids, reference_ids: ids (``q:<image id>``, ``r:<image id>``).
         ground_truth: ``{query_id: [reference_id]}``; distractor queries map to ``[]``.
+        skipped_images: held-out images left out because they could not be read.
     """
 
     queries: torch.Tensor
@@ -40,12 +41,19 @@ class CopyDetectionTask:
     query_ids: list[str]
     reference_ids: list[str]
     ground_truth: dict[str, list[str]]
+    skipped_images: int = 0
 
 
 def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int = 12345,
-                              query_recipe: str = "training") -> CopyDetectionTask | None:
-    """Build the task from dataset rows (``image_id`` + undecoded ``image``); ``None`` if < 2 readable."""
-    decoder = ImageDecoder()
+                              query_recipe: str = "training", decoder: ImageDecoder | None = None
+                              ) -> CopyDetectionTask | None:
+    """Build the task from dataset rows (``image_id`` + undecoded ``image``); ``None`` if < 2 readable.
+
+    ``decoder`` reads the images (its ``skipped`` count grows by the unreadable ones, which the task
+    also records in ``skipped_images``).
+    """
+    decoder = decoder or ImageDecoder()
+    skipped_before = decoder.skipped
     originals = decoder.decode_all(rows)
     if len(originals) < 2:
         return None
@@ -66,7 +74,7 @@ def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int 
             reference_ids.append(f"r:{image_id}")
             truth[query_id] = [f"r:{image_id}"]
     return CopyDetectionTask(torch.from_numpy(np.stack(queries)), torch.from_numpy(np.stack(references)),
-                             query_ids, reference_ids, truth)
+                             query_ids, reference_ids, truth, skipped_images=decoder.skipped - skipped_before)
 
 
 @torch.inference_mode()
