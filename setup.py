@@ -41,6 +41,8 @@ setup(
         "transformers>=5.24,<6",
         "accelerate>=1.1",
         "datasets>=4.2",
+        # StatefulDataLoader (with snapshot_every_n_steps): the exact resume of streamed runs.
+        "torchdata>=0.8",
         "evaluate>=0.4.1",
         "huggingface_hub>=1.31",
         "safetensors>=0.8",

@@ -242,24 +242,72 @@ def test_ground_truth_pairs_for_finetuning(disc21):
     assert not bool(batch["pair_mask"].any()) and float(batch["overlap_qr"].sum()) == 0  # CopyNCE off
 
 
-def test_streaming_pairs_resume_skips_exactly(tmp_path):
+def _log_read(row, log):
+    """A ``datasets.map`` function that records every row the stream reads (in the worker that reads it)."""
+    with open(log, "a") as handle:
+        handle.write(row["image_id"] + "\n")
+    return row
+
+
+def _iterator_states(state) -> list[dict]:
+    """The per-worker :class:`StreamingPairIterator` states inside a ``StatefulDataLoader`` state."""
+    if isinstance(state, dict):
+        if "buffer" in state and "stream" in state:
+            return [state]
+        return [found for value in state.values() for found in _iterator_states(value)]
+    return []
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_streaming_pairs_resume_exactly_without_rereading(tmp_path, shards):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
     folder = tmp_path / "imgs"
-    _small_images(folder, 9, side=40)
+    _small_images(folder, 19, side=40)
     _corrupt(folder)
-    stream = load_image_dataset(folder, streaming=True, num_shards=1)
+    files = sorted(folder.iterdir())  # 19 images and 2 unreadable files, as Parquet shards
+    (tmp_path / "parquet").mkdir()
+    for index in range(shards):
+        part = files[index::shards]
+        _image_table(part, [path.stem for path in part]).to_parquet(str(tmp_path / "parquet" / f"train-{index}.parquet"))
+    stream = load_image_dataset(tmp_path / "parquet", streaming=True)
+    assert stream.num_shards == shards
 
-    def run(skip):
-        dataset = StreamingCopyPairDataset(stream, CopyPairMaker(32, "resize", "resize"), batch_size=2, seed=5,
-                                           positive_rate=0.5, shuffle_buffer_size=4)
+    def loader(state=None, log=tmp_path / "read.log"):
+        images = stream.map(_log_read, fn_kwargs={"log": str(log)})
+        dataset = StreamingCopyPairDataset(images, CopyPairMaker(32, "resize", "resize"), batch_size=2, seed=5,
+                                           positive_rate=0.5, shuffle_buffer_size=4, negative_pool=3)
         dataset.set_epoch(1)
-        dataset.skip_batches(skip)
-        return [(p.query_id, p.reference_id, p.label, p.skipped_images) for p in dataset], dataset.skipped
+        result = StatefulDataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list, drop_last=True,
+                                    snapshot_every_n_steps=3)
+        if state is not None:
+            result.load_state_dict(state)
+        return result
 
-    full, skipped = run(0)
-    assert len(full) == 9 and skipped == 2 and sum(p[3] for p in full) == 2
-    assert {p[2] for p in full} == {0, 1}
-    resumed, _ = run(2)
-    assert [p[:3] for p in resumed] == [p[:3] for p in full[4:]]
+    def ids(batch):
+        return [(p.query_id, p.reference_id, p.label) for p in batch]
+
+    full = [ids(batch) for batch in loader()]
+    assert sum(len(b) for b in full) >= 18 and {p[2] for b in full for p in b} == {0, 1}
+    interrupted = loader()
+    seen = []
+    for batch in interrupted:
+        seen.append(ids(batch))
+        if len(seen) == 3:  # a snapshot step: the saved state holds every worker's exact position
+            state = interrupted.state_dict()
+            break
+    assert seen == full[:3]
+    log = tmp_path / "read_after_resume.log"
+    resumed = [ids(batch) for batch in loader(state, log)]
+    assert seen + resumed == full
+    # Nothing read before the checkpoint is read again: the resumed workers read exactly the rows that
+    # were neither trained on nor waiting in a shuffle buffer.
+    buffered = [row["image_id"] for worker in _iterator_states(state) for row in worker["buffer"]]
+    consumed = {p[0] for batch in seen for p in batch}
+    read_after = log.read_text().split()
+    assert len(read_after) == len(set(read_after))
+    assert not set(read_after) & (consumed | set(buffered))
+    assert len(read_after) + len(buffered) + len(consumed) == 21  # 19 images and 2 unreadable files
 
 
 # ---------------------------------------------------------------------------------------------- GHNM

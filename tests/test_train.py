@@ -300,3 +300,43 @@ def test_streaming_training_run(train_script, tmp_path, images):
     summary = train_script.main(_tiny(images, tmp_path / "stream", "--max_steps", "3", "--streaming", "true",
                                       "--shuffle_buffer_size", "4"))
     assert summary["steps"] == 3 and summary["eval"]
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_streamed_resume_reproduces_the_uninterrupted_run(train_script, tmp_path, images, shards):
+    """A streamed Parquet run (2 data-loader workers) resumed mid-epoch equals the uninterrupted run."""
+    import datasets
+
+    files = sorted(images.glob("*.jpg"))
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    for index in range(shards):
+        part = files[index::shards]
+        table = datasets.Dataset.from_dict({"image": [{"bytes": p.read_bytes(), "path": None} for p in part],
+                                            "image_id": [p.stem for p in part]})
+        table.cast_column("image", datasets.Image()).to_parquet(str(parquet / f"train-{index:05d}.parquet"))
+
+    def run(output, *extra):
+        return train_script.main(_tiny(parquet, output, "--max_steps", "7", "--checkpointing_steps", "3",
+                                       "--warmup_steps", "2", "--streaming", "true", "--shuffle_buffer_size", "3",
+                                       "--dataloader_num_workers", "2", "--per_device_train_batch_size", "2",
+                                       *extra))
+
+    full = tmp_path / "full"
+    run(full)
+    # Stopped during steps 4..6 (the second streamed epoch starts inside them): resume from step 3.
+    killed = tmp_path / "killed"
+    (killed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step_00000003", killed / "checkpoints" / "step_00000003")
+    assert (killed / "checkpoints" / "step_00000003" / "data_loader_state_0.pt").is_file()
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    summary = run(killed, "--resume", "latest")
+    expected, resumed = _weights(full), _weights(killed)
+    for name in expected:
+        torch.testing.assert_close(resumed[name], expected[name], rtol=0, atol=1e-6, msg=name)
+    full_losses = {h["step"]: h["train/loss"] for h in json.loads((full / "training_summary.json").read_text())
+                   ["history"] if "train/loss" in h}
+    resumed_losses = {h["step"]: h["train/loss"] for h in summary["history"] if "train/loss" in h}
+    assert {step: full_losses[step] for step in resumed_losses} == resumed_losses and max(resumed_losses) == 7

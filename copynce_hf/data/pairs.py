@@ -331,14 +331,15 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
     """Copy pairs over a streamed image dataset (``datasets.IterableDataset``, e.g. a Hub id).
 
     Each process reads its part of the stream (``datasets.distributed.split_dataset_by_node``), each
-    data-loader worker its shards; the stream is shuffled with a buffer (``datasets`` ``shuffle`` and
-    ``set_epoch``). Negative references come from a pool of the last ``negative_pool`` readable
-    images of the worker's stream (GHNM needs random access: use :class:`CopyPairDataset` for it).
+    data-loader worker its shards in order; rows are drawn at random from a buffer of
+    ``shuffle_buffer_size`` rows, with a random state that changes with the epoch (``set_epoch``).
+    Negative references come from a pool of the last ``negative_pool`` readable images of the
+    worker's stream (GHNM needs random access: use :class:`CopyPairDataset` for it).
 
-    ``skip_batches(n)`` makes the next iteration continue after the first ``n`` batches this process
-    consumed in the epoch, without editing the skipped pairs (it only reads them), so a resumed run
-    gets the same pairs as the interrupted one. It assumes the DataLoader's default in-order
-    round-robin over workers with ``batch_size`` pairs per worker batch.
+    Iterating returns a :class:`StreamingPairIterator`, whose ``state_dict()`` is exactly where the
+    worker is (``datasets``' own position in its shards, the buffered rows, the negative pool, the
+    random state): a ``torchdata`` ``StatefulDataLoader`` saves it per worker and a resumed run
+    continues with the very pairs an uninterrupted one would get, without reading consumed rows again.
     """
 
     def __init__(
@@ -366,7 +367,6 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         self.negative_pool = negative_pool
         self.decoder = decoder or ImageDecoder()
         self.epoch = 0
-        self.skip = 0
 
     @property
     def skipped(self) -> int:
@@ -375,45 +375,104 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def skip_batches(self, batches: int) -> None:
-        self.skip = int(batches)
-
     def _stream(self) -> datasets.IterableDataset:
+        # Rows are shuffled by this class's buffer, whose content is part of the resumable state:
+        # ``datasets``' own shuffle buffer is lost by its state_dict (and, in datasets 5.2, a shuffled
+        # stream's state does not load back into a worker holding several shards).
         stream = self.images
-        if self.shuffle_buffer_size > 1:
-            stream = stream.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer_size)
         stream.set_epoch(self.epoch)
         if self.num_processes > 1:
             stream = datasets.distributed.split_dataset_by_node(stream, self.process_index, self.num_processes)
         return stream
 
-    def __iter__(self) -> Iterator[CopyPair]:
+    def __iter__(self) -> StreamingPairIterator:
+        return StreamingPairIterator(self)
+
+
+class StreamingPairIterator:
+    """One data-loader worker's pass over a :class:`StreamingCopyPairDataset` epoch (torchdata ``Stateful``).
+
+    ``state_dict()`` after any pair holds ``datasets``' iteration state of the worker's shards
+    (``IterableDataset.state_dict()``), the rows read but not yet drawn from the shuffle buffer, the
+    negative pool, the buffer's random state and the pair position; ``load_state_dict`` before the first
+    ``next`` continues from there, reading only rows that were never read.
+    """
+
+    def __init__(self, dataset: StreamingCopyPairDataset):
+        self.dataset = dataset
+        self._loaded: dict = {}
+        self._pairs: Iterator[CopyPair] | None = None
+        self.rows_read = 0  # rows taken from the stream by this iterator (not counting a loaded state's)
+
+    def __iter__(self) -> StreamingPairIterator:
+        return self
+
+    def __next__(self) -> CopyPair:
+        if self._pairs is None:
+            self._pairs = self._generate()
+        return next(self._pairs)
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._pairs is not None:
+            raise RuntimeError("load_state_dict must come before the first pair is drawn")
+        if state and state.get("epoch") != self.dataset.epoch:
+            raise ValueError(f"the stream state is of epoch {state.get('epoch')}, the dataset is at epoch "
+                             f"{self.dataset.epoch}")
+        self._loaded = dict(state)
+
+    def state_dict(self) -> dict:
+        if self._pairs is None:
+            return dict(self._loaded)
+        return {"epoch": self.dataset.epoch, "stream": self._stream.state_dict(), "buffer": list(self._buffer),
+                "read_all": self._read_all, "pool": list(self._pool), "rng": self._rng.bit_generator.state,
+                "position": self._position}
+
+    def _next_row(self, rows: Iterator[dict]) -> dict | None:
+        """A row drawn at random from the buffer, refilled from the stream first (None: epoch over)."""
+        while not self._read_all and len(self._buffer) < max(1, self.dataset.shuffle_buffer_size):
+            row = next(rows, None)
+            if row is None:
+                self._read_all = True
+            else:
+                self.rows_read += 1
+                self._buffer.append(row)
+        if not self._buffer:
+            return None
+        i = int(self._rng.integers(len(self._buffer))) if len(self._buffer) > 1 else 0
+        self._buffer[i], self._buffer[-1] = self._buffer[-1], self._buffer[i]
+        return self._buffer.pop()
+
+    def _generate(self) -> Iterator[CopyPair]:
+        data, state = self.dataset, self._loaded
         info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        # Batches b of this process come from worker b % workers: this worker's share of the skip.
-        own_batches = max(0, (self.skip - worker + workers - 1) // workers)
-        to_skip = own_batches * self.batch_size
-        pool: deque = deque(maxlen=self.negative_pool)
-        position = 0
-        reported = self.decoder.skipped  # skips are reported once, in the pair that follows them
-        for row in self._stream():
-            image = self.decoder(row["image"], row["image_id"])
+        worker = info.id if info is not None else 0
+        self._stream = data._stream()
+        if state.get("stream"):
+            self._stream.load_state_dict(state["stream"])
+        self._buffer: list[dict] = list(state.get("buffer", ()))
+        self._read_all = bool(state.get("read_all", False))
+        self._pool: deque = deque(state.get("pool", ()), maxlen=data.negative_pool)
+        self._rng = np.random.default_rng([data.seed, 0x5B0F, data.epoch, data.process_index, worker])
+        if "rng" in state:
+            self._rng.bit_generator.state = state["rng"]
+        self._position = int(state.get("position", 0))
+        rows: Iterator[dict] = iter(()) if self._read_all else iter(self._stream)
+        reported = data.decoder.skipped  # skips are reported once, in the pair that follows them
+        while (row := self._next_row(rows)) is not None:
+            image = data.decoder(row["image"], row["image_id"])
             if image is None:
                 continue
-            rng = np.random.default_rng([self.seed, 0x57AE, self.epoch, self.process_index, worker, position])
-            position += 1
-            label = int(rng.random() < self.positive_rate or not pool)
+            rng = np.random.default_rng([data.seed, 0x57AE, data.epoch, data.process_index, worker, self._position])
+            self._position += 1
+            label = int(rng.random() < data.positive_rate or not self._pool)
             query_seed, reference_seed = (int(s) for s in rng.integers(_SEED_SPACE, size=2))
-            partner = None if label else pool[int(rng.integers(len(pool)))]
-            pool.append(row)
-            if position <= to_skip:  # already consumed (and counted) before the resume
-                reported = self.decoder.skipped
-                continue
-            skipped, reported = self.decoder.skipped - reported, self.decoder.skipped
+            partner = None if label else self._pool[int(rng.integers(len(self._pool)))]
+            self._pool.append(row)
+            skipped, reported = data.decoder.skipped - reported, data.decoder.skipped
             if partner is None:
                 reference_original, reference_id = image, row["image_id"]
             else:
-                reference_original = self.decoder(partner["image"], partner["image_id"])
+                reference_original = data.decoder(partner["image"], partner["image_id"])
                 reference_id = partner["image_id"]
-            yield self.maker(image, reference_original, label, query_seed, reference_seed,
+            yield data.maker(image, reference_original, label, query_seed, reference_seed,
                              query_id=row["image_id"], reference_id=reference_id, skipped_images=skipped)

@@ -22,7 +22,8 @@ Paper settings (supplementary table "All detailed settings in our training pipel
 Interruptions: checkpoints are written into a hidden temporary folder and renamed to
 ``checkpoints/step_XXXXXXXX`` only when complete, so a run killed at any moment (``kill -9``
 included) leaves only complete checkpoints; ``--resume latest`` continues from the newest one with
-the same data and the same loss curve, skipping (with a warning) any incomplete leftover. Ctrl-C
+the same data and the same loss curve, skipping (with a warning) any incomplete leftover (a streamed
+dataset continues from its data loader's saved iteration state, reading no consumed row again). Ctrl-C
 stops with one line naming the last checkpoint and the command that continues; a configuration
 error stops with one line and exit status 2 (run through ``accelerate launch``, the launcher adds its
 own report of the failed process after that line).
@@ -175,6 +176,7 @@ class TrainingData:
             streaming = config.dataset is not None and not Path(config.dataset).expanduser().exists()
         self.streaming = bool(streaming) and config.pair_source == "edits"
         self.eval_rows: list[dict] = []
+        self.resume_state: dict | None = None  # a streamed loader's state to continue from
         self.steps_per_epoch: float | None = None
         per_process, processes = config.per_device_train_batch_size, accelerator.num_processes
         if config.pair_source == "ground_truth":
@@ -246,10 +248,32 @@ class TrainingData:
             self.sampler.set_start(progress.micro_batches)
             self.sampler.num_batches = total_micro_batches
             return torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler, **extra)
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
         self.dataset.set_epoch(progress.epoch)
-        self.dataset.skip_batches(progress.batch_in_epoch)
-        return torch.utils.data.DataLoader(self.dataset, batch_size=self.config.per_device_train_batch_size,
-                                           drop_last=True, **extra)
+        # Workers send their stream state (shard positions, shuffle buffer, negative pool) with the
+        # batches on which a checkpoint falls: loader batch c is global micro-batch
+        # micro_batches - batch_in_epoch + c, and checkpoints fall on multiples of ``every``.
+        interval = None
+        if self.config.checkpointing_steps:
+            every = self.config.checkpointing_steps * self.config.gradient_accumulation_steps
+            interval = math.gcd((progress.batch_in_epoch - progress.micro_batches) % every, every)
+        loader = StatefulDataLoader(self.dataset, batch_size=self.config.per_device_train_batch_size,
+                                    drop_last=True, snapshot_every_n_steps=interval, **extra)
+        if self.resume_state is not None:
+            loader.load_state_dict(self.resume_state)
+            self.resume_state = None
+        return loader
+
+    def load_loader_state(self, checkpoint: Path, progress: TrainingProgress) -> None:
+        """Continue the stream where ``checkpoint`` left it (this process's data-loader state)."""
+        path = checkpoint / LOADER_STATE.format(process=self.accelerator.process_index)
+        if path.is_file():
+            self.resume_state = torch.load(path, weights_only=False)
+        elif progress.batch_in_epoch:
+            raise ConfigError(f"invalid configuration value resume={self.config.resume!r}: {checkpoint} has no "
+                              f"{path.name} (written by an older version), so the streamed run cannot continue "
+                              "exactly; start a new run or set streaming false")
 
 
 class TrainingProgress:
@@ -327,10 +351,16 @@ def find_checkpoint(config: TrainingConfig) -> Path | None:
     return path
 
 
-def save_checkpoint(accelerator: Accelerator, config: TrainingConfig, step: int) -> Path:
+#: A streamed run's data-loader state (torchdata ``StatefulDataLoader``), one file per process.
+LOADER_STATE = "data_loader_state_{process}.pt"
+
+
+def save_checkpoint(accelerator: Accelerator, config: TrainingConfig, step: int,
+                    loader_state: dict | None = None) -> Path:
     """Write the run's state as ``checkpoints/step_<step>``, atomically.
 
-    Every process writes its part into the hidden ``checkpoints/.step_<step>.partial``; the main process
+    Every process writes its part (with ``loader_state``, its streamed data loader's position) into
+    the hidden ``checkpoints/.step_<step>.partial``; the main process
     then adds :data:`CHECKPOINT_MARKER` and renames the folder, so that a ``step_*`` folder is always
     complete. Old checkpoints beyond ``checkpoints_total_limit`` are renamed away before being deleted.
     """
@@ -341,6 +371,8 @@ def save_checkpoint(accelerator: Accelerator, config: TrainingConfig, step: int)
         shutil.rmtree(partial, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(partial))
+    if loader_state is not None:
+        torch.save(loader_state, partial / LOADER_STATE.format(process=accelerator.process_index))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if os.environ.get(_PAUSE_IN_CHECKPOINT_ENV) == str(step):
@@ -423,6 +455,8 @@ def main(argv: list[str] | None = None) -> dict:
     checkpoint = find_checkpoint(config)
     if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
+        if data.streaming:
+            data.load_loader_state(checkpoint, progress)
         logger.info("resumed from %s at step %d", checkpoint, progress.step)
     elif config.resume == "latest":
         logger.info("resume=latest: no checkpoint in %s yet, starting a new run", checkpoint_folder(config))
@@ -463,7 +497,8 @@ def main(argv: list[str] | None = None) -> dict:
     last_metrics: dict[str, float] = {}
     loop_started = time.perf_counter()
     while progress.micro_batches < total_micro:
-        iterator = iter(data.loader(progress, total_micro))
+        loader = data.loader(progress, total_micro)
+        iterator = iter(loader)
         while progress.micro_batches < total_micro:
             fetch = time.perf_counter()
             batch = next(iterator, None)
@@ -535,7 +570,7 @@ def main(argv: list[str] | None = None) -> dict:
             if config.eval_steps and progress.step % config.eval_steps == 0 and progress.step < total_steps:
                 evaluate()
             if config.checkpointing_steps and progress.step % config.checkpointing_steps == 0:
-                save_checkpoint(accelerator, config, progress.step)
+                save_checkpoint(accelerator, config, progress.step, loader.state_dict() if data.streaming else None)
     bar.close()
     # skips of the last window when the loop stopped between two logging steps (max_train_seconds)
     leftover = accelerator.reduce(torch.tensor([window_skipped], device=accelerator.device), reduction="sum")
