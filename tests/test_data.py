@@ -258,8 +258,8 @@ def _iterator_states(state) -> list[dict]:
     return []
 
 
-@pytest.mark.parametrize("shards", [1, 4])
-def test_streaming_pairs_resume_exactly_without_rereading(tmp_path, shards):
+@pytest.mark.parametrize(("shards", "workers"), [(1, 2), (4, 2), (2, 0)])
+def test_streaming_pairs_resume_exactly_without_rereading(tmp_path, shards, workers):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     folder = tmp_path / "imgs"
@@ -278,7 +278,7 @@ def test_streaming_pairs_resume_exactly_without_rereading(tmp_path, shards):
         dataset = StreamingCopyPairDataset(images, CopyPairMaker(32, "resize", "resize"), batch_size=2, seed=5,
                                            positive_rate=0.5, shuffle_buffer_size=4, negative_pool=3)
         dataset.set_epoch(1)
-        result = StatefulDataLoader(dataset, batch_size=2, num_workers=2, collate_fn=list, drop_last=True,
+        result = StatefulDataLoader(dataset, batch_size=2, num_workers=workers, collate_fn=list, drop_last=True,
                                     snapshot_every_n_steps=3)
         if state is not None:
             result.load_state_dict(state)

@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -258,8 +259,10 @@ class TrainingData:
         if self.config.checkpointing_steps:
             every = self.config.checkpointing_steps * self.config.gradient_accumulation_steps
             interval = math.gcd((progress.batch_in_epoch - progress.micro_batches) % every, every)
-        loader = StatefulDataLoader(self.dataset, batch_size=self.config.per_device_train_batch_size,
-                                    drop_last=True, snapshot_every_n_steps=interval, **extra)
+        with warnings.catch_warnings():  # torchdata calls torch.set_vital, deprecated in recent torch
+            warnings.filterwarnings("ignore", message=".*set_vital.*deprecated")
+            loader = StatefulDataLoader(self.dataset, batch_size=self.config.per_device_train_batch_size,
+                                        drop_last=True, snapshot_every_n_steps=interval, **extra)
         if self.resume_state is not None:
             loader.load_state_dict(self.resume_state)
             self.resume_state = None
