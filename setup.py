@@ -32,6 +32,7 @@ setup(
         "numpy>=1.24",
         "pillow>=9.5",
         "augly>=1.0.0",
+        "opencv-python-headless>=4.10",  # fused PixTrace warps (copynce_hf.pixtrace.fused)
         "torch>=2.1,<2.15",
         "transformers>=5.24,<6",
         "accelerate>=0.30",

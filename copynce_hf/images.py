@@ -7,6 +7,7 @@ through :func:`load_image` or :func:`to_rgb`, so that one set of rules holds eve
 from __future__ import annotations
 
 import io
+import math
 import os
 import warnings
 from pathlib import Path
@@ -57,6 +58,7 @@ def load_image(
     source: str | os.PathLike | bytes | Image.Image,
     min_side: int = MIN_IMAGE_SIDE,
     max_pixels: int = MAX_IMAGE_PIXELS,
+    max_side: int | None = None,
 ) -> Image.Image:
     """Open an image file (path, bytes or PIL image) as an RGB PIL image.
 
@@ -64,6 +66,12 @@ def load_image(
     image as it is displayed. Raises :class:`ImageLoadError`, naming the file, for a
     missing, truncated or corrupt file, a decompression bomb (more than ``max_pixels``
     pixels) or an image whose smaller side is under ``min_side`` pixels.
+
+    ``max_side``: the caller shrinks the image to this longer side anyway (e.g.
+    ``CopyPairMaker.max_source_side``), so a JPEG larger than that is decoded at the smallest
+    of the decoder's scales 1/2, 1/4, 1/8 that keeps the longer side at or above ``max_side``
+    (Pillow's draft mode: the DCT is reduced, several times faster than decoding everything).
+    Other formats, and files already small enough, are decoded in full.
     """
     name = _describe(source)
     if isinstance(source, Image.Image):
@@ -74,7 +82,7 @@ def load_image(
         except OSError as error:
             raise ImageLoadError(f"cannot open image {name}: {error.strerror or error}") from error
         with stream:
-            image = _decode(stream, name, max_pixels)
+            image = _decode(stream, name, max_pixels, min_side, max_side)
     _check_size(image, name, min_side, max_pixels)
     try:
         image = ImageOps.exif_transpose(image)
@@ -83,12 +91,19 @@ def load_image(
     return to_rgb(image)
 
 
-def _decode(stream, name: str, max_pixels: int) -> Image.Image:
+def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int | None = None) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             image = Image.open(stream)
             _check_size(image, name, 1, max_pixels)
+            if max_side and image.format == "JPEG" and max(image.size) > max_side:
+                _check_size(image, name, min_side, max_pixels)  # judged at full size, before reducing
+                width, height = image.size
+                scale = max_side / max(width, height)
+                # Draft mode picks the strongest DCT scaling whose result is at least this large.
+                image.draft(image.mode, (max(math.ceil(width * scale), min(width, min_side)),
+                                         max(math.ceil(height * scale), min(height, min_side))))
             image.load()
         except ImageLoadError:
             raise

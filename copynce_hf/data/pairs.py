@@ -185,7 +185,7 @@ class CopyPairDataset(torch.utils.data.Dataset):
         self.knn = knn
         self.hard_negative_k = hard_negative_k
         self.hard_negative_prob = hard_negative_prob
-        self.decoder = decoder or ImageDecoder()
+        self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
         self.max_retries = max_retries
 
     def __len__(self) -> int:
@@ -280,7 +280,7 @@ class GroundTruthPairDataset(torch.utils.data.Dataset):
             self.copies.setdefault(query_row, set()).add(reference_row)
         self.queries, self.references = queries, references
         self.maker, self.seed, self.positive_rate = maker, seed, positive_rate
-        self.decoder = decoder or ImageDecoder()
+        self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -354,7 +354,7 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         self.num_processes = num_processes
         self.shuffle_buffer_size = shuffle_buffer_size
         self.negative_pool = negative_pool
-        self.decoder = decoder or ImageDecoder()
+        self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
         self.epoch = 0
         self.skip = 0
 

@@ -1,0 +1,514 @@
+"""Fused rendering of a chain of traced edits: one resampling per run of geometric edits.
+
+Applied edit by edit, a chain such as crop -> flip -> affine -> perspective -> colour jitter ->
+resize to 224x224 resamples full-resolution intermediates four times. PixTrace already holds the
+chain's geometry analytically (paper, section "PixTrace Pipeline": every geometric edit is a
+projective map T <- f(T)), so the pixel work can follow it instead: every maximal run of
+consecutive geometric edits is rendered by *one* resampling of the run's input through the
+composed backward map, straight to the size the run's result is needed at. What a geometric
+edit adds besides moved pixels (the fill colour of an affine or perspective warp, padding, the
+background an image is pasted onto) is composited in the same pass, each layer weighted by an
+antialiased mask computed from the same half-planes the table uses.
+
+Where the result is needed at
+-----------------------------
+Each run's result is materialised at its true size (the size the edit-by-edit path gives it)
+unless every edit between it and the next run is *scale-free* (its result at another resolution
+is the same up to resampling: colour edits, blur with its radius scaled, overlays whose geometry
+is relative to the image size); then it is materialised at the resolution the rest of the chain
+needs (for the usual chain, directly at the model input size), so the final resize is folded
+into it. JPEG, noise, pixel shuffling, edits unknown to this module and geometric edits without
+a fused form (screenshot, meme) run on the true-size image, exactly as edit by edit.
+
+The tables are computed exactly as edit by edit (same maps, same occlusion masks at the true
+sizes), so they and the overlap priors are bit-identical; only the pixels differ, by resampling.
+Minification is antialiased: the input of a warp is first reduced by a power of two per axis
+(box filter) so that bilinear sampling never skips more than two source pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from .edits import (
+    Affine,
+    Blur,
+    Brightness,
+    ChangeAspectRatio,
+    ColorJitter,
+    Contrast,
+    Crop,
+    Edit,
+    Grayscale,
+    HorizontalFlip,
+    OverlayEmoji,
+    OverlayImage,
+    OverlayOntoBackground,
+    OverlayText,
+    Pad,
+    PasteOnCanvas,
+    Perspective,
+    Pixelization,
+    Posterize,
+    RandomErasing,
+    RandomResizedCrop,
+    Resize,
+    Rotate,
+    Saturation,
+    Scale,
+    Skew,
+    Solarize,
+    VerticalFlip,
+)
+from .edits.occluding import COVERED_ALPHA, _emoji_image, _emoji_path, _place_into
+from .edits.photometric import hue_rotation
+from .edits.sources import resolve_image
+from .table import CoordinateTable
+
+__all__ = ["render_fused", "fusable"]
+
+cv2.setNumThreads(1)  # data-loader workers are the parallelism; OpenCV's own threads only contend
+
+#: A stage's canvas: what the stage's output shows where it samples outside its input.
+#: ``None`` (never happens for that stage), ``("color", (r, g, b))`` or ``("image", spec)``.
+Canvas = tuple | None
+
+
+def _canvases(edit, stages) -> list[Canvas] | None:
+    """Per stage of a geometric edit, its canvas; ``None`` when the edit has no fused form."""
+    kind = type(edit)
+    if kind in (Crop, Resize, Scale, RandomResizedCrop, ChangeAspectRatio, HorizontalFlip, VerticalFlip):
+        return [None] * len(stages)
+    if kind in (Affine, Perspective):
+        return [("color", edit.fill)]
+    if kind is Rotate:
+        return [("color", edit.fill)] + [None] * (len(stages) - 1)
+    if kind is Skew:
+        return [("color", (0, 0, 0))]
+    if kind is Pad:
+        return [("color", edit.color)]
+    if kind is PasteOnCanvas:
+        return [("color", edit.color)]
+    if kind is OverlayOntoBackground:
+        return [None, ("image", edit.background)]
+    return None
+
+
+def fusable(edit: Edit) -> bool:
+    """True for geometric edits that fused rendering resamples in one pass with their neighbours."""
+    return edit.kind == "geometric" and _canvases(edit, [None, None]) is not None
+
+
+# ---------------------------------------------------------------------------------------------- scale-free edits
+
+
+def _through_pil(edit, pixels, render):
+    edited = render(Image.fromarray(pixels, "RGB"))
+    return np.asarray(edited if edited.mode == "RGB" else edited.convert("RGB"))
+
+
+def _pointwise(edit, pixels, scale):
+    return _through_pil(edit, pixels, edit.transform)
+
+
+#: Pillow's "L" conversion (ITU-R 601-2 luma), used by ``ImageEnhance`` and greyscale.
+_LUMA = np.array([[0.299, 0.587, 0.114]])
+
+
+def _color_jitter(edit, pixels, scale):
+    # AugLy's colour jitter is Pillow's ImageEnhance brightness, contrast and colour, each a blend
+    # with a degenerate image clipped to 8 bits, then the hue rotation: the same affine colour maps
+    # here, each one pass of ``cv2.transform`` (which saturates to 8 bits like the blends).
+    identity = np.eye(3)
+    if edit.brightness != 1.0:
+        pixels = cv2.transform(pixels, edit.brightness * identity)
+    if edit.contrast != 1.0:
+        mean = int(cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY).mean() + 0.5)
+        offset = np.full((3, 1), (1.0 - edit.contrast) * mean)
+        pixels = cv2.transform(pixels, np.hstack([edit.contrast * identity, offset]))
+    if edit.saturation != 1.0:
+        pixels = cv2.transform(pixels, edit.saturation * identity + (1.0 - edit.saturation) * np.ones((3, 1)) @ _LUMA)
+    if edit.hue != 0.0:
+        pixels = cv2.transform(pixels, hue_rotation(edit.hue))
+    return pixels
+
+
+def _grayscale(edit, pixels, scale):
+    if edit.mode != "luminosity":
+        return _pointwise(edit, pixels, scale)
+    return cv2.cvtColor(cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
+
+
+def _blur(edit, pixels, scale):
+    # The Gaussian of standard deviation ``radius`` (Pillow's ``GaussianBlur``), computed by OpenCV.
+    sigma = edit.radius * scale
+    return cv2.GaussianBlur(pixels, (0, 0), sigma) if sigma > 0 else pixels
+
+
+def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.ndarray:
+    """``pixels`` with ``colour`` (RGB or (H, W, 3)) blended in by ``coverage`` (uint8, 255 = replaced)."""
+    if not coverage.any():
+        return pixels
+    weight = coverage.astype(np.float32) * np.float32(1 / 255)
+    colour = np.ascontiguousarray(np.broadcast_to(np.asarray(colour, dtype=np.uint8), pixels.shape))
+    return cv2.blendLinear(np.ascontiguousarray(pixels), colour, 1.0 - weight, weight)
+
+
+def _emoji(edit, pixels, scale):
+    # AugLy pastes the resized emoji with its alpha times the opacity: that is the coverage.
+    height, width = pixels.shape[:2]
+    coverage = edit.coverage(height, width)
+    if not coverage.any():
+        return pixels
+    emoji = _emoji_image(_emoji_path(edit.emoji))
+    new_height = max(1, int(height * edit.size))
+    new_width = int(emoji.width * new_height / emoji.height)
+    colour = np.zeros_like(pixels)
+    _place_into(colour, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
+                int(width * edit.x), int(height * edit.y))
+    return _blend(pixels, colour, coverage)
+
+
+def _text(edit, pixels, scale):
+    return _blend(pixels, edit.color, edit.coverage(*pixels.shape[:2]))
+
+
+def _erasing(edit, pixels, scale):
+    left, top, right, bottom = edit.box(*pixels.shape[:2])
+    pixels = pixels.copy()
+    pixels[top:bottom, left:right] = edit.fill
+    return pixels
+
+
+def _pixelization(edit, pixels, scale):
+    return _pointwise(Pixelization(ratio=min(1.0, edit.ratio / scale)), pixels, scale)
+
+
+def _overlay(edit, pixels, scale):
+    return _through_pil(edit, pixels, lambda image: edit.render(image, edit.coverage(image.height, image.width)))
+
+
+#: Edits whose result at another resolution is the same up to resampling, and how to render them
+#: at a working resolution ``scale`` times the true one (their tables are computed at the true size).
+_SCALE_FREE = {
+    ColorJitter: _color_jitter,
+    Brightness: _pointwise,
+    Contrast: _pointwise,
+    Saturation: _pointwise,
+    Grayscale: _grayscale,
+    Solarize: _pointwise,
+    Posterize: _pointwise,
+    Blur: _blur,
+    Pixelization: _pixelization,
+    OverlayText: _text,
+    OverlayEmoji: _emoji,
+    OverlayImage: _overlay,
+    RandomErasing: _erasing,
+}
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class _Run:
+    """Consecutive fusable geometric edits: their stages, flattened, with canvases."""
+
+    input_size: tuple[int, int]
+    stages: list[tuple[np.ndarray, tuple[int, int], Canvas]] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+    #: (h, w) the run's result is materialised at (its true size unless scale-free edits follow).
+    working: tuple[int, int] | None = None
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return self.stages[-1][1] if self.stages else self.input_size
+
+    def matrix(self) -> np.ndarray:
+        """Backward map from the run's output pixels (true size) to its input pixels."""
+        matrix = np.eye(3)
+        for stage, _, _ in self.stages:
+            matrix = matrix @ stage
+        return matrix
+
+
+def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
+    """The chain as a list of :class:`_Run` and ``(edit, true size)`` items, a run first (maybe empty)."""
+    items: list = [_Run(size)]
+    for edit in edits:
+        if fusable(edit):
+            stages = edit.stages(size)
+            if not isinstance(items[-1], _Run):
+                items.append(_Run(size))
+            run = items[-1]
+            run.stages += list(zip((m for m, _ in stages), (s for _, s in stages), _canvases(edit, stages)))
+            run.edits.append(edit)
+            size = stages[-1][1]
+        else:
+            items.append((edit, size))
+            if edit.kind == "geometric":
+                size = edit.output_size(size)
+    # Working sizes, from the end: a run followed only by scale-free edits is materialised at the
+    # resolution the next run samples it at (never above its true size).
+    following = None  # (run, its working->true map) of the next run
+    for position in range(len(items) - 1, -1, -1):
+        run = items[position]
+        if not isinstance(run, _Run):
+            continue
+        true = run.output_size
+        between = items[position + 1:]
+        stop = next((i for i, item in enumerate(between) if isinstance(item, _Run)), len(between))
+        scale_free = all(type(edit) in _SCALE_FREE for edit, _ in between[:stop])
+        if following is None or not scale_free:
+            run.working = true
+        else:
+            next_run, next_map = following
+            density = _axis_density(next_run.matrix() @ next_map, next_run.working)
+            run.working = tuple(
+                max(1, min(side, math.ceil(side / rho - 1e-6))) for side, rho in zip(true, density)
+            )
+        following = (run, _resize_matrix(true, run.working))
+    return items
+
+
+def _axis_density(matrix: np.ndarray, size: tuple[int, int]) -> tuple[float, float]:
+    """(rows, cols) of the map's input traversed per output pixel along y and x, smallest over the
+    output's corners and centre (a projective map's scale varies; the smallest never over-reduces)."""
+    height, width = size
+    points = [(0.0, 0.0), (width - 1.0, 0.0), (0.0, height - 1.0), (width - 1.0, height - 1.0),
+              ((width - 1) / 2, (height - 1) / 2)]
+    dy, dx = [], []
+    for x, y in points:
+        jacobian = _jacobian(matrix, x, y)
+        dx.append(math.hypot(jacobian[0, 0], jacobian[0, 1]))
+        dy.append(math.hypot(jacobian[1, 0], jacobian[1, 1]))
+    return max(min(dy), 1e-6), max(min(dx), 1e-6)
+
+
+def _jacobian(matrix: np.ndarray, x: float, y: float) -> np.ndarray:
+    """(2, 2) derivative of the projective map at (x, y): rows d(x_in), d(y_in) by (dx, dy)."""
+    u, v, w = matrix @ np.array([x, y, 1.0])
+    if abs(w) < 1e-12:
+        return np.eye(2)
+    return np.array([[matrix[0, 0] - u / w * matrix[2, 0], matrix[0, 1] - u / w * matrix[2, 1]],
+                     [matrix[1, 0] - v / w * matrix[2, 0], matrix[1, 1] - v / w * matrix[2, 1]]]) / w
+
+
+def _resize_matrix(old_size, new_size) -> np.ndarray:
+    """Backward map of an area-aligned resize (pixel centres): new pixel -> old position."""
+    sy = old_size[0] / new_size[0]
+    sx = old_size[1] / new_size[1]
+    return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5], [0.0, 0.0, 1.0]])
+
+
+# ---------------------------------------------------------------------------------------------- resampling
+
+
+def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpolation=cv2.INTER_LINEAR):
+    """``array`` (H, W[, C]) resampled at ``matrix`` @ (x, y, 1) of every pixel of an image of ``size``.
+
+    Antialiased: where the map shrinks by 2 or more along an axis, the input is first reduced by a
+    power of two along it (box filter), and the map adjusted. Outside the input the border pixels
+    are repeated (callers mask those pixels with their layers).
+    """
+    height, width = size
+    if array.shape[:2] == size and np.allclose(matrix, np.eye(3), atol=1e-9):
+        return array
+    fy, fx = (_reduction(density, side) for density, side in zip(_axis_density(matrix, size), array.shape[:2]))
+    if fy > 1 or fx > 1:
+        array, reduce = _reduce(array, fy, fx)
+        matrix = reduce @ matrix
+    flags = interpolation | cv2.WARP_INVERSE_MAP
+    matrix = matrix / matrix[2, 2]
+    if abs(matrix[2, 0]) < 1e-12 and abs(matrix[2, 1]) < 1e-12:
+        return cv2.warpAffine(array, matrix[:2], (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    return cv2.warpPerspective(array, matrix, (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+
+
+#: A map that shrinks by ``density`` is sampled from an image reduced by the power of two nearest to
+#: ``density / _REDUCE_AT`` from below: bilinear sampling then skips at most ``_REDUCE_AT`` pixels.
+_REDUCE_AT = 1.5
+
+
+def _reduction(density: float, side: int) -> int:
+    """Power-of-two box reduction for a map that shrinks an axis of ``side`` pixels by ``density``."""
+    factor = 1
+    while density / factor >= _REDUCE_AT and side // (2 * factor) >= 1:
+        factor *= 2
+    return factor
+
+
+def _reduce(array: np.ndarray, fy: int, fx: int) -> tuple[np.ndarray, np.ndarray]:
+    """``array`` box-reduced by powers of two ``fy`` (rows) and ``fx`` (columns), and the map from the
+    reduced pixels' centres to the original's. Rows and columns that do not fill a box are dropped."""
+    common = min(fy, fx)
+    height, width = array.shape[0] // fy * fy, array.shape[1] // fx * fx
+    array = array[:height, :width]
+    if common > 1:  # OpenCV's box reduction, fast for equal integer factors
+        array = cv2.resize(array, (width // common, height // common), interpolation=cv2.INTER_AREA)
+    for axis, factor in ((0, fy // common), (1, fx // common)):
+        while factor > 1:  # the rest along one axis: pairs averaged (rounded)
+            first = array[0::2] if axis == 0 else array[:, 0::2]
+            second = array[1::2] if axis == 0 else array[:, 1::2]
+            array = ((first.astype(np.uint16) + second + 1) >> 1).astype(np.uint8)
+            factor //= 2
+    # Reduced pixel x covers original pixels [fx * x, fx * (x + 1)): its centre is fx * x + (fx - 1) / 2.
+    to_original = np.array([[fx, 0.0, (fx - 1) / 2], [0.0, fy, (fy - 1) / 2], [0.0, 0.0, 1.0]])
+    return array, np.linalg.inv(to_original)
+
+
+def _inside(matrix: np.ndarray, source_size: tuple[int, int], size: tuple[int, int]) -> np.ndarray | float:
+    """Antialiased mask (H, W) float32 in [0, 1] of the pixels of an image of ``size`` whose centre
+    ``matrix`` sends inside the pixel area of an image of ``source_size``; 1.0 / 0.0 when uniform.
+
+    The four bounds, pulled back through the projective map, are lines in this image; a pixel's
+    weight is its signed distance to them plus one half, clipped (the table's traced test is the
+    same inequality at the pixel centre: weight > 1/2).
+    """
+    source_h, source_w = source_size
+    bounds = np.array([[1.0, 0.0, 0.5], [-1.0, 0.0, source_w - 0.5], [0.0, 1.0, 0.5], [0.0, -1.0, source_h - 0.5]])
+    planes = bounds @ matrix
+    projective = abs(matrix[2, 0]) > 1e-15 or abs(matrix[2, 1]) > 1e-15
+    if projective:
+        planes = np.concatenate([planes, matrix[2:3]])  # w > 0: this side of the horizon
+    height, width = size
+    corners = np.array([[-0.5, width - 0.5, -0.5, width - 0.5], [-0.5, -0.5, height - 0.5, height - 0.5], [1, 1, 1, 1]])
+    norms = np.maximum(np.hypot(planes[:, 0], planes[:, 1]), 1e-12)
+    at_corners = (planes @ corners) / norms[:, None]
+    if at_corners.min() >= 0.5:
+        return 1.0
+    if (at_corners.max(axis=1) <= -0.5).any():
+        return 0.0
+    xs = np.arange(width, dtype=np.float32)
+    ys = np.arange(height, dtype=np.float32)[:, None]
+    weight = None
+    for (a, b, c), norm, values in zip(planes, norms, at_corners):
+        if values.min() >= 0.5:
+            continue  # this bound cuts nothing
+        distance = np.float32(a / norm) * xs + (np.float32(b / norm) * ys + np.float32(c / norm + 0.5))
+        weight = distance if weight is None else np.minimum(weight, distance)
+    return np.clip(weight, 0.0, 1.0)
+
+
+def _canvas_layer(canvas: Canvas, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The canvas seen through ``matrix`` from the pixels of an image of ``size``: a colour (3,) float32
+    or uint8 (H, W, 3)."""
+    kind, value = canvas
+    if kind == "color":
+        return np.asarray(value, dtype=np.float32)
+    spec = value
+    if isinstance(spec, dict) and spec.get("kind") == "gradient":
+        return _gradient(spec, matrix, size)
+    if isinstance(spec, dict) and spec.get("kind") == "noise":
+        return _noise(spec, matrix, size)
+    if isinstance(spec, dict) and spec.get("kind") == "solid":
+        return np.asarray(spec.get("color", (127, 127, 127)), dtype=np.float32)
+    return _warp(np.asarray(resolve_image(spec)), matrix, size)
+
+
+def _gradient(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``sources``' gradient image seen through ``matrix``, evaluated analytically (it is linear in
+    the background's coordinates): its parameter t at every pixel, then a 1024-entry colour table."""
+    bg_h, bg_w = (int(v) for v in spec["size"])
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    start, end = rng.integers(0, 256, size=(2, 3)).astype(np.float64)
+    angle = rng.uniform(0, 2 * np.pi)
+    cos, sin = math.cos(angle), math.sin(angle)
+    corners = [x * cos + y * sin for x in (0.0, bg_w - 1.0) for y in (0.0, bg_h - 1.0)]
+    low, span = min(corners), max(max(corners) - min(corners), 1e-6)
+    # t = (cos * x_bg + sin * y_bg - low) / span, with (x_bg, y_bg, 1) ~ matrix @ (x, y, 1).
+    row = np.array([cos, sin, -low]) @ matrix / span
+    height, width = size
+    xs = np.arange(width, dtype=np.float32)
+    ys = np.arange(height, dtype=np.float32)[:, None]
+    t = np.float32(row[0]) * xs + (np.float32(row[1]) * ys + np.float32(row[2]))
+    if abs(matrix[2, 0]) > 1e-15 or abs(matrix[2, 1]) > 1e-15:
+        t /= np.float32(matrix[2, 0]) * xs + (np.float32(matrix[2, 1]) * ys + np.float32(matrix[2, 2]))
+    levels = np.clip(np.rint(start + np.linspace(0.0, 1.0, 1024)[:, None] * (end - start)), 0, 255).astype(np.uint8)
+    return levels[np.clip(t * 1023 + 0.5, 0, 1023).astype(np.int32)]
+
+
+def _noise(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``sources``' smooth noise image: its coarse grid warped (bicubic) straight to the mapped positions."""
+    bg_h, bg_w = (int(v) for v in spec["size"])
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    coarse = rng.integers(0, 256, size=(max(2, bg_h // 16), max(2, bg_w // 16), 3), dtype=np.uint8)
+    to_coarse = _resize_matrix(coarse.shape[:2], (bg_h, bg_w))
+    return _warp(coarse, to_coarse @ matrix, size, cv2.INTER_CUBIC)
+
+
+def _render_run(run: _Run, image: np.ndarray, image_to_input: np.ndarray) -> np.ndarray:
+    """The run's result at ``run.working`` from its input ``image`` (uint8 (h, w, 3)).
+
+    ``image_to_input`` maps the pixels of ``image`` to the run's input frame (true size).
+    """
+    size = run.working
+    to_frame = _resize_matrix(run.output_size, size)  # working output -> the last stage's frame
+    # Maps from the working output to each stage's output frame, last stage first.
+    frames = [to_frame]
+    for stage, _, _ in reversed(run.stages):
+        frames.append(stage @ frames[-1])
+    frames.reverse()  # frames[k]: to the input frame of stage k (k = 0..n-1); frames[n]: to the output frame
+    content = np.ascontiguousarray(_warp(image, np.linalg.inv(image_to_input) @ frames[0], size))
+    stage_input = run.input_size
+    for k, (_, stage_size, canvas) in enumerate(run.stages):
+        if canvas is not None:
+            weight = _inside(frames[k], stage_input, size)
+            if not (isinstance(weight, float) and weight == 1.0):
+                layer = _canvas_layer(canvas, frames[k + 1], size)
+                if layer.ndim == 1:
+                    layer = np.broadcast_to(np.clip(np.rint(layer), 0, 255).astype(np.uint8), content.shape)
+                if isinstance(weight, float):  # the input is nowhere in sight: the canvas only
+                    content = np.ascontiguousarray(layer)
+                else:
+                    content = cv2.blendLinear(content, np.ascontiguousarray(layer), weight, 1.0 - weight)
+        stage_input = stage_size
+    return content
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image, CoordinateTable]:
+    """Apply ``edits`` to the RGB ``image`` with fused geometry: ``(edited image, table)``.
+
+    The table is the one edit-by-edit application gives, bit for bit; the image differs from it
+    by resampling only (one bilinear, antialiased resampling per run of geometric edits).
+    """
+    table = CoordinateTable.identity(image.height, image.width)
+    current: Image.Image | np.ndarray = image  # the image so far (PIL or uint8 (h, w, 3)), at its working size
+    to_true = np.eye(3)  # working pixels -> true pixels of the current image
+    for item in _plan(edits, (image.height, image.width)):
+        if isinstance(item, _Run):
+            for matrix, size, _ in item.stages:  # what ``GeometricEdit.trace`` does, edit after edit
+                table = table.warp(matrix, size)
+            pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
+            if item.stages or item.working != pixels.shape[:2]:
+                current = _render_run(item, pixels, to_true)
+                to_true = _resize_matrix(item.output_size, item.working)
+            continue
+        edit, true_size = item
+        render = _SCALE_FREE.get(type(edit))
+        if render is None:  # planned at its true size: exactly as edit by edit
+            if isinstance(current, np.ndarray):
+                current = Image.fromarray(current, "RGB")
+            current, table = edit(current, table)
+            to_true = np.eye(3)
+            continue
+        # A scale-free edit at the working resolution (maybe the true one); its table at the true size.
+        pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
+        scale = math.sqrt(pixels.shape[0] * pixels.shape[1] / (true_size[0] * true_size[1]))
+        current = render(edit, pixels, scale)
+        if edit.kind == "occluding":
+            table = table.occlude(edit.coverage(*true_size) >= COVERED_ALPHA)
+    if isinstance(current, np.ndarray):
+        current = Image.fromarray(current, "RGB")
+    if (current.height, current.width) != table.size:
+        raise AssertionError(f"fused rendering produced {current.size} for a table of size {table.size}")
+    return current, table
