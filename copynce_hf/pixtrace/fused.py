@@ -22,8 +22,8 @@ a fused form (screenshot, meme) run on the true-size image, exactly as edit by e
 
 The tables are computed exactly as edit by edit (same maps, same occlusion masks at the true
 sizes), so they and the overlap priors are bit-identical; only the pixels differ, by resampling.
-Minification is antialiased: the input of a warp is first reduced by a power of two per axis
-(box filter) so that bilinear sampling never skips more than two source pixels.
+Minification is antialiased: the input of a warp is smoothed first with a centred Gaussian as wide
+as Pillow's antialiased resize filter (after a box reduction by a power of two for strong shrinking).
 """
 
 from __future__ import annotations
@@ -313,17 +313,27 @@ def _resize_matrix(old_size, new_size) -> np.ndarray:
 def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpolation=cv2.INTER_LINEAR):
     """``array`` (H, W[, C]) resampled at ``matrix`` @ (x, y, 1) of every pixel of an image of ``size``.
 
-    Antialiased: where the map shrinks by 2 or more along an axis, the input is first reduced by a
-    power of two along it (box filter), and the map adjusted. Outside the input the border pixels
-    are repeated (callers mask those pixels with their layers).
+    Antialiased: where the map shrinks an axis by a factor d > 1, the input is first smoothed along it
+    by a Gaussian of variance (d^2 - 1) / 6 source pixels^2, which with the bilinear tent adds up to
+    the variance d^2 / 6 of Pillow's antialiased (triangle) resize filter and, being centred on every
+    sample, keeps the content in phase. Where d >= 4 the input is first box-reduced by a power of two
+    (both axes alike, OpenCV's fast path) so that the smoothing stays short. Outside the input the
+    border pixels are repeated (callers mask those pixels with their layers).
     """
     height, width = size
     if array.shape[:2] == size and np.allclose(matrix, np.eye(3), atol=1e-9):
         return array
-    fy, fx = (_reduction(density, side) for density, side in zip(_axis_density(matrix, size), array.shape[:2]))
-    if fy > 1 or fx > 1:
-        array, reduce = _reduce(array, fy, fx)
+    dy, dx = _axis_density(matrix, size)
+    factor = 1
+    while min(dy, dx) / factor >= 4 and min(array.shape[:2]) // (2 * factor) >= 2:
+        factor *= 2
+    if factor > 1:
+        array, reduce = _reduce(array, factor)
         matrix = reduce @ matrix
+        dy, dx = dy / factor, dx / factor
+    sigma_y, sigma_x = (math.sqrt(max(d * d - 1.0, 0.0) / 6.0) for d in (dy, dx))
+    if max(sigma_y, sigma_x) >= 0.2:
+        array = cv2.GaussianBlur(array, (0, 0), sigmaX=max(sigma_x, 1e-3), sigmaY=max(sigma_y, 1e-3))
     flags = interpolation | cv2.WARP_INVERSE_MAP
     matrix = matrix / matrix[2, 2]
     if abs(matrix[2, 0]) < 1e-12 and abs(matrix[2, 1]) < 1e-12:
@@ -331,36 +341,14 @@ def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpol
     return cv2.warpPerspective(array, matrix, (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
 
 
-#: A map that shrinks by ``density`` is sampled from an image reduced by the power of two nearest to
-#: ``density / _REDUCE_AT`` from below: bilinear sampling then skips at most ``_REDUCE_AT`` pixels.
-_REDUCE_AT = 1.5
-
-
-def _reduction(density: float, side: int) -> int:
-    """Power-of-two box reduction for a map that shrinks an axis of ``side`` pixels by ``density``."""
-    factor = 1
-    while density / factor >= _REDUCE_AT and side // (2 * factor) >= 1:
-        factor *= 2
-    return factor
-
-
-def _reduce(array: np.ndarray, fy: int, fx: int) -> tuple[np.ndarray, np.ndarray]:
-    """``array`` box-reduced by powers of two ``fy`` (rows) and ``fx`` (columns), and the map from the
-    reduced pixels' centres to the original's. Rows and columns that do not fill a box are dropped."""
-    common = min(fy, fx)
-    height, width = array.shape[0] // fy * fy, array.shape[1] // fx * fx
-    array = array[:height, :width]
-    if common > 1:  # OpenCV's box reduction, fast for equal integer factors
-        array = cv2.resize(array, (width // common, height // common), interpolation=cv2.INTER_AREA)
-    for axis, factor in ((0, fy // common), (1, fx // common)):
-        while factor > 1:  # the rest along one axis: pairs averaged (rounded)
-            first = array[0::2] if axis == 0 else array[:, 0::2]
-            second = array[1::2] if axis == 0 else array[:, 1::2]
-            array = ((first.astype(np.uint16) + second + 1) >> 1).astype(np.uint8)
-            factor //= 2
-    # Reduced pixel x covers original pixels [fx * x, fx * (x + 1)): its centre is fx * x + (fx - 1) / 2.
-    to_original = np.array([[fx, 0.0, (fx - 1) / 2], [0.0, fy, (fy - 1) / 2], [0.0, 0.0, 1.0]])
-    return array, np.linalg.inv(to_original)
+def _reduce(array: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:
+    """``array`` box-reduced by ``factor`` (a power of two) along both axes, and the map from the
+    original's pixel centres to the reduced image's. Rows and columns that do not fill a box are dropped."""
+    height, width = array.shape[0] // factor, array.shape[1] // factor
+    reduced = cv2.resize(array[: height * factor, : width * factor], (width, height), interpolation=cv2.INTER_AREA)
+    # Reduced pixel x covers original pixels [f x, f (x + 1)): its centre is f x + (f - 1) / 2.
+    to_original = np.array([[factor, 0.0, (factor - 1) / 2], [0.0, factor, (factor - 1) / 2], [0.0, 0.0, 1.0]])
+    return reduced, np.linalg.inv(to_original)
 
 
 def _inside(matrix: np.ndarray, source_size: tuple[int, int], size: tuple[int, int]) -> np.ndarray | float:
