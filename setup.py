@@ -49,6 +49,9 @@ setup(
     extras_require={
         "dev": ["pytest>=7", "ruff>=0.4", "pytest-timeout>=2.1"],
         "bench": ["pdqhash>=0.2", "imagehash>=4.3", "tensorboard>=2.14", "h5py>=3.8"],
+        # The authors' recipes (CopyRecipe.paper_descriptor / paper_matcher) draw their "additional"
+        # photometric family from albumentations (set_random_seed: 2.0); it brings OpenCV, not torch.
+        "train": ["albumentations>=2.0"],
     },
     entry_points={"console_scripts": ["copynce=copynce_hf.cli:main"]},
     classifiers=[

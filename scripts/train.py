@@ -175,7 +175,7 @@ class TrainingData:
             if config.knn_graph and mining != "off":
                 knn = KNNGraph.load(config.knn_graph).aligned_to(images["image_id"])
             elif mining != "off" and accelerator.is_main_process:
-                logger.warning("no knn_graph given: hard negative mining is off (build one with scripts/build_knn.py)")
+                logger.info("hard_negative_mining null and no knn_graph: random negatives")
             self.dataset = CopyPairDataset(
                 images, maker, seed=config.seed, positive_rate=config.resolved("positive_rate"),
                 knn=knn if mining == "pairs" else None, hard_negative_k=config.resolved("hard_negative_k"),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -80,21 +81,27 @@ def test_shipped_configs_are_valid(path):
     if needs:
         with pytest.raises(ConfigError, match="ground_truth"):
             load_config(path)
+    # The paper configs mine hard negatives and need the user's k-NN graph (a required key left null).
+    if yaml.safe_load(path.read_text()).get("hard_negative_mining") in ("ghnm", "pairs") and not needs:
+        if not yaml.safe_load(path.read_text()).get("knn_graph"):
+            with pytest.raises(ConfigError, match="knn_graph"):
+                load_config(path)
+            needs = {"knn_graph": "knn.safetensors"}
     config = load_config(path, needs)
     assert config.model_type in ("descriptor", "matcher")
     assert config.model.get("image_size", 224) % config.model.get("patch_size", 16) == 0
 
 
 def test_paper_settings_in_configs():
-    descriptor = load_config(CONFIGS / "descriptor_vits16_224.yaml")
-    matcher = load_config(CONFIGS / "matcher_vits16_224.yaml")
+    descriptor = load_config(CONFIGS / "descriptor_vits16_224.yaml", {"knn_graph": "knn.safetensors"})
+    matcher = load_config(CONFIGS / "matcher_vits16_224.yaml", {"knn_graph": "knn.safetensors"})
     assert (descriptor.learning_rate, matcher.learning_rate) == (6e-4, 1e-3)
     assert (descriptor.resolved("hard_negative_k"), matcher.resolved("hard_negative_k")) == (8, 128)
     assert (descriptor.resolved("positive_rate"), matcher.resolved("positive_rate")) == (1.0, 0.3)
     assert descriptor.weight_decay == matcher.weight_decay == 0.04 and descriptor.max_grad_norm == 3.0
     # lr = base * sqrt(batch / 1024): 8 GPUs x 96 for the descriptor.
     assert descriptor.effective_learning_rate(8) == pytest.approx(6e-4 * (768 / 1024) ** 0.5)
-    assert load_config(CONFIGS / "matcher_vits16_336.yaml").model["image_size"] == 336
+    assert load_config(CONFIGS / "matcher_vits16_336.yaml", {"knn_graph": "k.safetensors"}).model["image_size"] == 336
 
 
 @pytest.mark.parametrize(
@@ -135,6 +142,21 @@ def test_bad_values_stop_the_script_with_one_line(tmp_path, monkeypatch, capsys)
     message = capsys.readouterr().err
     assert message.startswith("error: invalid configuration value learning_rate=-1") and "Traceback" not in message
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("config", ["descriptor_vits16_224.yaml", "matcher_vits16_224.yaml"])
+def test_paper_configs_refuse_hard_negative_mining_without_a_knn_graph(config, tmp_path, monkeypatch, capsys):
+    # The dataset does not exist: the run must stop on the configuration, before reading any data.
+    monkeypatch.setattr(sys, "argv", ["train.py", "--config", str(CONFIGS / config), "--dataset",
+                                      str(tmp_path / "missing"), "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(REPO / "scripts" / "train.py"), run_name="__main__")
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert message.startswith("error: invalid configuration value knn_graph=None") and "Traceback" not in message
+    assert not (tmp_path / "out").exists()
+    # Random negatives stay available explicitly.
+    assert load_config(CONFIGS / config, {"hard_negative_mining": None}).knn_graph is None
 
 
 def test_unknown_model_key_is_named(train_script, tmp_path, images):

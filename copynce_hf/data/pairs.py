@@ -35,9 +35,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDataset", "StreamingCopyPairDataset"]
 
-#: Names of the copy recipes a pair side can use: ``training`` (the paper's heavy augmentation),
-#: ``light`` (the reference's light edits), ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
-RECIPES = ("training", "light", "resize")
+#: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
+#: ``CopyRecipe.training()``), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
+#: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``light`` (the reference's light edits),
+#: ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
+RECIPES = ("training", "paper_descriptor", "paper_matcher", "light", "resize")
 
 _SEED_SPACE = 2**31 - 1
 
@@ -87,7 +89,8 @@ class CopyPairMaker:
         if editor is None:
             from ..pixtrace.editor import CopyEditor, CopyRecipe
 
-            spec = CopyRecipe.training() if recipe == "training" else CopyRecipe.light()
+            spec = {"training": CopyRecipe.training, "paper_descriptor": CopyRecipe.paper_descriptor,
+                    "paper_matcher": CopyRecipe.paper_matcher}.get(recipe, CopyRecipe.light)()
             editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size))
             self._editors[recipe] = editor
         return editor

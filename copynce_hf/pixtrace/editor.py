@@ -83,6 +83,7 @@ class _Context:
     rng: np.random.Generator
     size: tuple[int, int]
     image_pool: tuple[str, ...]
+    output_size: tuple[int, int] | None = None
 
     def uniform(self, bounds: Range) -> float:
         return float(self.rng.uniform(bounds[0], bounds[1]))
@@ -530,9 +531,38 @@ class CopyRecipe:
         """Every step with probability 0."""
         return cls(**{f.name: dataclasses.replace(getattr(cls(), f.name), p=0.0) for f in dataclasses.fields(cls)})
 
+    @classmethod
+    def paper_descriptor(cls):
+        """The authors' training recipe of the descriptor: shuffled groups of edits, then a post-process.
+
+        Returns a :class:`~copynce_hf.pixtrace.paper_recipe.PaperCopyRecipe` (see there for its
+        structure, values and the rule for partly transparent pastes).
+        """
+        from .paper_recipe import PaperCopyRecipe
+
+        return PaperCopyRecipe.descriptor()
+
+    @classmethod
+    def paper_matcher(cls):
+        """The authors' training recipe of the matcher (heavier than the descriptor's); see
+        :meth:`paper_descriptor`."""
+        from .paper_recipe import PaperCopyRecipe
+
+        return PaperCopyRecipe.matcher()
+
     def steps(self) -> list[Step]:
         """The steps in application order."""
         return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    def schedule(self, rng: np.random.Generator) -> tuple[list[tuple[Step, np.random.Generator]], list]:
+        """The steps drawn for one copy, each with its own generator: ``(before_resize, after_resize)``.
+
+        Every step draws from its own child generator, so that changing one step's probability
+        or ranges leaves the draws of every other step as they were. All steps come before the
+        editor's final resize.
+        """
+        steps = self.steps()
+        return [(step, child) for step, child in zip(steps, rng.spawn(len(steps))) if child.random() < step.p], []
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """JSON-serialisable ``{step: {field: value}}`` (ranges as two-element lists)."""
@@ -584,7 +614,9 @@ class CopyEditor:
     Args:
         seed: seed of the editor's generator; the same seed and the same sequence of calls
             give the same edits. ``None`` draws fresh entropy.
-        recipe: a :class:`CopyRecipe` (or its dict); default :meth:`CopyRecipe.training`.
+        recipe: a :class:`CopyRecipe`, a :class:`~copynce_hf.pixtrace.paper_recipe.PaperCopyRecipe`
+            (:meth:`CopyRecipe.paper_descriptor`, :meth:`CopyRecipe.paper_matcher`) or the dict of
+            either; default :meth:`CopyRecipe.training`.
         output_size: ``(height, width)``: end every chain with a resize to this size (the
             model input), recorded in the recipe; ``None`` keeps the edited size.
         image_pool: paths of images used as backgrounds and overlays ("onto another",
@@ -610,12 +642,14 @@ class CopyEditor:
     ):
         if seed is not None:
             _check_seed(seed, "seed")
+        from .paper_recipe import PaperCopyRecipe
+
         if recipe is None:
             recipe = CopyRecipe.training()
         elif isinstance(recipe, dict):
-            recipe = CopyRecipe.from_dict(recipe)
-        elif not isinstance(recipe, CopyRecipe):
-            raise ConfigError(f"recipe must be a CopyRecipe or its dict, got {type(recipe).__name__}")
+            recipe = PaperCopyRecipe.from_dict(recipe) if PaperCopyRecipe.describes(recipe) else CopyRecipe.from_dict(recipe)
+        elif not isinstance(recipe, (CopyRecipe, PaperCopyRecipe)):
+            raise ConfigError(f"recipe must be a CopyRecipe, a PaperCopyRecipe or its dict, got {type(recipe).__name__}")
         if output_size is not None:
             try:
                 output_size = tuple(int(v) for v in output_size)
@@ -650,19 +684,17 @@ class CopyEditor:
             return CopyResult(image, table, [edit.to_dict() for edit in edits])
         table = CoordinateTable.identity(image.height, image.width)
         recipe: list[dict[str, Any]] = []
-        steps = self.recipe.steps()
-        # Each step draws from its own child generator, so that changing one step's
-        # probability or ranges leaves the draws of every other step as they were.
-        for step, step_rng in zip(steps, rng.spawn(len(steps))):
-            if step_rng.random() >= step.p:
-                continue
-            for edit in step.draw(_Context(step_rng, table.size, self.image_pool)):
+        # Each step draws from its own child generator (see CopyRecipe.schedule).
+        before_resize, after_resize = self.recipe.schedule(rng)
+        resize = [] if self.output_size is None else [(None, None)]
+        for step, step_rng in before_resize + resize + after_resize:
+            if step is None:  # the editor's resize to the model input
+                edits = [Resize(*self.output_size)]
+            else:
+                edits = step.draw(_Context(step_rng, table.size, self.image_pool, self.output_size))
+            for edit in edits:
                 image, table = edit(image, table)
                 recipe.append(edit.to_dict())
-        if self.output_size is not None:
-            resize = Resize(*self.output_size)
-            image, table = resize(image, table)
-            recipe.append(resize.to_dict())
         return CopyResult(image, table, recipe)
 
     def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:

@@ -69,11 +69,14 @@ class TrainingConfig:
         pair_source: ``edits`` (PixTrace copies of each original) or ``ground_truth`` (finetuning on
             DISC21 dev queries and their references from ``ground_truth``).
         ground_truth: DISC21 ground-truth CSV (``pair_source: ground_truth``).
-        query_recipe, reference_recipe: ``training``, ``light`` or ``resize``.
+        query_recipe, reference_recipe: ``training``, ``paper_descriptor``, ``paper_matcher``, ``light`` or
+            ``resize`` (see ``copynce_hf.data.pairs.RECIPES``).
         max_source_side: originals are shrunk to this longer side before editing (``null``: 4 x the
             model's image size; 0: never), see ``CopyPairMaker``.
         positive_rate, hard_negative_mining, hard_negative_k, hard_negative_prob, knn_graph: GHNM
-            (``knn_graph`` from ``scripts/build_knn.py``; without it negatives are random).
+            (``knn_graph`` from ``scripts/build_knn.py``). ``hard_negative_mining`` set to ``ghnm`` or
+            ``pairs`` requires ``knn_graph`` (the run refuses to start without it); ``null`` gives
+            random negatives without a graph (with one, the model type's mining), ``off`` never mines.
         dataloader_num_workers: data-loader worker processes per training process.
         num_eval_images: images held out of the training set for the periodic evaluation.
     Optimisation (paper supplementary table):
@@ -248,6 +251,13 @@ class TrainingConfig:
         if self.model_type == "descriptor" and self.resolved("hard_negative_mining") == "ghnm":
             if self.per_device_train_batch_size % 2:
                 fail("per_device_train_batch_size", "must be even for GHNM (an image and its neighbour)")
+        if self.hard_negative_mining in ("ghnm", "pairs") and not self.knn_graph and self.pair_source == "edits":
+            raise ConfigError(
+                f"invalid configuration value knn_graph={self.knn_graph!r}: hard_negative_mining="
+                f"{self.hard_negative_mining!r} needs the k-NN graph of the training images (build it with "
+                "scripts/build_knn.py and pass --knn_graph <file>); for random negatives set "
+                "hard_negative_mining: null"
+            )
         size = self.model.get("image_size", 224)
         patch = self.model.get("patch_size", 16)
         if self.max_source_side and isinstance(size, int) and self.max_source_side < size:

@@ -5,6 +5,8 @@ Every edit is constructed with explicit parameters and called as
 """
 
 from .base import EDIT_REGISTRY, Edit, edit_from_dict, register_edit
+from .compositing import *  # noqa: F401,F403
+from .compositing import __all__ as _compositing
 from .geometric import *  # noqa: F401,F403
 from .geometric import __all__ as _geometric
 from .occluding import *  # noqa: F401,F403
@@ -14,4 +16,4 @@ from .photometric import __all__ as _photometric
 from .sources import resolve_image
 
 __all__ = ["Edit", "EDIT_REGISTRY", "edit_from_dict", "register_edit", "resolve_image"]
-__all__ += list(_geometric) + list(_occluding) + list(_photometric)
+__all__ += list(_geometric) + list(_occluding) + list(_photometric) + list(_compositing)

@@ -44,6 +44,7 @@ __all__ = [
     "RandomErasing",
     "emoji_names",
     "font_characters",
+    "fraction_box",
 ]
 
 #: A pixel counts as covered when the overlay's effective opacity is above one half.
@@ -380,6 +381,9 @@ class RandomErasing(OccludingEdit):
         width, height: box size as fractions of the image size, in (0, 1]; the box must
             fit (``x + width <= 1``, ``y + height <= 1``). At least one pixel is erased.
         fill: RGB fill colour.
+        noise_seed: ``None`` fills the box with ``fill``; an integer fills it with random values
+            instead (torchvision's ``value="random"``: standard normal values on the [0, 1] scale,
+            clipped to it), drawn from a generator with this seed.
     """
 
     name: ClassVar[str] = "random_erasing"
@@ -388,6 +392,7 @@ class RandomErasing(OccludingEdit):
     width: float = 0.25
     height: float = 0.25
     fill: tuple[int, int, int] = (0, 0, 0)
+    noise_seed: int | None = None
 
     def __post_init__(self):
         check_range(self.name, "x", self.x, 0.0, 1.0)
@@ -395,14 +400,14 @@ class RandomErasing(OccludingEdit):
         check_range(self.name, "width", self.width, 1e-6, 1.0 - self.x + 1e-9)
         check_range(self.name, "height", self.height, 1e-6, 1.0 - self.y + 1e-9)
         _check_color(self, "fill", self.fill)
+        if self.noise_seed is not None and (
+            isinstance(self.noise_seed, bool) or not isinstance(self.noise_seed, (int, np.integer)) or self.noise_seed < 0
+        ):
+            raise EditParameterError(f"{self.name}: parameter noise_seed={self.noise_seed!r} must be None or an integer >= 0")
 
     def box(self, height: int, width: int) -> tuple[int, int, int, int]:
         """Pixel box ``(left, top, right, bottom)`` (right and bottom exclusive) on an image of that size."""
-        left = min(int(round(self.x * width)), width - 1)
-        top = min(int(round(self.y * height)), height - 1)
-        right = min(width, max(left + 1, int(round((self.x + self.width) * width))))
-        bottom = min(height, max(top + 1, int(round((self.y + self.height) * height))))
-        return left, top, right, bottom
+        return fraction_box(self.x, self.y, self.width, self.height, height, width)
 
     def coverage(self, height: int, width: int) -> np.ndarray:
         left, top, right, bottom = self.box(height, width)
@@ -412,8 +417,24 @@ class RandomErasing(OccludingEdit):
 
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         pixels = np.array(image)
-        pixels[coverage == 255] = np.asarray(self.fill, dtype=np.uint8)
+        covered = coverage == 255
+        if self.noise_seed is None:
+            pixels[covered] = np.asarray(self.fill, dtype=np.uint8)
+        else:  # torchvision's value="random": N(0, 1) per value on the [0, 1] scale, here clipped to it
+            noise = np.random.default_rng(self.noise_seed).standard_normal((int(covered.sum()), 3))
+            pixels[covered] = np.clip(np.rint(noise * 255.0), 0, 255).astype(np.uint8)
         return Image.fromarray(pixels, "RGB")
+
+
+def fraction_box(x: float, y: float, box_width: float, box_height: float, height: int,
+                 width: int) -> tuple[int, int, int, int]:
+    """Pixel box ``(left, top, right, bottom)`` (exclusive) of a box given as fractions of a ``height`` x ``width``
+    image; at least one pixel."""
+    left = min(int(round(x * width)), width - 1)
+    top = min(int(round(y * height)), height - 1)
+    right = min(width, max(left + 1, int(round((x + box_width) * width))))
+    bottom = min(height, max(top + 1, int(round((y + box_height) * height))))
+    return left, top, right, bottom
 
 
 # ---------------------------------------------------------------------- helpers

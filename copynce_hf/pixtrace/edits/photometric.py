@@ -43,6 +43,8 @@ __all__ = [
     "Solarize",
     "Posterize",
     "EdgeEnhance",
+    "ALBUMENTATIONS_OPS",
+    "Albumentation",
 ]
 
 #: Upper bound of the enhancement factors (1.0 = unchanged).
@@ -379,3 +381,50 @@ class EdgeEnhance(PhotometricEdit):
     def transform(self, image: Image.Image) -> Image.Image:
         kernel = ImageFilter.EDGE_ENHANCE_MORE if self.more else ImageFilter.EDGE_ENHANCE
         return _augly_image().apply_pil_filter(image, filter_type=kernel)
+
+
+#: The photometric operations of the authors' "additional" family (their ``lyakaap`` recipe draws one
+#: of these albumentations transforms, with its default parameters; ``Emboss`` is commented out there).
+#: ``RandomRain``, ``RandomSnow`` and ``RandomFog`` draw streaks, flakes and haze over the image;
+#: albumentations returns no mask of them, so here they count as photometric (the table is unchanged).
+ALBUMENTATIONS_OPS = (
+    "CLAHE", "ChannelDropout", "ChannelShuffle", "Equalize", "FancyPCA", "GaussNoise", "HueSaturationValue",
+    "ISONoise", "ImageCompression", "InvertImg", "MedianBlur", "MotionBlur", "MultiplicativeNoise", "Posterize",
+    "RGBShift", "RandomBrightnessContrast", "RandomFog", "RandomGamma", "RandomRain", "RandomSnow",
+    "RandomToneCurve", "Sharpen", "Solarize", "ToSepia",
+)
+
+
+@functools.cache
+def _albumentations():
+    try:
+        import albumentations
+    except ImportError as error:  # an optional extra: only the paper recipes need it
+        raise EditParameterError(
+            "the albumentations edit needs the albumentations package: pip install 'copynce_hf[train]'"
+        ) from error
+    return albumentations
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class Albumentation(PhotometricEdit):
+    """One albumentations transform ``op`` (of :data:`ALBUMENTATIONS_OPS`) at its default parameters.
+
+    The transform's random parameters come from its own generator seeded with ``seed``
+    (``set_random_seed``), so the edit replays exactly. Photometric: the table is unchanged.
+    """
+
+    name: ClassVar[str] = "albumentation"
+    op: str = "CLAHE"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.op not in ALBUMENTATIONS_OPS:
+            raise EditParameterError(f"{self.name}: parameter op={self.op!r} must be one of {list(ALBUMENTATIONS_OPS)}")
+        _check_seed(self.name, self.seed)
+
+    def transform(self, image: Image.Image) -> Image.Image:
+        transform = getattr(_albumentations(), self.op)(p=1.0)
+        transform.set_random_seed(self.seed)
+        return Image.fromarray(transform(image=np.asarray(image))["image"], "RGB")

@@ -1,0 +1,193 @@
+"""Edits that blend the copy with another image or draw strokes over it (the authors' crop group and smearing).
+
+The CopyNCE authors' training augmentation (their ``lyakaap`` recipe) pastes the copy, resized to
+a box, onto another image with an opacity, pastes another image into a box of the copy with an
+opacity, and smears random Bezier strokes over the copy. These three edits describe those
+operations with explicit, replayable parameters.
+
+Rule for partly transparent pastes: a pixel counts as copied when the copy's weight in the
+blend is at least one half, otherwise it is untraced. The weight is the 8-bit paste level
+``floor(255 * opacity + 0.5)`` of the copy (or ``255 -`` that level of the other image), so a
+copy pasted at opacity 0.5 or more stays traced and another image pasted over the copy at
+opacity below 0.5 leaves the pixels under it traced (the copy dominates them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from ...errors import EditParameterError
+from ..table import CoordinateTable
+from .base import check_range, register_edit
+from .geometric import (
+    _RESAMPLE,
+    GeometricEdit,
+    _color_param,
+    _int_param,
+    _resample_param,
+    _resize,
+    _set,
+    _spec_param,
+    _translation,
+)
+from .occluding import COVERED_ALPHA, OccludingEdit, _blend_color, _opacity_level, fraction_box
+from .sources import resolve_image
+
+__all__ = ["PasteIntoBox", "OverlayImageBox", "Smear"]
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class PasteIntoBox(GeometricEdit):
+    """The copy resized to a box of another image and pasted there with ``opacity``.
+
+    ``background`` (an image spec) is resized to ``canvas_height`` x ``canvas_width``; the copy is
+    resized to ``box_height`` x ``box_width`` (its aspect ratio may change) and blended in with
+    its top-left corner at (``left``, ``top``): ``out = level * copy + (255 - level) * background``
+    (``level = floor(255 * opacity + 0.5)``, over 255). The background maps to nowhere; the box
+    is traced when the copy's weight is at least one half (``level >= 128``), else untraced.
+    """
+
+    background: Any
+    canvas_height: int
+    canvas_width: int
+    left: int
+    top: int
+    box_height: int
+    box_width: int
+    opacity: float = 1.0
+    resample: str = "bilinear"
+    name: ClassVar[str] = "paste_into_box"
+
+    def __post_init__(self):
+        _set(self, "background", _spec_param(self.name, "background", self.background))
+        for key in ("canvas_height", "canvas_width", "box_height", "box_width"):
+            _set(self, key, _int_param(self.name, key, getattr(self, key), 1))
+        for key in ("left", "top"):
+            _set(self, key, _int_param(self.name, key, getattr(self, key), 0))
+        if self.left + self.box_width > self.canvas_width or self.top + self.box_height > self.canvas_height:
+            raise EditParameterError(
+                f"{self.name}: box (left={self.left}, top={self.top}, {self.box_height}x{self.box_width}) does not "
+                f"fit the {self.canvas_height}x{self.canvas_width} canvas"
+            )
+        check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
+        _resample_param(self.name, self.resample)
+
+    def stages(self, size):
+        box = (self.box_height, self.box_width)
+        return [(_resize(size, box), box), (_translation(-self.left, -self.top), (self.canvas_height, self.canvas_width))]
+
+    def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
+        new_table = self.trace(table)
+        if _opacity_level(self.opacity) < COVERED_ALPHA:  # the copy does not dominate its box
+            new_table = new_table.occlude(np.ones(new_table.size, dtype=bool))
+        return self.render(image), new_table
+
+    def render(self, image):
+        canvas = resolve_image(self.background).resize((self.canvas_width, self.canvas_height), Image.BILINEAR)
+        pasted = image.resize((self.box_width, self.box_height), _RESAMPLE[self.resample])
+        canvas.paste(pasted, (self.left, self.top), mask=Image.new("L", pasted.size, _opacity_level(self.opacity)))
+        return canvas
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class OverlayImageBox(OccludingEdit):
+    """Another image resized to a box of the copy and blended in with ``opacity``.
+
+    The box is ``x, y, width, height`` as fractions of the copy's size (rounded as
+    :class:`RandomErasing` rounds its box); the other image fills it (aspect ratio not kept).
+    Pixels of the box are covered (untraced) when the other image's level
+    ``floor(255 * opacity + 0.5)`` is at least 128, i.e. when the copy's weight is below one half.
+    """
+
+    name: ClassVar[str] = "overlay_image_box"
+    overlay: Any = dataclasses.field(default_factory=lambda: {"kind": "noise", "seed": 0, "size": [64, 64]})
+    x: float = 0.25
+    y: float = 0.25
+    width: float = 0.5
+    height: float = 0.5
+    opacity: float = 0.5
+
+    def __post_init__(self):
+        _set(self, "overlay", _spec_param(self.name, "overlay", self.overlay))
+        check_range(self.name, "x", self.x, 0.0, 1.0)
+        check_range(self.name, "y", self.y, 0.0, 1.0)
+        check_range(self.name, "width", self.width, 1e-6, 1.0 - self.x + 1e-9)
+        check_range(self.name, "height", self.height, 1e-6, 1.0 - self.y + 1e-9)
+        check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, height, width)
+        coverage = np.zeros((height, width), dtype=np.uint8)
+        coverage[top:bottom, left:right] = _opacity_level(self.opacity)
+        return coverage
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, image.height, image.width)
+        pasted = resolve_image(self.overlay).resize((right - left, bottom - top), Image.BILINEAR)
+        edited = image.copy()
+        edited.paste(pasted, (left, top), mask=Image.new("L", pasted.size, _opacity_level(self.opacity)))
+        return edited
+
+
+def bezier_curve(points: np.ndarray, segments: int) -> np.ndarray:
+    """float (segments + 1, 2): the Bezier curve of control ``points`` (n, 2), in Bernstein form."""
+    n = len(points) - 1
+    t = np.linspace(0.0, 1.0, segments + 1)[:, None]
+    index = np.arange(n + 1)[None, :]
+    coefficients = np.array([math.comb(n, i) for i in range(n + 1)], dtype=np.float64)[None, :]
+    basis = coefficients * t**index * (1.0 - t) ** (n - index)
+    return basis @ points
+
+
+@register_edit
+@dataclasses.dataclass(frozen=True)
+class Smear(OccludingEdit):
+    """An opaque stroke along the Bezier curve of control ``points`` (the authors' random smearing).
+
+    Args:
+        points: control points ``(x, y)`` as fractions of the image width and height, at least two.
+        width: stroke width in pixels (>= 1).
+        color: RGB stroke colour.
+        segments: line segments approximating the curve (the authors use 500).
+
+    The stroke is drawn with Pillow's ``ImageDraw.line`` (not anti-aliased), so the pixels it
+    paints are exactly its coverage and become untraced.
+    """
+
+    name: ClassVar[str] = "smear"
+    points: tuple[tuple[float, float], ...] = ((0.1, 0.1), (0.5, 0.9), (0.9, 0.2))
+    width: int = 3
+    color: tuple[int, int, int] = (255, 255, 255)
+    segments: int = 500
+
+    def __post_init__(self):
+        try:
+            points = tuple((float(x), float(y)) for x, y in self.points)
+        except (TypeError, ValueError) as error:
+            raise EditParameterError(f"{self.name}: parameter points={self.points!r} must be (x, y) pairs") from error
+        if len(points) < 2:
+            raise EditParameterError(f"{self.name}: parameter points={self.points!r} needs at least two points")
+        for x, y in points:
+            check_range(self.name, "points", x, 0.0, 1.0)
+            check_range(self.name, "points", y, 0.0, 1.0)
+        _set(self, "points", points)
+        _set(self, "width", _int_param(self.name, "width", self.width, 1))
+        _set(self, "segments", _int_param(self.name, "segments", self.segments, 1))
+        _set(self, "color", _color_param(self.name, "color", self.color))
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        scaled = np.array(self.points) * np.array([width, height], dtype=np.float64)
+        curve = [tuple(p) for p in bezier_curve(scaled, self.segments).tolist()]
+        mask = Image.new("L", (width, height), 0)
+        ImageDraw.Draw(mask).line(curve, fill=255, width=self.width)
+        return np.asarray(mask)
+
+    def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
+        return _blend_color(image, self.color, coverage)
