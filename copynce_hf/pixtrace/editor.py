@@ -698,19 +698,20 @@ class CopyEditor:
         return CopyResult(image, table, recipe)
 
     def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:
-        """The chain of edits drawn for an image of (H, W) ``size``, without pixel work (the same
-        draws as the edit-by-edit loop of ``__call__``: steps only look at the current size)."""
+        """The chain of edits drawn for an image of (H, W) ``size``, without pixel work: the same
+        draws as the edit-by-edit loop of ``__call__`` (steps only look at the current size)."""
         edits: list[Edit] = []
-        steps = self.recipe.steps()
-        for step, step_rng in zip(steps, rng.spawn(len(steps))):
-            if step_rng.random() >= step.p:
-                continue
-            for edit in step.draw(_Context(step_rng, size, self.image_pool)):
+        before_resize, after_resize = self.recipe.schedule(rng)
+        resize = [] if self.output_size is None else [(None, None)]
+        for step, step_rng in before_resize + resize + after_resize:
+            if step is None:  # the editor's resize to the model input
+                drawn = [Resize(*self.output_size)]
+            else:
+                drawn = step.draw(_Context(step_rng, size, self.image_pool, self.output_size))
+            for edit in drawn:
                 if edit.kind == "geometric":
                     size = edit.output_size(size)
                 edits.append(edit)
-        if self.output_size is not None:
-            edits.append(Resize(*self.output_size))
         return edits
 
     def __repr__(self) -> str:

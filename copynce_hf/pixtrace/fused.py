@@ -121,7 +121,7 @@ def _pointwise(edit, pixels, scale):
 _LUMA = np.array([[0.299, 0.587, 0.114]])
 
 
-def _color_jitter(edit, pixels, scale):
+def _color_jitter(edit, pixels, scale, visible=None):
     # AugLy's colour jitter is Pillow's ImageEnhance brightness, contrast and colour, each a blend
     # with a degenerate image clipped to 8 bits, then the hue rotation: the same affine colour maps
     # here, each one pass of ``cv2.transform`` (which saturates to 8 bits like the blends).
@@ -129,7 +129,8 @@ def _color_jitter(edit, pixels, scale):
     if edit.brightness != 1.0:
         pixels = cv2.transform(pixels, edit.brightness * identity)
     if edit.contrast != 1.0:
-        mean = int(cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY).mean() + 0.5)
+        luma = cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
+        mean = int((luma.mean() if visible is None or not visible.any() else luma[visible].mean()) + 0.5)
         offset = np.full((3, 1), (1.0 - edit.contrast) * mean)
         pixels = cv2.transform(pixels, np.hstack([edit.contrast * identity, offset]))
     if edit.saturation != 1.0:
@@ -160,56 +161,99 @@ def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.n
     return cv2.blendLinear(np.ascontiguousarray(pixels), colour, 1.0 - weight, weight)
 
 
-def _emoji(edit, pixels, scale):
-    # AugLy pastes the resized emoji with its alpha times the opacity: that is the coverage.
-    height, width = pixels.shape[:2]
+def _emoji_layers(edit, size):
+    # AugLy pastes the resized emoji with its alpha times the opacity: that alpha is the coverage.
+    height, width = size
     coverage = edit.coverage(height, width)
+    colour = np.zeros((height, width, 3), dtype=np.uint8)
+    if coverage.any():
+        emoji = _emoji_image(_emoji_path(edit.emoji))
+        new_height = max(1, int(height * edit.size))
+        new_width = int(emoji.width * new_height / emoji.height)
+        _place_into(colour, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
+                    int(width * edit.x), int(height * edit.y))
+    return colour, coverage
+
+
+def _image_layers(edit, size):
+    height, width = size
+    overlay = resolve_image(edit.overlay)
+    left, top, new_width, new_height = edit._geometry(height, width, overlay.size)
+    colour = np.zeros((height, width, 3), dtype=np.uint8)
+    _place_into(colour, np.asarray(overlay.resize((new_width, new_height), Image.BILINEAR)), left, top)
+    return colour, edit._coverage(height, width, overlay.size)
+
+
+#: Occluding edits as (colour layer, coverage) at their true size: a colour (3,) or an image (H, W, 3),
+#: and the uint8 coverage the table is occluded with. Blended in at any resolution.
+_OVERLAY_LAYERS = {
+    OverlayText: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
+    RandomErasing: lambda edit, size: (np.asarray(edit.fill, dtype=np.uint8), edit.coverage(*size)),
+    OverlayEmoji: _emoji_layers,
+    OverlayImage: _image_layers,
+}
+
+
+def _overlay_at(edit, pixels: np.ndarray, true_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """An occluding edit on the working image ``pixels``: its layers drawn at the true size (as edit by
+    edit), resampled to the working size (antialiased), blended. Returns (pixels, true-size coverage)."""
+    colour, coverage = _OVERLAY_LAYERS[type(edit)](edit, true_size)
     if not coverage.any():
-        return pixels
-    emoji = _emoji_image(_emoji_path(edit.emoji))
-    new_height = max(1, int(height * edit.size))
-    new_width = int(emoji.width * new_height / emoji.height)
-    colour = np.zeros_like(pixels)
-    _place_into(colour, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
-                int(width * edit.x), int(height * edit.y))
-    return _blend(pixels, colour, coverage)
-
-
-def _text(edit, pixels, scale):
-    return _blend(pixels, edit.color, edit.coverage(*pixels.shape[:2]))
-
-
-def _erasing(edit, pixels, scale):
-    left, top, right, bottom = edit.box(*pixels.shape[:2])
-    pixels = pixels.copy()
-    pixels[top:bottom, left:right] = edit.fill
-    return pixels
+        return pixels, coverage
+    working = pixels.shape[:2]
+    if working == true_size:
+        return _blend(pixels, colour, coverage), coverage
+    to_true = _resize_matrix(true_size, working)
+    if colour.ndim == 3:
+        colour = _warp(colour, to_true, working)
+    return _blend(pixels, colour, _warp(coverage, to_true, working)), coverage
 
 
 def _pixelization(edit, pixels, scale):
     return _pointwise(Pixelization(ratio=min(1.0, edit.ratio / scale)), pixels, scale)
 
 
-def _overlay(edit, pixels, scale):
-    return _through_pil(edit, pixels, lambda image: edit.render(image, edit.coverage(image.height, image.width)))
-
-
 #: Edits whose result at another resolution is the same up to resampling, and how to render them
 #: at a working resolution ``scale`` times the true one (their tables are computed at the true size).
 _SCALE_FREE = {
-    ColorJitter: _color_jitter,
-    Brightness: _pointwise,
-    Contrast: _pointwise,
-    Saturation: _pointwise,
-    Grayscale: _grayscale,
-    Solarize: _pointwise,
-    Posterize: _pointwise,
-    Blur: _blur,
     Pixelization: _pixelization,
-    OverlayText: _text,
-    OverlayEmoji: _emoji,
-    OverlayImage: _overlay,
-    RandomErasing: _erasing,
+    **dict.fromkeys(_OVERLAY_LAYERS),  # see _overlay_at
+}
+
+
+def _deferred_pointwise(render):
+    def apply(edit, pixels, density, visible):
+        return render(edit, pixels, 1.0)
+
+    return apply
+
+
+def _deferred_color_jitter(edit, pixels, density, visible):
+    return _color_jitter(edit, pixels, 1.0, visible)
+
+
+def _deferred_blur(edit, pixels, density, visible):
+    # ``radius`` pixels of the image the edit saw are radius / density pixels here, per axis.
+    sigma_y, sigma_x = (edit.radius / max(d, 1e-6) for d in density)
+    if max(sigma_y, sigma_x) <= 0:
+        return pixels
+    return cv2.GaussianBlur(pixels, (0, 0), sigmaX=max(sigma_x, 1e-3), sigmaY=max(sigma_y, 1e-3))
+
+
+#: Edits that join a run of geometric edits: applied, inside the run's single pass, to the content
+#: resampled at the run's working resolution, at their place in the chain (later canvases, padding
+#: or background, are composited after them, untouched). Pointwise colour edits are the same up to
+#: resampling at any resolution; the blur's radius follows the local scale of the map.
+#: ``render(edit, pixels, density (rows, cols) of the edit's image per working pixel, visible mask)``.
+_DEFERRED = {
+    ColorJitter: _deferred_color_jitter,
+    Brightness: _deferred_pointwise(_pointwise),
+    Contrast: _deferred_pointwise(_pointwise),
+    Saturation: _deferred_pointwise(_pointwise),
+    Grayscale: _deferred_pointwise(_grayscale),
+    Solarize: _deferred_pointwise(_pointwise),
+    Posterize: _deferred_pointwise(_pointwise),
+    Blur: _deferred_blur,
 }
 
 
@@ -218,11 +262,14 @@ _SCALE_FREE = {
 
 @dataclass
 class _Run:
-    """Consecutive fusable geometric edits: their stages, flattened, with canvases."""
+    """Consecutive fusable geometric edits (their stages, flattened, with canvases) and the pointwise
+    edits between them."""
 
     input_size: tuple[int, int]
     stages: list[tuple[np.ndarray, tuple[int, int], Canvas]] = field(default_factory=list)
     edits: list[Edit] = field(default_factory=list)
+    #: Pointwise edits joined to the run: (number of stages before it, edit, the edit's true size).
+    deferred: list[tuple[int, Edit, tuple[int, int]]] = field(default_factory=list)
     #: (h, w) the run's result is materialised at (its true size unless scale-free edits follow).
     working: tuple[int, int] | None = None
 
@@ -250,6 +297,10 @@ def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
             run.stages += list(zip((m for m, _ in stages), (s for _, s in stages), _canvases(edit, stages)))
             run.edits.append(edit)
             size = stages[-1][1]
+        elif type(edit) in _DEFERRED:
+            if not isinstance(items[-1], _Run):
+                items.append(_Run(size))
+            items[-1].deferred.append((len(items[-1].stages), edit, size))
         else:
             items.append((edit, size))
             if edit.kind == "geometric":
@@ -444,19 +495,32 @@ def _render_run(run: _Run, image: np.ndarray, image_to_input: np.ndarray) -> np.
         frames.append(stage @ frames[-1])
     frames.reverse()  # frames[k]: to the input frame of stage k (k = 0..n-1); frames[n]: to the output frame
     content = np.ascontiguousarray(_warp(image, np.linalg.inv(image_to_input) @ frames[0], size))
-    stage_input = run.input_size
-    for k, (_, stage_size, canvas) in enumerate(run.stages):
-        if canvas is not None:
-            weight = _inside(frames[k], stage_input, size)
-            if not (isinstance(weight, float) and weight == 1.0):
-                layer = _canvas_layer(canvas, frames[k + 1], size)
-                if layer.ndim == 1:
-                    layer = np.broadcast_to(np.clip(np.rint(layer), 0, 255).astype(np.uint8), content.shape)
-                if isinstance(weight, float):  # the input is nowhere in sight: the canvas only
-                    content = np.ascontiguousarray(layer)
-                else:
-                    content = cv2.blendLinear(content, np.ascontiguousarray(layer), weight, 1.0 - weight)
-        stage_input = stage_size
+    # Antialiased masks of the stages that show a canvas: where the stage's input is in sight.
+    inputs = [run.input_size] + [stage_size for _, stage_size, _ in run.stages[:-1]]
+    weights = {k: _inside(frames[k], inputs[k], size) for k, (_, _, canvas) in enumerate(run.stages)
+               if canvas is not None}
+    deferred = {}
+    for position, edit, _ in run.deferred:
+        deferred.setdefault(position, []).append(edit)
+    for k in range(len(run.stages) + 1):
+        for edit in deferred.get(k, ()):
+            # The pixels of the edit's image still in sight: inside every later stage's input.
+            later = [w for j, w in weights.items() if j >= k and not isinstance(w, float)]
+            visible = np.logical_and.reduce([w >= 0.5 for w in later]) if later else None
+            content = _DEFERRED[type(edit)](edit, content, _axis_density(frames[k], size), visible)
+        if k == len(run.stages) or k not in weights:
+            continue
+        weight = weights[k]
+        if isinstance(weight, float) and weight == 1.0:
+            continue
+        layer = _canvas_layer(run.stages[k][2], frames[k + 1], size)
+        if layer.ndim == 1:
+            layer = np.broadcast_to(np.clip(np.rint(layer), 0, 255).astype(np.uint8), content.shape)
+        if isinstance(weight, float):  # the input is nowhere in sight: the canvas only
+            content = np.ascontiguousarray(layer)
+        else:
+            content = cv2.blendLinear(np.ascontiguousarray(content), np.ascontiguousarray(layer), weight,
+                                      1.0 - weight)
     return content
 
 
@@ -477,13 +541,12 @@ def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image
             for matrix, size, _ in item.stages:  # what ``GeometricEdit.trace`` does, edit after edit
                 table = table.warp(matrix, size)
             pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
-            if item.stages or item.working != pixels.shape[:2]:
+            if item.stages or item.deferred or item.working != pixels.shape[:2]:
                 current = _render_run(item, pixels, to_true)
                 to_true = _resize_matrix(item.output_size, item.working)
             continue
         edit, true_size = item
-        render = _SCALE_FREE.get(type(edit))
-        if render is None:  # planned at its true size: exactly as edit by edit
+        if type(edit) not in _SCALE_FREE:  # planned at its true size: exactly as edit by edit
             if isinstance(current, np.ndarray):
                 current = Image.fromarray(current, "RGB")
             current, table = edit(current, table)
@@ -491,10 +554,11 @@ def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image
             continue
         # A scale-free edit at the working resolution (maybe the true one); its table at the true size.
         pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
-        scale = math.sqrt(pixels.shape[0] * pixels.shape[1] / (true_size[0] * true_size[1]))
-        current = render(edit, pixels, scale)
-        if edit.kind == "occluding":
-            table = table.occlude(edit.coverage(*true_size) >= COVERED_ALPHA)
+        if type(edit) in _OVERLAY_LAYERS:
+            current, coverage = _overlay_at(edit, pixels, true_size)
+            table = table.occlude(coverage >= COVERED_ALPHA)  # what ``OccludingEdit.apply`` does
+            continue
+        current = _SCALE_FREE[type(edit)](edit, pixels, math.sqrt(pixels.shape[0] * pixels.shape[1] / (true_size[0] * true_size[1])))
     if isinstance(current, np.ndarray):
         current = Image.fromarray(current, "RGB")
     if (current.height, current.width) != table.size:
