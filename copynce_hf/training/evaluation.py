@@ -41,8 +41,8 @@ class CopyDetectionTask:
     query_ids: list[str]
     reference_ids: list[str]
     ground_truth: dict[str, list[str]]
-    image_mean: tuple[float, ...] = IMAGENET_DEFAULT_MEAN
-    image_std: tuple[float, ...] = IMAGENET_DEFAULT_STD
+    image_mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
+    image_std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
 
 
 def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int = 12345,
