@@ -4,11 +4,15 @@
     python -m benchmarks.quality --systems pdq phash     # only the hashes
     python -m benchmarks.quality --descriptor mine=path/to/folder --matcher m=path/to/matcher@mine
 
+    python -m benchmarks.quality --systems pipeline --threads 1   # the detection pipeline, stage by stage
+
 Systems (see :mod:`benchmarks.systems`): ``pdq``, ``phash``, ``random`` (the benchmark ViT with
 random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model folder in
 ``--runs-dir``, written by ``python -m benchmarks.training``, plus ``--descriptor`` entries) and
 ``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
-``descriptor-copynce-seed<k>``, plus ``--matcher`` entries). Each system's result is written to
+``descriptor-copynce-seed<k>``, plus ``--matcher`` entries) and ``pipeline`` (the embedded models
+through :func:`copynce_hf.retrieval.detect`, one system per added stage, see :data:`PIPELINE_STAGES`;
+score normalisation uses the ``train`` split as the auxiliary set). Each system's result is written to
 ``<output-dir>/<system>.json`` as soon as it finishes (metrics, PR curve arrays, predictions,
 timing, machine, command), so an interrupted run loses nothing already done;
 ``--skip-existing`` resumes. ``python -m benchmarks.report`` renders the tables and plots.
@@ -35,13 +39,31 @@ from .common import (
     write_json,
 )
 from .minidisc import SHARED_DATA, MiniDisc, MiniDiscConfig, build_minidisc
-from .systems import DescriptorSystem, HashSystem, MatcherRescoring, Predictions, score_predictions
+from .systems import (
+    DescriptorSystem,
+    HashSystem,
+    MatcherRescoring,
+    PipelineSystem,
+    Predictions,
+    score_predictions,
+)
 
 logger = logging.getLogger("benchmarks.quality")
 
 __all__ = ["evaluate_system", "run_quality", "discover_runs", "main", "SYSTEM_CHOICES"]
 
-SYSTEM_CHOICES = ("pdq", "phash", "random", "descriptors", "matchers")
+SYSTEM_CHOICES = ("pdq", "phash", "random", "descriptors", "matchers", "pipeline")
+#: The pipeline benchmark, one system per added stage: (name, descriptors, score normalisation, descriptor LCE,
+#: matcher LCE or None for no matcher, candidates: "k" for the top-k or "merged" for --pipeline-candidates).
+#: ``--merge-baseline`` adds the baseline descriptor's candidates to the last stage (merged per query).
+PIPELINE_STAGES = (
+    ("pipeline-1-descriptor", ("copynce",), False, "none", None, "k"),
+    ("pipeline-2-score-norm", ("copynce",), True, "none", None, "k"),
+    ("pipeline-3-descriptor-lce", ("copynce",), True, "paper", None, "k"),
+    ("pipeline-4-matcher-top10", ("copynce",), True, "paper", "none", "k"),
+    ("pipeline-5-matcher-lce", ("copynce",), True, "paper", "paper", "merged"),
+)
+DEFAULT_BASELINE_DESCRIPTOR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseline-descriptor"
 #: Run folder names written by ``benchmarks.training``: ``descriptor-copynce-seed0`` etc.
 RUN_NAME = re.compile(r"^(?P<kind>descriptor|matcher)-(?P<variant>[a-z0-9_]+)-seed(?P<seed>\d+)$")
 DEFAULT_RUNS_DIR = DEFAULT_OUTPUT_DIR / "runs"
@@ -74,6 +96,7 @@ def evaluate_system(
         **(info or {}),
         "metrics": metrics,
         "wall_seconds": predictions.seconds,
+        **({"pipeline": predictions.info} if predictions.info else {}),
         "task": {"fingerprint": task.fingerprint, "num_references": len(task.reference_ids),
                  "num_queries": len(task.queries), "num_copies": sum(1 for q in task.queries if q.reference_id),
                  "config": task.config.to_dict()},
@@ -140,6 +163,9 @@ def run_quality(
     k: int = 10,
     skip_existing: bool = False,
     batch_size: int = 64,
+    pipeline_candidates: int = 2,
+    baseline_descriptor: Path = DEFAULT_BASELINE_DESCRIPTOR,
+    merge_baseline: bool = False,
 ) -> dict[str, dict]:
     """Evaluate the chosen systems in order, writing each one's JSON as it finishes.
 
@@ -177,6 +203,10 @@ def run_quality(
                 "config_file": str(random_config)}
         run("random-vit", lambda: DescriptorSystem.random("random-vit", model_config, random_seed, batch_size)
             .predict(task, k), info)
+
+    if "pipeline" in systems:
+        run_pipeline(task, query_files, run, k, batch_size, pipeline_candidates, baseline_descriptor,
+                     output_dir / "pipeline-indexes", merge_baseline)
 
     runs = discover_runs(runs_dir)
     descriptor_entries = []
@@ -223,6 +253,41 @@ def run_quality(
     return results
 
 
+def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int, candidates: int,
+                 baseline_descriptor: Path, index_folder: Path, merge_baseline: bool = False) -> None:
+    """Evaluate :data:`PIPELINE_STAGES` with the embedded models (reference/auxiliary indexes kept in ``index_folder``).
+
+    The auxiliary set of score normalisation is the ``train`` split of the task's splits CSV (no copies of the
+    queries, never a reference or distractor image). Settings are fixed in advance (paper defaults: alpha 1,
+    neighbours 0..9; 26 x 10 LCE views; 35 matcher view pairs); nothing is tuned on the task.
+    """
+    from copynce_hf.evaluation import load_model
+    from copynce_hf.retrieval import Descriptor, DetectConfig, ImageListSource
+
+    from .minidisc import read_splits
+
+    train = read_splits(task.config.splits_csv, task.config.image_folder).get("train", [])
+    auxiliary = ImageListSource([path.stem for path in train], train)
+    models = {"copynce": Descriptor("copynce", *load_model(None, "descriptor"), source="embedded descriptor")}
+    if merge_baseline:
+        models["baseline"] = Descriptor("baseline", *load_model(baseline_descriptor, "descriptor", "baseline"),
+                                        source=str(baseline_descriptor))
+    matcher = load_model(None, "matcher")
+    stages = list(PIPELINE_STAGES)
+    if merge_baseline:
+        name, names, *rest = stages[-1]
+        stages[-1] = (name + "-merged", names + ("baseline",), *rest)
+    for name, descriptor_names, score_norm, descriptor_lce, matcher_lce, pool in stages:
+        config = DetectConfig(k=k, candidates=k if pool == "k" else candidates, descriptor_lce=descriptor_lce,
+                              matcher_lce=matcher_lce or "none", batch_size=batch_size)
+        system = PipelineSystem(name, [models[n] for n in descriptor_names], matcher if matcher_lce else None,
+                                config, auxiliary if score_norm else None, index_folder)
+        info = {"family": "pipeline", "descriptors": list(descriptor_names), "score_normalization": score_norm,
+                "descriptor_lce": descriptor_lce, "matcher_lce": matcher_lce, "candidates": config.candidates,
+                "auxiliary": f"train split ({len(train)} images)" if score_norm else None}
+        run(name, lambda s=system: s.predict(task, query_files), info)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--k", type=int, default=10, help="references returned per query")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch/faiss threads (default: library default)")
+    parser.add_argument("--pipeline-candidates", type=int, default=2,
+                        help="pipeline: candidates per query re-scored by the matcher with LCE in the last stage "
+                             "(default 2, bounded for a shared CPU: 35 fusion passes per candidate)")
+    parser.add_argument("--merge-baseline", action="store_true",
+                        help="pipeline: merge the baseline descriptor's candidates into the last stage")
+    parser.add_argument("--baseline-descriptor", type=Path, default=DEFAULT_BASELINE_DESCRIPTOR,
+                        help="pipeline: the second descriptor whose candidates are merged (--merge-baseline)")
     parser.add_argument("--skip-existing", action="store_true",
                         help="keep results already written for the same task instead of recomputing them")
     return parser
@@ -266,7 +338,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     logger.info("%s (task %s)", task, task.fingerprint)
     results = run_quality(task, args.systems, args.output_dir, args.query_cache, args.runs_dir,
                           _parse_named(args.descriptor, "--descriptor"), _parse_named(args.matcher, "--matcher"),
-                          args.random_config, args.random_seed, args.k, args.skip_existing, args.batch_size)
+                          args.random_config, args.random_seed, args.k, args.skip_existing, args.batch_size,
+                          args.pipeline_candidates, args.baseline_descriptor, args.merge_baseline)
     print(f"\n{'system':<30} {'muAP':>7} {'RP90':>7} {'R@1':>7} {'seconds':>8}")
     for name, record in results.items():
         m = record["metrics"]

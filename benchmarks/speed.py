@@ -233,9 +233,7 @@ def bench_extraction(batch_size: int = 32, repeats: int = 5, sizes: dict | None 
     from transformers import ViTConfig, ViTModel
 
     from copynce_hf.modeling import CopyNCEDescriptorConfig, CopyNCEDescriptorModel, CopyNCEImageProcessor
-    from copynce_hf.retrieval import extract_descriptors
-
-    from .minidisc import ImageListSource
+    from copynce_hf.retrieval import ImageListSource, extract_descriptors
 
     sizes = sizes or {
         "bench ViT (192 wide, 6 blocks, 112/8)": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=3,

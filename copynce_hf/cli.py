@@ -1,6 +1,11 @@
-"""The ``copynce`` command: index references, search queries, re-score with the matcher, evaluate, visualise.
+"""The ``copynce`` command: detect copies in one go, or index, search, re-score, evaluate and visualise step by step.
 
-A "find copies of my images" session::
+The whole pipeline (descriptors with local crops ensembling and score normalisation, merged
+candidates, matcher verification, evaluation and a match gallery)::
+
+    copynce detect queries/ --references references/ --output found/ [--ground-truth gt.csv]
+
+The same steps one at a time::
 
     copynce index references/ --output refs_index/
     copynce search queries/ --index refs_index/ --k 10 --output candidates.csv
@@ -22,55 +27,20 @@ import sys
 from pathlib import Path
 
 from .errors import ConfigError, CopyNCEError, PredictionsError
+from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, load_model
+from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
 logger = logging.getLogger("copynce_hf.cli")
 
-#: Embedded model folders used when ``--model`` / ``--matcher`` is not given.
-PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
-DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
-DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
+#: Merged candidates per query that ``copynce detect`` hands to the matcher (see :mod:`copynce_hf.retrieval.detect`).
+DETECT_CANDIDATES = 50
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def load_model(path: str | Path | None, default: Path, option: str):
-    """Load ``(model, image_processor)`` with the Auto classes from a folder or Hub id.
-
-    ``path=None`` means the embedded model folder ``default``; a clear :class:`ConfigError`
-    is raised when that folder is absent or the model cannot be loaded.
-    """
-    # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
-    import torch
-    from transformers import AutoImageProcessor, AutoModel
-
-    if path is None:
-        if not (default / "config.json").is_file():
-            raise ConfigError(
-                f"no {option} given and the embedded model folder {default} does not exist; "
-                f"pass {option} PATH (a folder written by save_pretrained, or a Hub id)"
-            )
-        path = default
-    try:
-        # float32 whatever the stored dtype: the embedded models are stored in float16 to stay
-        # small, and float16 matrix products are several times slower on a CPU.
-        model = AutoModel.from_pretrained(str(path), dtype=torch.float32)
-        processor = AutoImageProcessor.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}") from error
-    return model, processor
-
-
 def _descriptor_model(path, option="--model"):
-    from .retrieval import model_kind
-
-    model, processor = load_model(path, DEFAULT_DESCRIPTOR, option)
-    if model_kind(model) != "descriptor":
-        raise ConfigError(
-            f"{option} {path or DEFAULT_DESCRIPTOR} is a {model_kind(model)}, a descriptor model is needed here"
-        )
-    return model, processor
+    return load_model(path, "descriptor", option)
 
 
 def _parse_patch(text: str) -> tuple[int, int]:
@@ -111,25 +81,35 @@ def _index_config_overrides(args) -> dict:
 def cmd_index(args) -> int:
     from accelerate import Accelerator
 
-    from .retrieval import DescriptorIndex, ImageFolderSource, IndexConfig, extract_descriptors
+    from .retrieval import (
+        DescriptorIndex,
+        ImageFolderSource,
+        IndexConfig,
+        ViewPreset,
+        extract_view_descriptors,
+    )
 
     source = ImageFolderSource(args.references)
     config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
     model, processor = _descriptor_model(args.model)
     accelerator = Accelerator()
-    references = extract_descriptors(
-        model, processor, source, batch_size=args.batch_size, num_workers=args.num_workers,
+    preset = ViewPreset(args.descriptor_lce)
+    references = extract_view_descriptors(
+        model, processor, source, preset, "reference", batch_size=args.batch_size, num_workers=args.num_workers,
         accelerator=accelerator, progress=not args.quiet, description="reference descriptors",
     )
     if accelerator.is_main_process:
         if len(references) == 0:
             raise PredictionsError(f"none of the {len(source)} images of {args.references} could be read")
         model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
-        info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve())}
+        info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve()),
+                "views": preset.name}
         index = DescriptorIndex.build(references, config, info=info)
         index.save(args.output)
+        views = f", {preset.num_reference_views} views each" if preset.name != "none" else ""
         print(
-            f"indexed {len(references)} references ({references.dim}-d, {config.kind}) into {args.output}"
+            f"indexed {len(source) - len(references.skipped)} references{views} ({references.dim}-d, {config.kind}) "
+            f"into {args.output}"
             + (f"; skipped {len(references.skipped)} unreadable image(s)" if references.skipped else "")
         )
     accelerator.wait_for_everyone()
@@ -144,13 +124,16 @@ def cmd_search(args) -> int:
         DescriptorIndex,
         DescriptorSet,
         ImageFolderSource,
+        ViewPreset,
         euclidean_scores,
         export_disc21_hdf5,
-        extract_descriptors,
+        extract_view_descriptors,
         knn_predictions,
         normalize_scores,
         score_normalization_bias,
         stretch_features,
+        view_predictions,
+        view_preset_of,
         write_predictions,
     )
 
@@ -158,6 +141,11 @@ def cmd_search(args) -> int:
         raise ConfigError("use either --score-norm or --stretch, not both")
     source = ImageFolderSource(args.queries)
     index = DescriptorIndex.load(args.index)
+    preset = ViewPreset(args.descriptor_lce)
+    with_views = preset.name != "none" or view_preset_of(index).name != "none"
+    if with_views and (args.stretch or args.hdf5):
+        raise ConfigError("--stretch and --hdf5 need one descriptor per image: not with local crops views "
+                          "(--descriptor-lce, or an index built with --descriptor-lce)")
     overrides = _index_config_overrides(args)
     if overrides:
         index.set_search_parameters(**overrides)
@@ -169,8 +157,8 @@ def cmd_search(args) -> int:
     model, processor = _descriptor_model(model_path)
     auxiliary = DescriptorSet.load(args.score_norm or args.stretch) if (args.score_norm or args.stretch) else None
     accelerator = Accelerator()
-    queries = extract_descriptors(
-        model, processor, source, batch_size=args.batch_size, num_workers=args.num_workers,
+    queries = extract_view_descriptors(
+        model, processor, source, preset, "query", batch_size=args.batch_size, num_workers=args.num_workers,
         accelerator=accelerator, progress=not args.quiet, description="query descriptors",
     )
     if not accelerator.is_main_process:
@@ -183,6 +171,17 @@ def cmd_search(args) -> int:
         )
     if args.save_descriptors:
         queries.save(args.save_descriptors)
+    if with_views:
+        # local crops ensembling: best view pair per (query, reference), then score normalisation
+        auxiliary = None
+        if args.score_norm:
+            aux_path = Path(args.score_norm)
+            auxiliary = (DescriptorIndex.load(aux_path) if (aux_path / "index.json").is_file()
+                         else DescriptorIndex.build(DescriptorSet.load(aux_path)))
+        predictions = view_predictions(index, queries, preset, args.k, auxiliary, args.alpha, args.k_start, args.k_end)
+        count = write_predictions(args.output, predictions)
+        print(f"wrote {count} predictions for {len(source) - len(queries.skipped)} queries to {args.output}")
+        return 0
     if args.hdf5:
         export_disc21_hdf5(args.hdf5, queries, index.references)
     vectors = queries.descriptors
@@ -223,7 +222,7 @@ def cmd_match(args) -> int:
         candidates = [p for per_query in ranked.values() for p in per_query[: args.top]]
     queries = ImageFolderSource(args.queries).lookup()
     references = ImageFolderSource(args.references).lookup()
-    model, processor = load_model(args.matcher, DEFAULT_MATCHER, "--matcher")
+    model, processor = load_model(args.matcher, None, "--matcher", default=DEFAULT_MATCHER)
     if model_kind(model) == "descriptor":
         logger.warning("--matcher %s is a descriptor model: pairs are scored by descriptor cosine", args.matcher)
     crops = (
@@ -231,7 +230,7 @@ def cmd_match(args) -> int:
     )
     result = rescore_predictions(
         candidates, model, processor, queries, references, batch_size=args.batch_size,
-        num_workers=args.num_workers, local_crops=crops, progress=not args.quiet,
+        num_workers=args.num_workers, local_crops=crops, progress=not args.quiet, matcher_lce=args.matcher_lce,
     )
     count = write_predictions(args.output, result.predictions)
     print(
@@ -284,10 +283,97 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _model_names(paths: list[str | None]) -> list[str]:
+    """Short distinct names for descriptor models (index sub-folders, log lines)."""
+    names = []
+    for path in paths:
+        base = "embedded-descriptor" if path is None else Path(str(path).rstrip("/")).name or str(path)
+        base = "".join(c if c.isalnum() or c in "-_." else "-" for c in base)
+        name, n = base, 2
+        while name in names:
+            name, n = f"{base}-{n}", n + 1
+        names.append(name)
+    return names
+
+
+def cmd_detect(args) -> int:
+    import time
+
+    from .metrics.core import copy_detection_metrics, read_ground_truth_csv
+    from .retrieval import Descriptor, DetectConfig, ImageFolderSource, detect, write_predictions
+    from .retrieval.gallery import write_gallery
+
+    start = time.perf_counter()
+    # every input is checked before any model runs
+    queries = ImageFolderSource(args.queries)
+    references = ImageFolderSource(args.references)
+    auxiliary = ImageFolderSource(args.aux) if args.aux else None
+    ground_truth = None
+    if args.ground_truth:
+        try:
+            ground_truth = read_ground_truth_csv(args.ground_truth)
+        except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
+            raise PredictionsError(str(error)) from error
+    config = DetectConfig(k=args.k, candidates=args.candidates, descriptor_lce=args.descriptor_lce,
+                          matcher_lce=args.matcher_lce, alpha=args.alpha, batch_size=args.batch_size,
+                          num_workers=args.num_workers)
+    paths = args.models or [None]
+    descriptors = [Descriptor(name, *_descriptor_model(path, "--models"), source=str(path or DEFAULT_DESCRIPTOR))
+                   for name, path in zip(_model_names(paths), paths)]
+    matcher = None
+    if args.matcher != "none":
+        matcher = load_model(args.matcher, "matcher", "--matcher")
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"copynce detect: {line}", file=sys.stderr)
+
+    say(f"{len(queries)} queries, {len(references)} references, descriptors: {', '.join(d.name for d in descriptors)}, "
+        f"matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}")
+    result = detect(queries, references, descriptors, matcher, auxiliary, config, index_folder=output / "indexes",
+                    progress=not args.quiet, log=say)
+    count = write_predictions(output / "predictions.csv", result.predictions)
+    metrics = None
+    if ground_truth is not None:
+        columns = ([p.query_id for p in result.predictions], [p.reference_id for p in result.predictions],
+                   [p.score for p in result.predictions])
+        try:
+            metrics = copy_detection_metrics(*columns, ground_truth)
+        except ValueError as error:
+            raise PredictionsError(f"{args.ground_truth}: {error}") from error
+        metrics["candidate_recall"] = result.candidate_recall(ground_truth)
+        metrics["num_candidates_per_query"] = config.candidates
+        (output / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)
+    settings = {
+        "queries": str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
+        "descriptors": ", ".join(d.source for d in descriptors),
+        "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER),
+        "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
+        "score normalisation": f"alpha {config.alpha} over {args.aux}" if args.aux else "off",
+        "candidates per query": config.candidates, "predictions per query": config.k,
+    }
+    lookup_q, lookup_r = queries.lookup(), references.lookup()
+    threshold = 0.5 if matcher is not None else float(sorted(p.score for p in result.predictions)[len(result.predictions) // 2])
+    report = write_gallery(output / "report.html", result.predictions, lookup_q, lookup_r, *heatmap_model,
+                           threshold=threshold, count=args.gallery, settings=settings, stages=result.seconds,
+                           metrics=metrics, ground_truth=ground_truth)
+    print(f"wrote {count} predictions for {len({p.query_id for p in result.predictions})} queries to {output / 'predictions.csv'}, the match gallery to {report}"
+          + (f" and {output / 'metrics.json'}" if metrics else "") + f" ({time.perf_counter() - start:.0f} s)")
+    if metrics:
+        recall = metrics["candidate_recall"]
+        print(f"muAP {metrics['micro_ap']:.4f}  RP90 {metrics['recall_at_p90']:.4f}  recall@1 "
+              f"{metrics['recall_at_rank1']:.4f}  candidate recall "
+              + ("-" if recall is None else f"{recall:.4f}"))
+    return 0
+
+
 def cmd_visualize(args) -> int:
     from .retrieval import affinity_maps, save_affinity_figures
 
-    model, processor = load_model(args.model, DEFAULT_DESCRIPTOR, "--model")
+    model, processor = load_model(args.model, None, "--model", default=DEFAULT_DESCRIPTOR)
     maps = affinity_maps(model, processor, args.query, args.reference, args.patch, temperature=args.temperature)
     paths = save_affinity_figures(maps, args.output, title=f"{Path(args.query).name} vs {Path(args.reference).name}")
     print(f"wrote {paths['token_affinity']} and {paths['affinity_entropy']}")
@@ -320,12 +406,49 @@ def build_parser() -> argparse.ArgumentParser:
         prog="copynce",
         description="CopyNCE image copy detection: index reference images, search edited copies of query "
         "images, re-score candidates with the matcher, evaluate (muAP, RP90) and visualise patch affinity.",
-        epilog="Example: copynce index refs/ --output idx/ && copynce search queries/ --index idx/ "
+        epilog="Example: copynce detect queries/ --references refs/ --output found/; step by step: "
+        "copynce index refs/ --output idx/ && copynce search queries/ --index idx/ "
         "--output candidates.csv && copynce match candidates.csv --queries queries/ --references refs/ "
         "--output scored.csv",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = commands.add_parser(
+        "detect", help="the whole pipeline: find which reference each query copies, evaluate, draw a match gallery",
+        description="Search the references of every query image with one or more descriptors (optionally with "
+        "local crops ensembling and score normalisation), merge their candidates, verify them with the matcher "
+        "(optionally with local crops ensembling) and write OUTPUT/predictions.csv (query_id,reference_id,score), "
+        "OUTPUT/report.html (a gallery of the top and borderline matches with heatmaps) and, with --ground-truth, "
+        "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run.",
+        epilog="Cost per query on one CPU core with the embedded 112-px models: about 40-60 ms per descriptor "
+        "view, 40-60 ms per matcher encoder view and per matcher fusion pair. --matcher-lce none: 1 fusion per "
+        "candidate; paper: 26 query views encoded once, then 35 fusions per candidate; all: 260 per candidate.",
+    )
+    p.add_argument("queries", help="folder of query images")
+    p.add_argument("--references", required=True, help="folder of reference images")
+    p.add_argument("--output", required=True, help="folder for predictions.csv, report.html, metrics.json, indexes/")
+    p.add_argument("--models", nargs="+", metavar="MODEL",
+                   help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument("--matcher", default=None,
+                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+    p.add_argument("--aux", metavar="FOLDER",
+                   help="images without copies of the queries (e.g. training images) for score normalisation")
+    p.add_argument("--alpha", type=float, default=1.0, help="score normalisation weight (default 1)")
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
+                   help="descriptor views: none (whole images) or paper (26 query x 10 reference views, best pair; "
+                   "the reference index is 10x larger) (default none)")
+    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default="none",
+                   help="matcher view pairs per candidate: none (1), paper (35), all (260) (default none)")
+    p.add_argument("--candidates", type=_positive_int, default=DETECT_CANDIDATES,
+                   help=f"merged candidates per query verified by the matcher (default {DETECT_CANDIDATES}, practical "
+                   "on a CPU: about 3 s per query with --matcher-lce none; the paper uses 400 on GPUs)")
+    p.add_argument("--k", type=_positive_int, default=10, help="predictions kept per query (default 10)")
+    p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
+                   "recall@1, candidate recall)")
+    p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
+    _add_model_loading(p)
+    p.set_defaults(handler=cmd_detect)
 
     p = commands.add_parser(
         "index", help="embed a folder of reference images and build a faiss index",
@@ -342,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nlist", type=_positive_int, help="IVF-PQ: number of inverted lists (default 4*sqrt(N))")
     p.add_argument("--pq-m", type=_positive_int, help="IVF-PQ: sub-quantisers (default D/2)")
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
+                   help="index views: none (whole images) or paper (10 views per reference: whole, five one-third "
+                   "crops, four quarters) (default none)")
     _add_search_knobs(p)
     _add_model_loading(p)
     p.set_defaults(handler=cmd_index)
@@ -356,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="descriptor model (default: the one the index was built with)")
     p.add_argument("--k", type=_positive_int, default=10, help="neighbours per query (default 10)")
     p.add_argument("--output", required=True, help="predictions CSV to write")
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
+                   help="query views: none or paper (26 views; a pair scores its best view pair) (default none)")
     post = p.add_argument_group(
         "post-processing (paper supplementary)",
         "Both need descriptors of an auxiliary image set without copies of the queries, e.g. training "
@@ -399,6 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="predictions CSV to write")
     p.add_argument("--top", type=_positive_int, help="only re-score each query's TOP best candidates")
     lce = p.add_argument_group("local crops ensembling (supplementary 'Local Crops Ensembling')")
+    lce.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default="none",
+                     help="the paper's views: none, paper (35 view pairs per candidate) or all (260) (default none)")
     lce.add_argument(
         "--local-crops", action="store_true",
         help="compare query views (whole, grid crops, rotations) with reference views (whole, grid crops) "

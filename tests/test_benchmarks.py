@@ -75,6 +75,35 @@ def test_minidisc_structure_and_determinism(tmp_path):
     assert build_minidisc(dataclasses.replace(config, seed=8)).fingerprint != task.fingerprint
 
 
+def test_minidisc_fingerprint_is_pinned():
+    """The benchmark's mini-DISC draws exactly the queries it always drew (the package's evaluation engine)."""
+    from conftest import SPLITS_CSV
+
+    if not SPLITS_CSV.exists():
+        pytest.skip(f"{SPLITS_CSV} not found: shared test data is only present in CI and dev sessions")
+    from benchmarks.minidisc import build_minidisc as build_default
+
+    task = build_default()
+    assert (len(task.reference_ids), len(task.queries)) == (300, 250)
+    assert task.fingerprint == "3ecfc93f771d"
+
+
+def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
+    import benchmarks.minidisc
+    import benchmarks.systems
+    import copynce_hf.cli
+    import copynce_hf.demo.systems
+    import copynce_hf.demo.task
+    from copynce_hf import evaluation
+    from copynce_hf.evaluation import demo_task, minidisc, systems
+
+    assert benchmarks.systems.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
+    assert benchmarks.minidisc.EvaluationRecipe is minidisc.EvaluationRecipe
+    assert copynce_hf.demo.task.DemoTask is demo_task.DemoTask
+    assert copynce_hf.cli.load_model is evaluation.load_model is copynce_hf.demo.systems.load_model
+    assert not hasattr(copynce_hf.cli, "PRETRAINED_DIR")
+
+
 def test_evaluation_recipe_differs_from_training_recipe(tmp_path):
     # Every edit the training recipe can draw (all steps forced on), on a small image.
     everything = CopyRecipe.from_dict({step: {"p": 1.0} for step in CopyRecipe().to_dict()})

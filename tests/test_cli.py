@@ -145,6 +145,65 @@ def test_find_copies_session(models, images, tmp_path, capsys):
     assert "micro_ap" in out and "recall_at_p90" in out
 
 
+def test_detect_end_to_end(models, images, tmp_path, capsys):
+    out_dir = tmp_path / "found"
+    args = ["detect", images / "queries", "--references", images / "refs", "--output", out_dir,
+            "--models", models["descriptor"], models["descriptor"], "--matcher", models["matcher"],
+            "--aux", images / "aux", "--descriptor-lce", "paper", "--matcher-lce", "paper", "--candidates", 3,
+            "--k", 2, "--ground-truth", images / "gt.csv", "--gallery", 2]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    predictions = read_predictions(out_dir / "predictions.csv")
+    assert sorted({p.query_id for p in predictions}) == ["Q0", "Q1", "Q2"]
+    assert all(len([p for p in predictions if p.query_id == q]) == 2 for q in ("Q0", "Q1", "Q2"))
+    assert all(0.0 <= p.score <= 1.0 for p in predictions)  # matcher probabilities
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert {"micro_ap", "recall_at_p90", "recall_at_rank1", "candidate_recall"} <= set(metrics)
+    assert metrics["num_candidates_per_query"] == 3
+    html = (out_dir / "report.html").read_text()
+    assert "Top matches" in html and "Borderline matches" in html
+    assert html.count('alt="token affinity heatmap"') == 3  # 2 top + the 1 remaining query
+    assert all((out_dir / path).is_file() for path in
+               [line.split('src="')[1].split('"')[0] for line in html.splitlines() if 'src="' in line])
+    # both descriptor models got an index over the 10 views of every reference, reused by the next run
+    assert sorted(p.name for p in (out_dir / "indexes").iterdir()) == ["descriptor", "descriptor-2"]
+    assert len(DescriptorIndex.load(out_dir / "indexes" / "descriptor" / "references")) == 50
+    assert "muAP" in out and "candidate recall" in out
+    code, _, err = run(capsys, *args)
+    assert code == 0, err
+    assert read_predictions(out_dir / "predictions.csv") == predictions
+
+    # descriptors only: scores are the merged (best) descriptor similarities
+    plain = tmp_path / "plain"
+    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output", plain,
+                       "--models", models["descriptor"], "--matcher", "none", "--k", 1)
+    assert code == 0, err
+    assert len(read_predictions(plain / "predictions.csv")) == 3 and not (plain / "metrics.json").exists()
+    code, _, err = run(capsys, "detect", images / "queries", "--references", tmp_path / "missing", "--output", plain)
+    assert_one_line_error(code, err, "does not exist")
+
+
+def test_index_and_search_with_paper_views(models, images, tmp_path, capsys):
+    idx = tmp_path / "idx"
+    code, out, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx,
+                         "--descriptor-lce", "paper")
+    assert code == 0, err
+    index = DescriptorIndex.load(idx)
+    assert len(index) == 50 and index.info["views"] == "paper" and index.references.ids[:2] == ["R0#0", "R0#1"]
+    candidates = tmp_path / "c.csv"
+    code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 2, "--output", candidates,
+                       "--descriptor-lce", "paper")
+    assert code == 0, err
+    rows = read_predictions(candidates)
+    assert len(rows) == 6 and {p.reference_id for p in rows} <= {f"R{i}" for i in range(5)}
+    scored = tmp_path / "s.csv"
+    code, _, err = run(capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
+                       "--matcher", models["matcher"], "--matcher-lce", "paper", "--output", scored)
+    assert code == 0, err
+    assert {(p.query_id, p.reference_id) for p in read_predictions(scored)} == {(p.query_id, p.reference_id)
+                                                                                for p in rows}
+
+
 def test_visualize_writes_maps(models, images, tmp_path, capsys):
     for kind in ("descriptor", "matcher"):
         out_dir = tmp_path / kind
@@ -208,9 +267,9 @@ def test_error_duplicate_predictions(images, tmp_path, capsys):
 
 
 def test_error_missing_embedded_model(images, tmp_path, capsys, monkeypatch):
-    import copynce_hf.cli as cli
+    from copynce_hf.evaluation import models
 
-    monkeypatch.setattr(cli, "DEFAULT_DESCRIPTOR", tmp_path / "pretrained" / "descriptor")
+    monkeypatch.setitem(models.DEFAULTS, "descriptor", tmp_path / "pretrained" / "descriptor")
     code, _, err = run(capsys, "index", images / "refs", "--output", tmp_path / "o")
     assert_one_line_error(code, err, "embedded model folder", "--model")
 
@@ -220,7 +279,7 @@ def test_help_describes_every_command(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("index", "search", "match", "evaluate", "visualize"):
+    for command in ("detect", "index", "search", "match", "evaluate", "visualize"):
         assert command in out
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -232,5 +232,5 @@ def test_demo_without_models_fails_with_a_clear_message(tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     assert main(["--descriptor", str(missing), "--output", str(tmp_path / "out"), *SMALL_TASK]) == 2
     error = capsys.readouterr().err
-    assert str(missing) in error and "export_embedded.py" in error and "never trains" in error
+    assert str(missing) in error and "export_embedded.py" in error and "nothing here trains" in error
     assert not (tmp_path / "out").exists()

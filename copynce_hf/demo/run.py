@@ -27,8 +27,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..cli import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 from ..errors import CopyNCEError
+from ..evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 from ..images import load_image
 from ..metrics.plots import save_pr_curves
 from ..retrieval import affinity_maps, save_affinity_figures
@@ -150,8 +150,8 @@ def run_demo(
 ) -> DemoOutcome:
     """Run the demo; see the module docstring. ``descriptor`` / ``matcher`` None: the embedded models."""
     start = time.perf_counter()
-    descriptor_model = load_model(descriptor or DEFAULT_DESCRIPTOR, "descriptor", "--descriptor")
-    matcher_model = load_model(matcher or DEFAULT_MATCHER, "matcher", "--matcher")
+    descriptor_model = load_model(descriptor, "descriptor", "--descriptor")
+    matcher_model = load_model(matcher, "matcher", "--matcher")
     output = Path(output)
     images = output / "images"
 

@@ -1,14 +1,12 @@
-"""The systems the demo compares, and how their predictions are scored.
+"""The systems the demo compares, run through the shared evaluation engine (:mod:`copynce_hf.evaluation.systems`).
 
 * perceptual hashes (PDQ through ``pdqhash``, pHash through ``imagehash``): exact Hamming search,
   score ``1 - distance / bits``; a hash whose library is not installed is skipped with a note;
-* the CopyNCE descriptor: cosine k-NN over the references (:func:`copynce_hf.retrieval.extract_descriptors`,
-  :class:`copynce_hf.retrieval.DescriptorIndex`);
-* the CopyNCE matcher re-scoring the descriptor's top-k candidates (``sigmoid(logit)``,
-  :func:`copynce_hf.retrieval.rescore_predictions`).
+* the CopyNCE descriptor: cosine k-NN over the references;
+* the CopyNCE matcher re-scoring the descriptor's top-k candidates (``sigmoid(logit)``).
 
-Every system returns up to ``k`` (query, reference, score) predictions per query, scored with the
-package's copy-detection metric (µAP, RP90, recall@1; :func:`copynce_hf.metrics.core.copy_detection_metrics`).
+This module only adapts them to the demo's report: :class:`SystemResult` keeps each system's
+predictions with the copy-detection metric (µAP, RP90, recall@1) and its PR curve.
 """
 
 from __future__ import annotations
@@ -19,26 +17,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
-from PIL import Image
 
-from ..errors import ConfigError
-from ..images import load_image
-from ..metrics.core import copy_detection_metrics, precision_recall_curve
-from ..retrieval import (
-    DescriptorIndex,
-    IndexConfig,
-    Prediction,
-    extract_descriptors,
-    knn_predictions,
-    model_kind,
+from ..evaluation.demo_task import DemoTask
+from ..evaluation.models import load_model
+from ..evaluation.systems import (
+    DescriptorSystem,
+    HashSystem,
+    MatcherRescoring,
+    Predictions,
+    pdq_bits,
+    phash_bits,
+    score_predictions,
 )
-from ..retrieval import rescore_predictions as _rescore
-from .task import DemoTask
+from ..retrieval import Prediction
 
 __all__ = [
     "HASHES",
-    "ImageListSource",
     "SystemResult",
     "descriptor_predictions",
     "hash_predictions",
@@ -76,128 +70,33 @@ class SystemResult:
 def score_system(name: str, predictions: list[Prediction], seconds: float,
                  ground_truth: dict[str, list[str]]) -> SystemResult:
     """Score predictions with the copy-detection metric (µAP, RP90, recall@1, ...) and its PR curve."""
-    query_ids = [p.query_id for p in predictions]
-    reference_ids = [p.reference_id for p in predictions]
-    scores = [p.score for p in predictions]
-    metrics = copy_detection_metrics(query_ids, reference_ids, scores, ground_truth)
-    precision, recall, _ = precision_recall_curve(query_ids, reference_ids, scores, ground_truth)
-    return SystemResult(name, predictions, seconds, metrics, (precision, recall))
-
-
-# ---------------------------------------------------------------------------------------------- models
-
-
-def load_model(path: str | Path, kind: str, option: str):
-    """``(model, image_processor)`` of a saved CopyNCE ``kind`` folder, in float32 on the CPU.
-
-    The embedded models are stored in float16 (``scripts/export_embedded.py``); they are loaded in
-    float32 (``dtype=torch.float32``) because float16 arithmetic on a CPU is slow and less exact.
-
-    Raises:
-        ConfigError: the folder does not exist (the embedded models have not been exported yet),
-            cannot be loaded, or holds the wrong kind of model.
-    """
-    # importing copynce_hf (this package's parent) registered the CopyNCE classes with the Auto classes
-    from transformers import AutoImageProcessor, AutoModel
-
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise ConfigError(
-            f"the CopyNCE {kind} model folder {folder} does not exist. The embedded default models are made from "
-            f"trained benchmark runs by `python scripts/export_embedded.py` (see copynce_hf/pretrained/README.md); "
-            f"the demo never trains. Pass {option} PATH to use another saved model folder."
-        )
-    try:
-        model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
-        processor = AutoImageProcessor.from_pretrained(folder)
-    except (OSError, ValueError, KeyError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConfigError(f"cannot load the {kind} model {folder} ({option}): {first_line}") from error
-    if model_kind(model) != kind:
-        raise ConfigError(f"{option} {folder} holds a {model_kind(model)}; a {kind} is needed here")
-    return model, processor
-
-
-class ImageListSource:
-    """Image source over ``ids`` and in-memory or on-disk images (``ids`` + ``load(i)``)."""
-
-    def __init__(self, ids: list[str], images: list[Image.Image | Path]):
-        if len(ids) != len(images):
-            raise ConfigError(f"{len(ids)} ids for {len(images)} images")
-        self.ids = list(ids)
-        self.images = list(images)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def load(self, index: int) -> Image.Image:
-        image = self.images[index]
-        return image if isinstance(image, Image.Image) else load_image(image)
-
-
-def _top_k(query_ids: list[str], similarity: np.ndarray, reference_ids: list[str], k: int) -> list[Prediction]:
-    """Top-``k`` references of every query from a (Nq, Nr) similarity matrix (higher is better)."""
-    k = min(k, similarity.shape[1])
-    order = np.argsort(-similarity, axis=1, kind="stable")[:, :k]
-    scores = np.take_along_axis(similarity, order, axis=1)
-    return knn_predictions(query_ids, scores, order, reference_ids)
-
-
-@torch.inference_mode()
-def descriptor_predictions(model, processor, task: DemoTask, k: int) -> list[Prediction]:
-    """Cosine k-NN of the queries' descriptors among the references' (exact faiss inner product)."""
-    references = extract_descriptors(model, processor, ImageListSource(task.reference_ids,
-                                     list(task.reference_files.values())), progress=False)
-    queries = extract_descriptors(model, processor, ImageListSource([q.query_id for q in task.queries],
-                                  [q.image for q in task.queries]), progress=False)
-    index = DescriptorIndex.build(references, IndexConfig(kind="flat"))
-    scores, indices = index.search(queries.descriptors, min(k, len(references)))
-    return knn_predictions(queries.ids, scores, indices, references.ids)
-
-
-def matcher_predictions(model, processor, candidates: list[Prediction], query_files: dict[str, Path],
-                        reference_files: dict[str, Path], batch_size: int = 32) -> list[Prediction]:
-    """The matcher's copy probability ``sigmoid(logit)`` of every candidate pair (descriptor scores dropped)."""
-    result = _rescore(candidates, model, processor, query_files, reference_files, batch_size=batch_size,
-                      progress=False)
-    if result.skipped:
-        raise ConfigError(f"the matcher could not score {len(result.skipped)} pairs, e.g. {result.skipped[0]}")
-    return result.predictions
-
-
-# ---------------------------------------------------------------------------------------------- hashes
-
-
-def pdq_bits(image: Image.Image) -> np.ndarray:
-    """PDQ hash (Facebook's ``pdqhash``): bool (256,)."""
-    import pdqhash
-
-    bits, _quality = pdqhash.compute(np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8)))
-    return np.asarray(bits, dtype=bool).reshape(-1)
-
-
-def phash_bits(image: Image.Image) -> np.ndarray:
-    """pHash (``imagehash.phash``, 8x8 DCT): bool (64,)."""
-    import imagehash
-
-    return np.asarray(imagehash.phash(image).hash, dtype=bool).reshape(-1)
+    metrics, curve = score_predictions(Predictions.from_rows(predictions), ground_truth)
+    return SystemResult(name, predictions, seconds, metrics,
+                        (np.asarray(curve["precision"]), np.asarray(curve["recall"])))
 
 
 #: name -> (module that must be importable, hash function).
-HASHES: dict[str, tuple[str, Callable[[Image.Image], np.ndarray]]] = {
+HASHES: dict[str, tuple[str, Callable]] = {
     "PDQ": ("pdqhash", pdq_bits),
     "pHash": ("imagehash", phash_bits),
 }
 
 
-def hash_predictions(hash_function: Callable[[Image.Image], np.ndarray], task: DemoTask, k: int) -> list[Prediction]:
+def hash_predictions(hash_function: Callable, task: DemoTask, k: int) -> list[Prediction]:
     """Top-``k`` references per query by Hamming distance of the hashes; score ``1 - distance / bits``."""
-    references = np.stack([hash_function(load_image(path)) for path in task.reference_files.values()])
-    queries = np.stack([hash_function(query.image) for query in task.queries])
-    # Hamming distance of every (query, reference) pair: (Nq, Nr)
-    distance = (queries[:, None, :] != references[None, :, :]).sum(axis=-1)
-    similarity = 1.0 - distance / references.shape[1]
-    return _top_k([q.query_id for q in task.queries], similarity, task.reference_ids, k)
+    return HashSystem("hash", hash_function).predict(task, k).rows()
+
+
+def descriptor_predictions(model, processor, task: DemoTask, k: int) -> list[Prediction]:
+    """Cosine k-NN of the queries' descriptors among the references' (exact faiss inner product)."""
+    return DescriptorSystem("descriptor", model, processor).predict(task, k).rows()
+
+
+def matcher_predictions(model, processor, candidates: list[Prediction], query_files: dict[str, Path],
+                        reference_files: dict[str, Path], batch_size: int = 32) -> list[Prediction]:
+    """The matcher's copy probability ``sigmoid(logit)`` of every candidate pair (descriptor scores dropped)."""
+    return MatcherRescoring("matcher", model, processor, batch_size).rescore(
+        Predictions.from_rows(candidates), query_files, reference_files).rows()
 
 
 def timed(function: Callable, *args, **kwargs):

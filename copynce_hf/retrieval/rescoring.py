@@ -9,8 +9,9 @@ Local crops ensembling (supplementary "Local Crops Ensembling"): both images are
 a fixed set of views (the whole image, a grid of overlapping crops, and for the query also
 rotations of the whole image); every query view is compared with every reference view and
 the pair's score is the maximum (highest copy probability for the matcher, highest cosine
-for the descriptor). The paper uses 26 query views x 10 reference views; the default here,
-:class:`LocalCrops`, is 8 x 1, and the grid is configurable.
+for the descriptor). The paper's 26 query views x 10 reference views are the ``paper`` preset of
+:mod:`.views`; :class:`LocalCrops` is a configurable grid (default 8 x 1 views). A matcher always
+scores through the encoder-token cache of :mod:`.matcher_cache`.
 """
 
 from __future__ import annotations
@@ -200,8 +201,12 @@ def rescore_predictions(
     num_workers: int = 0,
     local_crops: LocalCrops | None = None,
     progress: bool = True,
+    matcher_lce: str = "none",
 ) -> RescoreResult:
     """Score every candidate pair of ``predictions`` with ``model``; old scores are discarded.
+
+    A matcher scores through :class:`copynce_hf.retrieval.MatcherScorer`: one encoder pass per image
+    view, fusion passes batched over view pairs.
 
     Args:
         predictions: candidate pairs (e.g. from k-NN search).
@@ -210,7 +215,10 @@ def rescore_predictions(
         query_files, reference_files: id -> image path.
         batch_size: model inputs (view combinations) per forward pass.
         num_workers: ``DataLoader`` workers that read and process the images.
-        local_crops: views for local crops ensembling; ``None`` compares the whole images.
+        local_crops: grid views for local crops ensembling (every query view against every
+            reference view); ``None`` compares the whole images, or uses ``matcher_lce``.
+        matcher_lce: for a matcher without ``local_crops``: ``none``, ``paper`` (the paper's 35 view
+            pairs) or ``all`` (260), see :mod:`copynce_hf.retrieval.views`.
 
     Returns:
         :class:`RescoreResult`. Pairs whose image id is not in the folders or whose image
@@ -230,18 +238,31 @@ def rescore_predictions(
     if not kept:
         reasons = "; ".join(reason for *_, reason in skipped[:3])
         raise PredictionsError(f"none of the {len(predictions)} candidate pairs has both images ({reasons}, ...)")
-    dataset = PairViews(paths, image_processor, local_crops)
-    views_per_pair = dataset.placeholders[0].shape[0] * dataset.placeholders[1].shape[0]
-    pairs_per_batch = max(1, batch_size // views_per_pair)
-    loader = DataLoader(dataset, batch_size=pairs_per_batch, num_workers=num_workers, shuffle=False)
-    model.eval()
-    scores, valid = [], []
-    with tqdm(total=len(dataset), desc="re-scoring", unit="pair", disable=not progress) as bar:
-        for batch in loader:
-            scores.append(score_views(model, batch["query_views"], batch["reference_views"], chunk_size=batch_size))
-            valid.append(batch["valid"])
-            bar.update(len(batch["valid"]))
-    scores, valid = torch.cat(scores).tolist(), torch.cat(valid).tolist()
+    if model_kind(model) == "matcher":
+        from .matcher_cache import MatcherScorer
+
+        views = {}
+        if local_crops is not None:
+            views = {"query_views": local_crops.query_views, "reference_views": local_crops.reference_views,
+                     "view_pairs": lambda nq, nr: [(q, r) for q in range(nq) for r in range(nr)]}
+        scorer = MatcherScorer(model, image_processor, lce=matcher_lce, batch_size=batch_size, **views)
+        pairs = [(p.query_id, p.reference_id) for p in kept]
+        scores = scorer.score(pairs, query_files, reference_files, num_workers=num_workers, progress=progress,
+                              description="re-scoring")
+        valid = [score is not None for score in scores]
+    else:
+        dataset = PairViews(paths, image_processor, local_crops)
+        views_per_pair = dataset.placeholders[0].shape[0] * dataset.placeholders[1].shape[0]
+        pairs_per_batch = max(1, batch_size // views_per_pair)
+        loader = DataLoader(dataset, batch_size=pairs_per_batch, num_workers=num_workers, shuffle=False)
+        model.eval()
+        scores, valid = [], []
+        with tqdm(total=len(dataset), desc="re-scoring", unit="pair", disable=not progress) as bar:
+            for batch in loader:
+                scores.append(score_views(model, batch["query_views"], batch["reference_views"], chunk_size=batch_size))
+                valid.append(batch["valid"])
+                bar.update(len(batch["valid"]))
+        scores, valid = torch.cat(scores).tolist(), torch.cat(valid).tolist()
     rescored = []
     for prediction, score, ok in zip(kept, scores, valid):
         if ok:

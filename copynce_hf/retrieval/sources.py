@@ -104,3 +104,31 @@ class DatasetImageSource:
         if value is None:
             raise ImageLoadError(f"dataset row {index} ({self.ids[index]!r}) has no image")
         return load_image(value)
+
+
+class ImageListSource:
+    """Images given one by one: ids with PIL images, file paths, or callables returning a PIL image.
+
+    The source of in-memory tasks (the demo's edited queries, mini-DISC's replayed queries).
+
+    Args:
+        ids: N image ids.
+        images: N items, each a PIL image, a path (read with :func:`copynce_hf.images.load_image`) or a
+            zero-argument callable returning an RGB PIL image (or raising :class:`ImageLoadError`).
+    """
+
+    def __init__(self, ids, images):
+        ids, images = list(ids), list(images)
+        if len(ids) != len(images):
+            raise ImageLoadError(f"{len(ids)} ids for {len(images)} images")
+        self.ids = [str(i) for i in ids]
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def load(self, index: int) -> Image.Image:
+        image = self.images[index]
+        if callable(image) and not isinstance(image, Image.Image):
+            image = image()
+        return image.convert("RGB") if isinstance(image, Image.Image) else load_image(image)

@@ -1,0 +1,435 @@
+"""The mini-DISC task: a DISC21-shaped copy-detection benchmark built from an image folder with splits.
+
+DISC21 (paper, section "Experiments" and supplementary "Evaluation Protocols") asks, for every
+query image, which reference image (if any) it is an edited copy of; most queries are
+distractors with no original among the references. The mini version:
+
+* references: the images of the ``reference`` split of the splits CSV (300 in the project's
+  ``imagenet-sample`` data, sorted by name);
+* queries: one edited copy of every ``query_every``-th reference (150) and one edited version of
+  every ``distractor`` image (100); their originals are never references, so they must not match;
+* ground truth: ``{query_id: [reference_id]}``, distractors mapping to ``[]``.
+
+The queries are made by :class:`EvaluationRecipe`, a recipe *different from the training
+recipe* (:class:`copynce_hf.pixtrace.CopyRecipe`): it uses catalogue edits the training
+recipe never draws (meme format, overlay onto a screenshot template, skew, rotation cropped
+to its content, change of aspect ratio, brightness/contrast/saturation, sharpen, solarise,
+posterise, edge enhancement) and heavy crops covered with text and emoji in fonts the
+training recipe does not use, with its own seeds. Queries are not stored: each is a list of
+explicit edits (``Edit.to_dict()``) drawn deterministically from ``(seed, query index)``, and
+the image is rebuilt with :func:`copynce_hf.pixtrace.replay`; :meth:`MiniDisc.materialize`
+writes them once into a cache folder (lossless PNG) for the systems that read files.
+
+Nothing here is fitted to the reference or distractor images: the recipe's ranges were chosen
+a priori, in the spirit of DISC21's query edits.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..errors import ConfigError, ImageLoadError
+from ..images import load_image
+from ..pixtrace import replay
+from ..pixtrace.edits import (
+    Brightness,
+    ChangeAspectRatio,
+    Contrast,
+    Crop,
+    EdgeEnhance,
+    Edit,
+    MemeFormat,
+    OverlayEmoji,
+    OverlayOntoScreenshot,
+    OverlayText,
+    Posterize,
+    Rotate,
+    Saturation,
+    Scale,
+    Sharpen,
+    Skew,
+    Solarize,
+    emoji_names,
+)
+from ..retrieval.sources import ImageListSource
+from .drawing import Range, check_families, choose, color, uniform
+
+__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
+
+
+#: Fonts of AugLy's asset folder that the training recipe (``OverlayTextStep``) does not use.
+_EVAL_FONTS = ("Chunkfive.ttf", "CaviarDreams.ttf", "Elsie-Black.ttf", "GrandHotel-Regular.ttf")
+_MEME_WORDS = ("LOL", "WHEN YOU SEE IT", "ME IRL", "NOPE", "SO TRUE", "MONDAY MOOD", "WAIT FOR IT", "OK")
+
+
+# ---------------------------------------------------------------------------------------------- recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationRecipe:
+    """How mini-DISC queries are edited: a declarative recipe disjoint from the training recipe.
+
+    Every query gets ``structural`` transformations (a number drawn in ``num_structural``,
+    distinct families drawn with ``structural_weights``), applied in :attr:`ORDER` (content
+    edits first, then the containers: meme caption, screenshot), followed by ``num_photometric``
+    distinct photometric edits, and finally a downscale so that the longer side is at most
+    ``max_side`` (DISC21 queries are web-sized too). Ranges are closed ``(low, high)`` and drawn
+    uniformly unless said otherwise.
+    """
+
+    structural_weights: tuple[tuple[str, float], ...] = (
+        ("heavy_crop_overlays", 1.0),
+        ("skew", 1.0),
+        ("rotate", 1.0),
+        ("aspect_ratio", 0.7),
+        ("meme_format", 1.0),
+        ("screenshot", 1.0),
+    )
+    num_structural: tuple[int, int] = (1, 2)
+    photometric_weights: tuple[tuple[str, float], ...] = (
+        ("brightness", 1.0),
+        ("contrast", 1.0),
+        ("saturation", 1.0),
+        ("sharpen", 0.5),
+        ("solarize", 0.3),
+        ("posterize", 0.5),
+        ("edge_enhance", 0.5),
+    )
+    num_photometric: tuple[int, int] = (1, 2)
+    crop_area: Range = (0.2, 0.45)  # heavy crop: kept area fraction
+    crop_aspect: Range = (0.6, 1.6)  # log-uniform w / h of the kept box relative to the image's
+    text_font_size: Range = (0.08, 0.16)  # fraction of the shorter side
+    emoji_size: Range = (0.2, 0.4)  # fraction of the height
+    skew_factor: Range = (0.15, 0.5)  # either sign, either axis
+    rotate_degrees: Range = (8.0, 40.0)  # either sign, cropped to the rotated content
+    aspect_ratio: Range = (0.5, 2.0)  # log-uniform w / h
+    meme_caption: Range = (0.15, 0.35)  # caption band height as a fraction of the image height
+    brightness: Range = (0.5, 1.6)
+    contrast: Range = (0.5, 1.8)
+    saturation: Range = (0.2, 2.5)
+    sharpen: Range = (2.0, 6.0)
+    solarize_threshold: tuple[int, int] = (160, 230)
+    posterize_bits: tuple[int, int] = (2, 4)
+    max_side: int = 512
+
+    #: Application order of the structural families.
+    ORDER = ("heavy_crop_overlays", "aspect_ratio", "skew", "rotate", "meme_format", "screenshot")
+
+    def __post_init__(self):
+        check_families("EvaluationRecipe", "structural_weights", self.structural_weights, self.ORDER,
+                       "num_structural", self.num_structural)
+        check_families("EvaluationRecipe", "photometric_weights", self.photometric_weights, _PHOTOMETRIC,
+                       "num_photometric", self.num_photometric)
+        if self.max_side < 32:
+            raise ConfigError(f"EvaluationRecipe.max_side={self.max_side} must be at least 32")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable description (recorded with the benchmark results)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+
+    # ------------------------------------------------------------------ drawing
+    def draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:
+        """The explicit edits of one query made from an image of (H, W) ``size``."""
+        structural = choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
+                                                                      self.num_structural[1] + 1))
+        photometric = choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
+                                                                        self.num_photometric[1] + 1))
+        edits: list[Edit] = []
+        height, width = size
+        for family in (f for f in self.ORDER if f in structural):
+            new = getattr(self, f"_{family}")(rng, (height, width))
+            for edit in new:
+                height, width = _output_size(edit, (height, width))
+            edits.extend(new)
+        for family in photometric:
+            edits.append(getattr(self, f"_{family}")(rng))
+        longest = max(height, width)
+        if longest > self.max_side:
+            edits.append(Scale(factor=self.max_side / longest))
+        return edits
+
+    # structural families: each returns a list of edits for an image of (H, W) ``size``
+    def _heavy_crop_overlays(self, rng, size):
+        height, width = size
+        area = uniform(rng, self.crop_area)
+        aspect = math.exp(uniform(rng, (math.log(self.crop_aspect[0]), math.log(self.crop_aspect[1]))))
+        box_w = min(width, max(1, int(round(width * math.sqrt(area * aspect)))))
+        box_h = min(height, max(1, int(round(height * math.sqrt(area / aspect)))))
+        left = int(rng.integers(0, width - box_w + 1))
+        top = int(rng.integers(0, height - box_h + 1))
+        names = emoji_names()
+        words = " ".join(_MEME_WORDS[int(i)] for i in rng.integers(len(_MEME_WORDS), size=2))
+        return [
+            Crop(left, top, left + box_w, top + box_h),
+            OverlayText(text=words, font=_EVAL_FONTS[int(rng.integers(len(_EVAL_FONTS)))],
+                        font_size=uniform(rng, self.text_font_size), color=color(rng),
+                        x=uniform(rng, (0.0, 0.4)), y=uniform(rng, (0.0, 0.8)), opacity=1.0),
+            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=uniform(rng, self.emoji_size),
+                         x=uniform(rng, (0.0, 0.7)), y=uniform(rng, (0.0, 0.7)), opacity=1.0),
+        ]
+
+    def _skew(self, rng, size):
+        sign = 1.0 if rng.random() < 0.5 else -1.0
+        return [Skew(skew_factor=sign * uniform(rng, self.skew_factor), axis=int(rng.integers(2)))]
+
+    def _rotate(self, rng, size):
+        sign = 1.0 if rng.random() < 0.5 else -1.0
+        return [Rotate(degrees=sign * uniform(rng, self.rotate_degrees), crop_to_content=True)]
+
+    def _aspect_ratio(self, rng, size):
+        low, high = (math.log(v) for v in self.aspect_ratio)
+        return [ChangeAspectRatio(ratio=math.exp(uniform(rng, (low, high))))]
+
+    def _meme_format(self, rng, size):
+        caption = max(11, int(size[0] * uniform(rng, self.meme_caption)))
+        dark = rng.random() < 0.5
+        return [MemeFormat(text=_MEME_WORDS[int(rng.integers(len(_MEME_WORDS)))], caption_height=caption,
+                           text_color=(255, 255, 255) if dark else (0, 0, 0),
+                           bg_color=(0, 0, 0) if dark else (255, 255, 255))]
+
+    def _screenshot(self, rng, size):
+        template = "web" if rng.random() < 0.5 else "mobile"
+        return [OverlayOntoScreenshot(template=template, crop_src_to_fit=bool(rng.random() < 0.5))]
+
+    # photometric families
+    def _brightness(self, rng):
+        return Brightness(factor=uniform(rng, self.brightness))
+
+    def _contrast(self, rng):
+        return Contrast(factor=uniform(rng, self.contrast))
+
+    def _saturation(self, rng):
+        return Saturation(factor=uniform(rng, self.saturation))
+
+    def _sharpen(self, rng):
+        return Sharpen(factor=uniform(rng, self.sharpen))
+
+    def _solarize(self, rng):
+        return Solarize(threshold=int(rng.integers(self.solarize_threshold[0], self.solarize_threshold[1] + 1)))
+
+    def _posterize(self, rng):
+        return Posterize(bits=int(rng.integers(self.posterize_bits[0], self.posterize_bits[1] + 1)))
+
+    def _edge_enhance(self, rng):
+        return EdgeEnhance(more=bool(rng.random() < 0.5))
+
+
+_PHOTOMETRIC = ("brightness", "contrast", "saturation", "sharpen", "solarize", "posterize", "edge_enhance")
+
+
+
+
+
+
+
+
+def _output_size(edit: Edit, size: tuple[int, int]) -> tuple[int, int]:
+    """(H, W) after a geometric edit (occluding edits keep the size)."""
+    stages = getattr(edit, "stages", None)
+    return stages(size)[-1][1] if stages is not None else size
+
+
+# ---------------------------------------------------------------------------------------------- task
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniDiscConfig:
+    """Where the images come from and how many of each kind the task uses.
+
+    Attributes:
+        image_folder: folder of the original images (``imagenet-sample``).
+        splits_csv: ``filename,split`` CSV assigning each file to ``train``/``reference``/``distractor``.
+        num_references: use only the first N references (sorted by name); ``None``: all (300).
+        query_every: every ``query_every``-th reference (0, k, 2k, ...) gets one edited copy.
+        num_distractors: use only the first N distractor images; ``None``: all (100).
+        seed: seed of the query edits (the evaluation's own; training uses other seeds).
+        recipe: the evaluation recipe.
+    """
+
+    image_folder: Path | None = None
+    splits_csv: Path | None = None
+    num_references: int | None = None
+    query_every: int = 2
+    num_distractors: int | None = None
+    seed: int = 20250806
+    recipe: EvaluationRecipe = dataclasses.field(default_factory=EvaluationRecipe)
+
+    def __post_init__(self):
+        if self.image_folder is None or self.splits_csv is None:
+            raise ConfigError("MiniDiscConfig needs image_folder and splits_csv (the image folder and its "
+                              "filename,split CSV)")
+        object.__setattr__(self, "image_folder", Path(self.image_folder))
+        object.__setattr__(self, "splits_csv", Path(self.splits_csv))
+        if self.query_every < 1:
+            raise ConfigError(f"query_every={self.query_every} must be >= 1")
+        for key in ("num_references", "num_distractors"):
+            value = getattr(self, key)
+            if value is not None and value < 0:
+                raise ConfigError(f"{key}={value} must be >= 0 or None")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image_folder": str(self.image_folder), "splits_csv": str(self.splits_csv),
+                "num_references": self.num_references, "query_every": self.query_every,
+                "num_distractors": self.num_distractors, "seed": self.seed, "recipe": self.recipe.to_dict()}
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryEntry:
+    """One query: its id, the original file it is made from, whether that original is a reference
+    (``reference_id`` set) or a distractor (``None``), and the explicit edits (``Edit.to_dict()``)."""
+
+    query_id: str
+    source_path: Path
+    reference_id: str | None
+    edits: tuple[dict[str, Any], ...]
+
+
+class MiniDisc:
+    """A built mini-DISC task.
+
+    Attributes:
+        config: the :class:`MiniDiscConfig` it was built from.
+        reference_ids: R ids (file stems), sorted.
+        reference_files: id -> path of each reference.
+        queries: Q :class:`QueryEntry` in id order (copies and distractors shuffled together).
+        ground_truth: ``{query_id: [reference_id]}``; distractors map to ``[]``.
+    """
+
+    def __init__(self, config: MiniDiscConfig, reference_files: dict[str, Path], queries: list[QueryEntry]):
+        self.config = config
+        self.reference_files = dict(reference_files)
+        self.reference_ids = list(self.reference_files)
+        self.queries = list(queries)
+        self.query_ids = [q.query_id for q in self.queries]
+        self.ground_truth = {q.query_id: ([q.reference_id] if q.reference_id else []) for q in self.queries}
+        self._query_files: dict[str, Path] | None = None
+
+    def __repr__(self) -> str:
+        copies = sum(1 for q in self.queries if q.reference_id)
+        return (f"MiniDisc({len(self.reference_ids)} references, {len(self.queries)} queries: {copies} copies, "
+                f"{len(self.queries) - copies} distractors)")
+
+    @property
+    def fingerprint(self) -> str:
+        """Short hash of the task definition (files, edits): names the query cache folder."""
+        payload = json.dumps({"refs": self.reference_ids,
+                              "queries": [[q.query_id, q.source_path.name, q.reference_id, list(q.edits)]
+                                          for q in self.queries]}, sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+    def query_image(self, index: int) -> Image.Image:
+        """Query ``index`` (RGB PIL), rebuilt from its original by replaying its edits."""
+        entry = self.queries[index]
+        if self._query_files is not None:
+            return load_image(self._query_files[entry.query_id])
+        return replay(entry.source_path, list(entry.edits)).image
+
+    def reference_image(self, index: int) -> Image.Image:
+        return load_image(self.reference_files[self.reference_ids[index]])
+
+    def materialize(self, folder: str | os.PathLike) -> dict[str, Path]:
+        """Write every query as ``<folder>/<fingerprint>/<query_id>.png`` (once) and return id -> path.
+
+        Later calls (and :meth:`query_image`) read the files; a folder written for another task
+        definition is never reused, since its name is the task's :attr:`fingerprint`.
+        """
+        target = Path(folder) / self.fingerprint
+        target.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for entry in self.queries:
+            path = target / f"{entry.query_id}.png"
+            if not path.is_file():
+                partial = path.with_suffix(".tmp.png")
+                replay(entry.source_path, list(entry.edits)).image.save(partial, format="PNG")
+                os.replace(partial, path)  # never leave a half-written file under the final name
+            files[entry.query_id] = path
+        (target / "task.json").write_text(json.dumps(self.describe(), indent=2, default=str) + "\n")
+        self._query_files = files
+        return dict(files)
+
+    @property
+    def query_files(self) -> dict[str, Path] | None:
+        return None if self._query_files is None else dict(self._query_files)
+
+    def reference_source(self) -> ImageListSource:
+        return ImageListSource(self.reference_ids, [_file_loader(self.reference_files[i]) for i in self.reference_ids])
+
+    def query_source(self) -> ImageListSource:
+        return ImageListSource(self.query_ids, [(lambda i=i: self.query_image(i)) for i in range(len(self.queries))])
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description: config, counts, and every query's edits and answer."""
+        return {
+            "config": self.config.to_dict(),
+            "fingerprint": self.fingerprint,
+            "num_references": len(self.reference_ids),
+            "num_queries": len(self.queries),
+            "num_copies": sum(1 for q in self.queries if q.reference_id),
+            "queries": [{"query_id": q.query_id, "source": q.source_path.name, "reference_id": q.reference_id,
+                         "edits": list(q.edits)} for q in self.queries],
+        }
+
+
+def _file_loader(path: Path):
+    return lambda: load_image(path)
+
+
+def read_splits(splits_csv: Path, image_folder: Path) -> dict[str, list[Path]]:
+    """``{split: [file, ...]}`` from the ``filename,split`` CSV, files sorted by name."""
+    if not splits_csv.is_file():
+        raise ConfigError(f"splits file {str(splits_csv)!r} does not exist")
+    with splits_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or {"filename", "split"} - set(rows[0]):
+        raise ConfigError(f"splits file {str(splits_csv)!r} must have the columns filename,split")
+    splits: dict[str, list[Path]] = {}
+    for row in rows:
+        splits.setdefault(row["split"], []).append(image_folder / row["filename"])
+    return {name: sorted(files) for name, files in splits.items()}
+
+
+def build_minidisc(config: MiniDiscConfig) -> MiniDisc:
+    """Build the task: pick the images, draw every query's edits (no pixel work yet).
+
+    Query ``k`` (in the order: copies of references 0, e, 2e, ..., then distractors) draws its
+    edits from ``numpy.random.default_rng([config.seed, k])``, so the task is the same on every
+    machine and a change of size keeps the first queries' edits. Queries are then shuffled
+    (seeded) and numbered ``Q000``, ``Q001``, ... so that an id tells nothing about the answer.
+
+    Raises:
+        ConfigError: the splits file is missing or malformed, or a split has no image.
+        ImageLoadError: an original image cannot be read.
+    """
+    splits = read_splits(config.splits_csv, config.image_folder)
+    references = splits.get("reference", [])[: config.num_references]
+    distractors = splits.get("distractor", [])[: config.num_distractors]
+    if not references:
+        raise ConfigError(f"no reference image in {str(config.splits_csv)!r}")
+    reference_files = {path.stem: path for path in references}
+    sources = [(path, path.stem) for path in references[:: config.query_every]]
+    sources += [(path, None) for path in distractors]
+    drafts = []
+    for k, (path, reference_id) in enumerate(sources):
+        if not path.is_file():
+            raise ImageLoadError(f"image {str(path)!r} listed in {config.splits_csv.name} does not exist")
+        with Image.open(path) as handle:  # the size only; EXIF-rotated files swap the sides
+            width, height = handle.size
+            if handle.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                width, height = height, width
+        rng = np.random.default_rng([config.seed, k])
+        edits = tuple(edit.to_dict() for edit in config.recipe.draw(rng, (height, width)))
+        drafts.append((path, reference_id, edits))
+    order = np.random.default_rng([config.seed, len(sources), 1]).permutation(len(drafts))
+    width = max(3, len(str(len(drafts) - 1)))
+    queries = [QueryEntry(f"Q{n:0{width}d}", *drafts[i]) for n, i in enumerate(order)]
+    return MiniDisc(config, reference_files, queries)

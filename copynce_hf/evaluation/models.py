@@ -1,0 +1,61 @@
+"""One model loader for the CLI, the demo, the benchmarks and ``copynce detect``: the embedded defaults and Auto loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+
+#: Embedded model folders (float16 safetensors, see ``copynce_hf/pretrained/README.md``), the defaults everywhere.
+PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
+DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
+DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
+DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
+
+
+def load_model(path: str | Path | None = None, kind: str | None = None, option: str = "--model",
+               default: str | Path | None = None):
+    """``(model, image_processor)`` of a saved CopyNCE folder or Hub id, in float32, in eval mode.
+
+    Args:
+        path: model folder or Hub id; ``None`` means ``default``, else the embedded model of ``kind``.
+        kind: ``descriptor`` or ``matcher`` to insist on that kind of model; ``None`` accepts either.
+        option: the command-line option named in error messages.
+        default: the folder used when ``path`` is None (default: the embedded model of ``kind``).
+
+    The embedded models are stored in float16 to stay small; they are loaded in float32 because float16
+    matrix products are several times slower (and less exact) on a CPU.
+
+    Raises:
+        ConfigError: the default folder is absent, the model cannot be loaded, or it is not a ``kind``.
+    """
+    # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
+    import torch
+    from transformers import AutoImageProcessor, AutoModel
+
+    from ..retrieval import model_kind
+
+    if kind not in (None, "descriptor", "matcher"):
+        raise ConfigError(f"model kind must be 'descriptor' or 'matcher', got {kind!r}")
+    if path is None:
+        folder = Path(default) if default is not None else DEFAULTS.get(kind or "descriptor")
+        if not (folder / "config.json").is_file():
+            raise ConfigError(
+                f"no {option} given and the embedded model folder {folder} does not exist (the embedded models are "
+                f"made by `python scripts/export_embedded.py`, see copynce_hf/pretrained/README.md); pass {option} PATH "
+                f"(a folder written by save_pretrained, or a Hub id)"
+            )
+        path = folder
+    try:
+        model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+        processor = AutoImageProcessor.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        hint = ""
+        if not Path(str(path)).exists():
+            hint = ("; it is neither a model folder here nor a reachable Hub id (the embedded models are made by "
+                    "`python scripts/export_embedded.py`, nothing here trains a model)")
+        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}{hint}") from error
+    if kind is not None and model_kind(model) != kind:
+        raise ConfigError(f"{option} {path} holds a {model_kind(model)}; a {kind} is needed here")
+    return model, processor

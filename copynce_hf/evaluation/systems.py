@@ -1,0 +1,328 @@
+"""The copy-detection systems compared on an evaluation task (mini-DISC, the demo), each giving its top-k
+references per query.
+
+* :class:`HashSystem`: perceptual hashes, the tools people use today without a GPU or training:
+  PDQ (``pdqhash``, 256 bits) and pHash (``imagehash``, 64 bits). Score = 1 - Hamming distance /
+  bits; the k nearest references come from an exact faiss binary index (``IndexBinaryFlat``).
+* :class:`DescriptorSystem`: a descriptor model (a saved CopyNCE folder, or a randomly initialised
+  ViT of the same size): :func:`copynce_hf.retrieval.extract_descriptors`, exact inner-product
+  search (:class:`copynce_hf.retrieval.DescriptorIndex`, cosine on unit vectors).
+* :class:`MatcherRescoring`: a CopyNCE matcher re-scoring a descriptor system's candidates
+  (:func:`copynce_hf.retrieval.rescore_predictions`), paper section "Matcher".
+* :class:`PipelineSystem`: the paper's whole inference pipeline (:func:`copynce_hf.retrieval.detect`):
+  descriptors with LCE and score normalisation, merged candidates, the matcher with LCE.
+
+A task is anything with ``reference_ids``, ``query_ids``, ``reference_files`` (id -> path),
+``ground_truth``, ``reference_source()`` and ``query_source()`` (:class:`~.minidisc.MiniDisc`,
+:class:`~.demo_task.DemoTask`).
+
+Every system returns :class:`Predictions`; :func:`score_predictions` turns them into the
+project's metrics (muAP, RP90, recall at rank 1/10, mAP) and the precision-recall curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..errors import ConfigError
+from ..metrics.core import copy_detection_metrics, precision_recall_curve
+from ..retrieval import (
+    Descriptor,
+    DescriptorIndex,
+    DetectConfig,
+    ImageListSource,
+    IndexConfig,
+    Prediction,
+    detect,
+    extract_descriptors,
+    rescore_predictions,
+)
+from .models import load_model
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Predictions",
+    "HashSystem",
+    "pdq_bits",
+    "phash_bits",
+    "DescriptorSystem",
+    "MatcherRescoring",
+    "PipelineSystem",
+    "score_predictions",
+]
+
+
+@dataclasses.dataclass
+class Predictions:
+    """Scored candidate pairs of one system: P rows, at most k per query.
+
+    Attributes:
+        query_ids, reference_ids: (P,) ids.
+        scores: (P,) float64, higher means more likely a copy.
+        seconds: wall time the system took (hashing / embedding, search, re-scoring).
+    """
+
+    query_ids: list[str]
+    reference_ids: list[str]
+    scores: np.ndarray
+    seconds: float = 0.0
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.scores = np.asarray(self.scores, dtype=np.float64).reshape(-1)
+        if not len(self.query_ids) == len(self.reference_ids) == len(self.scores):
+            raise ValueError(f"predictions of unequal lengths: {len(self.query_ids)}, {len(self.reference_ids)}, "
+                             f"{len(self.scores)}")
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @classmethod
+    def from_rows(cls, rows: list[Prediction], seconds: float = 0.0) -> Predictions:
+        return cls([r.query_id for r in rows], [r.reference_id for r in rows], [r.score for r in rows], seconds)
+
+    def rows(self) -> list[Prediction]:
+        return [Prediction(q, r, float(s)) for q, r, s in zip(self.query_ids, self.reference_ids, self.scores)]
+
+    def to_dict(self) -> dict:
+        return {"query_id": list(self.query_ids), "reference_id": list(self.reference_ids),
+                "score": [float(s) for s in self.scores]}
+
+
+def score_predictions(predictions: Predictions, ground_truth: dict[str, list[str]]) -> tuple[dict, dict]:
+    """The project's copy-detection metrics and PR curve of a set of predictions.
+
+    Returns:
+        ``(metrics, curve)``: the dict of :func:`copynce_hf.metrics.core.copy_detection_metrics`
+        and ``{"precision": [...], "recall": [...], "thresholds": [...]}`` (P points, rank order).
+    """
+    metrics = copy_detection_metrics(predictions.query_ids, predictions.reference_ids, predictions.scores,
+                                     ground_truth)
+    precision, recall, thresholds = precision_recall_curve(predictions.query_ids, predictions.reference_ids,
+                                                           predictions.scores, ground_truth)
+    curve = {"precision": precision.tolist(), "recall": recall.tolist(), "thresholds": thresholds.tolist()}
+    return metrics, curve
+
+
+# ---------------------------------------------------------------------------------------------- hashes
+
+
+def pdq_bits(image: Image.Image) -> np.ndarray:
+    """PDQ hash of an RGB image: bool (256,). Facebook's PDQ via ``pdqhash.compute``."""
+    import pdqhash
+
+    bits, _quality = pdqhash.compute(np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8)))
+    return np.asarray(bits, dtype=bool)
+
+
+def phash_bits(image: Image.Image) -> np.ndarray:
+    """pHash (DCT hash, 8x8) of an image: bool (64,), ``imagehash.phash``."""
+    import imagehash
+
+    return np.asarray(imagehash.phash(image).hash, dtype=bool).reshape(-1)
+
+
+def _load_folder(name: str, folder: str | Path, kind: str):
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"{name}: {str(folder)!r} is not a saved model folder (no config.json)")
+    return load_model(folder, kind, option=name)
+
+
+class HashSystem:
+    """A perceptual hash with exact Hamming search.
+
+    Args:
+        name: system name (``pdq``, ``phash``).
+        hash_function: RGB PIL image -> bool (bits,) array.
+    """
+
+    def __init__(self, name: str, hash_function: Callable[[Image.Image], np.ndarray]):
+        self.name = name
+        self.hash_function = hash_function
+
+    @classmethod
+    def pdq(cls) -> HashSystem:
+        return cls("pdq", pdq_bits)
+
+    @classmethod
+    def phash(cls) -> HashSystem:
+        return cls("phash", phash_bits)
+
+    def hashes(self, source) -> np.ndarray:
+        """bool (N, bits): the hash of every image of ``source`` (``ids`` + ``load(i)``)."""
+        rows = [self.hash_function(source.load(i)) for i in range(len(source))]
+        bits = {row.size for row in rows}
+        if len(bits) != 1 or next(iter(bits)) % 8:
+            raise ConfigError(f"{self.name}: hashes must all have the same multiple of 8 bits, got {sorted(bits)}")
+        return np.stack(rows)
+
+    def predict(self, task, k: int = 10) -> Predictions:
+        """Top-``k`` references per query by Hamming distance; score = 1 - distance / bits."""
+        import faiss
+
+        start = time.perf_counter()
+        references = self.hashes(task.reference_source())
+        queries = self.hashes(task.query_source())
+        num_bits = references.shape[1]
+        index = faiss.IndexBinaryFlat(num_bits)
+        index.add(np.packbits(references, axis=1))
+        k = min(k, len(references))
+        distances, indices = index.search(np.packbits(queries, axis=1), k)
+        query_ids, reference_ids, scores = [], [], []
+        for query_id, row_distances, row_indices in zip(task.query_ids, distances, indices):
+            for distance, index_ in zip(row_distances, row_indices):
+                if index_ >= 0:
+                    query_ids.append(query_id)
+                    reference_ids.append(task.reference_ids[index_])
+                    scores.append(1.0 - float(distance) / num_bits)
+        return Predictions(query_ids, reference_ids, scores, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+class DescriptorSystem:
+    """A descriptor model: embed references and queries, exact cosine k-NN.
+
+    Args:
+        name: system name.
+        model: a model whose output has unit-norm ``descriptors`` (B, D).
+        image_processor: the model's image processor.
+        batch_size: images per forward pass.
+    """
+
+    def __init__(self, name: str, model, image_processor, batch_size: int = 64):
+        self.name = name
+        self.model = model.eval()
+        self.image_processor = image_processor
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_folder(cls, name: str, folder: str | Path, batch_size: int = 64) -> DescriptorSystem:
+        """Load a saved descriptor folder (:func:`copynce_hf.evaluation.load_model`)."""
+        return cls(name, *_load_folder(name, folder, "descriptor"), batch_size)
+
+    @classmethod
+    def random(cls, name: str, model_config: dict, seed: int = 0, batch_size: int = 64) -> DescriptorSystem:
+        """A CopyNCE descriptor with randomly initialised weights (``torch.manual_seed(seed)``).
+
+        Args:
+            model_config: ``CopyNCEDescriptorConfig`` keyword arguments (e.g. the ``model`` section
+                of ``configs/bench_descriptor.yaml``).
+        """
+        from copynce_hf.modeling import CopyNCEDescriptorConfig, CopyNCEDescriptorModel, CopyNCEImageProcessor
+
+        config = CopyNCEDescriptorConfig(**model_config)
+        torch.manual_seed(seed)
+        model = CopyNCEDescriptorModel(config)
+        processor = CopyNCEImageProcessor(size={"height": config.image_size, "width": config.image_size})
+        return cls(name, model, processor, batch_size)
+
+    def embed(self, source, description: str):
+        return extract_descriptors(self.model, self.image_processor, source, batch_size=self.batch_size,
+                                   progress=False, description=description)
+
+    def predict(self, task, k: int = 10) -> Predictions:
+        start = time.perf_counter()
+        references = self.embed(task.reference_source(), f"{self.name} references")
+        queries = self.embed(task.query_source(), f"{self.name} queries")
+        index = DescriptorIndex.build(references, IndexConfig(kind="flat"))
+        scores, indices = index.search(queries.descriptors, k)
+        query_ids, reference_ids, flat_scores = [], [], []
+        for query_id, row_scores, row_indices in zip(queries.ids, scores, indices):
+            for score, index_ in zip(row_scores, row_indices):
+                if index_ >= 0:
+                    query_ids.append(query_id)
+                    reference_ids.append(references.ids[index_])
+                    flat_scores.append(float(score))
+        return Predictions(query_ids, reference_ids, flat_scores, time.perf_counter() - start)
+
+
+class MatcherRescoring:
+    """A matcher re-scoring candidate pairs (typically a descriptor's top-10).
+
+    Args:
+        name: system name.
+        model: a ``CopyNCEMatcherModel`` (score: sigmoid of its logit).
+        image_processor: its image processor.
+        batch_size: pairs per forward pass.
+    """
+
+    def __init__(self, name: str, model, image_processor, batch_size: int = 32):
+        self.name = name
+        self.model = model.eval()
+        self.image_processor = image_processor
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_folder(cls, name: str, folder: str | Path, batch_size: int = 32) -> MatcherRescoring:
+        return cls(name, *_load_folder(name, folder, "matcher"), batch_size)
+
+    def predict(self, task, candidates: Predictions, query_files: dict[str, Path]) -> Predictions:
+        """Re-score ``candidates``; ``query_files`` are the task's materialised queries (id -> path)."""
+        return self.rescore(candidates, query_files, task.reference_files)
+
+    def rescore(self, candidates: Predictions, query_files: dict, reference_files: dict) -> Predictions:
+        """Re-score ``candidates`` with images looked up by id (path or PIL image) in the two mappings."""
+        start = time.perf_counter()
+        result = rescore_predictions(candidates.rows(), self.model, self.image_processor, query_files,
+                                     reference_files, batch_size=self.batch_size, progress=False)
+        if result.skipped:
+            raise ConfigError(f"{self.name}: {len(result.skipped)} candidate pairs could not be scored, "
+                              f"e.g. {result.skipped[0]}")
+        rescored = Predictions.from_rows(result.predictions)
+        rescored.seconds = time.perf_counter() - start
+        return rescored
+
+
+class PipelineSystem:
+    """The detection pipeline (:func:`copynce_hf.retrieval.detect`) as a system.
+
+    Args:
+        name: system name.
+        descriptors: one or more :class:`copynce_hf.retrieval.Descriptor`.
+        matcher: ``(model, image_processor)`` or ``None`` (descriptors only).
+        config: :class:`copynce_hf.retrieval.DetectConfig` (k, candidates, LCE modes, ...).
+        auxiliary: image source for score normalisation (no copies of the queries), or ``None``.
+        index_folder: where reference / auxiliary view indexes are kept and reused between systems.
+    """
+
+    def __init__(self, name: str, descriptors: list[Descriptor], matcher=None, config: DetectConfig | None = None,
+                 auxiliary=None, index_folder: str | Path | None = None, progress: bool = False):
+        self.name, self.descriptors, self.matcher = name, list(descriptors), matcher
+        self.config = config or DetectConfig()
+        self.auxiliary, self.index_folder, self.progress = auxiliary, index_folder, progress
+
+    def predict(self, task, query_files: dict[str, Path] | None = None) -> Predictions:
+        """Run the pipeline on ``task``; ``query_files`` (id -> path) are read instead of rebuilding the queries.
+
+        ``seconds`` is the whole wall time (reference indexes included unless reused); ``info`` holds
+        ``seconds_per_stage``, ``query_seconds`` (every stage but the reference and auxiliary
+        indexes), ``candidate_recall``, ``num_candidates`` and the matcher's encoder and fusion passes.
+        """
+        queries = (ImageListSource(task.query_ids, [query_files[q] for q in task.query_ids]) if query_files
+                   else task.query_source())
+        start = time.perf_counter()
+        result = detect(queries, task.reference_source(), self.descriptors, self.matcher, self.auxiliary,
+                        self.config, self.index_folder, progress=self.progress,
+                        log=lambda line: logger.info("%s: %s", self.name, line))
+        seconds = time.perf_counter() - start
+        query_seconds = sum(v for k, v in result.seconds.items() if k.startswith(("queries:", "matcher")))
+        info = {"seconds_per_stage": result.seconds, "query_seconds": query_seconds,
+                "candidate_recall": result.candidate_recall(task.ground_truth),
+                "num_candidates": self.config.candidates, "matcher_cost": result.matcher_cost,
+                "pipeline": dataclasses.asdict(self.config), "descriptors": [d.name for d in self.descriptors],
+                "skipped": result.skipped}
+        predictions = Predictions.from_rows(result.predictions, seconds)
+        predictions.info = info
+        return predictions

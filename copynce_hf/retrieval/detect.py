@@ -1,0 +1,278 @@
+"""The paper's detection pipeline as one function: descriptors (+ LCE, + score normalisation), merged
+candidates, matcher verification (+ LCE).
+
+Stages (supplementary "More about Candidates List for Matcher"):
+
+1. for every descriptor model: build (or reuse) the index over the reference views, embed the
+   query views, take each query's top ``candidates`` references by best view-pair cosine, and
+   score-normalise with an auxiliary set when one is given (:mod:`.view_search`);
+2. merge the models' lists per query: union, best score, top ``candidates`` (:mod:`.candidates`);
+3. re-score the merged candidates with the matcher (encoder-token cache, LCE view pairs,
+   :mod:`.matcher_cache`) and keep the top ``k`` per query; without a matcher the top ``k`` merged
+   candidates are the answer.
+
+Used by ``copynce detect``, the demo and the benchmarks (through :mod:`copynce_hf.evaluation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..errors import ConfigError, PredictionsError
+from .candidates import candidate_recall, merge_candidates, top_per_query
+from .descriptors import DescriptorSet
+from .index import DescriptorIndex, IndexConfig
+from .matcher_cache import MatcherScorer
+from .predictions import Prediction
+from .view_search import extract_view_descriptors, view_predictions
+from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
+
+logger = logging.getLogger(__name__)
+
+#: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs).
+DEFAULT_CANDIDATES = 50
+
+
+@dataclasses.dataclass
+class DetectConfig:
+    """Settings of :func:`detect`.
+
+    Attributes:
+        k: predictions kept per query at the end.
+        candidates: merged candidates per query re-scored by the matcher (each descriptor also
+            retrieves this many).
+        descriptor_lce: ``none`` or ``paper`` (26 query x 10 reference views at search time).
+        matcher_lce: ``none`` (1 view pair), ``paper`` (35) or ``all`` (260).
+        alpha, k_start, k_end: score normalisation (used when an auxiliary set is given).
+        batch_size: images per descriptor pass, views per encoder pass and view pairs per fusion pass.
+        num_workers: ``DataLoader`` workers reading images.
+        cache_size: reference views whose matcher tokens are kept.
+    """
+
+    k: int = 10
+    candidates: int = DEFAULT_CANDIDATES
+    descriptor_lce: str = "none"
+    matcher_lce: str = "none"
+    alpha: float = 1.0
+    k_start: int = 0
+    k_end: int = 9
+    batch_size: int = 64
+    num_workers: int = 0
+    cache_size: int = 4096
+
+    def __post_init__(self) -> None:
+        check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
+        check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
+        for name in ("k", "candidates", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class Descriptor:
+    """A descriptor model taking part in the search: ``name`` (for logs and index folders), model, processor,
+    and where it came from (``source``, recorded with a saved index)."""
+
+    name: str
+    model: object
+    processor: object
+    source: str = ""
+
+
+@dataclasses.dataclass
+class DetectResult:
+    """What :func:`detect` found.
+
+    Attributes:
+        predictions: final top-``k`` per query (matcher scores, or merged descriptor scores).
+        candidates: the merged candidate lists (top ``candidates`` per query).
+        per_model: each descriptor's own candidate list.
+        seconds: wall time per stage (``index:<name>``, ``queries:<name>``, ``auxiliary:<name>``, ``matcher``).
+        matcher_cost: encoder passes and fusion passes the matcher ran (``None`` without matcher).
+        skipped: query ids whose image could not be read, and unscored candidate pairs.
+    """
+
+    predictions: list[Prediction]
+    candidates: list[Prediction]
+    per_model: dict[str, list[Prediction]]
+    seconds: dict[str, float]
+    matcher_cost: dict[str, int] | None = None
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+    def candidate_recall(self, ground_truth: dict[str, list[str]]) -> float | None:
+        return candidate_recall(self.candidates, ground_truth)
+
+
+class _SourceImages:
+    """id -> image mapping over an image source (file paths when the source has them, else loaded images)."""
+
+    def __init__(self, source):
+        self.source = source
+        self.position = {image_id: i for i, image_id in enumerate(source.ids)}
+        self.files = source.lookup() if hasattr(source, "lookup") else None
+
+    def __contains__(self, image_id) -> bool:
+        return image_id in self.position
+
+    def __getitem__(self, image_id):
+        if self.files is not None:
+            return self.files[image_id]
+        return self.source.load(self.position[image_id])
+
+
+def _file_stamps(source) -> list | None:
+    """(size, mtime) of every image file of ``source``, so that a changed file invalidates a saved index."""
+    files = getattr(source, "files", None) or getattr(source, "images", None)
+    if files is None or not all(isinstance(f, (str, os.PathLike)) for f in files):
+        return None
+    stamps = []
+    for file in files:
+        try:
+            stat = os.stat(file)
+            stamps.append([stat.st_size, stat.st_mtime_ns])
+        except OSError:
+            stamps.append(None)
+    return stamps
+
+
+def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: str = "reference") -> dict:
+    folder = getattr(source, "folder", None)
+    return {"model": descriptor.source or descriptor.name, "views": preset.name, "role": role,
+            "source": str(Path(folder).resolve()) if folder is not None else None, "images": list(source.ids),
+            "files": _file_stamps(source)}
+
+
+def _stored_identity(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "identity.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
+                           progress: bool = True, description: str = "query views", **extract) -> DescriptorSet:
+    """Descriptors of every view of the query images; kept in ``folder`` and reused from it for the same
+    images (ids, file sizes and times), model and views."""
+    identity = _index_identity(descriptor, source, preset, "query")
+    if folder is not None and _stored_identity(Path(folder)) == identity:
+        logger.info("reusing the query descriptors in %s", folder)
+        return DescriptorSet.load(Path(folder) / "descriptors.safetensors")
+    views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "query",
+                                     progress=progress, description=description, **extract)
+    if folder is not None and len(views):
+        views.save(Path(folder) / "descriptors.safetensors")
+        (Path(folder) / "identity.json").write_text(json.dumps(identity) + "\n", encoding="utf-8")
+    return views
+
+
+def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
+               config: IndexConfig | None = None, progress: bool = True, description: str = "reference views",
+               **extract) -> DescriptorIndex:
+    """An exact index over the views of ``source``'s images; written to ``folder`` and reused from it when it
+    was built from the same images, model and views (``identity.json`` beside the index files)."""
+    identity = _index_identity(descriptor, source, preset)
+    if folder is not None and _stored_identity(Path(folder)) == identity:
+        logger.info("reusing the index in %s", folder)
+        return DescriptorIndex.load(folder)
+    views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "reference",
+                                     progress=progress, description=description, **extract)
+    if len(views) == 0:
+        raise PredictionsError(f"none of the {len(source)} images could be read ({description})")
+    index = DescriptorIndex.build(views, config or IndexConfig(kind="flat"),
+                                  info={"model": identity["model"], "views": preset.name})
+    if folder is not None:
+        index.save(folder)
+        (Path(folder) / "identity.json").write_text(json.dumps(identity) + "\n", encoding="utf-8")
+    return index
+
+
+def detect(
+    queries,
+    references,
+    descriptors: Sequence[Descriptor],
+    matcher: tuple | None = None,
+    auxiliary=None,
+    config: DetectConfig | None = None,
+    index_folder: str | os.PathLike | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = logger.info,
+) -> DetectResult:
+    """Find the references that every query copies.
+
+    Args:
+        queries, references: image sources (``ids`` + ``load(i)``, e.g. :class:`ImageFolderSource`).
+        descriptors: one or more :class:`Descriptor`; their candidate lists are merged.
+        matcher: ``(model, image_processor)`` of a CopyNCE matcher, or ``None`` for descriptors only.
+        auxiliary: an image source without copies of the queries, for score normalisation; ``None``: off.
+        config: :class:`DetectConfig`.
+        index_folder: where the reference (and auxiliary) indexes and the query view descriptors are saved
+            and reused, ``<index_folder>/<descriptor name>/references``, ``.../auxiliary`` and ``.../queries``;
+            ``None``: not saved.
+        progress: progress bars per stage.
+        log: receives one line per stage.
+    """
+    config = config or DetectConfig()
+    if not descriptors:
+        raise ConfigError("detect needs at least one descriptor model")
+    names = [d.name for d in descriptors]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"descriptor names must differ, got {names}")
+    preset = ViewPreset(config.descriptor_lce)
+    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers}
+    seconds: dict[str, float] = {}
+    per_model: dict[str, list[Prediction]] = {}
+    skipped: list[str] = []
+    for descriptor in descriptors:
+        folder = Path(index_folder) / descriptor.name if index_folder is not None else None
+        start = time.perf_counter()
+        index = view_index(descriptor, references, preset, folder / "references" if folder else None,
+                           progress=progress, description=f"{descriptor.name}: reference views", **extract)
+        seconds[f"index:{descriptor.name}"] = time.perf_counter() - start
+        auxiliary_index = None
+        if auxiliary is not None:
+            start = time.perf_counter()
+            auxiliary_index = view_index(descriptor, auxiliary, preset, folder / "auxiliary" if folder else None,
+                                         progress=progress, description=f"{descriptor.name}: auxiliary views",
+                                         **extract)
+            seconds[f"auxiliary:{descriptor.name}"] = time.perf_counter() - start
+        start = time.perf_counter()
+        query_views = query_view_descriptors(descriptor, queries, preset, folder / "queries" if folder else None,
+                                             progress=progress, description=f"{descriptor.name}: query views",
+                                             **extract)
+        skipped.extend(q for q in query_views.skipped if q not in skipped)
+        if len(query_views) == 0:
+            raise PredictionsError(f"none of the {len(queries)} query images could be read")
+        per_model[descriptor.name] = view_predictions(index, query_views, preset, config.candidates, auxiliary_index,
+                                                      config.alpha, config.k_start, config.k_end)
+        seconds[f"queries:{descriptor.name}"] = time.perf_counter() - start
+        log(f"{descriptor.name}: {len(per_model[descriptor.name])} candidate pairs "
+            f"({config.descriptor_lce} views{', score-normalised' if auxiliary is not None else ''})")
+    candidates = merge_candidates(per_model.values(), config.candidates)
+    if len(descriptors) > 1:
+        log(f"merged: {len(candidates)} candidate pairs (top {config.candidates} per query)")
+    if matcher is None:
+        return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, skipped)
+
+    start = time.perf_counter()
+    model, processor = matcher
+    scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
+                           cache_size=config.cache_size)
+    pairs = [(p.query_id, p.reference_id) for p in candidates]
+    scores = scorer.score(pairs, _SourceImages(queries), _SourceImages(references), num_workers=config.num_workers,
+                          progress=progress, description=f"matcher ({config.matcher_lce} LCE)")
+    rescored = [Prediction(q, r, s) for (q, r), s in zip(pairs, scores) if s is not None]
+    skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scores) if s is None)
+    seconds["matcher"] = time.perf_counter() - start
+    cost = {"encoded_views": scorer.encoded_views, "fused_pairs": scorer.fused_pairs}
+    log(f"matcher: {len(rescored)} pairs re-scored ({cost['encoded_views']} encoder passes, "
+        f"{cost['fused_pairs']} fusion passes)")
+    if not rescored:
+        raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
+    return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, skipped)
+

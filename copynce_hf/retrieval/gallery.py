@@ -1,0 +1,169 @@
+"""The HTML match gallery of ``copynce detect``: the top and the borderline matches with the model's heatmaps.
+
+``report.html`` lists the run's settings, per-stage times, the metrics when a ground truth is given,
+then two galleries of each query's best reference: the highest-scored matches and the borderline
+ones (scores nearest the decision threshold). Every card shows the query, the reference, the score
+and the token affinity heatmap of the query patch with the lowest affinity entropy (the most
+confidently matched patch) over the reference, plus the query's entropy map (paper, "Visualization
+and Interpretability"). Images are PNG files under ``gallery/`` beside the page; the page is
+rendered by a Jinja2 template with autoescaping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+from jinja2 import Environment
+from PIL import Image
+
+from ..images import load_image
+from .affinity import affinity_maps, save_affinity_figures
+from .predictions import Prediction
+
+THUMBNAIL_SIDE = 160
+
+_TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+td, th { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+.cards { display: flex; flex-wrap: wrap; gap: 1em; }
+.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.6em; width: 360px; }
+.card.correct { border-color: #2a2; } .card.wrong { border-color: #c33; }
+.card img.thumb { width: 160px; height: 160px; object-fit: contain; background: #eee; }
+.card img.map { width: 100%; }
+</style></head><body>
+<h1>{{ title }}</h1>
+<h2>Settings</h2>
+<table>{% for key, value in settings %}<tr><th>{{ key }}</th><td>{{ value }}</td></tr>{% endfor %}</table>
+<h2>Time per stage</h2>
+<table><tr><th>stage</th><th>seconds</th></tr>
+{% for stage, seconds in stages %}<tr><td>{{ stage }}</td><td>{{ "%.1f"|format(seconds) }}</td></tr>{% endfor %}</table>
+{% if metrics %}<h2>Metrics against the ground truth</h2>
+<table>{% for key, value in metrics %}<tr><th>{{ key }}</th><td>{{ value }}</td></tr>{% endfor %}</table>{% endif %}
+{% for section in sections %}
+<h2>{{ section.title }}</h2><p>{{ section.text }}</p>
+<div class="cards">{% for card in section.cards %}
+<div class="card {{ card.verdict }}">
+<div><b>{{ card.query_id }}</b> &rarr; <b>{{ card.reference_id }}</b>, score {{ "%.4f"|format(card.score) }}
+{% if card.verdict == "correct" %}(a true copy){% elif card.verdict == "wrong" %}(not a true pair){% endif %}</div>
+<img class="thumb" src="{{ card.query }}" alt="query {{ card.query_id }}">
+<img class="thumb" src="{{ card.reference }}" alt="reference {{ card.reference_id }}">
+{% if card.affinity %}<img class="map" src="{{ card.affinity }}" alt="token affinity heatmap">
+<img class="map" src="{{ card.entropy }}" alt="affinity entropy map">{% endif %}
+</div>{% endfor %}</div>
+{% endfor %}
+</body></html>
+"""
+
+
+@dataclasses.dataclass
+class MatchCard:
+    """One gallery card (image paths relative to the report)."""
+
+    query_id: str
+    reference_id: str
+    score: float
+    verdict: str  # "correct", "wrong" or "" (no ground truth)
+    query: str
+    reference: str
+    affinity: str = ""
+    entropy: str = ""
+
+
+def best_matches(predictions: list[Prediction]) -> list[Prediction]:
+    """Each query's best-scored prediction, highest score first."""
+    best: dict[str, Prediction] = {}
+    for prediction in predictions:
+        if prediction.query_id not in best or prediction.score > best[prediction.query_id].score:
+            best[prediction.query_id] = prediction
+    return sorted(best.values(), key=lambda p: (-p.score, p.query_id))
+
+
+def pick_gallery(predictions: list[Prediction], threshold: float, count: int) -> tuple[list[Prediction], list[Prediction]]:
+    """``(top, borderline)``: the ``count`` best matches, and the ``count`` others whose score is nearest ``threshold``."""
+    ranked = best_matches(predictions)
+    top = ranked[:count]
+    rest = ranked[count:]
+    borderline = sorted(rest, key=lambda p: (abs(p.score - threshold), p.query_id))[:count]
+    return top, sorted(borderline, key=lambda p: -p.score)
+
+
+def _thumbnail(image, path: Path) -> None:
+    image = load_image(image).copy()
+    image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE), Image.Resampling.BICUBIC)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+
+
+def _card(prediction: Prediction, queries, references, model, processor, folder: Path, root: Path,
+          truth: dict[str, list[str]] | None) -> MatchCard:
+    key = f"{prediction.query_id}__{prediction.reference_id}"
+    pair = folder / key
+    query_image, reference_image = queries[prediction.query_id], references[prediction.reference_id]
+    _thumbnail(query_image, pair / "query.png")
+    _thumbnail(reference_image, pair / "reference.png")
+    verdict = ""
+    if truth is not None:
+        verdict = "correct" if prediction.reference_id in truth.get(prediction.query_id, []) else "wrong"
+    card = MatchCard(prediction.query_id, prediction.reference_id, prediction.score, verdict,
+                     (pair / "query.png").relative_to(root).as_posix(),
+                     (pair / "reference.png").relative_to(root).as_posix())
+    if model is not None:
+        grid = int(model.config.image_size) // int(model.config.patch_size)
+        maps = affinity_maps(model, processor, query_image, reference_image, (grid // 2, grid // 2))
+        # probe the most confidently matched query patch: the lowest affinity entropy
+        row, col = np.unravel_index(int(np.argmin(maps.entropy)), maps.entropy.shape)
+        maps = affinity_maps(model, processor, query_image, reference_image, (int(row), int(col)))
+        written = save_affinity_figures(maps, pair, title=f"{prediction.query_id} / {prediction.reference_id}")
+        card.affinity = written["token_affinity"].relative_to(root).as_posix()
+        card.entropy = written["affinity_entropy"].relative_to(root).as_posix()
+    return card
+
+
+def write_gallery(
+    path: str | os.PathLike,
+    predictions: list[Prediction],
+    queries,
+    references,
+    model=None,
+    processor=None,
+    threshold: float = 0.5,
+    count: int = 8,
+    settings: dict | None = None,
+    stages: dict[str, float] | None = None,
+    metrics: dict | None = None,
+    ground_truth: dict[str, list[str]] | None = None,
+    title: str = "CopyNCE copy detection",
+) -> Path:
+    """Write ``report.html`` (and ``gallery/`` beside it) for ``predictions``.
+
+    Args:
+        queries, references: id -> image (path or PIL image).
+        model, processor: the model whose heatmaps are drawn (the matcher, else a descriptor); ``None``: no heatmaps.
+        threshold: the score the borderline matches are nearest to.
+        count: cards per gallery.
+    """
+    path = Path(path)
+    root = path.parent
+    folder = root / "gallery"
+    top, borderline = pick_gallery(predictions, threshold, count)
+    sections = [
+        {"title": "Top matches", "text": f"The {len(top)} queries whose best reference scored highest.",
+         "cards": [_card(p, queries, references, model, processor, folder, root, ground_truth) for p in top]},
+        {"title": "Borderline matches",
+         "text": f"The {len(borderline)} other queries whose best score is nearest {threshold:.4g}.",
+         "cards": [_card(p, queries, references, model, processor, folder, root, ground_truth) for p in borderline]},
+    ]
+    html = Environment(autoescape=True).from_string(_TEMPLATE).render(
+        title=title, settings=list((settings or {}).items()), stages=list((stages or {}).items()),
+        metrics=[(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in (metrics or {}).items()],
+        sections=sections,
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(html, encoding="utf-8")
+    return path

@@ -1,0 +1,156 @@
+"""Descriptor search with local crops ensembling: one descriptor per view, best view pair per image pair.
+
+Supplementary "More about Candidates List for Matcher": "for each crop of query, we identify
+k-NN in reference set"; the descriptor's LCE score of a (query, reference) pair is the maximum
+cosine over their view pairs (supplementary "Local Crops Ensembling"), and score normalisation
+applies after it (supplementary "Score Normalization": the bias is the mean LCE score of the query
+to its auxiliary neighbours k_start..k_end, the auxiliary images seen through the same views).
+
+Views are rows of an ordinary :class:`DescriptorSet` / :class:`DescriptorIndex`: view ``v`` of
+image ``id`` has the row id ``id#v`` (:func:`view_id`), so an index over reference views maps every
+row back to its reference (:func:`owner_of`), and the preset name is kept in ``index.json``
+(``info["views"]``). With the ``none`` preset there is one view per image, whose row id is the
+image id itself, and everything below reduces to plain k-NN search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from .descriptors import DescriptorSet
+from .extract import extract_descriptors
+from .index import DescriptorIndex
+from .predictions import Prediction
+from .views import ViewPreset, render_view
+
+VIEW_SEPARATOR = "#"
+
+
+def view_id(image_id: str, view: int, preset: ViewPreset) -> str:
+    """Row id of view ``view`` of ``image_id``: the id itself for the ``none`` preset, else ``id#view``."""
+    return image_id if preset.name == "none" else f"{image_id}{VIEW_SEPARATOR}{view}"
+
+
+def owner_of(row_id: str, preset_name: str) -> str:
+    """The image id of a view row id (inverse of :func:`view_id`)."""
+    return row_id if preset_name == "none" else row_id.rsplit(VIEW_SEPARATOR, 1)[0]
+
+
+class ViewSource:
+    """An image source (``ids`` + ``load(i)``) whose items are the LCE views of another source's images.
+
+    Row ``i`` is view ``i % V`` of image ``i // V``; the last decoded image is kept, so a sequential
+    pass decodes every image once.
+    """
+
+    def __init__(self, source, preset: ViewPreset, role: str):
+        if role not in ("query", "reference"):
+            raise ConfigError(f"view role must be 'query' or 'reference', got {role!r}")
+        self.source, self.preset, self.role = source, preset, role
+        self.count = preset.num_query_views if role == "query" else preset.num_reference_views
+        self.ids = [view_id(image_id, v, preset) for image_id in source.ids for v in range(self.count)]
+        self._last: tuple[int, object] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def load(self, index: int):
+        image_index, view = divmod(int(index), self.count)
+        if self._last is None or self._last[0] != image_index:
+            self._last = (image_index, self.source.load(image_index))
+        image = self._last[1]
+        views = (self.preset.query_views if self.role == "query" else self.preset.reference_views)(image.width, image.height)
+        return render_view(image, views[view])
+
+
+def extract_view_descriptors(model, image_processor, source, preset: ViewPreset, role: str, **kwargs) -> DescriptorSet:
+    """Descriptors (N * V, D) of every view of every image of ``source`` (rows ``id#v``, see :func:`view_id`).
+
+    ``kwargs`` go to :func:`copynce_hf.retrieval.extract_descriptors` (batch size, accelerator, progress, ...).
+    """
+    result = extract_descriptors(model, image_processor, ViewSource(source, preset, role), **kwargs)
+    result.skipped = list(dict.fromkeys(owner_of(row, preset.name) for row in result.skipped))
+    return result
+
+
+def view_preset_of(index: DescriptorIndex) -> ViewPreset:
+    """The view preset an index was built with (``info["views"]``, ``none`` for indexes without it)."""
+    return ViewPreset(index.info.get("views", "none"))
+
+
+def search_views(
+    index: DescriptorIndex, queries: DescriptorSet, query_preset: ViewPreset, k: int, view_k: int | None = None
+) -> tuple[list[str], list[list[tuple[str, float]]]]:
+    """Per query image, its ``k`` best references by the maximum view-pair cosine.
+
+    Args:
+        index: an index over reference views (:func:`view_preset_of` tells its preset).
+        queries: query view descriptors (rows ``id#v``, from :func:`extract_view_descriptors`).
+        query_preset: the preset the query views were cut with.
+        k: references kept per query.
+        view_k: neighbours (reference views) searched per query view; ``None``: ``k`` times the
+            number of reference views per image, so that ``k`` distinct references can be found.
+
+    Returns:
+        ``(query ids, per query [(reference id, score), ...] best first)``.
+    """
+    reference_preset = view_preset_of(index)
+    row_owners = np.array([owner_of(row, reference_preset.name) for row in index.references.ids], dtype=object)
+    view_k = view_k or k * reference_preset.num_reference_views
+    scores, rows = index.search(queries.descriptors, view_k)
+    query_owners = [owner_of(row, query_preset.name) for row in queries.ids]
+    best: dict[str, dict[str, float]] = {}
+    for owner, row_scores, row_indices in zip(query_owners, scores, rows):
+        per_reference = best.setdefault(owner, {})
+        for score, row in zip(row_scores.tolist(), row_indices.tolist()):
+            if row < 0:
+                continue
+            reference = row_owners[row]
+            if score > per_reference.get(reference, -np.inf):
+                per_reference[reference] = score
+    query_ids = list(best)
+    ranked = [sorted(best[q].items(), key=lambda item: (-item[1], item[0]))[:k] for q in query_ids]
+    return query_ids, ranked
+
+
+def lce_normalization_bias(
+    auxiliary: DescriptorIndex, queries: DescriptorSet, query_preset: ViewPreset, k_start: int = 0, k_end: int = 9
+) -> dict[str, float]:
+    """Score normalisation bias per query image: the mean LCE score to its auxiliary neighbours k_start..k_end.
+
+    The supplementary's ``1 / (k_end - k_start + 1) * sum_k cos(z_i, z_kNN(i, k))`` with the LCE score
+    (best view pair) in place of the cosine; ranks are 0-based and inclusive.
+    """
+    if not 0 <= k_start <= k_end:
+        raise ConfigError(f"score normalisation needs 0 <= k_start <= k_end, got k_start={k_start}, k_end={k_end}")
+    auxiliary_images = len({owner_of(row, view_preset_of(auxiliary).name) for row in auxiliary.references.ids})
+    if auxiliary_images <= k_end:
+        raise ConfigError(f"score normalisation with k_end={k_end} needs more than {k_end} auxiliary images, "
+                          f"got {auxiliary_images}")
+    query_ids, ranked = search_views(auxiliary, queries, query_preset, k_end + 1)
+    return {q: float(np.mean([s for _, s in row[k_start : k_end + 1]])) for q, row in zip(query_ids, ranked)}
+
+
+def view_predictions(
+    index: DescriptorIndex,
+    queries: DescriptorSet,
+    query_preset: ViewPreset,
+    k: int,
+    auxiliary: DescriptorIndex | None = None,
+    alpha: float = 1.0,
+    k_start: int = 0,
+    k_end: int = 9,
+) -> list[Prediction]:
+    """Top-``k`` references per query by LCE score, score-normalised with ``auxiliary`` when given.
+
+    ``s_ij = lce(i, j) - alpha * bias_i`` (supplementary "Score Normalization"); without
+    ``auxiliary`` the score is the LCE cosine itself.
+    """
+    query_ids, ranked = search_views(index, queries, query_preset, k)
+    bias = lce_normalization_bias(auxiliary, queries, query_preset, k_start, k_end) if auxiliary is not None else {}
+    return [
+        Prediction(query_id, reference_id, float(score - alpha * bias.get(query_id, 0.0)))
+        for query_id, row in zip(query_ids, ranked)
+        for reference_id, score in row
+    ]
