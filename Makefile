@@ -4,22 +4,26 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed
 
-.PHONY: install test lint train bench demo clean
+.PHONY: install test lint train bench demo space space-bundle clean
 
 $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
 	$(PYTHON) -m pip install -q "setuptools>=70.1" wheel cython  # cython: pdqhash builds from source without isolation
-	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train]"
+	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train,space]"
+	@# the Space's browser test drives Debian's chromium (never a browser download); without it the test skips
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium could not be installed: the Space's browser test will skip"; fi
 	@touch $(STAMP)
 
 install: $(STAMP)
 
 test: install
-	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks
+	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces
 	$(PYTHON) -m pytest -q -x --timeout=900 tests
 
 lint: install
-	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks
+	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces
 
 # The training loop on its embedded default: a tiny CopyNCE descriptor trained on the bundled images.
 train: install
@@ -33,6 +37,21 @@ demo: install
 bench: install
 	$(PYTHON) scripts/bench_pixtrace.py
 	$(PYTHON) scripts/bench_dataloader.py
+
+# The Space (Compare / Search / Make a copy) on http://127.0.0.1:7860 with the embedded models;
+# COPYNCE_DESCRIPTOR / COPYNCE_MATCHER name other model folders or Hub ids.
+space: install
+	GRADIO_SERVER_NAME=$${GRADIO_SERVER_NAME:-127.0.0.1} $(PYTHON) spaces/copynce/app.py
+
+# The folder to upload as a Hugging Face Space: app.py, README.md, requirements.txt and the package.
+SPACE_BUNDLE ?= outputs/space
+space-bundle:
+	rm -rf $(SPACE_BUNDLE) && mkdir -p $(SPACE_BUNDLE)
+	cp spaces/copynce/app.py spaces/copynce/README.md spaces/copynce/requirements.txt $(SPACE_BUNDLE)/
+	cp -R copynce_hf $(SPACE_BUNDLE)/copynce_hf
+	cp -R model_cards $(SPACE_BUNDLE)/copynce_hf/model_cards
+	find $(SPACE_BUNDLE) -name __pycache__ -type d -prune -exec rm -rf {} +
+	@echo "Space folder: $(SPACE_BUNDLE) (upload it with: hf upload USER/SPACE $(SPACE_BUNDLE) . --repo-type space)"
 
 clean:
 	rm -f $(STAMP)

@@ -52,6 +52,8 @@ setup(
         # The authors' recipes (CopyRecipe.paper_descriptor / paper_matcher) draw their "additional"
         # photometric family from albumentations (set_random_seed: 2.0); it brings OpenCV, not torch.
         "train": ["albumentations>=2.0"],
+        # the Space (spaces/copynce/app.py) and its browser test (Playwright drives the system's chromium)
+        "space": ["gradio>=6,<7", "playwright>=1.40"],
     },
     entry_points={"console_scripts": ["copynce=copynce_hf.cli:main"]},
     classifiers=[

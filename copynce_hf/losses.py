@@ -12,6 +12,8 @@ the pixels of query patch ``i`` that land in reference patch ``j``, as produced 
 * :func:`info_nce_loss` -- the descriptor's InfoNCE baseline (CPC), symmetric, with
   negatives gathered over all processes.
 * :func:`koleo_loss` -- the KoLeo spreading regulariser (Sablayrolles et al. 2018).
+* :func:`paired_koleo_loss` -- KoLeo over the query and reference descriptors of all processes
+  together, each descriptor's own partner excluded (the authors' form).
 * :func:`copy_bce_loss` -- the matcher's binary cross-entropy baseline.
 * :func:`affinity_entropy` -- the paper's affinity entropy ``E_i`` (section
   "Visualization and Interpretability").
@@ -37,6 +39,7 @@ __all__ = [
     "info_nce_loss",
     "koleo_loss",
     "overlap_target",
+    "paired_koleo_loss",
     "token_affinity_logits",
 ]
 
@@ -45,6 +48,10 @@ __all__ = [
 _NOWHERE_TOLERANCE = 1e-5
 
 WEIGHTINGS = ("paper", "reference")
+#: Pairs the batch loss of CopyNCE is averaged over.
+AVERAGES = ("overlap_pairs", "all_pairs")
+#: InfoNCE negatives: the other view's descriptors only, or every other descriptor of the batch (SSCD).
+INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
 
 
 def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -180,6 +187,7 @@ def copynce_loss(
     gamma: float = 1.0,
     weighting: str = "paper",
     pair_mask: torch.Tensor | None = None,
+    average: str = "overlap_pairs",
 ) -> torch.Tensor:
     """Symmetric CopyNCE loss of a batch of copy pairs (paper equations "CopyNCE #3" and "CopyNCE").
 
@@ -212,10 +220,16 @@ def copynce_loss(
         gamma: confidence sharpening, ``>= 0`` or ``float('inf')`` (descriptor 3, matcher 1).
         weighting: ``"paper"`` or ``"reference"`` (see above).
         pair_mask: optional (B,) bool, pairs allowed to contribute (e.g. only positive pairs).
+        average: ``"overlap_pairs"``: the mean over the contributing pairs (above);
+            ``"all_pairs"`` (the authors' code): their sum divided by ``B``, every pair of the
+            batch counted (negatives and pairs without overlap contribute zero), so a batch with a
+            share ``s`` of contributing pairs weighs CopyNCE ``s`` times less.
 
     Returns:
         Scalar tensor (float32, or float64 for float64 tokens).
     """
+    if average not in AVERAGES:
+        raise CopyNCEError(f"average must be one of {AVERAGES}, got {average!r}")
     logits = token_affinity_logits(query_tokens, reference_tokens, temperature)
     batch = logits.shape[0]
     if overlap_rq.shape != logits.shape[:1] + logits.shape[2:0:-1]:
@@ -232,6 +246,8 @@ def copynce_loss(
     if not bool(valid.any()):
         # Zero with a gradient path through both token tensors (all gradients are zero).
         return 0.0 * pair_loss.sum()
+    if average == "all_pairs":
+        return pair_loss[valid].sum() / batch
     return pair_loss[valid].mean()
 
 
@@ -261,31 +277,49 @@ class _GatherRows(torch.autograd.Function):
         return grad[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _gathered(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(rows of every process (B * world, D), offset of this process's rows)``, differentiable."""
+    if _distributed():
+        return _GatherRows.apply(rows), dist.get_rank() * rows.shape[0]
+    return rows, 0
+
+
 def info_nce_loss(
     query_descriptors: torch.Tensor,
     reference_descriptors: torch.Tensor,
     logit_scale: torch.Tensor | float,
     max_scale: float = 100.0,
+    negatives: str = "cross_view",
 ) -> torch.Tensor:
     """Symmetric InfoNCE between the query and reference descriptors of a batch of copy pairs.
 
-    ``logits = min(exp(logit_scale), max_scale) * q @ r^T``; row ``b`` of the queries has its
-    own reference as the positive (the diagonal) and every other reference as a negative, and
-    likewise for the references against the queries. The loss is the mean of the two
-    cross-entropies (paper eq. "InfoNCE", used as the descriptor baseline with a learnable
-    log-scale initialised at 3.2, so ``exp = 24.5``; the clamp at 100 follows CLIP and stops
-    its gradient when reached).
+    ``logits = min(exp(logit_scale), max_scale) * cosine similarity`` (paper eq. "InfoNCE", used as
+    the descriptor baseline with a learnable log-scale initialised at 3.2, so ``exp = 24.5``; the
+    clamp at 100 follows CLIP and stops its gradient when reached). Two forms:
+
+    * ``negatives="cross_view"``: row ``b`` of the queries has its own reference as the positive
+      and every other reference as a negative, and likewise for the references against the
+      queries; the loss is the mean of the two cross-entropies (``N - 1`` negatives per anchor).
+    * ``negatives="all_embeddings"`` (SSCD's form, the authors' code): the ``2N`` descriptors of
+      the batch (queries and references) are all anchors; each one's positive is its partner and
+      every other descriptor but itself is a negative (``2N - 2`` negatives per anchor); the loss
+      is the mean cross-entropy over the ``2N`` anchors.
 
     When ``torch.distributed`` is initialised with more than one process, the descriptors of
-    all processes are gathered with gradients (an all-gather whose backward all-reduces),
-    the local rows are scored against the global batch and the positive of local row ``b`` is
-    global column ``rank * B + b``; every process must pass the same ``B``.
+    all processes are gathered with gradients (an all-gather whose backward all-reduces), the
+    local rows are scored against the global batch (``N`` = pairs of all processes) and the loss
+    is the mean over the local rows; every process must pass the same ``B``.
 
     Args:
         query_descriptors: (B, D), unit norm.
         reference_descriptors: (B, D), unit norm; row ``b`` is the copy pair of query ``b``.
         logit_scale: scalar tensor (learnable log of the inverse temperature) or float.
         max_scale: upper bound of ``exp(logit_scale)``.
+        negatives: ``"cross_view"`` or ``"all_embeddings"``.
 
     Returns:
         Scalar tensor.
@@ -295,21 +329,29 @@ def info_nce_loss(
             f"descriptors must both be (B, D) with equal shapes; got {tuple(query_descriptors.shape)} "
             f"and {tuple(reference_descriptors.shape)}"
         )
+    if negatives not in INFONCE_NEGATIVES:
+        raise CopyNCEError(f"negatives must be one of {INFONCE_NEGATIVES}, got {negatives!r}")
     batch = query_descriptors.shape[0]
     dtype = _compute_dtype(query_descriptors)
     queries = query_descriptors.to(dtype)
     references = reference_descriptors.to(dtype)
     scale = torch.as_tensor(logit_scale, dtype=dtype, device=queries.device).exp().clamp(max=max_scale)
-    rank = 0
-    all_queries, all_references = queries, references
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        rank = dist.get_rank()
-        all_queries = _GatherRows.apply(queries)  # (B * world, D)
-        all_references = _GatherRows.apply(references)
-    targets = torch.arange(batch, device=queries.device) + rank * batch
-    logits_qr = scale * queries @ all_references.T  # (B, B * world)
-    logits_rq = scale * references @ all_queries.T
-    return 0.5 * (F.cross_entropy(logits_qr, targets) + F.cross_entropy(logits_rq, targets))
+    all_queries, offset = _gathered(queries)  # (N, D)
+    all_references, _ = _gathered(references)
+    targets = torch.arange(batch, device=queries.device) + offset
+    if negatives == "cross_view":
+        logits_qr = scale * queries @ all_references.T  # (B, N)
+        logits_rq = scale * references @ all_queries.T
+        return 0.5 * (F.cross_entropy(logits_qr, targets) + F.cross_entropy(logits_rq, targets))
+    total = all_queries.shape[0]
+    columns = torch.cat([all_queries, all_references])  # (2N, D): queries, then references
+    rows = torch.cat([queries, references])  # (2B, D)
+    own = torch.cat([targets, targets + total])  # each row's own column
+    partner = torch.cat([targets + total, targets])
+    logits = scale * rows @ columns.T  # (2B, 2N)
+    itself = torch.zeros_like(logits, dtype=torch.bool)
+    itself[torch.arange(2 * batch, device=logits.device), own] = True
+    return F.cross_entropy(logits.masked_fill(itself, float("-inf")), partner)
 
 
 def koleo_loss(descriptors: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -335,6 +377,54 @@ def koleo_loss(descriptors: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
         similarity.fill_diagonal_(-float("inf"))
         nearest = similarity.argmax(dim=1)  # on the unit sphere, max cosine = min distance
     distances = (x - x[nearest]).norm(dim=-1)
+    return -torch.log(distances + eps).mean()
+
+
+def paired_koleo_loss(
+    query_descriptors: torch.Tensor, reference_descriptors: torch.Tensor, eps: float = 1e-8
+) -> torch.Tensor:
+    """KoLeo over all ``2N`` descriptors of the batch, each descriptor's partner excluded.
+
+    The queries and references of every process (gathered with gradients, as in
+    :func:`info_nce_loss`) form one set of ``2N`` L2-normalised descriptors; for each local
+    descriptor ``x_b`` the nearest other descriptor is searched among them, excluding ``x_b``
+    itself and its partner (the other view of its copy pair, which it should be close to), and
+    the loss is ``-mean_b log(||x_b - x_nn(b)|| + eps)`` over the local ``2B`` descriptors. With
+    fewer than two pairs in the global batch there is no candidate and the loss is zero (with a
+    gradient path).
+
+    Args:
+        query_descriptors: (B, D).
+        reference_descriptors: (B, D); row ``b`` is the partner of query ``b``.
+        eps: added to the distance inside the log.
+
+    Returns:
+        Scalar tensor.
+    """
+    if query_descriptors.dim() != 2 or query_descriptors.shape != reference_descriptors.shape:
+        raise CopyNCEError(f"KoLeo needs two (B, D) descriptor sets of one shape, got "
+                           f"{tuple(query_descriptors.shape)} and {tuple(reference_descriptors.shape)}")
+    dtype = _compute_dtype(query_descriptors)
+    queries = F.normalize(query_descriptors.to(dtype), dim=-1)
+    references = F.normalize(reference_descriptors.to(dtype), dim=-1)
+    batch = queries.shape[0]
+    all_queries, offset = _gathered(queries)
+    all_references, _ = _gathered(references)
+    total = all_queries.shape[0]
+    rows = torch.cat([queries, references])  # (2B, D)
+    if total < 2:
+        return 0.0 * rows.sum()
+    columns = torch.cat([all_queries, all_references])  # (2N, D)
+    local = torch.arange(batch, device=rows.device) + offset
+    own = torch.cat([local, local + total])
+    partner = torch.cat([local + total, local])
+    with torch.no_grad():
+        similarity = rows @ columns.T
+        index = torch.arange(2 * batch, device=rows.device)
+        similarity[index, own] = -float("inf")
+        similarity[index, partner] = -float("inf")
+        nearest = similarity.argmax(dim=1)  # on the unit sphere, max cosine = min distance
+    distances = (rows - columns[nearest]).norm(dim=-1)
     return -torch.log(distances + eps).mean()
 
 

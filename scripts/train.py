@@ -147,7 +147,7 @@ class TrainingData:
     def __init__(self, config: TrainingConfig, accelerator: Accelerator, image_size: int, patch_size: int):
         self.config = config
         self.accelerator = accelerator
-        self.collator = PixTraceCollator(image_size, patch_size)
+        self.collator = PixTraceCollator(image_size, patch_size, reverse_prior=config.copynce_reverse_prior)
         maker = CopyPairMaker(image_size, config.query_recipe, config.reference_recipe, config.max_source_side)
         mining = config.resolved("hard_negative_mining")
         streaming = config.streaming
@@ -182,8 +182,9 @@ class TrainingData:
                 hard_negative_prob=config.resolved("hard_negative_prob"))
             self.num_rows = len(images)
         else:
-            if config.knn_graph:
-                raise ConfigError("knn_graph needs random access to the images: set streaming false")
+            if config.knn_graph or config.hard_negative_slots:
+                raise ConfigError("knn_graph and hard_negative_slots need random access to the images: set "
+                                  "streaming false")
             images = load_image_dataset(config.dataset, config.dataset_split, streaming=True,
                                         image_column=config.image_column, id_column=config.id_column)
             if config.num_eval_images:
@@ -203,7 +204,7 @@ class TrainingData:
                 self.num_rows, per_process, seed=config.seed, num_processes=processes,
                 process_index=accelerator.process_index, knn=knn if mining == "ghnm" else None,
                 hard_negative_k=config.resolved("hard_negative_k"),
-                hard_negative_prob=config.resolved("hard_negative_prob"))
+                hard_negative_prob=config.resolved("hard_negative_prob"), paired_slots=config.hard_negative_slots)
             self.steps_per_epoch = self.sampler.batches_per_epoch / config.gradient_accumulation_steps
         elif self.num_rows:
             self.steps_per_epoch = self.num_rows / (per_process * processes * config.gradient_accumulation_steps)
@@ -306,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if not accelerator.is_main_process:
         logging.getLogger("copynce_hf").setLevel(logging.ERROR)
+    # The precision in effect: the config's when it names one, else accelerate launch's / accelerate config's.
+    logger.info("mixed precision: %s (%s)", accelerator.mixed_precision,
+                "from the configuration" if config.mixed_precision else "from accelerate launch / accelerate config")
+    config = dataclasses.replace(config, mixed_precision=str(accelerator.mixed_precision))
     set_seed(config.seed)
     started = time.perf_counter()
 
@@ -344,10 +349,11 @@ def main(argv: list[str] | None = None) -> dict:
                                          seed=config.seed + 7919)
     if accelerator.is_main_process:
         logger.info(
-            "training a %s for %d steps (warm-up %d) on %s: %d processes x %d pairs x %d accumulation, "
+            "training a %s for %d steps (warm-up %d) on %s: %d processes x %d %s x %d accumulation, "
             "lr %.3g (base %.3g)", config.model_type, total_steps, warmup, config.dataset or "the bundled images",
-            accelerator.num_processes, config.per_device_train_batch_size, config.gradient_accumulation_steps,
-            learning_rate, config.learning_rate)
+            accelerator.num_processes, config.per_device_train_batch_size,
+            "slots of 2 pairs (anchor, hard negative)" if config.hard_negative_slots else "pairs",
+            config.gradient_accumulation_steps, learning_rate, config.learning_rate)
 
     def evaluate() -> dict[str, float]:
         metrics = {}
@@ -452,8 +458,10 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {
         "model_type": config.model_type,
         "steps": progress.step,
-        "pairs_per_process": progress.micro_batches * config.per_device_train_batch_size,
+        "pairs_per_process": progress.micro_batches * config.per_device_train_batch_size
+        * (2 if config.hard_negative_slots else 1),
         "num_processes": accelerator.num_processes,
+        "mixed_precision": config.mixed_precision,
         "learning_rate": learning_rate,
         "warmup_steps": warmup,
         "skipped_images": progress.skipped_images,

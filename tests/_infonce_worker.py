@@ -28,18 +28,29 @@ def load_losses():
     return importlib.import_module("_copynce_losses_only.losses")
 
 
+#: The gathered losses the worker computes: InfoNCE of both forms, then the paired KoLeo.
+FORMS = ("cross_view", "all_embeddings", "paired_koleo")
+
+
 def distributed_worker(rank: int, world: int, port: int, q: torch.Tensor, r: torch.Tensor, folder: str) -> None:
-    """One process of a gloo group: InfoNCE on its slice of the batch, loss and gradients to ``folder``."""
+    """One process of a gloo group: each loss of :data:`FORMS` on its slice of the batch; losses and
+    gradients to ``folder``."""
     losses = load_losses()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
         batch = q.shape[0] // world
-        local_q = q[rank * batch:(rank + 1) * batch].clone().requires_grad_()
-        local_r = r[rank * batch:(rank + 1) * batch].clone().requires_grad_()
-        loss = losses.info_nce_loss(local_q, local_r, 3.2)
-        loss.backward()
-        torch.save((loss.detach(), local_q.grad, local_r.grad), os.path.join(folder, f"rank{rank}.pt"))
+        results = {}
+        for form in FORMS:
+            local_q = q[rank * batch:(rank + 1) * batch].clone().requires_grad_()
+            local_r = r[rank * batch:(rank + 1) * batch].clone().requires_grad_()
+            if form == "paired_koleo":
+                loss = losses.paired_koleo_loss(local_q, local_r)
+            else:
+                loss = losses.info_nce_loss(local_q, local_r, 3.2, negatives=form)
+            loss.backward()
+            results[form] = (loss.detach(), local_q.grad, local_r.grad)
+        torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
     finally:
         torch.distributed.destroy_process_group()

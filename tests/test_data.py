@@ -279,3 +279,25 @@ def test_ghnm_sampler_algorithm_1_sharding_and_resume():
     assert list(resumed) == list(sampler)[6:]
     with pytest.raises(ConfigError, match="even"):
         CopyPairBatchSampler(40, 7, knn=graph)
+
+
+def test_paired_slots_give_each_anchor_and_its_hard_negative():
+    rng = np.random.default_rng(3)
+    ids = [str(i) for i in range(40)]
+    graph = build_knn_graph(rng.normal(size=(40, 8)).astype(np.float32), ids, k=8)
+    # 3 slots per process (odd is fine), 2 processes: 6 pairs per process, 6 anchors per global batch.
+    first = CopyPairBatchSampler(40, 3, seed=5, num_processes=2, process_index=0, knn=graph, num_batches=4,
+                                 paired_slots=True)
+    second = CopyPairBatchSampler(40, 3, seed=5, num_processes=2, process_index=1, knn=graph, num_batches=4,
+                                  paired_slots=True)
+    assert first.pairs_per_process == 6 and first.batches_per_epoch == 40 / 6
+    for ours, theirs, b in zip(first, second, range(4)):
+        assert len(ours) == len(theirs) == 6
+        batch = [k.index for k in ours] + [k.index for k in theirs]
+        assert batch == first.global_batch(b) and len(set(batch)) == 12
+        for local in (ours, theirs):  # every process holds whole (anchor, hard negative) couples
+            for x, x_hn in zip(local[0::2], local[1::2]):
+                assert x_hn.index in graph.neighbors[x.index, :8].tolist()
+    # Without a graph the slot still yields two pairs (the partner random): the batch keeps its size.
+    plain = CopyPairBatchSampler(40, 3, seed=5, num_batches=2, paired_slots=True)
+    assert [len(keys) for keys in plain] == [6, 6]

@@ -17,6 +17,7 @@ from copynce_hf.losses import (
     copynce_loss,
     info_nce_loss,
     koleo_loss,
+    paired_koleo_loss,
 )
 
 INF = float("inf")
@@ -292,6 +293,39 @@ def test_info_nce_matches_hand_formula():
     assert info_nce_loss(q, r, 6.0).item() == pytest.approx(info_nce_loss(q, r, math.log(100.0)).item())
 
 
+def test_sscd_info_nce_over_all_embeddings_matches_brute_force():
+    g = torch.Generator().manual_seed(14)
+    q, r = _unit(g, 4, 6), _unit(g, 4, 6)
+    scale = math.exp(3.2)
+    embeddings = torch.cat([q, r])  # 2N: every one an anchor, its partner the positive, itself excluded
+    expected = 0.0
+    for i in range(8):
+        partner = (i + 4) % 8
+        logits = [scale * float(embeddings[i] @ embeddings[j]) for j in range(8) if j != i]
+        positive = scale * float(embeddings[i] @ embeddings[partner])
+        expected += -(positive - math.log(sum(math.exp(v) for v in logits)))
+    expected /= 8
+    assert info_nce_loss(q, r, 3.2, negatives="all_embeddings").item() == pytest.approx(expected, rel=1e-10)
+    with pytest.raises(CopyNCEError, match="negatives"):
+        info_nce_loss(q, r, 3.2, negatives="both")
+
+
+def test_paired_koleo_excludes_itself_and_its_partner():
+    g = torch.Generator().manual_seed(15)
+    q = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    r = q + 0.01 * torch.randn(5, 4, generator=g, dtype=torch.float64)  # partners are the nearest: excluded
+    unit = F.normalize(torch.cat([q, r]), dim=-1).numpy()
+    expected = 0.0
+    for i in range(10):
+        others = [np.linalg.norm(unit[i] - unit[j]) for j in range(10) if j not in (i, (i + 5) % 10)]
+        expected += -math.log(min(others) + 1e-8)
+    expected /= 10
+    assert paired_koleo_loss(q, r).item() == pytest.approx(expected, rel=1e-10)
+    single = paired_koleo_loss(q[:1].requires_grad_(), r[:1])
+    assert single.item() == 0.0
+    single.backward()
+
+
 def test_koleo_matches_hand_formula():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(6, 4, generator=g, dtype=torch.float64)
@@ -356,19 +390,28 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_info_nce_gathers_negatives_across_processes(tmp_path):
+    """Both InfoNCE forms and the paired KoLeo over two gloo processes equal the single-process global values."""
     import torch.multiprocessing as mp
-    from _infonce_worker import distributed_worker
+    from _infonce_worker import FORMS, distributed_worker
 
     g = torch.Generator().manual_seed(7)
     q, r = _unit(g, 6, 4), _unit(g, 6, 4)
     mp.start_processes(distributed_worker, args=(2, _free_port(), q, r, str(tmp_path)), nprocs=2,
                        join=True, start_method="spawn")
-    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    for form in FORMS:
+        _check_gathered(q, r, form, [ranks[form] for ranks in saved])
+
+
+def _check_gathered(q, r, form, results):
     # Each process averages over its own rows; DDP averages the processes: the mean of the two
     # losses (and the sum of the gradients over processes / 2) is the single-process global loss.
     global_q = q.clone().requires_grad_()
     global_r = r.clone().requires_grad_()
-    global_loss = info_nce_loss(global_q, global_r, 3.2)
+    if form == "paired_koleo":
+        global_loss = paired_koleo_loss(global_q, global_r)
+    else:
+        global_loss = info_nce_loss(global_q, global_r, 3.2, negatives=form)
     global_loss.backward()
     mean_loss = (results[0][0] + results[1][0]) / 2
     assert mean_loss.item() == pytest.approx(global_loss.item(), rel=1e-10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import runpy
 import shutil
@@ -255,7 +256,7 @@ def test_two_processes_gloo_agree_on_weights(tmp_path, images):
 
 
 # ---------------------------------------------------------------------------------------------- GHNM, streaming
-def test_build_knn_then_ghnm_training(tmp_path, images, train_script):
+def test_build_knn_then_ghnm_training(tmp_path, images, train_script, monkeypatch):
     from transformers import ViTConfig, ViTModel
 
     vit = tmp_path / "vit"
@@ -269,9 +270,26 @@ def test_build_knn_then_ghnm_training(tmp_path, images, train_script):
     graph = KNNGraph.load(path)
     assert len(graph.ids) == 12 and graph.neighbors.shape == (12, 3)
     assert all(row not in graph.neighbors[row] for row in range(12)) and (graph.neighbors >= 0).all()
+    # accelerate launch --mixed_precision bf16 sets this; an explicit value in the config still wins.
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     summary = train_script.main(_tiny(images, tmp_path / "ghnm", "--max_steps", "3", "--knn_graph", str(path),
-                                      "--hard_negative_mining", "ghnm", "--hard_negative_k", "3"))
-    assert summary["steps"] == 3
+                                      "--hard_negative_mining", "ghnm", "--hard_negative_k", "3",
+                                      "--mixed_precision", "no"))
+    assert summary["steps"] == 3 and summary["pairs_per_process"] == 24 and summary["mixed_precision"] == "no"
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # a new run in a new process would start from a fresh state
+    # The authors' batch structure: 4 slots of (anchor pair, hard-negative pair), SSCD InfoNCE over
+    # all 2N descriptors, KoLeo over all of them; precision from the launcher (config null).
+    summary = train_script.main(_tiny(images, tmp_path / "slots", "--max_steps", "3", "--knn_graph", str(path),
+                                      "--hard_negative_mining", "ghnm", "--hard_negative_k", "3",
+                                      "--hard_negative_slots", "true", "--per_device_train_batch_size", "4",
+                                      "--model.infonce_negatives", "all_embeddings",
+                                      "--model.koleo_scope", "all_embeddings"))
+    assert summary["steps"] == 3 and summary["pairs_per_process"] == 24 and summary["mixed_precision"] == "bf16"
+    assert all(math.isfinite(h["train/loss"]) for h in summary["history"] if "train/loss" in h)
+    saved = json.loads(next((tmp_path / "slots").rglob("config.json")).read_text())
+    assert saved["infonce_negatives"] == "all_embeddings" and saved["koleo_scope"] == "all_embeddings"
 
 
 def test_build_knn_default_model_offline_is_a_clear_error(monkeypatch):

@@ -19,6 +19,7 @@ from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..errors import ConfigError
 from ..pixtrace import CoordinateTable, pair_overlaps
+from ..pixtrace.overlap import REVERSE_PRIORS
 
 __all__ = ["CopyPair", "PIXEL_KEYS", "PixTraceCollator", "normalize_pixel_values"]
 
@@ -80,7 +81,9 @@ class PixTraceCollator:
     - ``labels`` float32 (B,): 1 for copies, 0 for negatives;
     - ``overlap_qr`` float32 (B, L, L): the paper's q-hat from query patches to reference patches,
       ``pair_overlaps(query_table, reference_table, patch_size)[0]``; zero for negative pairs;
-    - ``overlap_rq`` float32 (B, L, L): the same from reference patches to query patches;
+    - ``overlap_rq`` float32 (B, L, L): the same from reference patches to query patches (the exact
+      inverse, or with ``reverse_prior="scatter"`` the authors' scatter inverse of the query's table,
+      see :func:`copynce_hf.pixtrace.overlap.scatter_reverse_overlap`);
     - ``pair_mask`` bool (B,): positive pairs with at least one overlapping patch in both directions
       (the pairs CopyNCE is computed on);
     - ``num_skipped_images`` int64 scalar (only with ``report_skipped=True``): unreadable images
@@ -100,6 +103,7 @@ class PixTraceCollator:
         image_std: Sequence[float] = IMAGENET_DEFAULT_STD,
         compute_overlaps: bool = True,
         report_skipped: bool = True,
+        reverse_prior: str = "exact",
     ):
         if image_size % patch_size:
             raise ConfigError(f"image_size={image_size} must be a multiple of patch_size={patch_size}")
@@ -110,6 +114,9 @@ class PixTraceCollator:
         self.image_std = tuple(float(v) for v in image_std)
         self.compute_overlaps = compute_overlaps
         self.report_skipped = report_skipped
+        if reverse_prior not in REVERSE_PRIORS:
+            raise ConfigError(f"reverse_prior={reverse_prior!r} must be one of {REVERSE_PRIORS}")
+        self.reverse_prior = reverse_prior
 
     # ------------------------------------------------------------------ per pair
     def pixels(self, image: Image.Image) -> np.ndarray:
@@ -123,7 +130,7 @@ class PixTraceCollator:
     def overlaps(self, pair: CopyPair) -> tuple[np.ndarray, np.ndarray] | None:
         """``(overlap_qr (L, L), overlap_rq (L, L))`` of a pair; ``None`` (zeros) for negatives and untraced pairs."""
         if pair.label and self.compute_overlaps and pair.query_table is not None and pair.reference_table is not None:
-            return pair_overlaps(pair.query_table, pair.reference_table, self.patch_size)
+            return pair_overlaps(pair.query_table, pair.reference_table, self.patch_size, self.reverse_prior)
         return None
 
     def stack_images(self, images: Sequence[Image.Image]) -> torch.Tensor:

@@ -157,6 +157,11 @@ class CopyPairBatchSampler:
     of its ``k`` nearest neighbours ``x_hn`` (with probability ``hard_negative_prob``, else another
     random image), avoiding images already in the batch.
 
+    With ``paired_slots`` (the authors' batch structure) every one of the ``B`` slots of a process
+    yields two pairs, an anchor's and its hard negative's: a global batch takes ``B * P``
+    anchors and has ``2 * B * P`` pairs, each process ``2 * B`` (its anchors with their
+    negatives). Without a graph the partner is a random image, so the batch keeps its size.
+
     Args:
         num_images: rows of the image dataset.
         batch_size: pairs per process and per batch (``per_device_train_batch_size``).
@@ -167,6 +172,7 @@ class CopyPairBatchSampler:
         hard_negative_prob: probability that an anchor's partner is a k-NN neighbour (1.0).
         start_batch: first global batch to yield (resume).
         num_batches: global batches to yield in total (``None``: endless).
+        paired_slots: each slot yields the anchor's pair and its hard negative's pair (see above).
     """
 
     def __init__(
@@ -181,12 +187,13 @@ class CopyPairBatchSampler:
         hard_negative_prob: float = 1.0,
         start_batch: int = 0,
         num_batches: int | None = None,
+        paired_slots: bool = False,
     ):
         if num_images < 2:
             raise ConfigError(f"the training set needs at least 2 readable images, got {num_images}")
         if batch_size < 1:
             raise ConfigError(f"per_device_train_batch_size={batch_size} must be >= 1")
-        if knn is not None and batch_size % 2:
+        if knn is not None and batch_size % 2 and not paired_slots:
             raise ConfigError(f"per_device_train_batch_size={batch_size} must be even with GHNM (pairs of x, x_hn)")
         if knn is not None and len(knn.ids) != num_images:
             raise ConfigError("the knn graph must be aligned to the training dataset (KNNGraph.aligned_to)")
@@ -202,8 +209,12 @@ class CopyPairBatchSampler:
         self.hard_negative_prob = hard_negative_prob
         self.start_batch = start_batch
         self.num_batches = num_batches
-        self.global_batch_size = batch_size * num_processes
-        self.anchors_per_batch = self.global_batch_size // 2 if knn is not None else self.global_batch_size
+        self.paired_slots = bool(paired_slots)
+        #: Pairs each process gets per batch.
+        self.pairs_per_process = batch_size * (2 if self.paired_slots else 1)
+        self.global_batch_size = self.pairs_per_process * num_processes
+        mining = knn is not None or self.paired_slots
+        self.anchors_per_batch = self.global_batch_size // 2 if mining else self.global_batch_size
 
     @property
     def batches_per_epoch(self) -> float:
@@ -231,7 +242,7 @@ class CopyPairBatchSampler:
     def global_batch(self, batch: int) -> list[int]:
         """Image indices of global batch ``batch`` (all processes), in slot order."""
         anchors = self._anchors(batch)
-        if self.knn is None:
+        if self.knn is None and not self.paired_slots:
             return [int(a) for a in anchors]
         rng = np.random.default_rng([self.seed, 0x6A11, batch])
         chosen: list[int] = []
@@ -239,7 +250,7 @@ class CopyPairBatchSampler:
         for anchor in anchors:
             anchor = int(anchor)
             partner = -1
-            if rng.random() < self.hard_negative_prob:
+            if self.knn is not None and rng.random() < self.hard_negative_prob:
                 candidates = [int(n) for n in self.knn.neighbors[anchor, : self.hard_negative_k]
                               if n >= 0 and int(n) not in taken]
                 if candidates:
@@ -255,8 +266,9 @@ class CopyPairBatchSampler:
 
     def __iter__(self) -> Iterator[list[PairKey]]:
         batch = self.start_batch
-        lo = self.process_index * self.batch_size
+        size = self.pairs_per_process
+        lo = self.process_index * size
         while self.num_batches is None or batch < self.num_batches:
             images = self.global_batch(batch)
-            yield [PairKey(batch, slot, images[slot]) for slot in range(lo, lo + self.batch_size)]
+            yield [PairKey(batch, slot, images[slot]) for slot in range(lo, lo + size)]
             batch += 1

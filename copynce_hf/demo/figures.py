@@ -8,31 +8,30 @@ knows about a copy pair (paper, section "PixTrace Pipeline"), at the model's inp
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["save_overlap_figure", "save_thumbnail"]
+__all__ = ["figure_image", "overlap_figure", "save_overlap_figure", "save_thumbnail"]
 
 
-def save_overlap_figure(
+def overlap_figure(
     query_image: Image.Image,
     reference_image: Image.Image,
     overlap_qr: np.ndarray,
     patch: tuple[int, int],
     patch_size: int,
-    path: str | Path,
     title: str = "",
-) -> Path:
-    """Draw the overlap prior of a pair as two heatmaps and write a PNG.
+):
+    """Draw the overlap prior of a pair as two heatmaps: a matplotlib ``Figure``.
 
     Args:
         query_image, reference_image: both resized to the model input (W, H).
         overlap_qr: float32 (L_q, L_r), the prior ``q-hat`` of :func:`copynce_hf.pixtrace.pair_overlaps`.
         patch: (row, col) of the probe query patch.
         patch_size: pixels per patch side.
-        path: output PNG.
 
     Left: the query, each patch shaded by the fraction of its pixels copied from the reference
     (row sums of the prior; 0 = overlay, background or padding). Right: the reference, shaded by
@@ -70,10 +69,33 @@ def save_overlap_figure(
         axes.set_axis_off()
     if title:
         figure.suptitle(title)
+    return figure
+
+
+def save_overlap_figure(
+    query_image: Image.Image,
+    reference_image: Image.Image,
+    overlap_qr: np.ndarray,
+    patch: tuple[int, int],
+    patch_size: int,
+    path: str | Path,
+    title: str = "",
+) -> Path:
+    """Write the :func:`overlap_figure` of a pair as a PNG at ``path``."""
+    figure = overlap_figure(query_image, reference_image, overlap_qr, patch, patch_size, title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, bbox_inches="tight")
     return path
+
+
+def figure_image(figure) -> Image.Image:
+    """A matplotlib figure rendered to an RGB PIL image (tight bounding box, the figure's dpi)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        return image.convert("RGB")
 
 
 def save_thumbnail(image: Image.Image, path: str | Path, max_side: int = 160) -> Path:

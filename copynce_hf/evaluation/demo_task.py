@@ -65,6 +65,7 @@ __all__ = [
     "DemoTask",
     "DemoTaskConfig",
     "build_demo_task",
+    "input_overlap",
     "probe_patch",
     "traced_patches",
     "true_pair_overlap",
@@ -418,10 +419,27 @@ def true_pair_overlap(query: DemoQuery, reference_size: tuple[int, int], image_s
     """
     if not query.is_copy:
         raise ConfigError(f"query {query.query_id} is a distractor: it has no true reference")
-    query_table = query.table.resize(image_size, image_size)
-    reference_table = CoordinateTable.identity(*reference_size).resize(image_size, image_size)
-    overlap_qr, _ = pair_overlaps(query_table, reference_table, patch_size)
-    return overlap_qr
+    return input_overlap(query.table, reference_size, image_size, patch_size)
+
+
+def input_overlap(table: CoordinateTable, original_size: tuple[int, int], image_size: int,
+                  patch_size: int) -> np.ndarray:
+    """PixTrace overlap prior of an edited copy with its original, both resized to the model input.
+
+    Args:
+        table: the copy's :class:`CoordinateTable` to the original.
+        original_size: (H, W) of the original.
+        image_size: side of the square model input both images are resized to.
+        patch_size: pixels per patch side.
+
+    Returns:
+        float32 (L, L) with ``L = (image_size // patch_size) ** 2``: entry (i, j) is the fraction of
+        copy patch i's pixels that come from original patch j (paper, "CopyNCE Loss", q-hat).
+    """
+    copy_table = table.resize(image_size, image_size)
+    original_table = CoordinateTable.identity(*original_size).resize(image_size, image_size)
+    overlap, _ = pair_overlaps(copy_table, original_table, patch_size)
+    return overlap
 
 
 def traced_patches(table: CoordinateTable, image_size: int, patch_size: int) -> np.ndarray:

@@ -27,6 +27,11 @@ except ImportError:  # inside a saved model folder loaded with trust_remote_code
 __all__ = ["CopyNCEDescriptorConfig", "CopyNCEMatcherConfig", "ConfigError"]
 
 COPYNCE_WEIGHTINGS = ("paper", "reference")
+#: InfoNCE negatives (``copynce_hf.losses.info_nce_loss``) and KoLeo scopes of the descriptor.
+INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
+KOLEO_SCOPES = ("per_view", "all_embeddings")
+#: Pairs CopyNCE's batch loss is averaged over (``copynce_hf.losses.copynce_loss``).
+COPYNCE_AVERAGES = ("overlap_pairs", "all_pairs")
 
 
 def _check(condition: bool, key: str, value, requirement: str) -> None:
@@ -135,6 +140,8 @@ class _CopyNCEViTConfig(PretrainedConfig):
         _check_non_negative("copynce_weight", self.copynce_weight)
         _check(self.copynce_weighting in COPYNCE_WEIGHTINGS, "copynce_weighting", self.copynce_weighting,
                f"must be one of {COPYNCE_WEIGHTINGS}")
+        _check(self.copynce_average in COPYNCE_AVERAGES, "copynce_average", self.copynce_average,
+               f"must be one of {COPYNCE_AVERAGES}")
 
 
 class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
@@ -153,9 +160,17 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
             the end; -1 (the last block, after the final LayerNorm) as in the paper.
         copynce_weighting: "paper" (the paper's equations) or "reference" (the authors' code),
             see :func:`copynce_hf.losses.copynce_loss`.
+        copynce_average: "overlap_pairs" (the batch loss is the mean over the copy pairs with
+            overlap) or "all_pairs" (the authors' code: their sum over all pairs of the batch).
         logit_scale_init: initial value of InfoNCE's learnable log-scale (3.2, i.e. scale 24.5).
         infonce_weight: weight of InfoNCE (1).
+        infonce_negatives: "cross_view" (each query against the batch's references and each
+            reference against its queries) or "all_embeddings" (SSCD's form, the authors' code: each
+            of the 2N descriptors against all others, its partner the positive).
         koleo_weight: weight of KoLeo (5).
+        koleo_scope: "per_view" (KoLeo of the local queries and of the local references, averaged)
+            or "all_embeddings" (the authors' code: over the 2N descriptors of all processes, each
+            one's partner excluded from its neighbours), see :func:`copynce_hf.losses.paired_koleo_loss`.
     """
 
     model_type = "copynce-descriptor"
@@ -168,17 +183,23 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
         copynce_gamma: float = 3.0,
         copynce_layer: int = -1,
         copynce_weighting: str = "paper",
+        copynce_average: str = "overlap_pairs",
         logit_scale_init: float = 3.2,
         infonce_weight: float = 1.0,
         koleo_weight: float = 5.0,
+        infonce_negatives: str = "cross_view",
+        koleo_scope: str = "per_view",
         **kwargs,
     ):
         self.descriptor_dim = descriptor_dim
+        self.infonce_negatives = infonce_negatives
+        self.koleo_scope = koleo_scope
         self.copynce_temperature = copynce_temperature
         self.copynce_weight = copynce_weight
         self.copynce_gamma = copynce_gamma
         self.copynce_layer = copynce_layer
         self.copynce_weighting = copynce_weighting
+        self.copynce_average = copynce_average
         self.logit_scale_init = logit_scale_init
         self.infonce_weight = infonce_weight
         self.koleo_weight = koleo_weight
@@ -193,6 +214,9 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
                "logit_scale_init", logit_scale_init, "must be a finite number")
         _check_non_negative("infonce_weight", infonce_weight)
         _check_non_negative("koleo_weight", koleo_weight)
+        _check(infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", infonce_negatives,
+               f"must be one of {INFONCE_NEGATIVES}")
+        _check(koleo_scope in KOLEO_SCOPES, "koleo_scope", koleo_scope, f"must be one of {KOLEO_SCOPES}")
 
     @property
     def copynce_block_index(self) -> int:
@@ -215,6 +239,8 @@ class CopyNCEMatcherConfig(_CopyNCEViTConfig):
         copynce_weight: ``w_NCE`` (3 for the matcher; 0 trains the BCE baseline).
         copynce_gamma: ``gamma`` (1 for the matcher).
         copynce_weighting: "paper" or "reference", see :func:`copynce_hf.losses.copynce_loss`.
+        copynce_average: "overlap_pairs" or "all_pairs" (the authors' code: negatives count too),
+            see :func:`copynce_hf.losses.copynce_loss`.
         bce_weight: weight of the binary cross-entropy (1).
     """
 
@@ -227,6 +253,7 @@ class CopyNCEMatcherConfig(_CopyNCEViTConfig):
         copynce_weight: float = 3.0,
         copynce_gamma: float = 1.0,
         copynce_weighting: str = "paper",
+        copynce_average: str = "overlap_pairs",
         bce_weight: float = 1.0,
         **kwargs,
     ):
@@ -235,6 +262,7 @@ class CopyNCEMatcherConfig(_CopyNCEViTConfig):
         self.copynce_weight = copynce_weight
         self.copynce_gamma = copynce_gamma
         self.copynce_weighting = copynce_weighting
+        self.copynce_average = copynce_average
         self.bce_weight = bce_weight
         super().__init__(**kwargs)
         _check_positive_int("num_fusion_layers", num_fusion_layers)

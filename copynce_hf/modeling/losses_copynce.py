@@ -9,6 +9,14 @@ carries the real loss code under this module's name.
 """
 
 from copynce_hf.errors import CopyNCEError
-from copynce_hf.losses import affinity_entropy, copy_bce_loss, copynce_loss, info_nce_loss, koleo_loss
+from copynce_hf.losses import (
+    affinity_entropy,
+    copy_bce_loss,
+    copynce_loss,
+    info_nce_loss,
+    koleo_loss,
+    paired_koleo_loss,
+)
 
-__all__ = ["CopyNCEError", "affinity_entropy", "copy_bce_loss", "copynce_loss", "info_nce_loss", "koleo_loss"]
+__all__ = ["CopyNCEError", "affinity_entropy", "copy_bce_loss", "copynce_loss", "info_nce_loss", "koleo_loss",
+           "paired_koleo_loss"]

@@ -36,7 +36,14 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput, logging
 
 from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig
-from .losses_copynce import CopyNCEError, copy_bce_loss, copynce_loss, info_nce_loss, koleo_loss
+from .losses_copynce import (
+    CopyNCEError,
+    copy_bce_loss,
+    copynce_loss,
+    info_nce_loss,
+    koleo_loss,
+    paired_koleo_loss,
+)
 
 try:  # transformers >= 5: initialisers that leave weights loaded from a checkpoint untouched
     from transformers import initialization as init
@@ -511,8 +518,11 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
                     "the descriptor trains on copy pairs only (InfoNCE takes row b of the references as the "
                     "positive of query b), but labels contain non-copy pairs; use the matcher for labelled pairs"
                 )
-            infonce = info_nce_loss(descriptors, reference_descriptors, self.logit_scale)
-            if batch >= 2:
+            infonce = info_nce_loss(descriptors, reference_descriptors, self.logit_scale,
+                                    negatives=self.config.infonce_negatives)
+            if self.config.koleo_scope == "all_embeddings":
+                koleo = paired_koleo_loss(descriptors, reference_descriptors)
+            elif batch >= 2:
                 koleo = 0.5 * (koleo_loss(descriptors) + koleo_loss(reference_descriptors))
             else:
                 koleo = descriptors.sum() * 0.0
@@ -553,6 +563,7 @@ def _configured_copynce(config, query_tokens, reference_tokens, overlap_qr, over
         temperature=config.copynce_temperature,
         gamma=config.copynce_gamma,
         weighting=config.copynce_weighting,
+        average=getattr(config, "copynce_average", "overlap_pairs"),  # configs saved before the option
         pair_mask=_pair_selection(pair_mask, labels, query_tokens.shape[0], query_tokens.device),
     )
 

@@ -11,7 +11,10 @@ import numpy as np
 from ..errors import TableError
 from .table import CoordinateTable, _apply_matrix
 
-__all__ = ["patch_overlap", "pair_tables", "pair_overlaps"]
+__all__ = ["patch_overlap", "pair_tables", "pair_overlaps", "scatter_reverse_overlap", "REVERSE_PRIORS"]
+
+#: How the reference -> query prior is made: ``exact`` (the inverse table) or ``scatter`` (the authors').
+REVERSE_PRIORS = ("exact", "scatter")
 
 _PATCH_INDEX_CACHE: dict[tuple, np.ndarray] = {}
 
@@ -93,18 +96,64 @@ def _common_dense_frame(table_a: CoordinateTable, table_b: CoordinateTable):
     return table_a.with_source_size(*frame), table_b.with_source_size(*frame)
 
 
+def scatter_reverse_overlap(table_ab: CoordinateTable, patch_size: int, target_size: tuple[int, int]) -> np.ndarray:
+    """The B -> A prior made from the A -> B table with the authors' scatter inverse, float32 (L_B, L_A).
+
+    Every traced pixel of A writes its own position into the B pixel nearest to its traced
+    position (rounded, as ``torch.round``; when several land on one B pixel the last in row-major
+    order wins); each B pixel then counts for the A patch of the pixel it holds. B pixels that no
+    A pixel lands on hold nothing: where A shows B shrunk (fewer A pixels than the B pixels they
+    cover) the inverse has holes, and the prior's rows sum to less than the traced share.
+
+    Args:
+        table_ab: maps image A (H_A, W_A) into image B.
+        patch_size: side of a square patch; both sizes are multiples of it.
+        target_size: ``(H_B, W_B)``.
+    """
+    height, width = table_ab.size
+    target_h, target_w = (int(v) for v in target_size)
+    for name, value in (("table height", height), ("table width", width), ("target height", target_h),
+                        ("target width", target_w)):
+        if value % patch_size:
+            raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    y, x, valid = table_ab.positions()
+    with np.errstate(invalid="ignore"):
+        row, col = np.rint(y.astype(np.float64)), np.rint(x.astype(np.float64))
+        inside = valid & (row >= 0) & (row < target_h) & (col >= 0) & (col < target_w)
+    source_pixels = np.flatnonzero(inside)
+    holder = np.full(target_h * target_w, -1, dtype=np.int64)
+    holder[(row.ravel()[source_pixels] * target_w + col.ravel()[source_pixels]).astype(np.int64)] = source_pixels
+    filled = np.flatnonzero(holder >= 0)
+    grid_a_w, grid_b_w = width // patch_size, target_w // patch_size
+    a_pixels = holder[filled]
+    a_patch = (a_pixels // width) // patch_size * grid_a_w + (a_pixels % width) // patch_size
+    b_patch = (filled // target_w) // patch_size * grid_b_w + (filled % target_w) // patch_size
+    grid_a = (height // patch_size) * grid_a_w
+    grid_b = (target_h // patch_size) * grid_b_w
+    counts = np.bincount(b_patch * grid_a + a_patch, minlength=grid_a * grid_b)
+    return (counts.astype(np.float32) / np.float32(patch_size * patch_size)).reshape(grid_b, grid_a)
+
+
 def pair_overlaps(
-    table_q: CoordinateTable, table_r: CoordinateTable, patch_size: int
+    table_q: CoordinateTable, table_r: CoordinateTable, patch_size: int, reverse: str = "exact"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Both overlap priors of a copy pair: ``(overlap_qr (L_q, L_r), overlap_rq (L_r, L_q))``.
 
     Equal to ``patch_overlap`` on the two :func:`pair_tables`; for analytic tables (every
-    catalogue edit) the composition and the count are fused, which halves the work.
+    catalogue edit) the composition and the count are fused, which halves the work. With
+    ``reverse="scatter"`` the reference -> query prior is instead made from the query ->
+    reference table by the authors' scatter inverse (:func:`scatter_reverse_overlap`).
     """
     if table_q.source_size != table_r.source_size:
         raise TableError(
             f"the two tables trace to different sources: {table_q.source_size} and {table_r.source_size}"
         )
+    if reverse not in REVERSE_PRIORS:
+        raise TableError(f"reverse={reverse!r} must be one of {REVERSE_PRIORS}")
+    if reverse == "scatter":
+        table_qr = pair_tables(table_q, table_r)[0]
+        return (patch_overlap(table_qr, patch_size, table_r.size),
+                scatter_reverse_overlap(table_qr, patch_size, table_r.size))
     if table_q.is_analytic and table_r.is_analytic:
         return (
             _analytic_pair_overlap(table_q, table_r, patch_size),

@@ -11,7 +11,7 @@ The detection flow (see docs/ARCHITECTURE.md)::
 with its encoder-token cache (:mod:`.matcher_cache`).
 """
 
-from .affinity import AffinityMaps, affinity_maps, save_affinity_figures
+from .affinity import AffinityMaps, affinity_figures, affinity_maps, save_affinity_figures
 from .candidates import candidate_recall, merge_candidates, top_per_query
 from .descriptors import DescriptorSet, export_disc21_hdf5
 from .detect import DEFAULT_CANDIDATES, Descriptor, DetectConfig, DetectResult, detect, view_index
@@ -66,6 +66,7 @@ from .views import (
 
 __all__ = [
     "AffinityMaps",
+    "affinity_figures",
     "affinity_maps",
     "save_affinity_figures",
     "DescriptorSet",

@@ -59,7 +59,7 @@ def affinity_maps(
     image_processor,
     query,
     reference,
-    patch: tuple[int, int],
+    patch: tuple[int, int] | None = None,
     temperature: float | None = None,
 ) -> AffinityMaps:
     """Compute the probe's token affinity heatmap and the affinity entropy map of a pair.
@@ -68,7 +68,8 @@ def affinity_maps(
         model: a CopyNCE descriptor or matcher.
         image_processor: its image processor.
         query, reference: image paths or PIL images.
-        patch: (row, col) of the probe patch in the query's patch grid.
+        patch: (row, col) of the probe patch in the query's patch grid; ``None``: the most
+            confident query patch, the one of lowest affinity entropy (first in row-major order on ties).
         temperature: ``tau``; ``None`` uses the model's ``copynce_temperature`` (1/16).
     """
     tau = float(temperature if temperature is not None else getattr(model.config, "copynce_temperature", 1 / 16))
@@ -87,7 +88,11 @@ def affinity_maps(
     patch_size = int(model.config.patch_size)
     query_grid = _grid(pixels, patch_size, query_tokens)
     reference_grid = _grid(pixels, patch_size, reference_tokens)
-    row, col = patch
+    entropy = affinity_entropy(query_tokens, reference_tokens, tau)[0].float().cpu().numpy().reshape(query_grid)
+    if patch is None:
+        row, col = (int(v) for v in np.unravel_index(int(np.argmin(entropy)), query_grid))
+    else:
+        row, col = (int(v) for v in patch)
     if not (0 <= row < query_grid[0] and 0 <= col < query_grid[1]):
         raise ConfigError(
             f"patch {row},{col} is outside the query's {query_grid[0]}x{query_grid[1]} patch grid "
@@ -96,7 +101,6 @@ def affinity_maps(
     # p_ij of the probe i over the reference patches j
     probabilities = torch.softmax(token_affinity_logits(query_tokens, reference_tokens, tau), dim=-1)
     affinity = probabilities[0, row * query_grid[1] + col].float().cpu().numpy().reshape(reference_grid)
-    entropy = affinity_entropy(query_tokens, reference_tokens, tau)[0].float().cpu().numpy().reshape(query_grid)
     size = (pixels.shape[-1], pixels.shape[-2])
     return AffinityMaps(
         query_image.resize(size, Image.Resampling.BICUBIC),
@@ -108,26 +112,23 @@ def affinity_maps(
     )
 
 
-def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: str = "") -> dict[str, Path]:
-    """Write ``token_affinity.png``, ``affinity_entropy.png`` and ``maps.npz`` into ``folder``.
+def affinity_figures(maps: AffinityMaps, title: str = ""):
+    """The two matplotlib figures of a pair: ``(token affinity, affinity entropy)``.
 
-    ``token_affinity.png``: the query with the probe patch boxed in green, and the reference
-    overlaid with the probe's affinity heatmap. ``affinity_entropy.png``: the query overlaid
-    with its entropy map (low entropy, i.e. likely copied, drawn bright). ``maps.npz`` holds
-    the raw ``affinity`` and ``entropy`` arrays.
+    Token affinity: the query with the probe patch boxed in green, and the reference overlaid
+    with the probe's affinity heatmap. Affinity entropy: the query overlaid with its entropy map
+    (low entropy, i.e. likely copied, drawn bright).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     width, height = maps.query_image.size
     extent = (0, width, height, 0)
 
-    figure = Figure(figsize=(8, 4.4), dpi=110)
-    FigureCanvasAgg(figure)
-    left, right = figure.subplots(1, 2)
+    affinity_figure = Figure(figsize=(8, 4.4), dpi=110)
+    FigureCanvasAgg(affinity_figure)
+    left, right = affinity_figure.subplots(1, 2)
     left.imshow(maps.query_image, extent=extent)
     row, col = maps.patch
     left.add_patch(
@@ -138,24 +139,36 @@ def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: 
     right.imshow(maps.reference_image, extent=extent)
     shown = right.imshow(maps.affinity, extent=extent, cmap="jet", alpha=0.5, interpolation="bilinear")
     right.set_title("reference, token affinity of the probe")
-    figure.colorbar(shown, ax=right, fraction=0.046, pad=0.04)
+    affinity_figure.colorbar(shown, ax=right, fraction=0.046, pad=0.04)
     for axes in (left, right):
         axes.set_axis_off()
     if title:
-        figure.suptitle(title)
-    affinity_path = folder / "token_affinity.png"
-    figure.savefig(affinity_path, bbox_inches="tight")
+        affinity_figure.suptitle(title)
 
-    figure = Figure(figsize=(5, 4.4), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, 1)
+    entropy_figure = Figure(figsize=(5, 4.4), dpi=110)
+    FigureCanvasAgg(entropy_figure)
+    axes = entropy_figure.subplots(1, 1)
     axes.imshow(maps.query_image, extent=extent)
     shown = axes.imshow(maps.entropy, extent=extent, cmap="viridis_r", alpha=0.6, interpolation="nearest")
     axes.set_title("query, affinity entropy (low = copied)")
     axes.set_axis_off()
-    figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04, label="nats")
+    entropy_figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04, label="nats")
+    return affinity_figure, entropy_figure
+
+
+def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: str = "") -> dict[str, Path]:
+    """Write ``token_affinity.png``, ``affinity_entropy.png`` and ``maps.npz`` into ``folder``.
+
+    The PNGs are the figures of :func:`affinity_figures`; ``maps.npz`` holds the raw
+    ``affinity`` and ``entropy`` arrays.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    affinity_figure, entropy_figure = affinity_figures(maps, title)
+    affinity_path = folder / "token_affinity.png"
+    affinity_figure.savefig(affinity_path, bbox_inches="tight")
     entropy_path = folder / "affinity_entropy.png"
-    figure.savefig(entropy_path, bbox_inches="tight")
+    entropy_figure.savefig(entropy_path, bbox_inches="tight")
 
     arrays_path = folder / "maps.npz"
     np.savez(arrays_path, affinity=maps.affinity, entropy=maps.entropy, patch=np.array(maps.patch))

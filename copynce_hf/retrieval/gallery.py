@@ -15,7 +15,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-import numpy as np
 from jinja2 import Environment
 from PIL import Image
 
@@ -114,11 +113,8 @@ def _card(prediction: Prediction, queries, references, model, processor, folder:
                      (pair / "query.png").relative_to(root).as_posix(),
                      (pair / "reference.png").relative_to(root).as_posix())
     if model is not None:
-        grid = int(model.config.image_size) // int(model.config.patch_size)
-        maps = affinity_maps(model, processor, query_image, reference_image, (grid // 2, grid // 2))
-        # probe the most confidently matched query patch: the lowest affinity entropy
-        row, col = np.unravel_index(int(np.argmin(maps.entropy)), maps.entropy.shape)
-        maps = affinity_maps(model, processor, query_image, reference_image, (int(row), int(col)))
+        # probe=None: the most confidently matched query patch, of lowest affinity entropy
+        maps = affinity_maps(model, processor, query_image, reference_image)
         written = save_affinity_figures(maps, pair, title=f"{prediction.query_id} / {prediction.reference_id}")
         card.affinity = written["token_affinity"].relative_to(root).as_posix()
         card.entropy = written["affinity_entropy"].relative_to(root).as_posix()

@@ -77,6 +77,14 @@ class TrainingConfig:
             (``knn_graph`` from ``scripts/build_knn.py``). ``hard_negative_mining`` set to ``ghnm`` or
             ``pairs`` requires ``knn_graph`` (the run refuses to start without it); ``null`` gives
             random negatives without a graph (with one, the model type's mining), ``off`` never mines.
+        hard_negative_slots: the descriptor's batch structure. ``false``: ``per_device_train_batch_size``
+            pairs per process, half anchors and half their hard negatives. ``true`` (the authors'
+            code): ``per_device_train_batch_size`` slots per process, each yielding an anchor's pair
+            and its hard negative's pair, so twice as many pairs (see ``CopyPairBatchSampler``). The
+            learning-rate scaling counts slots.
+        copynce_reverse_prior: how the collator makes the reference -> query overlap prior: ``exact``
+            (the inverse table) or ``scatter`` (the authors' scatter inverse of the query's table,
+            with holes where the query shows the reference shrunk); see ``PixTraceCollator``.
         dataloader_num_workers: data-loader worker processes per training process.
         num_eval_images: images held out of the training set for the periodic evaluation.
     Optimisation (paper supplementary table):
@@ -85,7 +93,10 @@ class TrainingConfig:
             lr_reference_batch_size)`` with ``global_batch = per_device * processes * accumulation``
             (set ``scale_learning_rate: false`` to use it as is);
         min_learning_rate (2e-6), weight_decay (0.04), adam_beta1/2 (0.9, 0.999), adam_epsilon,
-        warmup_epochs (1) or warmup_steps, max_grad_norm (3.0), mixed_precision, seed.
+        warmup_epochs (1) or warmup_steps, max_grad_norm (3.0), seed.
+        mixed_precision: ``null`` (default): what ``accelerate launch --mixed_precision`` or
+            ``accelerate config`` chose (``no`` without either); ``no``, ``fp16``, ``bf16`` or ``fp8``
+            override them. The training log and summary state the precision in effect.
         max_train_seconds: a wall-time budget for the optimisation loop (``null``: none). The run
             stops at the first optimiser step past it, then evaluates and saves exactly as at
             ``max_steps`` (the learning-rate schedule keeps its ``max_steps`` length); the summary
@@ -117,6 +128,8 @@ class TrainingConfig:
     hard_negative_k: int | None = None
     hard_negative_prob: float | None = None
     knn_graph: str | None = None
+    hard_negative_slots: bool = False
+    copynce_reverse_prior: str = "exact"
     dataloader_num_workers: int = 0
     num_eval_images: int = 0
     # optimisation
@@ -136,7 +149,7 @@ class TrainingConfig:
     warmup_epochs: float = 1.0
     warmup_steps: int | None = None
     max_grad_norm: float = 3.0
-    mixed_precision: str = "no"
+    mixed_precision: str | None = None
     max_train_seconds: float | None = None
     # outputs
     output_dir: str = "outputs/copynce"
@@ -206,8 +219,9 @@ class TrainingConfig:
                 fail(key, f"must be one of {RECIPES}")
         if self.hard_negative_mining is not None and self.hard_negative_mining not in _HNM:
             fail("hard_negative_mining", f"must be one of {_HNM}")
-        if self.mixed_precision not in _MIXED_PRECISION:
-            fail("mixed_precision", f"must be one of {_MIXED_PRECISION}")
+        if self.mixed_precision is not None and self.mixed_precision not in _MIXED_PRECISION:
+            fail("mixed_precision", f"must be null (accelerate launch / accelerate config decides) or one of "
+                 f"{_MIXED_PRECISION}")
         number("positive_rate", allow_none=True, low=0, high=1)
         number("hard_negative_prob", allow_none=True, low=0, high=1)
         number("hard_negative_k", allow_none=True, integer=True, positive=True)
@@ -248,8 +262,16 @@ class TrainingConfig:
         if self.model_type == "descriptor" and self.resolved("positive_rate") != 1.0:
             fail("positive_rate", "must be 1.0 for the descriptor: it trains on copy pairs only, its negatives "
                  "are the other pairs of the batch")
+        from ..pixtrace.overlap import REVERSE_PRIORS
+
+        if self.copynce_reverse_prior not in REVERSE_PRIORS:
+            fail("copynce_reverse_prior", f"must be one of {REVERSE_PRIORS}")
+        if not isinstance(self.hard_negative_slots, bool):
+            fail("hard_negative_slots", "must be true or false")
+        if self.hard_negative_slots and (self.model_type != "descriptor" or self.hard_negative_mining == "off"):
+            fail("hard_negative_slots", "needs the descriptor with hard_negative_mining ghnm (or null)")
         if self.model_type == "descriptor" and self.resolved("hard_negative_mining") == "ghnm":
-            if self.per_device_train_batch_size % 2:
+            if self.per_device_train_batch_size % 2 and not self.hard_negative_slots:
                 fail("per_device_train_batch_size", "must be even for GHNM (an image and its neighbour)")
         if self.hard_negative_mining in ("ghnm", "pairs") and not self.knn_graph and self.pair_source == "edits":
             raise ConfigError(

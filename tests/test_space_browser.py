@@ -1,0 +1,222 @@
+"""The Space (spaces/copynce/app.py) in a real browser: headless Debian Chromium driven by Playwright.
+
+The app runs in a subprocess on a free local port; the test goes through the three tabs with the
+bundled images (upload, click, read the score, check the heatmaps are drawn) and checks that bad
+uploads (a text file as the query, a corrupt zip of references) show a message on the page.
+It skips, saying why, where gradio, playwright or the chromium binary is missing (``make install``
+and ``.ci/run`` install them where the machine allows). Playwright's own browser downloads are never
+used: the test points Playwright at the system's chromium.
+
+Set ``COPYNCE_SPACE_SCREENSHOT=path.png`` to save a screenshot of the Compare tab (the README's).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+APP = REPO_ROOT / "spaces" / "copynce" / "app.py"
+BUNDLED = REPO_ROOT / "copynce_hf" / "assets" / "images"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _chromium() -> str | None:
+    for candidate in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                      shutil.which("chromium-browser")):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _skip_reason() -> str | None:
+    for module, install in (("gradio", "pip install -e '.[space]'"), ("playwright", "pip install -e '.[space]'")):
+        if importlib.util.find_spec(module) is None:
+            return f"the {module!r} package is not installed ({install}, or make install)"
+    if _chromium() is None:
+        return "no chromium binary (/usr/bin/chromium): apt-get install chromium (make install does it as root)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """Start the app in a subprocess on a free port; yield its URL; stop it."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("space") / "app.log"
+    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1",
+               GRADIO_ANALYTICS_ENABLED="False", PYTHONPATH=os.pathsep.join(
+                   [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("COPYNCE_DESCRIPTOR", None)
+    env.pop("COPYNCE_MATCHER", None)
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, str(APP)], cwd=REPO_ROOT, env=env, stdout=output,
+                                   stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the app exited with status {process.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the app did not answer on {url} within 180 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """A traced copy of a bundled image, a zip of three bundled references, and two bad uploads."""
+    from copynce_hf.demo import interactive
+    from copynce_hf.images import load_image
+
+    folder = tmp_path_factory.mktemp("uploads")
+    copy = interactive.make_copy(load_image(BUNDLED / "astronaut.jpg"), "evaluation", 3)
+    copy.image.save(folder / "astronaut_copy.png")
+    with zipfile.ZipFile(folder / "references.zip", "w") as archive:
+        for name in ("astronaut.jpg", "coffee.jpg", "rocket.jpg"):
+            archive.write(BUNDLED / name, f"refs/{name}")
+        archive.writestr("refs/notes.txt", "not an image")
+    (folder / "notes.txt").write_text("this is not an image\n")
+    (folder / "broken.zip").write_bytes(b"PK\x03\x04 this is not really a zip archive")
+    return {"copy": folder / "astronaut_copy.png", "zip": folder / "references.zip",
+            "text": folder / "notes.txt", "broken_zip": folder / "broken.zip"}
+
+
+def _wait_text(page, selector: str, pattern: str, timeout: float = 60.0) -> str:
+    """Wait until the element's text matches the regular expression; return the text."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = page.inner_text(selector) if page.query_selector(selector) else ""
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"{selector} never showed {pattern!r}; last text: {text!r}")
+
+
+def _image_width(page, selector: str, timeout: float = 30.0) -> int:
+    """Natural width of the loaded <img> inside ``selector`` (0 while absent or empty)."""
+    script = "(e) => (e.complete && e.getAttribute('src')) ? e.naturalWidth : 0"
+    deadline = time.monotonic() + timeout
+    width = 0
+    while time.monotonic() < deadline:
+        element = page.query_selector(f"{selector} img")
+        width = element.evaluate(script) if element else 0
+        if width > 0:
+            return width
+        time.sleep(0.2)
+    return width
+
+
+def _upload(page, elem_id: str, path: Path) -> None:
+    page.set_input_files(f"#{elem_id} input[type=file]", str(path))
+    # the uploaded file's name (stem and suffix shown apart) appears once the upload is done
+    _wait_text(page, f"#{elem_id}", re.escape(path.stem), timeout=30)
+
+
+def _clear(page, elem_id: str) -> None:
+    page.click(f"#{elem_id} button[aria-label='Clear']")
+
+
+def test_space_three_tabs_in_chromium(app_url, files):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(app_url)
+            page.wait_for_selector("#compare-query-file")
+
+            # --- Compare: a copy of astronaut.jpg against its original
+            _upload(page, "compare-query-file", files["copy"])
+            _upload(page, "compare-reference-file", BUNDLED / "astronaut.jpg")
+            page.click("#compare-button")
+            text = _wait_text(page, "#compare-score", r"Copy probability \(matcher\): [0-9.]+")
+            probability = float(re.search(r"Copy probability \(matcher\): ([0-9.]+)", text).group(1))
+            assert 0.0 <= probability <= 1.0
+            assert "lowest entropy" in text
+            assert float(re.search(r"descriptor cosine: (-?[0-9.]+)", text).group(1)) > 0.3
+            for selector in ("#compare-affinity", "#compare-entropy", "#compare-query-view"):
+                assert _image_width(page, selector) > 0, f"{selector} shows no image"
+            # click the top-left corner of the query: the probe becomes patch 0,0
+            page.click("#compare-query-view img", position={"x": 2, "y": 2})
+            text = _wait_text(page, "#compare-score", r"probe patch 0,0 \(clicked\)")
+            assert _image_width(page, "#compare-affinity") > 0
+            if os.environ.get("COPYNCE_SPACE_SCREENSHOT"):
+                page.click("#compare-query-view img", position={"x": 60, "y": 60})
+                _wait_text(page, "#compare-score", r"\(clicked\)")
+                time.sleep(1.0)
+                page.screenshot(path=os.environ["COPYNCE_SPACE_SCREENSHOT"], full_page=True)
+
+            # --- bad upload: a text file as the query
+            _clear(page, "compare-query-file")
+            _upload(page, "compare-query-file", files["text"])
+            page.click("#compare-button")
+            _wait_text(page, "#compare-status", r"The query file notes\.txt is not a usable image")
+            assert "Traceback" not in page.inner_text("body")
+
+            # --- Search: the bundled gallery, then a zip of references, then a corrupt zip
+            page.get_by_role("tab", name="Search").click()
+            _upload(page, "search-query-file", files["copy"])
+            page.click("#search-button")
+            text = _wait_text(page, "#search-best", r"Best match \S+: copy probability [0-9.]+")
+            assert "astronaut.jpg" in text
+            assert len(page.query_selector_all("#search-results img")) == 5
+            _upload(page, "search-zip-file", files["zip"])
+            page.click("#search-index-button")
+            _wait_text(page, "#search-gallery-info", r"references\.zip \(3 images\); skipped 1: refs/notes\.txt")
+            page.click("#search-button")
+            _wait_text(page, "#search-status", r"references\.zip \(3 images\)")
+            assert "refs/astronaut.jpg" in _wait_text(page, "#search-best", r"Best match refs/astronaut\.jpg")
+            _clear(page, "search-zip-file")
+            _upload(page, "search-zip-file", files["broken_zip"])
+            page.click("#search-index-button")
+            _wait_text(page, "#search-gallery-info", r"broken\.zip is not a zip archive")
+
+            # --- Make a copy: a preset and a seed give a copy, its recipe and the overlap prior
+            page.get_by_role("tab", name="Make a copy").click()
+            page.fill("#copy-seed input", "7")
+            page.click("#copy-button")
+            _wait_text(page, "#copy-status", r"\d+ edits; \d+% of the copy's pixels trace back")
+            assert _image_width(page, "#copy-view") > 0
+            assert _image_width(page, "#copy-overlap") > 0
+            assert "training" in page.inner_text("#copy-recipe")
+            assert "Traceback" not in page.inner_text("body")
+        finally:
+            browser.close()
