@@ -15,7 +15,7 @@ Example::
 
     editor = CopyEditor(seed=0, recipe=CopyRecipe.training(), output_size=(224, 224))
     result = editor(image)                          # result.image, result.table, result.recipe
-    same = replay(image, result.recipe, fuse=True)  # identical pixels and table
+    same = replay(image, result.recipe)  # identical pixels and table
 
 By default the editor renders with fused geometry (one resampling per run of geometric edits,
 :mod:`copynce_hf.pixtrace.fused`); ``CopyEditor(..., fuse=False)`` applies the edits one by one,
@@ -719,11 +719,12 @@ class CopyEditor:
         return f"CopyEditor(seed={self.seed}, output_size={self.output_size}, fuse={self.fuse}, steps={active})"
 
 
-def replay(image: Image.Image | str | os.PathLike, recipe: Sequence[dict[str, Any]], fuse: bool = False) -> CopyResult:
+def replay(image: Image.Image | str | os.PathLike, recipe: Sequence[dict[str, Any]], fuse: bool = True) -> CopyResult:
     """Apply a recorded list of edits (``CopyResult.recipe``) to ``image``: same image, same table.
 
-    ``fuse`` must be the editor's (``CopyEditor(fuse=True)``, the default, renders with
-    :func:`~copynce_hf.pixtrace.fused.render_fused`); the table is the same either way.
+    ``fuse`` must be the editor's to reproduce its pixels exactly: ``True`` (the default of both)
+    renders with :func:`~copynce_hf.pixtrace.fused.render_fused`, ``False`` applies the edits one
+    by one. The table is the same either way.
     """
     image = _as_rgb(image)
     if fuse:
