@@ -1,5 +1,5 @@
 # Installs what is missing, then runs. The CPU wheel of torch goes first so that
-# nothing later pulls a CUDA build (see DEVELOPERS.md).
+# nothing later pulls a CUDA build.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed
@@ -27,7 +27,7 @@ lint: install
 
 # The training loop on its embedded default: a tiny CopyNCE descriptor trained on the bundled images.
 train: install
-	accelerate launch scripts/train.py
+	$(PYTHON) -m copynce_hf.training
 
 # The main job: copy detection on the bundled images with the embedded models (no network, no data);
 # prints the results table and the path of the HTML report (outputs/demo/report.html).

@@ -15,9 +15,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    # The card templates live in the repository's model_cards/ and ship as copynce_hf/model_cards/.
-    packages=find_packages(include=["copynce_hf", "copynce_hf.*"]) + ["copynce_hf.model_cards"],
-    package_dir={"copynce_hf.model_cards": "model_cards"},
+    # The card templates and the training configurations live in the repository's model_cards/ and
+    # configs/ and ship as copynce_hf/model_cards/ and copynce_hf/configs/ (read at run time).
+    packages=find_packages(include=["copynce_hf", "copynce_hf.*"]) + ["copynce_hf.model_cards", "copynce_hf.configs"],
+    package_dir={"copynce_hf.model_cards": "model_cards", "copynce_hf.configs": "configs"},
     include_package_data=True,
     package_data={
         "copynce_hf": [
@@ -27,6 +28,7 @@ setup(
             "metrics/copy_detection/*",
         ],
         "copynce_hf.model_cards": ["*.md"],
+        "copynce_hf.configs": ["*.yaml"],
     },
     install_requires=[
         "numpy>=1.24",

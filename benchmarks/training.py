@@ -5,8 +5,7 @@
     python -m benchmarks.training --max-steps 750 --matchers copynce baseline --matcher-max-steps 600
     python -m benchmarks.training --dry-run ...                # print the commands only
 
-What it does (issue "Benchmark", deliverable 2; paper Tables "Ablation studies" ask the same
-question at scale):
+What it does (paper Tables "Ablation studies" ask the same question at scale):
 
 1. Makes ``<output-dir>/train_split/``: links to the ``train`` split of
    ``../shared/data/imagenet-sample`` (never the reference or distractor images).

@@ -13,8 +13,13 @@ The same steps one at a time::
     copynce evaluate scored.csv --ground-truth ground_truth.csv --output report/
     copynce visualize queries/q1.jpg references/r7.jpg --patch 7,7 --output why/
 
-Bad input (a missing or empty folder, a malformed ground-truth or predictions file, ...)
-ends the command with exit status 2 and a one-line message on stderr, without traceback.
+Output paths are checked before any model is loaded or image read, and results are written to a
+temporary file or folder and moved into place at the end, so a failure never leaves a partial or
+damaged output. Bad input (a missing or empty folder, a malformed ground-truth or predictions file,
+predicted ids that do not match the ground truth, an unusable output path, ...) ends the command with
+exit status 2 and a one-line message on stderr, without traceback. Unreadable images (empty, not an
+image, truncated, too small, above ``--max-pixels``) are skipped with a warning naming the file and
+the reason, and every command ends with a line of counts (read, skipped with reasons, written).
 Descriptor extraction runs distributed when launched with ``accelerate launch -m copynce_hf.cli``.
 """
 
@@ -24,10 +29,14 @@ import argparse
 import json
 import logging
 import sys
+import warnings
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import ConfigError, CopyNCEError, PredictionsError
-from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, load_model
+from .errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
+from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
+from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
 from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
 logger = logging.getLogger("copynce_hf.cli")
@@ -37,6 +46,34 @@ DETECT_CANDIDATES = 50
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def count_text(reasons: Iterable[str]) -> str:
+    """``["too small", "empty file", "too small"]`` -> ``"3 (1 empty file, 2 too small)"``."""
+    counts = Counter(reasons)
+    if not counts:
+        return "0"
+    order = {reason: i for i, reason in enumerate(SKIP_REASONS)}
+    parts = [f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda item: order.get(item[0], 99))]
+    return f"{sum(counts.values())} ({', '.join(parts)})"
+
+
+def report_counts(command: str, read: str, skipped: Iterable[str], written: str) -> None:
+    """The closing line of a command: ``index: read 12 images, skipped 2 (1 empty file, 1 too small), wrote ...``."""
+    print(f"{command}: read {read}, skipped {count_text(skipped)}, {written}")
+
+
+def folder_source(folder, args):
+    """An :class:`ImageFolderSource` from the command's ``--recursive`` and ``--max-pixels``; warns about
+    sub-folders left out without ``--recursive``."""
+    from .retrieval import ImageFolderSource
+
+    source = ImageFolderSource(folder, recursive=args.recursive, max_pixels=args.max_pixels)
+    if source.ignored_subfolders:
+        names = ", ".join(p.name for p in source.ignored_subfolders[:3])
+        logger.warning("%s: %d sub-folder(s) not read (%s%s); pass --recursive to include them", folder,
+                       len(source.ignored_subfolders), names, ", ..." if len(source.ignored_subfolders) > 3 else "")
+    return source
 
 
 def _descriptor_model(path, option="--model"):
@@ -83,13 +120,14 @@ def cmd_index(args) -> int:
 
     from .retrieval import (
         DescriptorIndex,
-        ImageFolderSource,
         IndexConfig,
         ViewPreset,
         extract_view_descriptors,
     )
 
-    source = ImageFolderSource(args.references)
+    check_output_folder(args.output)
+    check_model_path(args.model)
+    source = folder_source(args.references, args)
     config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
     model, processor = _descriptor_model(args.model)
     accelerator = Accelerator()
@@ -99,19 +137,21 @@ def cmd_index(args) -> int:
         accelerator=accelerator, progress=not args.quiet, description="reference descriptors",
     )
     if accelerator.is_main_process:
+        reasons = references.skip_reasons.values()
         if len(references) == 0:
-            raise PredictionsError(f"none of the {len(source)} images of {args.references} could be read")
+            raise PredictionsError(
+                f"none of the {len(source)} images of {args.references} could be read: skipped {count_text(reasons)}"
+            )
         model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
         info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve()),
                 "views": preset.name}
         index = DescriptorIndex.build(references, config, info=info)
-        index.save(args.output)
+        with StagedFolder(args.output) as staging:
+            index.save(staging)
         views = f", {preset.num_reference_views} views each" if preset.name != "none" else ""
-        print(
-            f"indexed {len(source) - len(references.skipped)} references{views} ({references.dim}-d, {config.kind}) "
-            f"into {args.output}"
-            + (f"; skipped {len(references.skipped)} unreadable image(s)" if references.skipped else "")
-        )
+        print(f"indexed {len(source) - len(references.skipped)} references{views} ({references.dim}-d, {config.kind}) "
+              f"into {args.output}")
+        report_counts("index", f"{len(source)} images", reasons, f"wrote {len(references)} descriptors")
     accelerator.wait_for_everyone()
     return 0
 
@@ -123,7 +163,6 @@ def cmd_search(args) -> int:
     from .retrieval import (
         DescriptorIndex,
         DescriptorSet,
-        ImageFolderSource,
         ViewPreset,
         euclidean_scores,
         export_disc21_hdf5,
@@ -139,7 +178,12 @@ def cmd_search(args) -> int:
 
     if args.score_norm and args.stretch:
         raise ConfigError("use either --score-norm or --stretch, not both")
-    source = ImageFolderSource(args.queries)
+    check_output_file(args.output)
+    for option in ("save_descriptors", "hdf5"):
+        if getattr(args, option):
+            check_output_file(getattr(args, option), "--" + option.replace("_", "-"))
+    check_model_path(args.model)
+    source = folder_source(args.queries, args)
     index = DescriptorIndex.load(args.index)
     preset = ViewPreset(args.descriptor_lce)
     with_views = preset.name != "none" or view_preset_of(index).name != "none"
@@ -163,14 +207,18 @@ def cmd_search(args) -> int:
     )
     if not accelerator.is_main_process:
         return 0
+    reasons = queries.skip_reasons.values()
     if len(queries) == 0:
-        raise PredictionsError(f"none of the {len(source)} images of {args.queries} could be read")
+        raise PredictionsError(
+            f"none of the {len(source)} images of {args.queries} could be read: skipped {count_text(reasons)}"
+        )
     if queries.dim != index.references.dim:
         raise ConfigError(
             f"the model gives {queries.dim}-d descriptors but the index holds {index.references.dim}-d ones"
         )
     if args.save_descriptors:
-        queries.save(args.save_descriptors)
+        with StagedFile(args.save_descriptors) as temporary:
+            queries.save(temporary)
     if with_views:
         # local crops ensembling: best view pair per (query, reference), then score normalisation
         auxiliary = None
@@ -181,9 +229,11 @@ def cmd_search(args) -> int:
         predictions = view_predictions(index, queries, preset, args.k, auxiliary, args.alpha, args.k_start, args.k_end)
         count = write_predictions(args.output, predictions)
         print(f"wrote {count} predictions for {len(source) - len(queries.skipped)} queries to {args.output}")
+        report_counts("search", f"{len(source)} query images", reasons, f"wrote {count} predictions")
         return 0
     if args.hdf5:
-        export_disc21_hdf5(args.hdf5, queries, index.references)
+        with StagedFile(args.hdf5) as temporary:
+            export_disc21_hdf5(temporary, queries, index.references)
     vectors = queries.descriptors
     if args.stretch:
         # feature stretching (supplementary "Feature Stretching"), then euclidean ranking
@@ -199,44 +249,52 @@ def cmd_search(args) -> int:
     predictions = knn_predictions(queries.ids, scores, indices, index.references.ids)
     count = write_predictions(args.output, predictions)
     print(f"wrote {count} predictions for {len(queries)} queries to {args.output}")
+    report_counts("search", f"{len(source)} query images", reasons, f"wrote {count} predictions")
     return 0
 
 
 def cmd_match(args) -> int:
-    from .retrieval import (
-        ImageFolderSource,
-        LocalCrops,
-        model_kind,
-        read_predictions,
-        rescore_predictions,
-        write_predictions,
-    )
+    from .retrieval import LocalCrops, model_kind, read_predictions, rescore_predictions, write_predictions
 
+    check_output_file(args.output)
+    check_model_path(args.matcher, "--matcher")
     candidates = read_predictions(args.predictions)
     if not candidates:
         raise PredictionsError(f"predictions file {args.predictions} holds no pair")
+    read = len(candidates)
     if args.top is not None:
         ranked: dict[str, list] = {}
         for prediction in sorted(candidates, key=lambda p: -p.score):
             ranked.setdefault(prediction.query_id, []).append(prediction)
         candidates = [p for per_query in ranked.values() for p in per_query[: args.top]]
-    queries = ImageFolderSource(args.queries).lookup()
-    references = ImageFolderSource(args.references).lookup()
+    queries = folder_source(args.queries, args).lookup()
+    references = folder_source(args.references, args).lookup()
+    missing = sorted({f"{args.queries}/{p.query_id}.*" for p in candidates if p.query_id not in queries}
+                     | {f"{args.references}/{p.reference_id}.*" for p in candidates if p.reference_id not in references})
+    if missing:
+        logger.warning("%d image file(s) named by %s do not exist: %s%s", len(missing), args.predictions,
+                       ", ".join(missing[:5]), ", ..." if len(missing) > 5 else "")
     model, processor = load_model(args.matcher, None, "--matcher", default=DEFAULT_MATCHER)
     if model_kind(model) == "descriptor":
         logger.warning("--matcher %s is a descriptor model: pairs are scored by descriptor cosine", args.matcher)
     crops = (
         LocalCrops(args.query_grid, args.reference_grid, args.crop_scale, args.rotations) if args.local_crops else None
     )
-    result = rescore_predictions(
-        candidates, model, processor, queries, references, batch_size=args.batch_size,
-        num_workers=args.num_workers, local_crops=crops, progress=not args.quiet, matcher_lce=args.matcher_lce,
-    )
+    try:
+        result = rescore_predictions(
+            candidates, model, processor, queries, references, batch_size=args.batch_size,
+            num_workers=args.num_workers, local_crops=crops, progress=not args.quiet, matcher_lce=args.matcher_lce,
+            max_pixels=args.max_pixels,
+        )
+    except PredictionsError as error:
+        if missing:
+            raise PredictionsError(f"{error}; missing files: {', '.join(missing[:5])}") from error
+        raise
     count = write_predictions(args.output, result.predictions)
-    print(
-        f"re-scored {count} pairs into {args.output}"
-        + (f"; skipped {len(result.skipped)} (missing or unreadable images)" if result.skipped else "")
-    )
+    print(f"re-scored {count} pairs into {args.output}")
+    reasons = [reason.split(":")[0] for *_, reason in result.skipped]
+    top = f" (re-scoring the top {args.top} per query: {len(candidates)})" if args.top is not None else ""
+    report_counts("match", f"{read} candidate pairs{top}", reasons, f"wrote {count} pairs")
     return 0
 
 
@@ -248,6 +306,7 @@ def cmd_evaluate(args) -> int:
     from .metrics.plots import save_pr_curves
     from .retrieval import read_predictions
 
+    check_output_folder(args.output)
     try:
         ground_truth = read_ground_truth_csv(args.ground_truth)
     except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
@@ -261,14 +320,18 @@ def cmd_evaluate(args) -> int:
         columns = ([p.query_id for p in predictions], [p.reference_id for p in predictions],
                    [p.score for p in predictions])
         try:
-            results[name] = copy_detection_metrics(*columns, ground_truth)
-            curves[name] = precision_recall_curve(*columns, ground_truth)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                results[name] = copy_detection_metrics(*columns, ground_truth)
+                curves[name] = precision_recall_curve(*columns, ground_truth)
         except ValueError as error:
-            raise PredictionsError(f"{name}: {error}") from error
+            raise PredictionsError(f"{path}: {error}") from error
+        for message in dict.fromkeys(str(w.message) for w in caught):
+            logger.warning("%s: %s", path, message)
     output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "metrics.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    save_pr_curves(curves, output / "pr_curve.png", title=f"Precision-recall vs {Path(args.ground_truth).name}")
+    with StagedFolder(output) as staging:
+        (staging / "metrics.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        save_pr_curves(curves, staging / "pr_curve.png", title=f"Precision-recall vs {Path(args.ground_truth).name}")
     rows = (*METRIC_NAMES, "num_predictions", "num_ground_truth_pairs")
     first = max(len(metric) for metric in rows) + 2
     width = max(10, *(len(name) for name in results))
@@ -280,6 +343,8 @@ def cmd_evaluate(args) -> int:
             cells.append(("-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)).rjust(width + 2))
         print(metric.ljust(first) + "".join(cells))
     print(f"wrote {output / 'metrics.json'} and {output / 'pr_curve.png'}")
+    report_counts("evaluate", f"{sum(len(p) for p in systems.values())} predictions in {len(systems)} file(s)", [],
+                  "wrote 2 files")
     return 0
 
 
@@ -300,14 +365,19 @@ def cmd_detect(args) -> int:
     import time
 
     from .metrics.core import copy_detection_metrics, read_ground_truth_csv
-    from .retrieval import Descriptor, DetectConfig, ImageFolderSource, detect, write_predictions
+    from .retrieval import Descriptor, DetectConfig, detect, write_predictions
     from .retrieval.gallery import write_gallery
 
     start = time.perf_counter()
-    # every input is checked before any model runs
-    queries = ImageFolderSource(args.queries)
-    references = ImageFolderSource(args.references)
-    auxiliary = ImageFolderSource(args.aux) if args.aux else None
+    # every input and the output folder are checked before any model runs
+    check_output_folder(args.output)
+    for path in args.models or []:
+        check_model_path(path, "--models")
+    if args.matcher != "none":
+        check_model_path(args.matcher, "--matcher")
+    queries = folder_source(args.queries, args)
+    references = folder_source(args.references, args)
+    auxiliary = folder_source(args.aux, args) if args.aux else None
     ground_truth = None
     if args.ground_truth:
         try:
@@ -345,7 +415,8 @@ def cmd_detect(args) -> int:
             raise PredictionsError(f"{args.ground_truth}: {error}") from error
         metrics["candidate_recall"] = result.candidate_recall(ground_truth)
         metrics["num_candidates_per_query"] = config.candidates
-        (output / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        with StagedFile(output / "metrics.json") as temporary:
+            temporary.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)
     settings = {
         "queries": str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
@@ -367,20 +438,68 @@ def cmd_detect(args) -> int:
         print(f"muAP {metrics['micro_ap']:.4f}  RP90 {metrics['recall_at_p90']:.4f}  recall@1 "
               f"{metrics['recall_at_rank1']:.4f}  candidate recall "
               + ("-" if recall is None else f"{recall:.4f}"))
+    skipped_queries = [item for item in result.skipped if item in set(queries.ids)]
+    report_counts("detect", f"{len(queries)} query and {len(references)} reference images",
+                  ["unreadable"] * len(skipped_queries), f"wrote {count} predictions"
+                  + (f" ({len(result.skipped) - len(skipped_queries)} candidate pairs unscored)"
+                     if len(result.skipped) > len(skipped_queries) else ""))
     return 0
 
 
 def cmd_visualize(args) -> int:
+    from .images import load_image
     from .retrieval import affinity_maps, save_affinity_figures
 
+    check_output_folder(args.output)
+    check_model_path(args.model)
+    query, reference = (load_image(path, max_pixels=args.max_pixels) for path in (args.query, args.reference))
     model, processor = load_model(args.model, None, "--model", default=DEFAULT_DESCRIPTOR)
-    maps = affinity_maps(model, processor, args.query, args.reference, args.patch, temperature=args.temperature)
-    paths = save_affinity_figures(maps, args.output, title=f"{Path(args.query).name} vs {Path(args.reference).name}")
+    maps = affinity_maps(model, processor, query, reference, args.patch, temperature=args.temperature)
+    with StagedFolder(args.output) as staging:
+        written = save_affinity_figures(
+            maps, staging, title=f"{Path(args.query).name} vs {Path(args.reference).name}"
+        )
+    paths = {key: Path(args.output) / path.name for key, path in written.items()}
     print(f"wrote {paths['token_affinity']} and {paths['affinity_entropy']}")
+    report_counts("visualize", "2 images", [], f"wrote {len(paths)} files")
     return 0
 
 
 # --------------------------------------------------------------------------- parser
+
+
+def _pixels(text: str) -> int:
+    """``--max-pixels``: a number of pixels, ``300000000``, ``300_000_000`` or ``300M``."""
+    cleaned = text.strip().replace("_", "")
+    scale = 1_000_000 if cleaned[-1:] in ("M", "m") else 1
+    try:
+        value = int(float(cleaned[:-1]) * scale) if scale > 1 else int(cleaned)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of pixels such as 400000000 or 400M, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 pixel, got {text!r}")
+    return value
+
+
+def _add_image_input(parser: argparse.ArgumentParser, folders: bool = True) -> None:
+    """``--max-pixels`` for every command that reads images; ``--recursive`` for those reading folders."""
+    from .images import MAX_IMAGE_PIXELS, megapixels
+
+    group = parser.add_argument_group("image input")
+    group.add_argument(
+        "--max-pixels", type=_pixels, default=None, metavar="N",
+        help=f"largest accepted image, width x height in pixels (default {MAX_IMAGE_PIXELS}, "
+        f"{megapixels(MAX_IMAGE_PIXELS)}; 400M = 400 megapixels); larger images are skipped with a warning",
+    )
+    if folders:
+        group.add_argument(
+            "--recursive", action="store_true",
+            help="also read the images of sub-folders (ids keep the relative path: cats/tom.jpg -> cats/tom)",
+        )
+
+
+def _add_quiet(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress bars")
 
 
 def _add_model_loading(parser: argparse.ArgumentParser, batch_size: int = 64, unit: str = "images") -> None:
@@ -411,8 +530,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--output candidates.csv && copynce match candidates.csv --queries queries/ --references refs/ "
         "--output scored.csv",
     )
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    _add_quiet(parser, False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_parser = commands.add_parser
+
+    def add_command(*args, **kwargs):
+        """A subcommand that also accepts the global options after its name (``copynce index -q ...``)."""
+        sub = add_parser(*args, **kwargs)
+        _add_quiet(sub, argparse.SUPPRESS)
+        return sub
+
+    commands.add_parser = add_command
 
     p = commands.add_parser(
         "detect", help="the whole pipeline: find which reference each query copies, evaluate, draw a match gallery",
@@ -448,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
     _add_model_loading(p)
+    _add_image_input(p)
     p.set_defaults(handler=cmd_detect)
 
     p = commands.add_parser(
@@ -470,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "crops, four quarters) (default none)")
     _add_search_knobs(p)
     _add_model_loading(p)
+    _add_image_input(p)
     p.set_defaults(handler=cmd_index)
 
     p = commands.add_parser(
@@ -512,6 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_search_knobs(p)
     _add_model_loading(p)
+    _add_image_input(p)
     p.set_defaults(handler=cmd_search)
 
     p = commands.add_parser(
@@ -544,6 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rotations of the whole query, degrees (default 90,180,270; 'none' for no rotation)",
     )
     _add_model_loading(p, batch_size=32, unit="image pairs (view pairs with --local-crops)")
+    _add_image_input(p)
     p.set_defaults(handler=cmd_match)
 
     p = commands.add_parser(
@@ -570,6 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--temperature", type=float, help="softmax temperature tau (default: the model's, 1/16)")
     p.add_argument("--output", required=True, help="folder for the PNG files")
+    _add_image_input(p, folders=False)
     p.set_defaults(handler=cmd_visualize)
     return parser
 

@@ -10,8 +10,24 @@ class CopyNCEError(Exception):
     """Base class of the package's input errors."""
 
 
+#: Reasons an image is skipped, in plain words (``ImageLoadError.reason``), in reporting order.
+SKIP_REASONS = ("missing", "empty file", "not an image", "truncated", "too large", "too small", "unreadable")
+
+
 class ImageLoadError(CopyNCEError):
-    """An image file cannot be used: missing, truncated, corrupt, too large or too small."""
+    """An image file cannot be used: missing, empty, not an image, truncated, too large or too small.
+
+    ``reason`` is the short plain-words category used when skipped files are counted
+    (``"missing"``, ``"empty file"``, ``"not an image"``, ``"truncated"``, ``"too large"``,
+    ``"too small"``, ``"unreadable"`` for anything else).
+    """
+
+    def __init__(self, message: str, reason: str = "unreadable"):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):  # keep the reason when the error crosses a process boundary
+        return type(self), (str(self), self.reason)
 
 
 class EditParameterError(CopyNCEError, ValueError):

@@ -3,7 +3,7 @@
 The benchmark runs (``python -m benchmarks.training``) write full-precision model folders into
 ``outputs/benchmarks/runs/<kind>-<variant>-seed<k>/``. This script turns the seed-0 CopyNCE
 descriptor and matcher into the package's embedded defaults, and the seed-0 baseline descriptor
-into the comparison checkpoint (BENCHMARKS issue, item 5)::
+into the comparison checkpoint::
 
     python scripts/export_embedded.py                                   # all three, default paths
     python scripts/export_embedded.py --parts descriptor matcher        # only the embedded models
@@ -55,7 +55,7 @@ RESULTS_DIR = REPO_ROOT / "outputs" / "benchmarks"
 PRETRAINED_DIR = REPO_ROOT / "copynce_hf" / "pretrained"
 BASELINE_DIR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseline-descriptor"
 
-#: Largest embedded model folder, in bytes (issue: "at most 15 MB each").
+#: Largest embedded model folder, in bytes (15 MB each keeps the package small).
 MAX_BYTES = 15 * 10**6
 #: Largest |output(fp16 weights) - output(fp32 weights)| accepted on the check batch. Descriptors are unit
 #: vectors and matcher logits are O(1); float16 keeps about 3 significant digits per weight.
@@ -112,7 +112,7 @@ class ExportReport:
 
 
 def default_exports(runs_dir: Path = RUNS_DIR, seed: int = 0) -> dict[str, Export]:
-    """The three conversions of the benchmark issue, for the runs of ``seed``."""
+    """The three conversions (descriptor, matcher, baseline descriptor) for the runs of ``seed``."""
     return {
         "descriptor": Export("descriptor", runs_dir / f"descriptor-copynce-seed{seed}", PRETRAINED_DIR / "descriptor",
                              "descriptor", f"descriptor-copynce-seed{seed}", "copynce-vit-tiny112-descriptor"),

@@ -1,6 +1,6 @@
 """Oracles that judge a coordinate table against the pixels of the edited image.
 
-Ramp oracle (PixTrace issue, test (a)): the source is :func:`conftest.ramp_image`, whose red
+Ramp oracle: the source is :func:`conftest.ramp_image`, whose red
 channel is ``x * 255 / (W - 1)`` and green channel ``y * 255 / (H - 1)``. A pixel traced to
 ``(y, x)`` must then show that colour, up to resampling and rounding, wherever its
 neighbours are traced too (pixels on the border of the traced region blend with fill).

@@ -76,3 +76,14 @@ def save_tiny_models(root: Path, seed: int) -> dict[str, str]:
         processor.save_pretrained(root / name)
         folders[name] = str(root / name)
     return folders
+
+
+def shrunk_asset_images(folder: Path, side: int) -> Path:
+    """The bundled sample images (``copynce_hf/assets/images``) shrunk to ``side`` pixels, saved in ``folder``."""
+    from copynce_hf.data import ASSET_IMAGES
+
+    for path in sorted(ASSET_IMAGES.glob("*.jpg")):
+        image = Image.open(path).convert("RGB")
+        image.thumbnail((side, side))
+        image.save(folder / path.name, quality=90)
+    return folder

@@ -245,19 +245,17 @@ def _ncc(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum() / max(np.sqrt((a * a).sum() * (b * b).sum()), 1e-9))
 
 
-@pytest.mark.shared_data
-def test_content_oracle_on_natural_images():
-    """Edited luminance correlates with the original's at the traced positions, and not when shuffled."""
-    paths = shared_split("train")
-    editor = CopyEditor(seed=2024, recipe=CopyRecipe.training(), output_size=MODEL_SIZE)
+def content_scores(editor: CopyEditor, paths, draws: int, stride: int, side: int, min_valid: int):
+    """NCC of the edited luminance with the original's at the traced positions, and with shuffled positions,
+    over ``draws`` copies of originals shrunk to ``side`` (copies with fewer traced pixels are skipped)."""
     rng = np.random.default_rng(0)
     scores, shuffled_scores = [], []
-    for k in range(60):
-        original = load_image(paths[(k * 7) % len(paths)])
-        original.thumbnail((256, 256), Image.BILINEAR)
+    for k in range(draws):
+        original = load_image(paths[(k * stride) % len(paths)])
+        original.thumbnail((side, side), Image.BILINEAR)
         result = editor(original, seed=k)
         valid = result.table.valid
-        if valid.sum() < 500:  # almost everything covered: nothing to correlate
+        if valid.sum() < min_valid:  # almost everything covered: nothing to correlate
             continue
         y, x = result.table.coords[valid].astype(np.float64).T
         edited = np.asarray(result.image.convert("L"), dtype=np.float64)[valid]
@@ -265,6 +263,14 @@ def test_content_oracle_on_natural_images():
         scores.append(_ncc(edited, _bilinear(source, y, x)))
         order = rng.permutation(y.size)
         shuffled_scores.append(_ncc(edited, _bilinear(source, y[order], x[order])))
+    return scores, shuffled_scores
+
+
+@pytest.mark.shared_data
+def test_content_oracle_on_natural_images():
+    """Edited luminance correlates with the original's at the traced positions, and not when shuffled."""
+    editor = CopyEditor(seed=2024, recipe=CopyRecipe.training(), output_size=MODEL_SIZE)
+    scores, shuffled_scores = content_scores(editor, shared_split("train"), 60, 7, 256, 500)
     assert len(scores) >= 50
     assert np.median(scores) >= 0.85
     assert np.median(shuffled_scores) < 0.3

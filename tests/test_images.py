@@ -80,10 +80,10 @@ def test_refusals_name_the_file(tmp_path):
     with pytest.raises(ImageLoadError, match="truncated"):
         load_image(truncated)
     tiny = save(Image.new("RGB", (8, 40)), tmp_path / "tiny.png")
-    with pytest.raises(ImageLoadError, match="smaller than the minimum side 16"):
+    with pytest.raises(ImageLoadError, match="too small: 8x40, minimum 16"):
         load_image(tiny)
     big = save(Image.new("L", (300, 300)), tmp_path / "bomb.png")
-    with pytest.raises(ImageLoadError, match="decompression bomb"):
+    with pytest.raises(ImageLoadError, match="too large: 300x300"):
         load_image(big, max_pixels=10_000)
     assert issubclass(ImageLoadError, CopyNCEError)
 
@@ -118,5 +118,37 @@ def test_max_side_decodes_large_jpegs_at_a_reduced_scale(tmp_path):
     # The minimum side is judged on the file, not on the reduced decode.
     Image.fromarray(pixels[:40], "RGB").save(tmp_path / "strip.jpg")  # 800x40
     assert min(load_image(tmp_path / "strip.jpg", max_side=100, min_side=16).size) >= 16
-    with pytest.raises(ImageLoadError, match="smaller than the minimum side"):
+    with pytest.raises(ImageLoadError, match="too small"):
         load_image(tmp_path / "strip.jpg", max_side=100, min_side=64)
+
+
+def test_pillow_bomb_check_follows_the_package_limit(tmp_path, monkeypatch):
+    """Pillow refuses images above twice its own process-wide limit (89.5 megapixels by default, so a
+    200-megapixel photograph) before the package's limit applies; load_image reads the header with
+    Pillow's check off and applies its own ``max_pixels``, and leaves Pillow's setting as it was."""
+    import warnings
+
+    path = save(Image.new("RGB", (64, 64), (9, 9, 9)), tmp_path / "photo.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a Pillow limit far below the image
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DecompressionBombWarning either
+        assert load_image(path).size == (64, 64)
+    assert Image.MAX_IMAGE_PIXELS == 100
+    with pytest.raises(ImageLoadError, match=r"too large: 64x64 = 4096 pixels; the limit is 4000 pixels; raise it"):
+        load_image(path, max_pixels=4000)
+
+
+def test_skip_reasons_are_plain_words(tmp_path):
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    text = tmp_path / "text.jpg"
+    text.write_text("hello")
+    dot = save(Image.new("RGB", (1, 1)), tmp_path / "dot.png")
+    cases = {empty: ("empty file", "is an empty file"), text: ("not an image", "is not an image"),
+             dot: ("too small", "is too small: 1x1, minimum 16"), tmp_path / "none.png": ("missing", "no such file")}
+    for path, (reason, words) in cases.items():
+        with pytest.raises(ImageLoadError, match=words) as caught:
+            load_image(path)
+        assert caught.value.reason == reason and "BufferedReader" not in str(caught.value)

@@ -219,13 +219,9 @@ def test_queries_with_a_copy_and_no_prediction_count_zero_in_mean_ap():
     assert results["num_queries_with_copy"] == 2
 
 
-def test_empty_predictions_score_zero():
-    results = copy_detection_metrics([], [], [], {"q1": ["r1"]})
-    assert results["micro_ap"] == 0.0
-    assert results["recall_at_p90"] == 0.0 and results["threshold_at_p90"] is None
-    assert results["recall_at_rank1"] == 0.0 and results["recall_at_rank10"] == 0.0
-    assert results["mean_ap"] == 0.0
-    assert results["num_predictions"] == 0
+def test_empty_predictions_are_an_error():
+    with pytest.raises(ValueError, match="no predictions"):
+        copy_detection_metrics([], [], [], {"q1": ["r1"]})
 
 
 # ----------------------------------------------------------------- bad inputs
@@ -238,8 +234,10 @@ def test_duplicate_predictions_are_an_error_naming_the_pair():
 
 
 def test_nan_scores_unequal_lengths_and_empty_ground_truth_are_errors():
-    with pytest.raises(ValueError, match="NaN score.*'q2'"):
-        copy_detection_metrics(["q1", "q2"], ["r1", "r2"], [0.5, float("nan")], {"q1": ["r1"]})
+    with pytest.raises(ValueError, match="non-finite score.*'q2'.*NaN"):
+        copy_detection_metrics(["q1", "q2"], ["r1", "r2"], [0.5, float("nan")], {"q1": ["r1"], "q2": []})
+    with pytest.raises(ValueError, match="non-finite score.*'q1'.*infinite"):
+        copy_detection_metrics(["q1", "q2"], ["r1", "r2"], [float("inf"), 0.5], {"q1": ["r1"], "q2": []})
     with pytest.raises(ValueError, match="one entry per prediction"):
         copy_detection_metrics(["q1", "q2"], ["r1"], [0.5, 0.4], {"q1": ["r1"]})
     with pytest.raises(ValueError, match="no copy pair"):
@@ -345,8 +343,8 @@ def test_evaluate_module_refuses_duplicates_and_missing_ground_truth(evaluate_me
         )
     with pytest.raises(ValueError, match="needs the keyword ground_truth"):
         evaluate_metric.compute(query_id=["a"], reference_id=["b"], score=[0.1])
-    empty = evaluate_metric.compute(query_id=[], reference_id=[], score=[], ground_truth={"a": ["b"]})
-    assert empty["micro_ap"] == 0.0 and empty["num_predictions"] == 0
+    with pytest.raises(ValueError, match="no predictions"):
+        evaluate_metric.compute(query_id=[], reference_id=[], score=[], ground_truth={"a": ["b"]})
 
 
 # ----------------------------------------------------------------- plots
@@ -375,3 +373,25 @@ def test_save_pr_curves_writes_one_png_with_every_system(tmp_path):
         save_pr_curves({}, tmp_path / "empty.png")
     with pytest.raises(ValueError, match="'bad'"):
         save_pr_curves({"bad": (np.zeros(3), np.zeros(4))}, tmp_path / "bad.png")
+
+
+# ----------------------------------------------------------------- ids that do not match
+
+
+def test_ids_that_never_match_the_ground_truth_are_an_error_with_the_fix():
+    truth = {"q00": ["r00"], "q01": ["r01"], "q02": []}
+    with pytest.raises(ValueError, match=r"'q00.jpg'.*ground truth 'q00'.*strip the file extensions"):
+        copy_detection_metrics(["q00.jpg", "q01.jpg"], ["r00", "r01"], [0.9, 0.8], truth)
+    with pytest.raises(ValueError, match=r"letter case"):
+        copy_detection_metrics(["Q00", "Q01"], ["r00", "r01"], [0.9, 0.8], truth)
+    with pytest.raises(ValueError, match=r"reference ids.*'r00.png'.*strip the file extensions"):
+        copy_detection_metrics(["q00", "q01"], ["r00.png", "r01.png"], [0.9, 0.8], truth)
+    with pytest.raises(ValueError, match=r"predicted 'a'.*ground truth 'q00'"):
+        copy_detection_metrics(["a", "b"], ["r00", "r01"], [0.9, 0.8], truth)
+
+
+def test_a_partial_id_overlap_is_a_warning_with_counts():
+    truth = {"q00": ["r00"], "q01": ["r01"], "q02": ["r02"]}
+    with pytest.warns(UserWarning, match="1 of the 3 predicted query ids are not in the ground truth"):
+        results = copy_detection_metrics(["q00", "q01", "zz"], ["r00", "r01", "r02"], [0.9, 0.8, 0.7], truth)
+    assert results["num_predictions"] == 3

@@ -11,10 +11,9 @@ import pytest
 from _oracles import ramp_check
 from conftest import ramp_image, shared_split
 from PIL import Image
-from test_editor import _bilinear, _ncc, assert_same_result, textured_image
+from test_editor import assert_same_result, content_scores, textured_image
 
 from copynce_hf.errors import ConfigError, EditParameterError
-from copynce_hf.images import load_image
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, replay
 from copynce_hf.pixtrace.edits import (
     ALBUMENTATIONS_OPS,
@@ -72,23 +71,8 @@ def test_ramp_oracle_on_paper_preset_draws(preset):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_content_oracle_on_paper_preset_draws(preset):
     """Edited luminance correlates with the original's at the traced positions, and not when shuffled."""
-    paths = shared_split("train")
     editor = CopyEditor(seed=2025, recipe=PRESETS[preset](), output_size=(96, 96))
-    rng = np.random.default_rng(0)
-    scores, shuffled = [], []
-    for k in range(DRAWS):
-        original = load_image(paths[(k * 11) % len(paths)])
-        original.thumbnail((160, 160), Image.BILINEAR)
-        result = editor(original, seed=k)
-        valid = result.table.valid
-        if valid.sum() < 300:
-            continue
-        y, x = result.table.coords[valid].astype(np.float64).T
-        edited = np.asarray(result.image.convert("L"), dtype=np.float64)[valid]
-        source = np.asarray(original.convert("L"), dtype=np.float64)
-        scores.append(_ncc(edited, _bilinear(source, y, x)))
-        order = rng.permutation(y.size)
-        shuffled.append(_ncc(edited, _bilinear(source, y[order], x[order])))
+    scores, shuffled = content_scores(editor, shared_split("train"), DRAWS, 11, 160, 300)
     assert len(scores) >= 0.8 * DRAWS
     assert np.median(scores) >= 0.75
     assert np.median(shuffled) < 0.3

@@ -323,7 +323,7 @@ def test_rescoring_matcher_and_descriptor(tiny, tmp_path):
 
     result = rescore_predictions(candidates, matcher, processor, queries, references, batch_size=4, progress=False)
     assert [(p.query_id, p.reference_id) for p in result.predictions] == [("q0", "r0"), ("q1", "r1")]
-    assert result.skipped == [("q1", "rX", "no image for reference 'rX'")]
+    assert result.skipped == [("q1", "rX", "missing: no image file for reference 'rX'")]
     from copynce_hf.images import load_image
 
     with torch.no_grad():

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import shrunk_asset_images
 from PIL import Image
 from safetensors.torch import load_file
 
-from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.errors import ConfigError
 from copynce_hf.training import TrainingConfig, load_config, parse_overrides
 
@@ -51,12 +51,7 @@ def _fresh_accelerate_state():
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     """A dozen small natural images (the bundled ones shrunk to 80 px) in a folder."""
-    folder = tmp_path_factory.mktemp("images")
-    for path in sorted(ASSET_IMAGES.glob("*.jpg")):
-        image = Image.open(path).convert("RGB")
-        image.thumbnail((80, 80))
-        image.save(folder / path.name, quality=90)
-    return folder
+    return shrunk_asset_images(tmp_path_factory.mktemp("images"), 80)
 
 
 def _tiny(images, output_dir, *extra, config="tiny_cpu.yaml") -> list[str]:

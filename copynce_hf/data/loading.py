@@ -238,11 +238,13 @@ class ImageDecoder:
 
     ``skipped`` counts the failed decodes seen by this object (in this process); data-loader workers
     report theirs through the batches (see ``PixTraceCollator``). Each failing file is logged once per
-    process at WARNING level, with the reason.
+    process at WARNING level, with the reason. ``max_pixels`` is the size limit of :func:`load_image`
+    (``None``: its default).
     """
 
-    def __init__(self, min_side: int = 16, max_side: int | None = None):
+    def __init__(self, min_side: int = 16, max_pixels: int | None = None, max_side: int | None = None):
         self.min_side = min_side
+        self.max_pixels = max_pixels
         self.max_side = max_side  # JPEGs larger than this are decoded at a reduced scale (load_image)
         self.skipped = 0
         self._logged: set[str] = set()
@@ -256,7 +258,7 @@ class ImageDecoder:
                     raise ImageLoadError(f"image {image_id!r} has neither bytes nor a path")
             else:
                 source = value
-            return load_image(source, min_side=self.min_side, max_side=self.max_side)
+            return load_image(source, min_side=self.min_side, max_pixels=self.max_pixels, max_side=self.max_side)
         except ImageLoadError as error:
             self.skipped += 1
             if image_id not in self._logged:

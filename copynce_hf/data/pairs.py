@@ -100,17 +100,24 @@ class CopyPairMaker:
         return editor
 
     def copy(self, image: Image.Image, recipe: str, seed: int) -> tuple[Image.Image, CoordinateTable, list]:
-        """One traced copy of ``image`` at ``S x S``: ``(copy, table to image, replayable recipe)``."""
+        """One traced copy of ``image`` at ``S x S``: ``(copy, table to image, replayable recipe)``.
+
+        The recipe is a list of ``Edit.to_dict()``: ``pixtrace.replay(image, recipe)`` rebuilds the
+        same copy and table from the same ``image`` (for a pair, the original after :meth:`source`).
+        """
+        from ..pixtrace.edits.geometric import Resize
+
         size = self.image_size
         if recipe == "resize":
             table = CoordinateTable.identity(image.height, image.width)
-            edited, recipe_log = image, [{"name": "resize", "params": {"size": [size, size]}}]
+            edited, recipe_log = image, []
         else:
             result = self._editor(recipe)(image, seed=int(seed))
-            edited, table, recipe_log = result.image, result.table, result.recipe
+            edited, table, recipe_log = result.image, result.table, list(result.recipe)
         if edited.size != (size, size):  # the model input size: both the pixels and the table
-            edited = edited.resize((size, size), Image.BILINEAR)
-            table = table.resize(size, size)
+            resize = Resize(size, size)
+            edited, table = resize(edited, table)
+            recipe_log.append(resize.to_dict())
         return edited, table, recipe_log
 
     def __call__(

@@ -1,6 +1,6 @@
 """``python -m copynce_hf.demo``: copy detection on the bundled images, with a printed table and an HTML report.
 
-What it does (BENCHMARKS issue, item 6), offline and without any data besides the package:
+What it does, offline and without any data besides the package:
 
 1. loads the embedded CopyNCE descriptor and matcher (``copynce_hf/pretrained/``; ``--descriptor`` /
    ``--matcher`` name other folders) and stops with a clear message when they are missing;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -11,6 +12,28 @@ PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
 DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
 DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
+_MADE_BY = " (the embedded models are made by `python scripts/export_embedded.py`, nothing here trains a model)"
+
+
+def check_model_path(path: str | Path | None, option: str = "--model") -> None:
+    """Refuse a model value that names a local folder which does not exist or is not a model folder.
+
+    A value is local when it exists, is absolute, starts with ``.`` or ``~``, or has more than one
+    path separator (a Hub id is ``name`` or ``org/name``); other values are left to the Hub. Called
+    before any work, so that a mistyped path is reported as such (not as a malformed Hub id).
+    """
+    if path is None:
+        return
+    text = os.fspath(path)
+    local = Path(text).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ConfigError(f"{option} {text!r} is a file; a model folder written by save_pretrained is expected")
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"{option} {text!r} is a folder without config.json (not a saved model folder)")
+        return
+    if local.is_absolute() or text.startswith((".", "~")) or text.replace("\\", "/").count("/") > 1:
+        raise ConfigError(f"{option} {text!r}: the model folder does not exist{_MADE_BY}")
 
 
 def load_model(path: str | Path | None = None, kind: str | None = None, option: str = "--model",
@@ -46,6 +69,7 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
                 f"(a folder written by save_pretrained, or a Hub id)"
             )
         path = folder
+    check_model_path(path, option)
     try:
         model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
         processor = AutoImageProcessor.from_pretrained(str(path))
@@ -53,8 +77,7 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         hint = ""
         if not Path(str(path)).exists():
-            hint = ("; it is neither a model folder here nor a reachable Hub id (the embedded models are made by "
-                    "`python scripts/export_embedded.py`, nothing here trains a model)")
+            hint = f"; it is neither a model folder here nor a reachable Hub id{_MADE_BY}"
         raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}{hint}") from error
     if kind is not None and model_kind(model) != kind:
         raise ConfigError(f"{option} {path} holds a {model_kind(model)}; a {kind} is needed here")

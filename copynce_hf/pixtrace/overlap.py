@@ -33,11 +33,7 @@ def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[in
         Untraced and out-of-bounds pixels count nowhere, so rows sum to at most 1.
     """
     height, width = table.size
-    target_h, target_w = (int(v) for v in target_size)
-    for name, value in (("table height", height), ("table width", width), ("target height", target_h),
-                        ("target width", target_w)):
-        if value % patch_size:
-            raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    target_h, target_w = _patch_grids(table, patch_size, target_size)
     grid_a = (height // patch_size) * (width // patch_size)
     grid_b_w = target_w // patch_size
     grid_b = (target_h // patch_size) * grid_b_w
@@ -57,6 +53,17 @@ def patch_overlap(table: CoordinateTable, patch_size: int, target_size: tuple[in
         patch_row += _patch_index(height, width, patch_size, grid_b)
     counts = np.bincount(patch_row[inside].astype(np.intp), minlength=grid_a * grid_b)
     return (counts.astype(np.float32) / np.float32(patch_size * patch_size)).reshape(grid_a, grid_b)
+
+
+def _patch_grids(table: CoordinateTable, patch_size: int, target_size) -> tuple[int, int]:
+    """``(H_B, W_B)`` as ints, after checking that both images' sides are multiples of ``patch_size``."""
+    height, width = table.size
+    target_h, target_w = (int(v) for v in target_size)
+    for name, value in (("table height", height), ("table width", width), ("target height", target_h),
+                        ("target width", target_w)):
+        if value % patch_size:
+            raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    return target_h, target_w
 
 
 def pair_tables(table_a: CoordinateTable, table_b: CoordinateTable) -> tuple[CoordinateTable, CoordinateTable]:
@@ -111,11 +118,7 @@ def scatter_reverse_overlap(table_ab: CoordinateTable, patch_size: int, target_s
         target_size: ``(H_B, W_B)``.
     """
     height, width = table_ab.size
-    target_h, target_w = (int(v) for v in target_size)
-    for name, value in (("table height", height), ("table width", width), ("target height", target_h),
-                        ("target width", target_w)):
-        if value % patch_size:
-            raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    target_h, target_w = _patch_grids(table_ab, patch_size, target_size)
     y, x, valid = table_ab.positions()
     with np.errstate(invalid="ignore"):
         row, col = np.rint(y.astype(np.float64)), np.rint(x.astype(np.float64))
@@ -181,11 +184,8 @@ def _analytic_pair_overlap(table_a: CoordinateTable, table_b: CoordinateTable, p
     the bounds and the validity tests), and one ``bincount`` of
     ``(L_B + 1) * patch_A + lookup``, whose column 0 collects what counts nowhere.
     """
-    (height, width), (target_h, target_w) = table_a.size, table_b.size
-    for name, value in (("table height", height), ("table width", width), ("target height", target_h),
-                        ("target width", target_w)):
-        if value % patch_size:
-            raise TableError(f"{name} {value} is not a multiple of patch_size {patch_size}")
+    height, width = table_a.size
+    target_h, target_w = _patch_grids(table_a, patch_size, table_b.size)
     grid_a = (height // patch_size) * (width // patch_size)
     grid_b = (target_h // patch_size) * (target_w // patch_size)
     if grid_a * (grid_b + 1) >= 2**31 or (target_h + 2) * (target_w + 2) >= 2**24:

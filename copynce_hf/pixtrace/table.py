@@ -23,7 +23,7 @@ Nothing is warped at full resolution; ``coords`` is materialised once, at this i
 size, when first asked for; so is the traced mask, row by row (the half-planes leave one
 span of columns per row). The inverse of such a table is analytic too, and so dense:
 inverting a table that downscales does not leave three pixels in four empty, which a
-pixel-scatter inverse would (the trap described in the package's PixTrace issue).
+pixel-scatter inverse would.
 
 Tables made by an arbitrary coordinate function (:meth:`CoordinateTable.apply`) are
 dense; their :meth:`inverse` follows the paper's supplement ("Reverse Operation of

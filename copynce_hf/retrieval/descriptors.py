@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +32,14 @@ class DescriptorSet:
         ids: N image ids (strings, unique).
         descriptors: float32 array of shape (N, D); rows are L2-normalised for CopyNCE descriptors.
         skipped: ids (or file names) of images that could not be read during extraction.
+        skip_reasons: id -> plain-words reason of each skipped image (``ImageLoadError.reason``),
+            known right after extraction (not saved).
     """
 
     ids: list[str]
     descriptors: np.ndarray
     skipped: list[str] | None = None
+    skip_reasons: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ids = [str(i) for i in self.ids]

@@ -262,7 +262,7 @@ def detect(
     start = time.perf_counter()
     model, processor = matcher
     scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
-                           cache_size=config.cache_size)
+                           cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None))
     pairs = [(p.query_id, p.reference_id) for p in candidates]
     scores = scorer.score(pairs, _SourceImages(queries), _SourceImages(references), num_workers=config.num_workers,
                           progress=progress, description=f"matcher ({config.matcher_lce} LCE)")

@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..errors import ImageLoadError
+from ..errors import SKIP_REASONS, ImageLoadError
 from .descriptors import DescriptorSet
 
 logger = logging.getLogger(__name__)
@@ -29,9 +29,9 @@ class ProcessedImages(Dataset):
     """Wraps an image source (:mod:`.sources`): item ``i`` is the processed image ``i``.
 
     Items are dicts with ``index`` (int), ``pixel_values`` (3, H, W) float32 and ``valid``
-    (an int, so that it gathers across processes). An image that cannot be read gives
-    ``valid=0`` and a black placeholder of the same shape, so that batches keep one shape
-    across processes.
+    (an int, so that it gathers across processes): 1 for a read image; for an image that cannot
+    be read, ``-1 - SKIP_REASONS.index(reason)`` and a black placeholder of the same shape, so that
+    batches keep one shape across processes.
     """
 
     def __init__(self, source, image_processor):
@@ -51,7 +51,8 @@ class ProcessedImages(Dataset):
             valid = 1
         except ImageLoadError as error:
             logger.warning("skipping image %r: %s", self.source.ids[index], error)
-            pixel_values, valid = self.placeholder, 0
+            reason = error.reason if error.reason in SKIP_REASONS else "unreadable"
+            pixel_values, valid = self.placeholder, -1 - SKIP_REASONS.index(reason)
         return {"index": index, "pixel_values": pixel_values, "valid": valid}
 
 
@@ -108,10 +109,13 @@ def extract_descriptors(
     bar.close()
     indices = torch.cat(indices).numpy()
     descriptors = torch.cat(descriptors).numpy().astype(np.float32)
-    valid = torch.cat(valid).numpy().astype(bool)
+    codes = torch.cat(valid).numpy()
     order = np.argsort(indices, kind="stable")
-    indices, descriptors, valid = indices[order], descriptors[order], valid[order]
+    indices, descriptors, codes = indices[order], descriptors[order], codes[order]
+    valid = codes > 0
     skipped = [source.ids[i] for i in indices[~valid]]
+    reasons = {source.ids[i]: SKIP_REASONS[-1 - int(code)] for i, code in zip(indices[~valid], codes[~valid])}
     if skipped:
         logger.warning("skipped %d unreadable image(s) of %d: %s", len(skipped), len(dataset), ", ".join(skipped[:10]))
-    return DescriptorSet([source.ids[i] for i in indices[valid]], descriptors[valid], skipped=skipped)
+    return DescriptorSet([source.ids[i] for i in indices[valid]], descriptors[valid], skipped=skipped,
+                         skip_reasons=reasons)

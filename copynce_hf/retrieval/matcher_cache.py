@@ -48,15 +48,16 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
 class _ViewImages(Dataset):
     """Item ``i``: the processed views (V, 3, H, W) of image ``i`` and ``valid`` (0 if unreadable)."""
 
-    def __init__(self, images: list, views: ViewFunction, image_processor):
+    def __init__(self, images: list, views: ViewFunction, image_processor, max_pixels: int | None = None):
         self.images, self.views, self.image_processor = images, views, image_processor
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int) -> dict:
         try:
-            image = load_image(self.images[index])
+            image = load_image(self.images[index], max_pixels=self.max_pixels)
             pixels = self.image_processor(images=self.views(image), return_tensors="pt")["pixel_values"]
             return {"index": index, "views": pixels, "valid": 1}
         except ImageLoadError as error:
@@ -80,12 +81,15 @@ class MatcherScorer:
         cache_size: reference views whose tokens are kept (least recently used dropped first).
         query_views, reference_views, view_pairs: override the LCE mode's views (image -> list of
             view images; view 0 must be the full image) and pair rule ``(Vq, Vr) -> [(qi, ri)]``.
+        max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
                  query_views: ViewFunction | None = None, reference_views: ViewFunction | None = None,
-                 view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None):
+                 view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
+                 max_pixels: int | None = None):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
+        self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
         self.model = model.eval()
         self.image_processor = image_processor
@@ -119,7 +123,8 @@ class MatcherScorer:
                 self._references.move_to_end(rid)
         if not missing:
             return
-        dataset = _ViewImages([files[rid] for rid in missing], self.reference_views, self.image_processor)
+        dataset = _ViewImages([files[rid] for rid in missing], self.reference_views, self.image_processor,
+                              self.max_pixels)
         for rid, item in zip(missing, (dataset[i] for i in range(len(dataset)))):
             tokens = self._encode_views(item["views"]) if item["valid"] else None
             self._references[rid] = tokens
@@ -163,7 +168,8 @@ class MatcherScorer:
             by_query.setdefault(query_id, []).append(row)
         scores: list[float | None] = [None] * len(pairs)
         query_ids = [qid for qid in by_query if qid in query_files]
-        dataset = _ViewImages([query_files[qid] for qid in query_ids], self.query_views, self.image_processor)
+        dataset = _ViewImages([query_files[qid] for qid in query_ids], self.query_views, self.image_processor,
+                              self.max_pixels)
         loader = DataLoader(dataset, batch_size=1, num_workers=num_workers, collate_fn=_first)
         with tqdm(total=len(pairs), desc=description, unit="pair", disable=not progress) as bar:
             for item in loader:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import PredictionsError
+from ..outputs import StagedFile
 
 #: Column names of the DISC21 matching-track CSV, in order.
 PREDICTION_COLUMNS = ("query_id", "reference_id", "score")
@@ -47,7 +48,8 @@ def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction]
     """Write predictions as ``query_id,reference_id,score`` CSV, sorted by decreasing score.
 
     Returns the number of rows written. Duplicate pairs and non-finite scores raise
-    :class:`PredictionsError` before anything is written.
+    :class:`PredictionsError` before anything is written. The file is written to a temporary
+    file beside ``path`` and renamed, so an existing file is replaced only by a complete one.
     """
     rows = [Prediction(str(q), str(r), float(s)) for q, r, s in predictions]
     check_unique(rows, source=f"predictions for {os.fspath(path)!r}")
@@ -55,10 +57,7 @@ def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction]
         if not math.isfinite(row.score):
             raise PredictionsError(f"score {row.score} of pair ({row.query_id!r}, {row.reference_id!r}) is not finite")
     rows.sort(key=lambda row: (-row.score, row.query_id, row.reference_id))
-    path = Path(path)
-    if path.parent != Path(""):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as handle:
+    with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(PREDICTION_COLUMNS)
         for row in rows:

@@ -26,7 +26,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..errors import ConfigError, ImageLoadError, PredictionsError
+from ..errors import SKIP_REASONS, ConfigError, ImageLoadError, PredictionsError
 from ..images import load_image
 from .predictions import Prediction
 
@@ -152,8 +152,11 @@ class PairViews(Dataset):
     an image is unreadable; its views are then black placeholders).
     """
 
-    def __init__(self, pairs: list[tuple[Path, Path]], image_processor, local_crops: LocalCrops | None = None):
+    def __init__(self, pairs: list[tuple[Path, Path]], image_processor, local_crops: LocalCrops | None = None,
+                 max_pixels: int | None = None):
         self.pairs = pairs
+        self.max_pixels = max_pixels
+        self.reasons: dict[int, str] = {}
         self.image_processor = image_processor
         self.local_crops = local_crops
         blank = Image.new("RGB", (64, 64))
@@ -174,12 +177,15 @@ class PairViews(Dataset):
     def __getitem__(self, index: int) -> dict:
         query_path, reference_path = self.pairs[index]
         try:
-            query_views = self._process(self._query_views(load_image(query_path)))
-            reference_views = self._process(self._reference_views(load_image(reference_path)))
+            query_views = self._process(self._query_views(load_image(query_path, max_pixels=self.max_pixels)))
+            reference_views = self._process(
+                self._reference_views(load_image(reference_path, max_pixels=self.max_pixels))
+            )
             valid = 1
         except ImageLoadError as error:
             logger.warning("skipping pair (%s, %s): %s", query_path.stem, reference_path.stem, error)
-            (query_views, reference_views), valid = self.placeholders, 0
+            reason = error.reason if error.reason in SKIP_REASONS else "unreadable"
+            (query_views, reference_views), valid = self.placeholders, -1 - SKIP_REASONS.index(reason)
         return {"query_views": query_views, "reference_views": reference_views, "valid": valid}
 
 
@@ -202,6 +208,7 @@ def rescore_predictions(
     local_crops: LocalCrops | None = None,
     progress: bool = True,
     matcher_lce: str = "none",
+    max_pixels: int | None = None,
 ) -> RescoreResult:
     """Score every candidate pair of ``predictions`` with ``model``; old scores are discarded.
 
@@ -219,6 +226,7 @@ def rescore_predictions(
             reference view); ``None`` compares the whole images, or uses ``matcher_lce``.
         matcher_lce: for a matcher without ``local_crops``: ``none``, ``paper`` (the paper's 35 view
             pairs) or ``all`` (260), see :mod:`copynce_hf.retrieval.views`.
+        max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
 
     Returns:
         :class:`RescoreResult`. Pairs whose image id is not in the folders or whose image
@@ -231,7 +239,7 @@ def rescore_predictions(
         reference_path = reference_files.get(prediction.reference_id)
         if query_path is None or reference_path is None:
             missing = f"query {prediction.query_id!r}" if query_path is None else f"reference {prediction.reference_id!r}"
-            skipped.append((prediction.query_id, prediction.reference_id, f"no image for {missing}"))
+            skipped.append((prediction.query_id, prediction.reference_id, f"missing: no image file for {missing}"))
             continue
         kept.append(prediction)
         paths.append((Path(query_path), Path(reference_path)))
@@ -245,13 +253,14 @@ def rescore_predictions(
         if local_crops is not None:
             views = {"query_views": local_crops.query_views, "reference_views": local_crops.reference_views,
                      "view_pairs": lambda nq, nr: [(q, r) for q in range(nq) for r in range(nr)]}
-        scorer = MatcherScorer(model, image_processor, lce=matcher_lce, batch_size=batch_size, **views)
+        scorer = MatcherScorer(model, image_processor, lce=matcher_lce, batch_size=batch_size,
+                               max_pixels=max_pixels, **views)
         pairs = [(p.query_id, p.reference_id) for p in kept]
         scores = scorer.score(pairs, query_files, reference_files, num_workers=num_workers, progress=progress,
                               description="re-scoring")
         valid = [score is not None for score in scores]
     else:
-        dataset = PairViews(paths, image_processor, local_crops)
+        dataset = PairViews(paths, image_processor, local_crops, max_pixels=max_pixels)
         views_per_pair = dataset.placeholders[0].shape[0] * dataset.placeholders[1].shape[0]
         pairs_per_batch = max(1, batch_size // views_per_pair)
         loader = DataLoader(dataset, batch_size=pairs_per_batch, num_workers=num_workers, shuffle=False)
@@ -265,10 +274,11 @@ def rescore_predictions(
         scores, valid = torch.cat(scores).tolist(), torch.cat(valid).tolist()
     rescored = []
     for prediction, score, ok in zip(kept, scores, valid):
-        if ok:
+        if ok > 0:
             rescored.append(Prediction(prediction.query_id, prediction.reference_id, float(score)))
         else:
-            skipped.append((prediction.query_id, prediction.reference_id, "unreadable image"))
+            reason = SKIP_REASONS[-1 - int(ok)]
+            skipped.append((prediction.query_id, prediction.reference_id, reason))
     if skipped:
         logger.warning("skipped %d of %d candidate pairs (missing or unreadable images)", len(skipped), len(predictions))
     if not rescored:

@@ -20,46 +20,79 @@ from ..images import load_image
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-def list_image_files(folder: str | os.PathLike) -> list[Path]:
-    """Image files directly inside ``folder``, sorted by name.
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
 
-    Raises :class:`ImageLoadError` when the folder does not exist, is not a folder, holds
-    no image file, or holds two images with the same stem (their ids would collide).
+
+def list_image_files(folder: str | os.PathLike, recursive: bool = False) -> list[Path]:
+    """Image files of ``folder`` (with ``recursive``, of its sub-folders too), sorted by path.
+
+    Hidden files and folders (names starting with ``.``) are left out. Raises
+    :class:`ImageLoadError` when the folder does not exist, is not a folder, holds no image file,
+    or holds two images whose ids (:func:`image_id`) collide, e.g. ``a.jpg`` and ``a.png``.
     """
     folder = Path(folder)
     if not folder.exists():
         raise ImageLoadError(f"image folder {os.fspath(folder)!r} does not exist")
     if not folder.is_dir():
         raise ImageLoadError(f"{os.fspath(folder)!r} is not a folder")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    candidates = folder.rglob("*") if recursive else folder.iterdir()
+    files = sorted(
+        p for p in candidates
+        if p.suffix.lower() in IMAGE_EXTENSIONS and not _hidden(p.relative_to(folder)) and p.is_file()
+    )
     if not files:
+        subfolders = [] if recursive else subfolders_of(folder)
+        hint = f"; it has {len(subfolders)} sub-folder(s): pass --recursive to read them" if subfolders else ""
         raise ImageLoadError(
-            f"image folder {os.fspath(folder)!r} holds no image file ({', '.join(IMAGE_EXTENSIONS)})"
+            f"image folder {os.fspath(folder)!r} holds no image file ({', '.join(IMAGE_EXTENSIONS)}){hint}"
         )
-    stems: dict[str, Path] = {}
+    ids: dict[str, Path] = {}
     for path in files:
-        if path.stem in stems:
+        key = image_id(path, folder)
+        if key in ids:
             raise ImageLoadError(
-                f"image folder {os.fspath(folder)!r} holds {stems[path.stem].name} and {path.name}: "
-                f"both would have the id {path.stem!r}"
+                f"image folder {os.fspath(folder)!r} holds {ids[key].relative_to(folder)} and "
+                f"{path.relative_to(folder)}: both would have the id {key!r}; rename or remove one"
             )
-        stems[path.stem] = path
+        ids[key] = path
     return files
 
 
-class ImageFolderSource:
-    """The images of a folder (see :func:`list_image_files`); ids are file stems."""
+def subfolders_of(folder: str | os.PathLike) -> list[Path]:
+    """The visible sub-folders directly inside ``folder`` (read only with ``recursive``)."""
+    return sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
 
-    def __init__(self, folder: str | os.PathLike):
+
+def image_id(path: Path, folder: Path) -> str:
+    """The id of an image file: its path relative to ``folder`` without extension, ``/``-separated
+    (``Q00001.jpg`` -> ``Q00001``; ``cats/tom.png`` -> ``cats/tom``)."""
+    return path.relative_to(folder).with_suffix("").as_posix()
+
+
+class ImageFolderSource:
+    """The images of a folder (see :func:`list_image_files`); ids from :func:`image_id`.
+
+    Args:
+        folder: the image folder.
+        recursive: also read the images of its sub-folders (ids keep the relative path).
+        max_pixels: size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+    """
+
+    def __init__(self, folder: str | os.PathLike, recursive: bool = False, max_pixels: int | None = None):
         self.folder = Path(folder)
-        self.files = list_image_files(folder)
-        self.ids = [path.stem for path in self.files]
+        self.recursive = recursive
+        self.max_pixels = max_pixels
+        self.files = list_image_files(folder, recursive=recursive)
+        self.ids = [image_id(path, self.folder) for path in self.files]
+        #: visible sub-folders that were not read (``recursive=False``)
+        self.ignored_subfolders = [] if recursive else subfolders_of(self.folder)
 
     def __len__(self) -> int:
         return len(self.files)
 
     def load(self, index: int) -> Image.Image:
-        return load_image(self.files[index])
+        return load_image(self.files[index], max_pixels=self.max_pixels)
 
     def lookup(self) -> dict[str, Path]:
         """Map from id to file path."""

@@ -71,6 +71,7 @@ def extract_view_descriptors(model, image_processor, source, preset: ViewPreset,
     """
     result = extract_descriptors(model, image_processor, ViewSource(source, preset, role), **kwargs)
     result.skipped = list(dict.fromkeys(owner_of(row, preset.name) for row in result.skipped))
+    result.skip_reasons = {owner_of(row, preset.name): reason for row, reason in result.skip_reasons.items()}
     return result
 
 

@@ -32,10 +32,18 @@ import yaml
 
 from ..errors import ConfigError
 
-__all__ = ["TrainingConfig", "load_config", "parse_overrides", "DEFAULT_CONFIG"]
+__all__ = ["TrainingConfig", "load_config", "parse_overrides", "CONFIG_DIR", "DEFAULT_CONFIG"]
 
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: Folder of the shipped training configurations: the repository's ``configs/`` in a source checkout;
+#: an installed package carries the same files as ``copynce_hf/configs/`` (package data, see setup.py).
+CONFIG_DIR = next(
+    (folder for folder in (_PACKAGE_DIR / "configs", _PACKAGE_DIR.parent / "configs")
+     if (folder / "tiny_cpu.yaml").is_file()),
+    _PACKAGE_DIR / "configs",
+)
 #: The configuration used when ``scripts/train.py`` is run without ``--config``.
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny_cpu.yaml"
 
 _MODEL_TYPES = ("descriptor", "matcher")
 _PAIR_SOURCES = ("edits", "ground_truth")
@@ -86,6 +94,8 @@ class TrainingConfig:
             (the inverse table) or ``scatter`` (the authors' scatter inverse of the query's table,
             with holes where the query shows the reference shrunk); see ``PixTraceCollator``.
         dataloader_num_workers: data-loader worker processes per training process.
+        max_image_pixels: largest accepted image (width x height); larger ones are skipped and counted
+            like unreadable ones (``null``: the package's limit, ``copynce_hf.images.MAX_IMAGE_PIXELS``).
         num_eval_images: images held out of the training set for the periodic evaluation.
     Optimisation (paper supplementary table):
         max_steps / num_train_epochs, per_device_train_batch_size, gradient_accumulation_steps,
@@ -131,6 +141,7 @@ class TrainingConfig:
     hard_negative_slots: bool = False
     copynce_reverse_prior: str = "exact"
     dataloader_num_workers: int = 0
+    max_image_pixels: int | None = None
     num_eval_images: int = 0
     # optimisation
     seed: int = 0
@@ -228,6 +239,7 @@ class TrainingConfig:
         number("shuffle_buffer_size", integer=True, low=0)
         number("max_source_side", allow_none=True, integer=True, low=0)
         number("dataloader_num_workers", integer=True, low=0)
+        number("max_image_pixels", allow_none=True, integer=True, positive=True)
         number("num_eval_images", integer=True, low=0)
         number("seed", integer=True, low=0)
         number("max_steps", allow_none=True, integer=True, positive=True)

@@ -34,6 +34,7 @@ class CopyDetectionTask:
         references: uint8 (R, 3, S, S).
         query_ids, reference_ids: ids (``q:<image id>``, ``r:<image id>``).
         ground_truth: ``{query_id: [reference_id]}``; distractor queries map to ``[]``.
+        skipped_images: held-out images left out because they could not be read.
     """
 
     queries: torch.Tensor
@@ -41,15 +42,23 @@ class CopyDetectionTask:
     query_ids: list[str]
     reference_ids: list[str]
     ground_truth: dict[str, list[str]]
+    skipped_images: int = 0
     image_mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
     image_std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
 
 
 def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int = 12345,
-                              query_recipe: str = "training") -> CopyDetectionTask | None:
-    """Build the task from dataset rows (``image_id`` + undecoded ``image``); ``None`` if < 2 readable."""
+                              query_recipe: str = "training", decoder: ImageDecoder | None = None
+                              ) -> CopyDetectionTask | None:
+    """Build the task from dataset rows (``image_id`` + undecoded ``image``); ``None`` if < 2 readable.
+
+    ``decoder`` reads the images (its ``skipped`` count grows by the unreadable ones, which the task
+    also records in ``skipped_images``).
+    """
     maker = CopyPairMaker(image_size, query_recipe=query_recipe, reference_recipe="light")
-    originals = ImageDecoder(max_side=maker.max_source_side).decode_all(rows)
+    decoder = decoder or ImageDecoder(max_side=maker.max_source_side)
+    skipped_before = decoder.skipped
+    originals = decoder.decode_all(rows)
     if len(originals) < 2:
         return None
     collator = PixTraceCollator(image_size, patch_size)
@@ -68,7 +77,8 @@ def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int 
             reference_ids.append(f"r:{image_id}")
             truth[query_id] = [f"r:{image_id}"]
     return CopyDetectionTask(collator.stack_images(queries), collator.stack_images(references), query_ids,
-                             reference_ids, truth, collator.image_mean, collator.image_std)
+                             reference_ids, truth, skipped_images=decoder.skipped - skipped_before,
+                             image_mean=collator.image_mean, image_std=collator.image_std)
 
 
 @torch.inference_mode()

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from .. import hub
+from ..outputs import StagedFolder
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ _CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank
 def training_card(model, config, metrics: dict | None, model_id: str):
     """The model card of a run: architecture and objective from the model, settings from ``config``."""
     settings = {
-        "training script": "`accelerate launch scripts/train.py`",
+        "training script": "`python -m copynce_hf.training` (`scripts/train.py`)",
         "dataset": config.dataset or "bundled sample images (copynce_hf/assets/images)",
         "pairs": f"{config.pair_source} (query recipe {config.query_recipe}, reference recipe {config.reference_recipe})",
         "optimizer": f"AdamW (betas {config.adam_beta1}, {config.adam_beta2}), weight decay {config.weight_decay}",
@@ -53,10 +54,14 @@ def training_card(model, config, metrics: dict | None, model_id: str):
 
 def save_trained_model(model, processor, config, output_dir, metrics: dict | None = None,
                        push_to_hub: str | None = None, private: bool = False) -> Path:
-    """Save the model folder into ``output_dir``; with ``push_to_hub=<repo id>`` also upload it."""
+    """Save the model folder into ``output_dir``; with ``push_to_hub=<repo id>`` also upload it.
+
+    The files are written into a temporary folder beside ``output_dir`` and moved into it when all are
+    written, so an interrupted save leaves a previous model of the folder intact."""
     folder = Path(output_dir)
     card = training_card(model, config, metrics, model_id=push_to_hub or folder.resolve().name)
-    hub.save_for_hub(model, folder, image_processor=processor, card=card)
+    with StagedFolder(folder) as staging:  # files replace the previous ones only once all are written
+        hub.save_for_hub(model, staging, image_processor=processor, card=card)
     if push_to_hub:
         info = hub.push_to_hub(model, push_to_hub, image_processor=processor, card=card, private=private)
         logger.info("uploaded the model to https://huggingface.co/%s (%s)", push_to_hub, getattr(info, "oid", info))

@@ -53,6 +53,7 @@ __all__ = [
     "true_match_ranks",
     "mean_average_precision",
     "copy_detection_metrics",
+    "check_id_overlap",
 ]
 
 #: Rank given to a ground-truth pair that has no prediction (never counted as found).
@@ -206,11 +207,15 @@ def _label(query_ids, reference_ids, scores, ground_truth) -> _Labelled:
             f"query_id, reference_id and score must have one entry per prediction; got "
             f"{len(query_ids)}, {len(reference_ids)} and {len(scores)}"
         )
-    nan = np.flatnonzero(np.isnan(scores))
-    if nan.size:
-        i = int(nan[0])
+    if not len(scores):
+        raise ValueError("there are no predictions to score (query_id, reference_id and score are empty)")
+    bad = np.flatnonzero(~np.isfinite(scores))
+    if bad.size:
+        i = int(bad[0])
+        kind = "NaN" if np.isnan(scores[i]) else "infinite"
         raise ValueError(
-            f"{nan.size} prediction(s) have a NaN score, the first is ({query_ids[i]!r}, {reference_ids[i]!r})"
+            f"{bad.size} prediction(s) have a non-finite score; the first is ({query_ids[i]!r}, "
+            f"{reference_ids[i]!r}) with a {kind} score"
         )
     pairs = list(zip(query_ids, reference_ids))
     unique = set(pairs)
@@ -227,6 +232,7 @@ def _label(query_ids, reference_ids, scores, ground_truth) -> _Labelled:
     gt_pairs = sorted((q, r) for q, refs in gt_mapping.items() for r in refs)
     if not gt_pairs:
         raise ValueError("the ground truth holds no copy pair, so precision-recall metrics are undefined")
+    check_id_overlap(query_ids, reference_ids, gt_mapping)
     gt_set = set(gt_pairs)
     is_copy = np.fromiter((pair in gt_set for pair in pairs), dtype=bool, count=len(pairs))
     query_names, query_codes = np.unique(np.asarray(query_ids, dtype=str), return_inverse=True)
@@ -240,6 +246,83 @@ def _label(query_ids, reference_ids, scores, ground_truth) -> _Labelled:
         gt_pairs=gt_pairs,
         gt_mapping=gt_mapping,
     )
+
+
+def _id_fixes(predicted: Sequence[str], expected: set[str]) -> list[str]:
+    """Plain-words fixes that would make predicted ids match the ground truth's, found by trying them."""
+    sample = list(dict.fromkeys(predicted))[:2000]
+    fixes = []
+    trials = (
+        ("strip the file extensions from the predicted ids (q00.jpg -> q00)", lambda i: os.path.splitext(i)[0]),
+        ("the ground truth's ids carry a file extension the predictions lack; strip it there", None),
+        ("ids differ in letter case; write them in the same case", lambda i: i.lower()),
+        ("the predicted ids carry folder prefixes; keep the file name only", lambda i: i.replace("\\", "/").rsplit("/", 1)[-1]),
+    )
+    lower = {e.lower() for e in expected}
+    bare = {os.path.splitext(e)[0] for e in expected}
+    for text, fix in trials:
+        if fix is None:
+            hit = any(i in bare for i in sample)
+        elif "case" in text:
+            hit = any(fix(i) in lower for i in sample)
+        else:
+            hit = any(fix(i) in expected for i in sample)
+        if hit:
+            fixes.append(text)
+    if not fixes:
+        # a common prefix or suffix on one side only (Q00001 vs 00001, img_1 vs 1)
+        if any(any(i.endswith(e) or e.endswith(i) for e in list(expected)[:200]) for i in sample[:200]):
+            fixes.append("ids differ by a prefix; remove it on one side")
+    return fixes
+
+
+def check_id_overlap(query_ids: Sequence[str], reference_ids: Sequence[str], gt_mapping: dict[str, list[str]]) -> None:
+    """Refuse predictions whose ids cannot be those of the ground truth; warn on a partial overlap.
+
+    The ids are compared as exact strings, so ``q00.jpg`` never matches ``q00``: without this
+    check such predictions would score muAP 0 without a word. Raises :class:`ValueError` (with an
+    example id of each side and the likely fix) when no predicted query id is in the ground truth,
+    or when fewer than half are and either a simple fix (extension, case, folder prefix) would make
+    them match or the ground truth lists every query (it has distractor queries, mapped to no
+    reference, so an unlisted query is unknown). A smaller mismatch is a :class:`UserWarning` with
+    the counts. The same is checked for reference ids when a fix would make them match.
+    """
+    import warnings
+
+    predicted = set(query_ids)
+    expected = set(gt_mapping)
+    known = predicted & expected
+    complete = any(not references for references in gt_mapping.values())
+
+    def example(ids) -> str:
+        return repr(sorted(ids)[0]) if ids else "(none)"
+
+    if len(known) < len(predicted):
+        fixes = _id_fixes(sorted(predicted - expected), expected)
+        share = len(known) / max(len(predicted), 1)
+        if not known or (share < 0.5 and (fixes or complete)):
+            raise ValueError(
+                f"{len(predicted) - len(known)} of the {len(predicted)} predicted query ids are not in the ground "
+                f"truth (which lists {len(expected)} queries): e.g. predicted {example(predicted - expected)}, "
+                f"ground truth {example(expected)}. "
+                + (f"Likely fix: {'; '.join(fixes)}." if fixes else
+                   "Check that both files use the same ids (file names without extension, same case, no prefix).")
+            )
+        warnings.warn(
+            f"{len(predicted) - len(known)} of the {len(predicted)} predicted query ids are not in the ground truth "
+            f"(e.g. {example(predicted - expected)}); their predictions count as false positives",
+            UserWarning, stacklevel=3,
+        )
+    gt_references = {r for references in gt_mapping.values() for r in references}
+    predicted_references = set(reference_ids)
+    if predicted_references and not predicted_references & gt_references:
+        fixes = _id_fixes(sorted(predicted_references), gt_references)
+        if fixes:
+            raise ValueError(
+                f"none of the {len(predicted_references)} predicted reference ids is in the ground truth: e.g. "
+                f"predicted {example(predicted_references)}, ground truth {example(gt_references)}. "
+                f"Likely fix: {'; '.join(fixes)}."
+            )
 
 
 def pessimistic_order(scores: np.ndarray, is_copy: np.ndarray) -> np.ndarray:
@@ -434,7 +517,7 @@ def copy_detection_metrics(query_ids, reference_ids, scores, ground_truth) -> di
 
     Args:
         query_ids, reference_ids: (P,) ids of the predicted pairs (compared as strings).
-        scores: (P,) float scores; higher means more likely a copy. NaN is refused.
+        scores: (P,) float scores; higher means more likely a copy. NaN and infinities are refused.
         ground_truth: mapping ``{query_id: [reference_id, ...]}`` or a DISC21 CSV path.
 
     Returns:
@@ -443,8 +526,10 @@ def copy_detection_metrics(query_ids, reference_ids, scores, ground_truth) -> di
         ``mean_ap``, ``num_predictions``, ``num_ground_truth_pairs``, ``num_queries_with_copy``.
 
     Raises:
-        ValueError: duplicate (query, reference) predictions, NaN scores, inputs of unequal
-            lengths, a ground truth without any copy pair, or a malformed ground-truth file.
+        ValueError: no predictions, duplicate (query, reference) predictions, non-finite scores,
+            inputs of unequal lengths, a ground truth without any copy pair, a malformed
+            ground-truth file, or predicted ids that do not match the ground truth's (see
+            :func:`check_id_overlap`, which warns on a partial mismatch).
     """
     data = _label(query_ids, reference_ids, scores, ground_truth)
     num_gt = len(data.gt_pairs)

@@ -2,7 +2,7 @@
 
 Paper, section "PixTrace Pipeline": colour jitter and similar edits keep every pixel where
 it was (f is the identity on the table). Pixelisation and pixel shuffling are treated as
-photometric too (the package's PixTrace issue): pixelisation resamples the image down and
+photometric too: pixelisation resamples the image down and
 back up to its own size, and shuffling moves a fraction of the pixels to random places,
 both without moving the content's frame.
 

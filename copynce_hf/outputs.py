@@ -1,0 +1,143 @@
+"""Output paths: checked before any work, written atomically.
+
+Every command of the package that writes results follows the same two rules, so that a
+wrong path costs nothing and a failure (bad input, Ctrl-C, a killed process) at any point
+leaves the previous output as it was:
+
+1. :func:`check_output_file` / :func:`check_output_folder` run before models are loaded or
+   images read. They refuse an existing folder where a file is expected and the reverse, a
+   parent that is a file, and a place that cannot be written (tried with a real temporary
+   file, so that read-only file systems are caught whoever runs the command).
+2. :class:`StagedFile` / :class:`StagedFolder` write into a hidden temporary file or folder
+   beside the target and move the result into place with :func:`os.replace` (atomic on one
+   file system) only when everything was written. Existing outputs are replaced only then;
+   files of an output folder that the command does not write are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import CopyNCEError
+
+
+class OutputPathError(CopyNCEError):
+    """An output path cannot be used: wrong kind (file / folder), parent not a folder, not writable."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    current = path
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    return current
+
+
+def _probe_writable(folder: Path, target: Path, option: str) -> None:
+    """Create and remove a temporary file in ``folder``: the only test that holds for every user."""
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".copynce-write-test-"):
+            pass
+    except OSError as error:
+        raise OutputPathError(
+            f"{option} {os.fspath(target)!r}: the folder {os.fspath(folder)!r} is not writable "
+            f"({error.strerror or error})"
+        ) from error
+
+
+def _check_parent(path: Path, option: str) -> None:
+    existing = _nearest_existing(path.parent if path.parent != Path("") else Path("."))
+    if not existing.is_dir():
+        raise OutputPathError(
+            f"{option} {os.fspath(path)!r}: {os.fspath(existing)!r} is a file, so no folder can be created under it"
+        )
+    _probe_writable(existing, path, option)
+
+
+def check_output_file(path: str | os.PathLike, option: str = "--output") -> Path:
+    """Check that ``path`` can receive a file (an existing file there is replaced at the end).
+
+    Raises :class:`OutputPathError` when ``path`` is an existing folder, a parent is a file, or
+    the nearest existing parent folder cannot be written.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{option} {os.fspath(path)!r} is an existing folder; a file path is expected here")
+    if str(path).endswith(os.sep):
+        raise OutputPathError(f"{option} {os.fspath(path)!r} ends with a folder separator; a file path is expected")
+    _check_parent(path, option)
+    return path
+
+
+def check_output_folder(path: str | os.PathLike, option: str = "--output") -> Path:
+    """Check that ``path`` can be (or already is) an output folder.
+
+    Raises :class:`OutputPathError` when ``path`` is an existing file, a parent is a file, or the
+    folder (or the nearest existing parent) cannot be written.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{option} {os.fspath(path)!r} is an existing file; a folder is expected here")
+    if path.is_dir():
+        _probe_writable(path, path, option)
+    else:
+        _check_parent(path, option)
+    return path
+
+
+def _staging_name(path: Path) -> str:
+    return f".{path.name}.partial-{os.getpid()}"
+
+
+class StagedFile:
+    """``with StagedFile(path) as temporary: write(temporary)``: ``path`` is replaced on success only.
+
+    The temporary file is ``.<name>.partial-<pid><suffix>`` beside ``path`` (same suffix, so that
+    writers choosing the format by extension still work); it is removed on failure.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.temporary = self.path.with_name(_staging_name(self.path) + self.path.suffix)
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self.temporary
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            os.replace(self.temporary, self.path)
+        else:
+            self.temporary.unlink(missing_ok=True)
+
+
+class StagedFolder:
+    """``with StagedFolder(path) as staging: write files into staging``: moved into ``path`` on success.
+
+    ``staging`` is an empty hidden folder beside ``path``. On success each file written there
+    replaces the file of the same name in ``path`` (created if needed); other files of ``path``
+    are kept. On failure the staging folder is deleted and ``path`` is untouched.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.staging = self.path.with_name(_staging_name(self.path))
+
+    def __enter__(self) -> Path:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        return self.staging
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        try:
+            if exc_type is None:
+                self.path.mkdir(parents=True, exist_ok=True)
+                for item in sorted(self.staging.rglob("*")):
+                    if item.is_file():
+                        target = self.path / item.relative_to(self.staging)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        os.replace(item, target)
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)

@@ -1,0 +1,79 @@
+"""A regular (non-editable) install works: the wheel carries every file the package reads at run time.
+
+The wheel is built from the tracked files, installed with ``pip install --no-deps`` into a fresh
+virtual environment that sees the already installed dependencies (``--system-site-packages``) but
+not the source tree, and then trains for two steps with the default configuration (the module entry
+point, no ``--config``) and indexes the bundled images with the ``copynce`` command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _tracked_files() -> list[str]:
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: cannot tell the tracked files from build outputs")
+    return [name for name in listed.decode().split("\0") if name and (REPO / name).is_file()]
+
+
+def _run(command, cwd, env, timeout=600) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(map(str, command))}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def test_wheel_in_a_fresh_environment_trains_and_indexes(tmp_path):
+    source = tmp_path / "source"
+    for name in _tracked_files():  # a clean copy: no build outputs, no egg-info of the editable install
+        target = source / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    environment.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+          str(source)], cwd=tmp_path, env=environment)
+    (wheel,) = wheels.glob("copynce_hf-*.whl")
+
+    environment_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(environment_dir)
+    python = environment_dir / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+         cwd=tmp_path, env=environment)
+
+    work = tmp_path / "work"  # run away from the source tree, so that only the installed package can be imported
+    work.mkdir()
+    where = _run([str(python), "-c", "import copynce_hf, sys; print(copynce_hf.__file__); print(sys.prefix)"],
+                 cwd=work, env=environment).stdout.split()
+    assert Path(where[0]).resolve().is_relative_to(environment_dir.resolve()), where
+    package = Path(where[0]).parent
+
+    for shipped in ("configs/tiny_cpu.yaml", "model_cards/descriptor.md", "pretrained/descriptor/config.json",
+                    "metrics/copy_detection/copy_detection.py", "assets/images"):
+        assert (package / shipped).exists(), f"{shipped} is not in the installed package"
+
+    _run([str(python), "-m", "copynce_hf.training", "--max_steps", "2", "--output_dir", str(work / "run"),
+          "--report_to", "none", "--dataloader_num_workers", "0", "--eval_steps", "1000", "--num_eval_images", "2"],
+         cwd=work, env=environment)
+    summary = json.loads((work / "run" / "training_summary.json").read_text())
+    assert summary["steps"] == 2 and (work / "run" / "model.safetensors").is_file()
+
+    copynce = environment_dir / "bin" / "copynce"
+    result = _run([str(copynce), "index", str(package / "assets" / "images"), "--output", str(work / "index"), "-q"],
+                  cwd=work, env=environment)
+    assert "index: read 12 images, skipped 0, wrote 12 descriptors" in result.stdout
+    assert (work / "index" / "index.faiss").is_file()

@@ -1,0 +1,107 @@
+"""The repository is self-contained: no reference to files outside it, no internal work-item wording.
+
+Scans every text file git tracks (source, comments, docs, configs, cards):
+
+- a path to a Markdown document (``docs/X.md``, ``DEVELOPERS.md``, ``../../BENCHMARKS.md``) must exist
+  in the repository, relative to the repository root, to the file's folder, or to the package
+  folders that ship documents (``copynce_hf/``, ``model_cards/``);
+- ``../shared`` and ``/work/`` paths are refused, except ``../shared/data``, the optional sample
+  data that tests and benchmarks read (and skip without), outside the package's code;
+- wording about the project's internal work items ("the PixTrace issue", "deliverable 2",
+  "issue #12", "item 6 of the ...") is refused: a reader has no access to them.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BINARY = {".png", ".jpg", ".jpeg", ".gif", ".safetensors", ".faiss", ".bin", ".pkl", ".npz", ".ttf", ".pt", ".ico"}
+#: Folders searched, besides the file's own folder, for a referenced document.
+DOCUMENT_ROOTS = (REPO, REPO / "copynce_hf", REPO / "model_cards")
+#: Examples of output names in tests and report code (files those programs create), not references.
+GENERATED = {"B.md", "tmp/B.md"}
+
+MARKDOWN_PATH = re.compile(r"(?<![\w/.-])((?:\.\./|\./)*[A-Za-z0-9_-][\w.-]*(?:/[\w.-]+)*\.md)\b")
+OUTSIDE = re.compile(r"(\.\./)+shared(/[\w-]+)?|/work/[\w-]+")
+WORK_ITEMS = re.compile(
+    r"\b(?:the|this|that|our|package's|benchmark|benchmarks|pixtrace)\s+issue\b(?!s? (?:tracker|with|of|in|is|was))"
+    r"|\bissue\s*#\s*\d+|\bissue\s+\"|\bdeliverable\s+\d+|\b(?:issue|issues)\b[^.\n]{0,40}\bitem\s+\d+",
+    re.IGNORECASE,
+)
+
+
+def _tracked_text_files() -> list[Path]:
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    files = []
+    for name in listed.decode().split("\0"):
+        path = REPO / name
+        if name and path.suffix.lower() not in BINARY and path.is_file():
+            try:
+                files.append((path, path.read_text(encoding="utf-8")))
+            except UnicodeDecodeError:
+                continue
+    return files
+
+
+#: Installed layout -> repository folder of the package data that setup.py maps (see its package_dir).
+PACKAGE_DATA = {"copynce_hf/model_cards/": "model_cards/", "copynce_hf/configs/": "configs/"}
+
+
+def _document_exists(reference: str, source: Path) -> bool:
+    for installed, folder in PACKAGE_DATA.items():
+        if reference.startswith(installed):
+            reference = folder + reference[len(installed):]
+    candidates = [source.parent / reference] + [root / reference for root in DOCUMENT_ROOTS]
+    return any(candidate.resolve().is_file() and candidate.resolve().is_relative_to(REPO) for candidate in candidates)
+
+
+def _violations() -> list[str]:
+    found = []
+    me = Path(__file__).resolve()
+    for path, text in _tracked_text_files():
+        if path.resolve() == me:
+            continue
+        relative = path.relative_to(REPO).as_posix()
+        package_code = relative.startswith("copynce_hf/") and path.suffix == ".py"
+        for number, line in enumerate(text.splitlines(), start=1):
+            where = f"{relative}:{number}"
+            for match in MARKDOWN_PATH.finditer(line):
+                reference = match.group(1)
+                if reference in GENERATED or "{" in line[max(0, match.start() - 2): match.start()]:
+                    continue
+                if not _document_exists(reference, path):
+                    found.append(f"{where}: refers to {reference!r}, which is not in the repository")
+            for match in OUTSIDE.finditer(line):
+                allowed_data = match.group(0).endswith("shared/data") and not package_code
+                if not allowed_data:
+                    found.append(f"{where}: refers to {match.group(0)!r}, outside the repository")
+            for match in WORK_ITEMS.finditer(line):
+                found.append(f"{where}: internal work-item wording {match.group(0)!r}")
+    return found
+
+
+def test_no_references_outside_the_repository_and_no_work_item_wording():
+    violations = _violations()
+    assert not violations, "\n".join(violations)
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path):
+    assert MARKDOWN_PATH.search("see docs/ARCHITECTURE.md for the flows").group(1) == "docs/ARCHITECTURE.md"
+    assert not _document_exists("DEVELOPERS.md", REPO / "Makefile")
+    assert not _document_exists("../shared/docs/ARCHITECTURE.md", REPO / "README.md")
+    assert _document_exists("docs/ARCHITECTURE.md", REPO / "README.md")
+    assert _document_exists("../../BENCHMARKS.md", REPO / "copynce_hf" / "pretrained" / "README.md")
+    assert OUTSIDE.search("See `../shared/docs/ARCHITECTURE.md`").group(0) == "../shared/docs"
+    for text in ("the package's PixTrace issue", "BENCHMARKS issue, item 6", 'issue "Benchmark", deliverable 2',
+                 "see issue #12", "in the benchmark issue;"):
+        assert WORK_ITEMS.search(text), text
+    for text in ("a known issue with Pillow", "issues with the stream", "this is not an issue of speed"):
+        assert not WORK_ITEMS.search(text), text
