@@ -1,5 +1,8 @@
 """mini-DISC for the benchmarks: the task of :mod:`copynce_hf.evaluation.minidisc` on ``../shared/data``.
 
+    python -m benchmarks.minidisc --export outputs/minidisc   # queries/, references/, auxiliary/, ground_truth.csv
+
+
 The task, its recipe and its query drawing live in the package (one evaluation engine for the demo,
 the benchmarks and ``copynce detect``); this module only points it at the project's data folder,
 ``../shared/data`` beside the repository (absent outside dev sessions and CI).
@@ -7,6 +10,7 @@ the benchmarks and ``copynce detect``); this module only points it at the projec
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -38,3 +42,20 @@ class MiniDiscConfig(_MiniDiscConfig):
 def build_minidisc(config: _MiniDiscConfig | None = None) -> MiniDisc:
     """Build the task (default: the whole mini-DISC on ``../shared/data``, fingerprint ``3ecfc93f771d``)."""
     return _build_minidisc(config or MiniDiscConfig())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.minidisc",
+                                     description="Lay mini-DISC out as folders for `copynce detect`.")
+    parser.add_argument("--export", type=Path, required=True, help="folder to write")
+    args = parser.parse_args(argv)
+    task = build_minidisc()
+    layout = task.export(args.export)
+    print(f"{task} (task {task.fingerprint}) written to {args.export}:")
+    print(f"copynce detect {layout['queries']} --references {layout['references']} --aux {layout['auxiliary']} "
+          f"--ground-truth {layout['ground_truth']} --output {args.export / 'detect'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

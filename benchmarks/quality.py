@@ -166,6 +166,7 @@ def run_quality(
     pipeline_candidates: int = 2,
     baseline_descriptor: Path = DEFAULT_BASELINE_DESCRIPTOR,
     merge_baseline: bool = False,
+    pipeline_lce_every: int = 1,
 ) -> dict[str, dict]:
     """Evaluate the chosen systems in order, writing each one's JSON as it finishes.
 
@@ -177,19 +178,21 @@ def run_quality(
     # Generate the queries once (PNG cache named by the task's fingerprint); every system reads them.
     query_files = task.materialize(query_cache)
 
-    def existing(name: str) -> dict | None:
+    def existing(name: str, on: MiniDisc) -> dict | None:
         path = result_path(output_dir, name)
         if skip_existing and path.is_file():
             record = read_json(path)
-            if record.get("task", {}).get("fingerprint") == task.fingerprint:
+            if record.get("task", {}).get("fingerprint") == on.fingerprint:
                 logger.info("%s: kept %s (same task)", name, path)
                 return record
         return None
 
-    def run(name: str, make, info: dict) -> dict:
-        record = existing(name)
+    def run(name: str, make, info: dict, on: MiniDisc | None = None) -> dict:
+        """Evaluate one system on ``on`` (default: the whole task) unless its record exists."""
+        on = on or task
+        record = existing(name, on)
         if record is None:
-            record = evaluate_system(name, make(), task, output_dir, info)
+            record = evaluate_system(name, make(), on, output_dir, info)
         results[name] = record
         return record
 
@@ -206,7 +209,7 @@ def run_quality(
 
     if "pipeline" in systems:
         run_pipeline(task, query_files, run, k, batch_size, pipeline_candidates, baseline_descriptor,
-                     output_dir / "pipeline-indexes", merge_baseline)
+                     output_dir / "pipeline-indexes", merge_baseline, pipeline_lce_every, output_dir)
 
     runs = discover_runs(runs_dir)
     descriptor_entries = []
@@ -254,12 +257,15 @@ def run_quality(
 
 
 def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int, candidates: int,
-                 baseline_descriptor: Path, index_folder: Path, merge_baseline: bool = False) -> None:
+                 baseline_descriptor: Path, index_folder: Path, merge_baseline: bool = False, lce_every: int = 1,
+                 output_dir: Path | None = None) -> None:
     """Evaluate :data:`PIPELINE_STAGES` with the embedded models (reference/auxiliary indexes kept in ``index_folder``).
 
     The auxiliary set of score normalisation is the ``train`` split of the task's splits CSV (no copies of the
     queries, never a reference or distractor image). Settings are fixed in advance (paper defaults: alpha 1,
     neighbours 0..9; 26 x 10 LCE views; 35 matcher view pairs); nothing is tuned on the task.
+    With ``lce_every`` > 1 the last stage (matcher LCE) runs on every ``lce_every``-th query (in id order) to
+    bound its cost, and its record also scores the previous stage's predictions on the same queries.
     """
     from copynce_hf.evaluation import load_model
     from copynce_hf.retrieval import Descriptor, DetectConfig, ImageListSource
@@ -285,7 +291,38 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
         info = {"family": "pipeline", "descriptors": list(descriptor_names), "score_normalization": score_norm,
                 "descriptor_lce": descriptor_lce, "matcher_lce": matcher_lce, "candidates": config.candidates,
                 "auxiliary": f"train split ({len(train)} images)" if score_norm else None}
-        run(name, lambda s=system: s.predict(task, query_files), info)
+        on = task
+        if pool == "merged" and lce_every > 1:
+            on = MiniDisc(task.config, task.reference_files, task.queries[::lce_every])
+            info["query_subset"] = f"every {lce_every}th query in id order ({len(on.queries)} of {len(task.queries)})"
+            previous = result_path(output_dir, stages[-2][0]) if output_dir is not None else None
+            if previous is not None and previous.is_file():
+                kept = set(on.query_ids)
+                rows = [r for r in _load_predictions(read_json(previous)).rows() if r.query_id in kept]
+                info["previous_stage_on_subset"] = {"system": stages[-2][0], "metrics": score_predictions(
+                    Predictions.from_rows(rows), on.ground_truth)[0]}
+        run(name, lambda s=system, on=on: s.predict(on, query_files), info, on)
+
+
+def pipeline_table(output_dir: Path) -> str:
+    """The pipeline stages' results in ``output_dir`` as a Markdown table (one row per stage record found)."""
+    lines = ["| stage | queries | candidates | muAP | RP90 | recall@1 | candidate recall | s per query |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(Path(output_dir).glob("pipeline-*.json")):
+        record = read_json(path)
+        metrics, pipeline = record["metrics"], record.get("pipeline", {})
+        queries = record["task"]["num_queries"]
+        recall = pipeline.get("candidate_recall")
+        lines.append(f"| {record['system']} | {queries} | {record.get('candidates', '-')} | {metrics['micro_ap']:.3f} | "
+                     f"{metrics['recall_at_p90']:.3f} | {metrics['recall_at_rank1']:.3f} | "
+                     f"{'-' if recall is None else f'{recall:.3f}'} | "
+                     f"{pipeline.get('query_seconds', record['wall_seconds']) / queries:.2f} |")
+        previous = record.get("previous_stage_on_subset")
+        if previous:
+            m = previous["metrics"]
+            lines.append(f"| ({previous['system']} on the same {queries} queries) | {queries} | - | {m['micro_ap']:.3f} | "
+                         f"{m['recall_at_p90']:.3f} | {m['recall_at_rank1']:.3f} | - | - |")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,10 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline-candidates", type=int, default=2,
                         help="pipeline: candidates per query re-scored by the matcher with LCE in the last stage "
                              "(default 2, bounded for a shared CPU: 35 fusion passes per candidate)")
+    parser.add_argument("--pipeline-lce-every", type=int, default=1,
+                        help="pipeline: run the matcher-LCE stage on every N-th query only (default 1: all)")
     parser.add_argument("--merge-baseline", action="store_true",
                         help="pipeline: merge the baseline descriptor's candidates into the last stage")
     parser.add_argument("--baseline-descriptor", type=Path, default=DEFAULT_BASELINE_DESCRIPTOR,
                         help="pipeline: the second descriptor whose candidates are merged (--merge-baseline)")
+    parser.add_argument("--pipeline-table", action="store_true",
+                        help="only print the pipeline stages found in --output-dir as a Markdown table")
     parser.add_argument("--skip-existing", action="store_true",
                         help="keep results already written for the same task instead of recomputing them")
     return parser
@@ -328,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = build_parser().parse_args(argv)
+    if args.pipeline_table:
+        print(pipeline_table(args.output_dir))
+        return {}
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     limit_threads(args.threads)
     config = MiniDiscConfig(image_folder=args.image_folder, splits_csv=args.splits_csv,
@@ -339,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = run_quality(task, args.systems, args.output_dir, args.query_cache, args.runs_dir,
                           _parse_named(args.descriptor, "--descriptor"), _parse_named(args.matcher, "--matcher"),
                           args.random_config, args.random_seed, args.k, args.skip_existing, args.batch_size,
-                          args.pipeline_candidates, args.baseline_descriptor, args.merge_baseline)
+                          args.pipeline_candidates, args.baseline_descriptor, args.merge_baseline,
+                          args.pipeline_lce_every)
     print(f"\n{'system':<30} {'muAP':>7} {'RP90':>7} {'R@1':>7} {'seconds':>8}")
     for name, record in results.items():
         m = record["metrics"]

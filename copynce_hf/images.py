@@ -140,7 +140,13 @@ def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int
     except Image.DecompressionBombError as error:
         raise ImageLoadError(f"image {name} is too large ({error}); {_how_to_raise(max_pixels)}", "too large") from error
     except Image.UnidentifiedImageError as error:
-        raise ImageLoadError(f"image {name} is not an image (no known image format in its first bytes)", "not an image") from error
+        stream.seek(0)
+        kind = _signature(stream.read(16))
+        if kind:  # an image file's signature, then nothing Pillow can read
+            raise ImageLoadError(f"image {name} is truncated or corrupt: a {kind} signature, then no readable "
+                                 "image", "truncated") from error
+        raise ImageLoadError(f"image {name} is not an image (no known image format in its first bytes)",
+                             "not an image") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageLoadError(f"image {name} is truncated or corrupt: {_plain(error)}", "truncated") from error
     _check_size(image, name, 1, max_pixels)  # from the header: nothing decoded yet
@@ -156,6 +162,17 @@ def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise ImageLoadError(f"image {name} is truncated or corrupt: {_plain(error)}", "truncated") from error
     return image
+
+
+_SIGNATURES = ((b"\x89PNG", "PNG"), (b"\xff\xd8", "JPEG"), (b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+               (b"MM\x00*", "TIFF"))
+
+
+def _signature(head: bytes) -> str | None:
+    """The image format whose magic bytes ``head`` starts with, if any."""
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "WebP"
+    return next((kind for magic, kind in _SIGNATURES if head.startswith(magic)), None)
 
 
 def _plain(error: Exception) -> str:

@@ -75,6 +75,18 @@ def test_minidisc_structure_and_determinism(tmp_path):
     assert build_minidisc(dataclasses.replace(config, seed=8)).fingerprint != task.fingerprint
 
 
+def test_minidisc_export_lays_out_folders_for_detect(tmp_path):
+    from copynce_hf.metrics.core import read_ground_truth_csv
+    from copynce_hf.retrieval import ImageFolderSource
+
+    task = build_minidisc(_config(tmp_path))
+    layout = task.export(tmp_path / "export")
+    assert ImageFolderSource(layout["queries"]).ids == sorted(task.query_ids)
+    assert ImageFolderSource(layout["references"]).ids == sorted(task.reference_ids)
+    assert len(ImageFolderSource(layout["auxiliary"]).ids) == len(ASSETS) - 11  # the train split
+    assert read_ground_truth_csv(layout["ground_truth"]) == task.ground_truth
+
+
 def test_minidisc_fingerprint_is_pinned():
     """The benchmark's mini-DISC draws exactly the queries it always drew (the package's evaluation engine)."""
     from conftest import SPLITS_CSV

@@ -230,6 +230,8 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     assert (tmp_path / "indexes" / "one" / "references" / "index.faiss").stat().st_mtime_ns == stamp
     assert (tmp_path / "indexes" / "one" / "queries" / "descriptors.safetensors").stat().st_mtime_ns == query_stamp
     assert sorted(again.predictions) == sorted(result.predictions)
+    assert again.reused == ["query views:one", "query views:two"] and result.reused == []
+    assert again.seconds["query views:one"] == pytest.approx(result.seconds["query views:one"])
     # descriptors only: the merged candidates' top-k
     plain = detect(queries, references, descriptors[:1], None, None, DetectConfig(k=1, candidates=4), progress=False)
     assert plain.matcher_cost is None and len(plain.predictions) == 2

@@ -358,6 +358,32 @@ class MiniDisc:
         self._query_files = files
         return dict(files)
 
+    def export(self, folder: str | os.PathLike, auxiliary_split: str | None = "train") -> dict[str, Path]:
+        """Lay the task out as folders for ``copynce detect``: ``queries/`` (PNG), ``references/`` and ``auxiliary/``
+        (symbolic links to the originals, or copies where links are not possible) and ``ground_truth.csv``.
+
+        ``auxiliary_split``: the split linked into ``auxiliary/`` for score normalisation (``None``: none).
+        Returns ``{"queries", "references", "auxiliary", "ground_truth"}`` paths.
+        """
+        folder = Path(folder)
+        queries = folder / "queries"
+        queries.mkdir(parents=True, exist_ok=True)
+        for path in self.materialize(folder / "cache").values():
+            _link(path, queries / path.name)
+        layout = {"queries": queries, "references": folder / "references", "ground_truth": folder / "ground_truth.csv"}
+        for path in self.reference_files.values():
+            _link(path, layout["references"] / path.name)
+        if auxiliary_split is not None:
+            layout["auxiliary"] = folder / "auxiliary"
+            for path in read_splits(self.config.splits_csv, self.config.image_folder).get(auxiliary_split, []):
+                _link(path, layout["auxiliary"] / path.name)
+        with layout["ground_truth"].open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["query_id", "reference_id"])
+            for query_id, references in self.ground_truth.items():
+                writer.writerow([query_id, references[0] if references else ""])
+        return layout
+
     @property
     def query_files(self) -> dict[str, Path] | None:
         return None if self._query_files is None else dict(self._query_files)
@@ -379,6 +405,19 @@ class MiniDisc:
             "queries": [{"query_id": q.query_id, "source": q.source_path.name, "reference_id": q.reference_id,
                          "edits": list(q.edits)} for q in self.queries],
         }
+
+
+def _link(source: Path, target: Path) -> None:
+    """``target`` -> ``source`` as a symbolic link (a copy where the file system refuses links)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() or target.is_symlink():
+        target.unlink()
+    try:
+        target.symlink_to(Path(source).resolve())
+    except OSError:
+        import shutil
+
+        shutil.copyfile(source, target)
 
 
 def _file_loader(path: Path):

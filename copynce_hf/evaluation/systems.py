@@ -317,12 +317,12 @@ class PipelineSystem:
                         self.config, self.index_folder, progress=self.progress,
                         log=lambda line: logger.info("%s: %s", self.name, line))
         seconds = time.perf_counter() - start
-        query_seconds = sum(v for k, v in result.seconds.items() if k.startswith(("queries:", "matcher")))
+        query_seconds = sum(v for k, v in result.seconds.items() if k.startswith(("query views:", "search:", "matcher")))
         info = {"seconds_per_stage": result.seconds, "query_seconds": query_seconds,
                 "candidate_recall": result.candidate_recall(task.ground_truth),
                 "num_candidates": self.config.candidates, "matcher_cost": result.matcher_cost,
                 "pipeline": dataclasses.asdict(self.config), "descriptors": [d.name for d in self.descriptors],
-                "skipped": result.skipped}
+                "skipped": result.skipped, "reused": result.reused}
         predictions = Predictions.from_rows(result.predictions, seconds)
         predictions.info = info
         return predictions

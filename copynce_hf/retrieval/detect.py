@@ -93,7 +93,9 @@ class DetectResult:
         predictions: final top-``k`` per query (matcher scores, or merged descriptor scores).
         candidates: the merged candidate lists (top ``candidates`` per query).
         per_model: each descriptor's own candidate list.
-        seconds: wall time per stage (``index:<name>``, ``queries:<name>``, ``auxiliary:<name>``, ``matcher``).
+        seconds: wall time per stage (``index:<name>``, ``auxiliary:<name>``, ``query views:<name>``,
+            ``search:<name>`` (k-NN, LCE aggregation, score normalisation), ``matcher``); reused query views
+            count the time they took when computed.
         matcher_cost: encoder passes and fusion passes the matcher ran (``None`` without matcher).
         skipped: query ids whose image could not be read, and unscored candidate pairs.
     """
@@ -104,6 +106,7 @@ class DetectResult:
     seconds: dict[str, float]
     matcher_cost: dict[str, int] | None = None
     skipped: list[str] = dataclasses.field(default_factory=list)
+    reused: list[str] = dataclasses.field(default_factory=list)  # stages read from index_folder, not recomputed
 
     def candidate_recall(self, ground_truth: dict[str, list[str]]) -> float | None:
         return candidate_recall(self.candidates, ground_truth)
@@ -156,19 +159,32 @@ def _stored_identity(folder: Path) -> dict | None:
 
 
 def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
-                           progress: bool = True, description: str = "query views", **extract) -> DescriptorSet:
+                           progress: bool = True, description: str = "query views",
+                           **extract) -> tuple[DescriptorSet, float, bool]:
     """Descriptors of every view of the query images; kept in ``folder`` and reused from it for the same
-    images (ids, file sizes and times), model and views."""
+    images (ids, file sizes and times), model and views.
+
+    Returns:
+        ``(descriptors, seconds, reused)``: ``seconds`` is the extraction time, measured now or, when the
+        descriptors are reused, as measured when they were computed (so that costs stay comparable).
+    """
     identity = _index_identity(descriptor, source, preset, "query")
     if folder is not None and _stored_identity(Path(folder)) == identity:
         logger.info("reusing the query descriptors in %s", folder)
-        return DescriptorSet.load(Path(folder) / "descriptors.safetensors")
+        try:
+            seconds = float(json.loads((Path(folder) / "timing.json").read_text(encoding="utf-8"))["seconds"])
+        except (OSError, ValueError, KeyError):
+            seconds = float("nan")
+        return DescriptorSet.load(Path(folder) / "descriptors.safetensors"), seconds, True
+    start = time.perf_counter()
     views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "query",
                                      progress=progress, description=description, **extract)
+    seconds = time.perf_counter() - start
     if folder is not None and len(views):
         views.save(Path(folder) / "descriptors.safetensors")
+        (Path(folder) / "timing.json").write_text(json.dumps({"seconds": seconds}) + "\n", encoding="utf-8")
         (Path(folder) / "identity.json").write_text(json.dumps(identity) + "\n", encoding="utf-8")
-    return views
+    return views, seconds, False
 
 
 def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
@@ -228,6 +244,7 @@ def detect(
     seconds: dict[str, float] = {}
     per_model: dict[str, list[Prediction]] = {}
     skipped: list[str] = []
+    reused: list[str] = []
     for descriptor in descriptors:
         folder = Path(index_folder) / descriptor.name if index_folder is not None else None
         start = time.perf_counter()
@@ -241,23 +258,26 @@ def detect(
                                          progress=progress, description=f"{descriptor.name}: auxiliary views",
                                          **extract)
             seconds[f"auxiliary:{descriptor.name}"] = time.perf_counter() - start
+        query_views, extract_seconds, reused_views = query_view_descriptors(
+            descriptor, queries, preset, folder / "queries" if folder else None, progress=progress,
+            description=f"{descriptor.name}: query views", **extract)
+        seconds[f"query views:{descriptor.name}"] = extract_seconds
+        if reused_views:
+            reused.append(f"query views:{descriptor.name}")
         start = time.perf_counter()
-        query_views = query_view_descriptors(descriptor, queries, preset, folder / "queries" if folder else None,
-                                             progress=progress, description=f"{descriptor.name}: query views",
-                                             **extract)
         skipped.extend(q for q in query_views.skipped if q not in skipped)
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(queries)} query images could be read")
         per_model[descriptor.name] = view_predictions(index, query_views, preset, config.candidates, auxiliary_index,
                                                       config.alpha, config.k_start, config.k_end)
-        seconds[f"queries:{descriptor.name}"] = time.perf_counter() - start
+        seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
         log(f"{descriptor.name}: {len(per_model[descriptor.name])} candidate pairs "
             f"({config.descriptor_lce} views{', score-normalised' if auxiliary is not None else ''})")
     candidates = merge_candidates(per_model.values(), config.candidates)
     if len(descriptors) > 1:
         log(f"merged: {len(candidates)} candidate pairs (top {config.candidates} per query)")
     if matcher is None:
-        return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, skipped)
+        return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, skipped, reused)
 
     start = time.perf_counter()
     model, processor = matcher
@@ -274,5 +294,5 @@ def detect(
         f"{cost['fused_pairs']} fusion passes)")
     if not rescored:
         raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
-    return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, skipped)
+    return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, skipped, reused)
 
