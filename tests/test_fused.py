@@ -199,3 +199,14 @@ def test_occlusions_land_on_the_same_pixels():
         assert not fused.table.valid[inside].any()
         checked += int(inside.sum() > 0)
     assert checked >= 8
+
+
+@pytest.mark.parametrize("name", sorted(set(presets()) - {"light", "every step"}))
+def test_whole_copies_stay_close_to_edit_by_edit(name):
+    """Every pixel, traced or not (fills, backgrounds, overlays, erased boxes), of full recipe chains:
+    fused copies differ from edit-by-edit ones by resampling only."""
+    recipe = presets()[name]
+    images = originals(160)
+    scores = [psnr(np.asarray(fused.image), np.asarray(slow.image))
+              for fused, slow in (both(recipe, images[seed % len(images)], seed) for seed in range(24))]
+    assert np.median(scores) >= 30.0 and min(scores) >= 18.0, scores

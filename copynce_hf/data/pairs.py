@@ -111,6 +111,11 @@ class CopyPairMaker:
         if recipe == "resize":
             table = CoordinateTable.identity(image.height, image.width)
             edited, recipe_log = image, []
+            if self.fuse and image.size != (size, size):  # as the editor renders (and replay replays) it
+                from ..pixtrace.fused import render_fused
+
+                edited, table = render_fused(image, [Resize(size, size)])
+                recipe_log.append(Resize(size, size).to_dict())
         else:
             result = self._editor(recipe)(image, seed=int(seed))
             edited, table, recipe_log = result.image, result.table, list(result.recipe)

@@ -49,9 +49,11 @@ from .edits import (
     HorizontalFlip,
     OverlayEmoji,
     OverlayImage,
+    OverlayImageBox,
     OverlayOntoBackground,
     OverlayText,
     Pad,
+    PasteIntoBox,
     PasteOnCanvas,
     Perspective,
     Pixelization,
@@ -63,10 +65,18 @@ from .edits import (
     Saturation,
     Scale,
     Skew,
+    Smear,
     Solarize,
     VerticalFlip,
 )
-from .edits.occluding import COVERED_ALPHA, _emoji_image, _emoji_path, _place_into
+from .edits.occluding import (
+    COVERED_ALPHA,
+    _emoji_image,
+    _emoji_path,
+    _opacity_level,
+    _place_into,
+    fraction_box,
+)
 from .edits.photometric import hue_rotation
 from .edits.sources import resolve_image
 from .table import CoordinateTable
@@ -76,7 +86,8 @@ __all__ = ["render_fused", "fusable"]
 cv2.setNumThreads(1)  # data-loader workers are the parallelism; OpenCV's own threads only contend
 
 #: A stage's canvas: what the stage's output shows where it samples outside its input.
-#: ``None`` (never happens for that stage), ``("color", (r, g, b))`` or ``("image", spec)``.
+#: ``None`` (never happens for that stage), ``("color", (r, g, b))`` or
+#: ``("image", spec, (H, W) it is resized to or None, opacity of the stage's input over it)``.
 Canvas = tuple | None
 
 
@@ -96,7 +107,10 @@ def _canvases(edit, stages) -> list[Canvas] | None:
     if kind is PasteOnCanvas:
         return [("color", edit.color)]
     if kind is OverlayOntoBackground:
-        return [None, ("image", edit.background)]
+        return [None, ("image", edit.background, None, 1.0)]
+    if kind is PasteIntoBox:  # the copy blended over the background at its 8-bit paste level
+        return [None, ("image", edit.background, (edit.canvas_height, edit.canvas_width),
+                       _opacity_level(edit.opacity) / 255.0)]
     return None
 
 
@@ -146,12 +160,6 @@ def _grayscale(edit, pixels, scale):
     return cv2.cvtColor(cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
 
 
-def _blur(edit, pixels, scale):
-    # The Gaussian of standard deviation ``radius`` (Pillow's ``GaussianBlur``), computed by OpenCV.
-    sigma = edit.radius * scale
-    return cv2.GaussianBlur(pixels, (0, 0), sigma) if sigma > 0 else pixels
-
-
 def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.ndarray:
     """``pixels`` with ``colour`` (RGB or (H, W, 3)) blended in by ``coverage`` (uint8, 255 = replaced)."""
     if not coverage.any():
@@ -184,13 +192,33 @@ def _image_layers(edit, size):
     return colour, edit._coverage(height, width, overlay.size)
 
 
+def _erasing_layers(edit, size):
+    coverage = edit.coverage(*size)
+    if edit.noise_seed is None:
+        return np.asarray(edit.fill, dtype=np.uint8), coverage
+    # Random values (torchvision's value="random"), drawn by the edit itself at its true size.
+    blank = Image.new("RGB", (size[1], size[0]))
+    return np.asarray(edit.render(blank, coverage)), coverage
+
+
+def _image_box_layers(edit, size):
+    height, width = size
+    left, top, right, bottom = fraction_box(edit.x, edit.y, edit.width, edit.height, height, width)
+    colour = np.zeros((height, width, 3), dtype=np.uint8)
+    pasted = resolve_image(edit.overlay).resize((right - left, bottom - top), Image.BILINEAR)
+    _place_into(colour, np.asarray(pasted), left, top)
+    return colour, edit.coverage(height, width)
+
+
 #: Occluding edits as (colour layer, coverage) at their true size: a colour (3,) or an image (H, W, 3),
 #: and the uint8 coverage the table is occluded with. Blended in at any resolution.
 _OVERLAY_LAYERS = {
     OverlayText: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
-    RandomErasing: lambda edit, size: (np.asarray(edit.fill, dtype=np.uint8), edit.coverage(*size)),
+    RandomErasing: _erasing_layers,
     OverlayEmoji: _emoji_layers,
     OverlayImage: _image_layers,
+    OverlayImageBox: _image_box_layers,
+    Smear: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
 }
 
 
@@ -233,6 +261,7 @@ def _deferred_color_jitter(edit, pixels, density, visible):
 
 
 def _deferred_blur(edit, pixels, density, visible):
+    # The Gaussian of standard deviation ``radius`` (Pillow's ``GaussianBlur``), computed by OpenCV;
     # ``radius`` pixels of the image the edit saw are radius / density pixels here, per axis.
     sigma_y, sigma_x = (edit.radius / max(d, 1e-6) for d in density)
     if max(sigma_y, sigma_x) <= 0:
@@ -268,6 +297,8 @@ class _Run:
     input_size: tuple[int, int]
     stages: list[tuple[np.ndarray, tuple[int, int], Canvas]] = field(default_factory=list)
     edits: list[Edit] = field(default_factory=list)
+    #: Number of stages of each edit of ``edits``.
+    counts: list[int] = field(default_factory=list)
     #: Pointwise edits joined to the run: (number of stages before it, edit, the edit's true size).
     deferred: list[tuple[int, Edit, tuple[int, int]]] = field(default_factory=list)
     #: (h, w) the run's result is materialised at (its true size unless scale-free edits follow).
@@ -296,6 +327,7 @@ def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
             run = items[-1]
             run.stages += list(zip((m for m, _ in stages), (s for _, s in stages), _canvases(edit, stages)))
             run.edits.append(edit)
+            run.counts.append(len(stages))
             size = stages[-1][1]
         elif type(edit) in _DEFERRED:
             if not isinstance(items[-1], _Run):
@@ -438,10 +470,12 @@ def _inside(matrix: np.ndarray, source_size: tuple[int, int], size: tuple[int, i
 def _canvas_layer(canvas: Canvas, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """The canvas seen through ``matrix`` from the pixels of an image of ``size``: a colour (3,) float32
     or uint8 (H, W, 3)."""
-    kind, value = canvas
+    kind, spec = canvas[:2]
     if kind == "color":
-        return np.asarray(value, dtype=np.float32)
-    spec = value
+        return np.asarray(spec, dtype=np.float32)
+    if canvas[2] is not None:  # the image is first resized to the canvas: compose that resize
+        native = _spec_size(spec)
+        matrix = _resize_matrix(native, canvas[2]) @ matrix
     if isinstance(spec, dict) and spec.get("kind") == "gradient":
         return _gradient(spec, matrix, size)
     if isinstance(spec, dict) and spec.get("kind") == "noise":
@@ -449,6 +483,14 @@ def _canvas_layer(canvas: Canvas, matrix: np.ndarray, size: tuple[int, int]) -> 
     if isinstance(spec, dict) and spec.get("kind") == "solid":
         return np.asarray(spec.get("color", (127, 127, 127)), dtype=np.float32)
     return _warp(np.asarray(resolve_image(spec)), matrix, size)
+
+
+def _spec_size(spec) -> tuple[int, int]:
+    """(H, W) of the image an image spec describes (procedural specs say it; files are read)."""
+    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise", "solid") and "size" in spec:
+        return tuple(int(v) for v in spec["size"])
+    image = resolve_image(spec)
+    return image.height, image.width
 
 
 def _gradient(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -511,14 +553,21 @@ def _render_run(run: _Run, image: np.ndarray, image_to_input: np.ndarray) -> np.
         if k == len(run.stages) or k not in weights:
             continue
         weight = weights[k]
-        if isinstance(weight, float) and weight == 1.0:
+        canvas = run.stages[k][2]
+        if isinstance(weight, float) and weight == 1.0 and (canvas[0] == "color" or canvas[3] == 1.0):
             continue
-        layer = _canvas_layer(run.stages[k][2], frames[k + 1], size)
+        layer = _canvas_layer(canvas, frames[k + 1], size)
         if layer.ndim == 1:
             layer = np.broadcast_to(np.clip(np.rint(layer), 0, 255).astype(np.uint8), content.shape)
-        if isinstance(weight, float):  # the input is nowhere in sight: the canvas only
+        opacity = canvas[3] if canvas[0] == "image" else 1.0
+        if isinstance(weight, float) and weight * opacity == 0.0:  # the input is nowhere in sight
             content = np.ascontiguousarray(layer)
+        elif isinstance(weight, float):  # in sight everywhere, blended over the canvas
+            content = cv2.addWeighted(np.ascontiguousarray(content), opacity, np.ascontiguousarray(layer),
+                                      1.0 - opacity, 0.0)
         else:
+            if opacity < 1.0:
+                weight = weight * np.float32(opacity)
             content = cv2.blendLinear(np.ascontiguousarray(content), np.ascontiguousarray(layer), weight,
                                       1.0 - weight)
     return content
@@ -538,8 +587,13 @@ def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image
     to_true = np.eye(3)  # working pixels -> true pixels of the current image
     for item in _plan(edits, (image.height, image.width)):
         if isinstance(item, _Run):
-            for matrix, size, _ in item.stages:  # what ``GeometricEdit.trace`` does, edit after edit
-                table = table.warp(matrix, size)
+            first = 0
+            for edit, count in zip(item.edits, item.counts):  # what the edits' ``apply`` do to the table
+                for matrix, size, _ in item.stages[first:first + count]:
+                    table = table.warp(matrix, size)
+                first += count
+                if type(edit) is PasteIntoBox and _opacity_level(edit.opacity) < COVERED_ALPHA:
+                    table = table.occlude(np.ones(table.size, dtype=bool))  # the copy does not dominate
             pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
             if item.stages or item.deferred or item.working != pixels.shape[:2]:
                 current = _render_run(item, pixels, to_true)
