@@ -1,13 +1,14 @@
 """The training run: a CopyNCE descriptor or matcher trained with Accelerate.
 
     python -m copynce_hf.training                                        # tiny default run on bundled images
-    python -m copynce_hf.training --config configs/tiny_cpu.yaml --max_steps 20 --model.hidden_size 32
+    python -m copynce_hf.training --config tiny_cpu.yaml --max_steps 20 --model.hidden_size 32
     accelerate launch --num_processes 8 -m copynce_hf.training --config configs/descriptor_vits16_224.yaml \\
         --dataset /data/disc21 --knn_graph /data/disc21/knn.safetensors --output_dir outputs/descriptor
 
 (``scripts/train.py`` in a source checkout is the same command.) Options are the keys of
 :class:`copynce_hf.training.TrainingConfig` (``--help`` lists them), given in a YAML file (``--config``;
-default: the shipped ``tiny_cpu.yaml``) and overridden as ``--key value`` (model configuration keys as
+a path, or the name of a configuration shipped in ``copynce_hf/configs/``, the repository's
+``configs/``; default: ``tiny_cpu.yaml``) and overridden as ``--key value`` (model configuration keys as
 ``--model.<key> value``). The flow:
 
     images (datasets) -> PixTrace copy pairs (DataLoader workers) -> PixTraceCollator (uint8 pixels)
@@ -67,6 +68,7 @@ from copynce_hf.modeling import (
 )
 from copynce_hf.outputs import OutputPathError, StagedFile, check_output_folder
 from copynce_hf.training import (
+    CONFIG_DIR,
     DEFAULT_CONFIG,
     TrainingConfig,
     build_copy_detection_task,
@@ -109,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
             raise ConfigError("--config needs a YAML file")
         config_path = argv[position + 1]
         del argv[position: position + 2]
+        shipped = CONFIG_DIR / config_path
+        if not Path(config_path).is_file() and Path(config_path).name == config_path and shipped.is_file():
+            config_path = shipped  # the name of a shipped configuration (works in a regular install too)
     return load_config(config_path, parse_overrides(argv))
 
 
