@@ -14,10 +14,10 @@ import threading
 import warnings
 from pathlib import Path
 
-import numpy as np
 from PIL import Image, ImageOps
 
 from .errors import ImageLoadError
+from .modeling.rgb_conversion import pil_to_rgb as to_rgb  # the image processor's own conversion
 
 #: Default size limit in pixels (268 megapixels, 16384 x 16384): above every camera photograph
 #: (a 100-megapixel sensor gives 11648 x 8736), below the sizes used as decompression bombs.
@@ -39,36 +39,6 @@ _PILLOW_LIMIT_LOCK = threading.Lock()
 def megapixels(pixels: int) -> str:
     """``268435456`` -> ``"268.4 megapixels"``; under 0.1 megapixels, ``"4096 pixels"``."""
     return f"{pixels / 1e6:.1f} megapixels" if pixels >= 100_000 else f"{pixels} pixels"
-
-
-def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
-    """Convert a PIL image of any mode to RGB.
-
-    Alpha (modes ``LA``, ``RGBA``, ``PA`` and palette images with transparency) is
-    composited on ``background`` (white by default); ``CMYK`` and ``YCbCr`` use Pillow's
-    colour conversion; 16- and 32-bit greyscale (``I;16``, ``I``, ``F``) are rescaled from
-    their dynamic range to 8 bits rather than clipped.
-    """
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-        mode = image.mode
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        array = np.asarray(image, dtype=np.float64)
-        if mode.startswith("I;16"):
-            low, high = 0.0, 65535.0
-        else:
-            low, high = float(array.min()), float(array.max())
-        scaled = np.clip((array - low) / max(high - low, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(scaled, mode="L").convert("RGB")
-    if mode in ("LA", "RGBA", "La", "RGBa", "PA"):
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, background + (255,))
-        canvas.alpha_composite(rgba)
-        return canvas.convert("RGB")
-    return image.convert("RGB")
 
 
 def load_image(

@@ -156,6 +156,11 @@ def _out_of_time(accelerator, started: float, budget_seconds: float) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- data
+def _hub_dataset_options(config: TrainingConfig) -> dict:
+    """``load_image_dataset`` keywords for a Hub dataset: configuration, revision, token."""
+    return {"config_name": config.dataset_config, "revision": config.dataset_revision, "token": config.dataset_token}
+
+
 class TrainingData:
     """The training pairs and the loader positioned at any point of the run (for exact resume)."""
 
@@ -181,7 +186,7 @@ class TrainingData:
             self.num_rows, knn = len(self.dataset), None
         elif not self.streaming:
             images = load_image_dataset(config.dataset, config.dataset_split, image_column=config.image_column,
-                                        id_column=config.id_column)
+                                        id_column=config.id_column, **_hub_dataset_options(config))
             held_out = min(config.num_eval_images, max(0, len(images) - 2))
             if held_out:
                 self.eval_rows = [images[i] for i in range(len(images) - held_out, len(images))]
@@ -201,7 +206,8 @@ class TrainingData:
                 raise ConfigError("knn_graph and hard_negative_slots need random access to the images: set "
                                   "streaming false")
             images = load_image_dataset(config.dataset, config.dataset_split, streaming=True,
-                                        image_column=config.image_column, id_column=config.id_column)
+                                        image_column=config.image_column, id_column=config.id_column,
+                                        **_hub_dataset_options(config))
             if config.num_eval_images:
                 self.eval_rows = list(images.take(config.num_eval_images))
                 images = images.skip(config.num_eval_images)
