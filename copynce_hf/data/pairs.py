@@ -16,6 +16,7 @@ have seen.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import deque
 from collections.abc import Iterator
@@ -388,7 +389,7 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         # Rows are shuffled by this class's buffer, whose content is part of the resumable state:
         # ``datasets``' own shuffle buffer is lost by its state_dict (and, in datasets 5.2, a shuffled
         # stream's state does not load back into a worker holding several shards).
-        stream = self.images
+        stream = copy.deepcopy(self.images)  # its own iteration state: loading one must not touch the shared stream
         stream.set_epoch(self.epoch)
         if self.num_processes > 1:
             stream = datasets.distributed.split_dataset_by_node(stream, self.process_index, self.num_processes)
