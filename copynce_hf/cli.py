@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import __version__
 from .errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
@@ -531,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output scored.csv",
     )
     _add_quiet(parser, False)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_parser = commands.add_parser
 

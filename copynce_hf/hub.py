@@ -28,6 +28,7 @@ from .errors import ConfigError, CopyNCEError
 __all__ = [
     "CITATION",
     "METRICS",
+    "METRIC_ID",
     "PIPELINE_TAGS",
     "TEMPLATE_DIR",
     "build_model_card",
@@ -53,8 +54,9 @@ CITATION = """@inproceedings{lu2025tracing,
 }"""
 """BibTeX of the CopyNCE paper (ICCV 2025)."""
 
-# Result keys of the ``copy_detection`` evaluate metric -> display name. The keys are used
-# as the ``model-index`` metric types, so a card's numbers match the metric's output by name.
+# Result keys of the ``copy_detection`` evaluate metric -> display name. In the ``model-index`` every
+# value has the metric's id as its type (METRIC_ID), the display name as its name and the result key
+# as its config, so a card's numbers match the metric's output by name.
 METRICS: dict[str, str] = {
     "micro_ap": "µAP",
     "recall_at_p90": "RP90 (recall at 90% precision)",
@@ -63,15 +65,17 @@ METRICS: dict[str, str] = {
     "mean_ap": "mAP",
     "threshold_at_p90": "Score threshold at 90% precision",
 }
+METRIC_ID = "copy_detection"
+"""Id of the evaluate metric the results come from (``evaluate.load`` of ``copynce_hf/metrics/copy_detection``)."""
 _RESULT_DATASET_KEYS = ("dataset_name", "dataset_type", "dataset_split", "dataset_config", "source_name",
                         "source_url")
 
-# The descriptor maps one image to a vector: the Hub task "image-feature-extraction". The
-# matcher maps an image pair to one copy / not-copy logit: a binary image classification whose
-# input is a pair. The Hub has no pair task ("image-copy-detection" is this package's own
-# transformers pipeline, not a Hub tag), so "image-classification" is the closest valid tag; the
-# card says that inputs are pairs.
-PIPELINE_TAGS = {"descriptor": "image-feature-extraction", "matcher": "image-classification"}
+# The descriptor maps one image to a vector: the Hub task "image-feature-extraction", which the stock
+# transformers pipeline of that name runs. The matcher maps an image pair to one copy logit; no Hub task
+# or stock pipeline takes pairs, so its tag is the Hub's "other", and what loads it is this package's
+# "image-copy-detection" pipeline, which save_for_hub records in the config's custom_pipelines (with its
+# code), so pipeline(model=repo, trust_remote_code=True) builds it.
+PIPELINE_TAGS = {"descriptor": "image-feature-extraction", "matcher": "other"}
 _MODEL_TYPES = {"copynce-descriptor": "descriptor", "copynce-matcher": "matcher"}
 _TASK_NAME = "Image copy detection"
 
@@ -190,8 +194,9 @@ def _eval_results(results: list[dict[str, Any]], pipeline_tag: str) -> list[Eval
                 dataset_name=str(dataset["dataset_name"]),
                 dataset_split=dataset.get("dataset_split"),
                 dataset_config=dataset.get("dataset_config"),
-                metric_type=key,
+                metric_type=METRIC_ID,
                 metric_name=METRICS[key],
+                metric_config=key,
                 metric_value=value,
                 source_name=dataset.get("source_name"),
                 source_url=dataset.get("source_url"),
@@ -208,6 +213,8 @@ def build_model_card(
     datasets: str | Sequence[str] | None = None,
     base_model: str | Sequence[str] | None = None,
     license: str = "apache-2.0",
+    license_name: str | None = None,
+    license_link: str | None = None,
     template_path: str | Path | None = None,
 ) -> ModelCard:
     """Model card of a CopyNCE descriptor or matcher.
@@ -229,7 +236,8 @@ def build_model_card(
         datasets: Hub ids of the training datasets (card metadata ``datasets``).
         base_model: Hub id(s) of the checkpoint the model was initialised from (e.g.
             ``"facebook/dino-vits16"``); None for a model trained from scratch.
-        license: SPDX-style Hub license id.
+        license: SPDX-style Hub license id, or "other" with ``license_name`` (a short id) and
+            ``license_link`` (the licence text: a file of the repository or a URL).
         template_path: a Jinja template to use instead of ``model_cards/<kind>.md``.
 
     Returns:
@@ -244,15 +252,19 @@ def build_model_card(
     dataset_ids = _as_list(datasets)
     base_models = _as_list(base_model)
     settings = dict(training_settings or {})
+    if license == "other" and not (license_name and license_link):
+        raise CopyNCEError("license='other' needs license_name and license_link (where the licence text is)")
 
     card_data = ModelCardData(
         license=license,
+        license_name=license_name,
+        license_link=license_link,
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=["copy-detection", "copynce", "image-copy-detection", "pixtrace", "vision", "vit", kind],
         datasets=dataset_ids or None,
         base_model=(base_models[0] if len(base_models) == 1 else base_models) or None,
-        metrics=sorted({key for entry in normalised for key in entry["metrics"]}) or None,
+        metrics=[METRIC_ID] if normalised else None,
         model_name=model_id.rstrip("/").split("/")[-1],
         eval_results=_eval_results(normalised, pipeline_tag) or None,
     )
@@ -319,6 +331,8 @@ def validate_model_card(card: ModelCard | str) -> ModelCardData:
             raise CopyNCEError(f"model card metadata lacks {field!r}")
     if "copy-detection" not in data.tags:
         raise CopyNCEError("model card metadata lacks the 'copy-detection' tag")
+    if data.license == "other" and not (getattr(data, "license_name", None) and getattr(data, "license_link", None)):
+        raise CopyNCEError("model card metadata has license 'other' without license_name and license_link")
     return data
 
 
@@ -333,10 +347,13 @@ def save_for_hub(
     """Write everything a Hub model repository holds into ``folder``.
 
     ``model.save_pretrained`` writes ``config.json`` and ``model.safetensors`` (plus, for
-    classes registered for the Auto API, ``auto_map`` and the modelling code); then the image
-    processor's ``preprocessor_config.json`` and the card as ``README.md``. Without a card,
-    a default one is built with :func:`build_model_card` (``model_id`` defaults to the folder
-    name).
+    classes registered for the Auto API, ``auto_map`` and the modelling code). With an image
+    processor, the folder is written by the ``image-copy-detection`` pipeline's
+    ``save_pretrained`` instead, which also writes ``preprocessor_config.json``, the pipeline
+    code and the config's ``custom_pipelines`` entry (so ``pipeline(model=folder,
+    trust_remote_code=True)`` works without copynce_hf). The card goes in ``README.md``; without
+    one, a default card is built with :func:`build_model_card` (``model_id`` defaults to the
+    folder name).
 
     Returns:
         The folder.
@@ -346,11 +363,14 @@ def save_for_hub(
     if card is None:
         card = build_model_card(model, model_id=model_id or folder.resolve().name)
     validate_model_card(card)
-    model.save_pretrained(folder)
+    if image_processor is not None:
+        from .pipelines import ImageCopyDetectionPipeline
+
+        ImageCopyDetectionPipeline(model=model, image_processor=image_processor).save_pretrained(folder)
+    else:
+        model.save_pretrained(folder)
     if not (folder / "model.safetensors").is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CopyNCEError(f"save_pretrained wrote no safetensors weights into {folder}")
-    if image_processor is not None:
-        image_processor.save_pretrained(folder)
     (folder / "README.md").write_text(str(card), encoding="utf-8")
     return folder
 

@@ -13,10 +13,10 @@ import threading
 import warnings
 from pathlib import Path
 
-import numpy as np
 from PIL import Image, ImageOps
 
 from .errors import ImageLoadError
+from .modeling.rgb_conversion import pil_to_rgb as to_rgb  # the image processor's own conversion
 
 #: Default size limit in pixels (268 megapixels, 16384 x 16384): above every camera photograph
 #: (a 100-megapixel sensor gives 11648 x 8736), below the sizes used as decompression bombs.
@@ -38,36 +38,6 @@ _PILLOW_LIMIT_LOCK = threading.Lock()
 def megapixels(pixels: int) -> str:
     """``268435456`` -> ``"268.4 megapixels"``; under 0.1 megapixels, ``"4096 pixels"``."""
     return f"{pixels / 1e6:.1f} megapixels" if pixels >= 100_000 else f"{pixels} pixels"
-
-
-def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
-    """Convert a PIL image of any mode to RGB.
-
-    Alpha (modes ``LA``, ``RGBA``, ``PA`` and palette images with transparency) is
-    composited on ``background`` (white by default); ``CMYK`` and ``YCbCr`` use Pillow's
-    colour conversion; 16- and 32-bit greyscale (``I;16``, ``I``, ``F``) are rescaled from
-    their dynamic range to 8 bits rather than clipped.
-    """
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-        mode = image.mode
-    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        array = np.asarray(image, dtype=np.float64)
-        if mode.startswith("I;16"):
-            low, high = 0.0, 65535.0
-        else:
-            low, high = float(array.min()), float(array.max())
-        scaled = np.clip((array - low) / max(high - low, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(scaled, mode="L").convert("RGB")
-    if mode in ("LA", "RGBA", "La", "RGBa", "PA"):
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, background + (255,))
-        canvas.alpha_composite(rgba)
-        return canvas.convert("RGB")
-    return image.convert("RGB")
 
 
 def load_image(
@@ -131,7 +101,13 @@ def _decode(stream, name: str, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as error:
         raise ImageLoadError(f"image {name} is too large ({error}); {_how_to_raise(max_pixels)}", "too large") from error
     except Image.UnidentifiedImageError as error:
-        raise ImageLoadError(f"image {name} is not an image (no known image format in its first bytes)", "not an image") from error
+        stream.seek(0)
+        kind = _signature(stream.read(16))
+        if kind:  # an image file's signature, then nothing Pillow can read
+            raise ImageLoadError(f"image {name} is truncated or corrupt: a {kind} signature, then no readable "
+                                 "image", "truncated") from error
+        raise ImageLoadError(f"image {name} is not an image (no known image format in its first bytes)",
+                             "not an image") from error
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageLoadError(f"image {name} is truncated or corrupt: {_plain(error)}", "truncated") from error
     _check_size(image, name, 1, max_pixels)  # from the header: nothing decoded yet
@@ -140,6 +116,17 @@ def _decode(stream, name: str, max_pixels: int) -> Image.Image:
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise ImageLoadError(f"image {name} is truncated or corrupt: {_plain(error)}", "truncated") from error
     return image
+
+
+_SIGNATURES = ((b"\x89PNG", "PNG"), (b"\xff\xd8", "JPEG"), (b"GIF8", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+               (b"MM\x00*", "TIFF"))
+
+
+def _signature(head: bytes) -> str | None:
+    """The image format whose magic bytes ``head`` starts with, if any."""
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "WebP"
+    return next((kind for magic, kind in _SIGNATURES if head.startswith(magic)), None)
 
 
 def _plain(error: Exception) -> str:

@@ -9,6 +9,7 @@ into the comparison checkpoint::
     python scripts/export_embedded.py --parts descriptor matcher        # only the embedded models
     python scripts/export_embedded.py --parts descriptor \\
         --descriptor outputs/benchmarks/runs/descriptor-copynce-seed1 --descriptor-out /tmp/d
+    python scripts/export_embedded.py --refresh     # re-save the shipped folders with the current code
 
 For every folder it:
 
@@ -16,7 +17,8 @@ For every folder it:
    and checks the model kind (descriptor or matcher);
 2. casts the weights to float16 (``model.to(torch.float16)``) and writes them with
    :func:`copynce_hf.hub.save_for_hub` (``save_pretrained`` with safetensors, ``config.json`` recording
-   ``dtype: float16``, the custom modelling code, ``preprocessor_config.json`` and ``README.md``);
+   ``dtype: float16``, the modelling code with ``auto_map`` so that the folder also loads with
+   ``trust_remote_code=True`` without copynce_hf, ``preprocessor_config.json`` and ``README.md``);
 3. writes a model card (:func:`copynce_hf.hub.build_model_card`) whose results are the system's mini-DISC
    numbers read from ``<results-dir>/<system>.json`` (µAP, RP90, recall@1, recall@10) when the quality
    benchmark has produced that file, and whose licence says the weights are for research use only;
@@ -32,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -66,6 +69,8 @@ MINI_DISC = "mini-DISC (imagenet-sample: 300 references, 150 edited copies + 100
 CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10")
 
 LICENSE_NAME = "research-only"
+#: The folder's file holding :data:`LICENSE_TEXT` (the card's ``license_link``).
+LICENSE_FILE = "LICENSE"
 LICENSE_TEXT = """## Licence of the weights
 
 These weights were trained by the copynce_hf authors on the 600 `train`-split images of an ImageNet sample
@@ -182,8 +187,7 @@ def build_card(model, export: Export, results: dict | None, settings: dict):
         entries = [{"dataset_name": name, "dataset_type": "mini-disc", "dataset_split": "queries",
                     **results}]
     card = hub.build_model_card(model, model_id=export.model_id, results=entries, training_settings=settings,
-                                license="other")
-    card.data.license_name = LICENSE_NAME
+                                license="other", license_name=LICENSE_NAME, license_link=LICENSE_FILE)
     if not getattr(model.config, "copynce_weight", 1.0):
         note = ("> **Baseline without CopyNCE.** This checkpoint was trained with `copynce_weight = 0`: the same model, "
                 "data, steps and seed as the CopyNCE checkpoint, but only the image-level losses. It exists to "
@@ -244,23 +248,6 @@ def check_folder(folder: Path, kind: str, reference: torch.Tensor, inputs: dict,
     return total, difference
 
 
-def strip_custom_code(folder: Path) -> None:
-    """Remove the copied modelling code and ``auto_map`` from an embedded model folder.
-
-    The embedded folders ship inside ``copynce_hf``, which registers its classes with the Auto
-    classes on import, so a second copy of the modelling code beside the weights would only
-    drift from the package's own. (Folders meant for the Hub keep it: ``hub.save_for_hub``.)
-    """
-    for path in folder.glob("*.py"):
-        path.unlink()
-    for name in ("config.json", "preprocessor_config.json"):
-        path = folder / name
-        if path.exists():
-            data = json.loads(path.read_text())
-            if data.pop("auto_map", None) is not None:
-                path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
 def export_model(export: Export, results_dir: Path = RESULTS_DIR, max_bytes: int = MAX_BYTES) -> ExportReport:
     """Convert ``export.source`` into the float16 model folder ``export.target`` (see the module docstring)."""
     model, processor = load_float32(export.source, export.kind)
@@ -274,20 +261,83 @@ def export_model(export: Export, results_dir: Path = RESULTS_DIR, max_bytes: int
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-export-", dir=target.parent))
     try:
-        hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
-        strip_custom_code(staging)
-        total, difference = check_folder(staging, export.kind, reference, inputs, max_bytes)
-        weight_bytes = (staging / "model.safetensors").stat().st_size
-        staging.chmod(0o755)  # mkdtemp makes it private; the folder is package data
-        for path in staging.iterdir():
-            path.chmod(0o644)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        total, difference, weight_bytes = _write_checked(model, processor, card, staging, target, export.kind,
+                                                         reference, inputs, max_bytes)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
     return ExportReport(target, export.kind, total, weight_bytes, num_parameters, difference, results)
+
+
+def link_package_code(folder: Path, final: Path) -> None:
+    """Replace the modelling code ``save_pretrained`` copied into ``folder`` by relative links to the
+    package's own files (``copynce_hf/modeling/``), as seen from the folder's final place ``final``.
+
+    The shipped folders then carry the code of the package they ship with (a wheel or a Hub upload
+    stores the files the links point to), and the repository holds one copy of it.
+    """
+    package_code = REPO_ROOT / "copynce_hf" / "modeling"
+    for path in sorted(Path(folder).glob("*.py")):
+        source = package_code / path.name
+        if not source.is_file() or source.read_bytes() != path.read_bytes():
+            raise CopyNCEError(f"{path} is not a copy of {source}: cannot link it")
+        path.unlink()
+        path.symlink_to(os.path.relpath(source, Path(final).resolve().parent / Path(final).name))
+
+
+def _write_checked(model, processor, card, staging: Path, target: Path, kind: str, reference, inputs, max_bytes):
+    """Write the float16 folder (weights, config, modelling code with ``auto_map``, processor, card) into
+    ``staging``, check it, and move it to ``target``; returns (total bytes, max difference, weight bytes)."""
+    hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
+    (staging / LICENSE_FILE).write_text(LICENSE_TEXT, encoding="utf-8")
+    link_package_code(staging, target)
+    total, difference = check_folder(staging, kind, reference, inputs, max_bytes)
+    weight_bytes = (staging / "model.safetensors").stat().st_size
+    staging.chmod(0o755)  # mkdtemp makes it private; the folder is package data
+    for path in staging.iterdir():
+        if not path.is_symlink():
+            path.chmod(0o644)
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return total, difference, weight_bytes
+
+
+def current_card_metadata(card):
+    """Bring the metadata of a card written by an earlier version up to date: the licence link, and the
+    ``model-index`` metric types as the metric's id (the result key becomes the metric's config)."""
+    if card.data.license == "other" and not getattr(card.data, "license_link", None):
+        card.data.license_link = LICENSE_FILE
+    for result in card.data.eval_results or []:
+        if result.metric_type in hub.METRICS:
+            result.metric_config, result.metric_type = result.metric_type, hub.METRIC_ID
+    if card.data.eval_results:
+        card.data.metrics = [hub.METRIC_ID]
+    return card
+
+
+def refresh_model(folder: Path, kind: str, max_bytes: int = MAX_BYTES) -> ExportReport:
+    """Re-save an exported folder with the current modelling code and layout, keeping its weights and card.
+
+    The folder is loaded (older layouts are converted on load), written again in float16 with the
+    code and ``auto_map`` of this version, checked like an export, and swapped in place.
+    """
+    from huggingface_hub import ModelCard
+
+    folder = Path(folder)
+    model, processor = load_float32(folder, kind)
+    inputs = check_inputs(model)
+    reference = model_outputs(model, inputs)
+    card = current_card_metadata(ModelCard.load(folder / "README.md"))
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-refresh-", dir=folder.parent))
+    try:
+        total, difference, weight_bytes = _write_checked(model, processor, card, staging, folder, kind, reference,
+                                                         inputs, max_bytes)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    num_parameters = sum(parameter.numel() for parameter in model.parameters())
+    return ExportReport(folder, kind, total, weight_bytes, num_parameters, difference, None)
 
 
 # ---------------------------------------------------------------------------------------------- command
@@ -309,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                         help="folder of the quality benchmark's <system>.json files")
     parser.add_argument("--max-mb", type=float, default=MAX_BYTES / 1e6, help="size limit per folder in MB (10^6)")
+    parser.add_argument("--refresh", action="store_true",
+                        help="re-save the existing target folders with the current code and layout (same weights "
+                             "and card) instead of exporting training runs")
     return parser
 
 
@@ -325,6 +378,11 @@ def main(argv: Sequence[str] | None = None) -> list[ExportReport]:
             target=getattr(args, f"{part}_out"),
             system=getattr(args, f"{part}_system"),
         )
+        if args.refresh:
+            report = refresh_model(export.target, export.kind, max_bytes=int(args.max_mb * 1e6))
+            print(report.summary())
+            reports.append(report)
+            continue
         if export.candidates is not None:  # a matcher re-scores the CopyNCE descriptor of its own seed
             seed = re.search(r"seed(\d+)$", export.system)
             export.candidates = f"descriptor-copynce-seed{seed.group(1)}" if seed else "a CopyNCE descriptor"

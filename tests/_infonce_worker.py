@@ -1,9 +1,10 @@
 """Worker of ``test_losses.test_info_nce_gathers_negatives_across_processes``.
 
 It lives in its own module so that the spawned processes import only torch and
-``copynce_hf/losses.py`` (plus ``errors.py``), not ``copynce_hf/__init__.py``, which imports
-``transformers`` and would make the two-process test several times slower. The two files are
-loaded as the package ``_copynce_losses_only`` whose path is the real ``copynce_hf`` folder.
+``copynce_hf/modeling/losses_copynce.py`` (plus ``errors.py``), not the package ``__init__``
+files, which import ``transformers`` and would make the two-process test several times slower.
+The two files are loaded as the package ``_copynce_losses_only`` whose path is the real
+``copynce_hf/modeling`` folder.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from pathlib import Path
 
 import torch
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "copynce_hf"
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "copynce_hf" / "modeling"
 
 
 def load_losses():
-    """The real ``copynce_hf/losses.py`` module, imported without the package's ``__init__``."""
+    """The real ``copynce_hf/modeling/losses_copynce.py`` module, imported without the packages' ``__init__``."""
     if "_copynce_losses_only" not in sys.modules:
         package = types.ModuleType("_copynce_losses_only")
         package.__path__ = [str(PACKAGE_DIR)]
         sys.modules["_copynce_losses_only"] = package
-    return importlib.import_module("_copynce_losses_only.losses")
+    return importlib.import_module("_copynce_losses_only.losses_copynce")
 
 
 #: The gathered losses the worker computes: InfoNCE of both forms, then the paired KoLeo.

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,45 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 IMAGENET_SAMPLE = SHARED_DATA / "imagenet-sample"
 SPLITS_CSV = SHARED_DATA / "imagenet-sample-splits.csv"
+
+
+#: Prepended to a script run by :func:`run_without_copynce_hf`: any import of copynce_hf fails.
+BLOCK_COPYNCE_HF = textwrap.dedent(
+    """
+    import sys
+
+    class BlockCopyNCE:
+        def find_spec(self, name, path=None, target=None):
+            if name == "copynce_hf" or name.startswith("copynce_hf."):
+                raise ModuleNotFoundError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, BlockCopyNCE())
+    """
+)
+
+
+def run_without_copynce_hf(code: str, args: list[str], folder: Path, blocked: bool = True) -> str:
+    """Run ``code`` in a fresh Python process (offline) where copynce_hf cannot be imported; returns stdout.
+
+    Only the code a model folder carries is then available (``trust_remote_code``); the script
+    also checks that nothing of copynce_hf got imported. ``blocked=False`` runs the same script with
+    the package importable (no PYTHONPATH tweaks either way: the installed package, if any).
+    """
+    script = folder / "runner.py"
+    check = "\nassert not any(name.startswith('copynce_hf') for name in sys.modules)\n" if blocked else ""
+    script.write_text((BLOCK_COPYNCE_HF if blocked else "import sys\n") + textwrap.dedent(code) + check)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(folder / "modules"), TRANSFORMERS_VERBOSITY="error")
+    result = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=folder, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def requires_extra(module: str, extra: str):
+    """``pytest.importorskip`` whose reason names the setup.py extra that installs ``module``."""
+    return pytest.importorskip(module, reason=f"needs {module}, from the '{extra}' extra: pip install -e '.[{extra}]'")
 
 
 def shared_split(split: str) -> list[Path]:

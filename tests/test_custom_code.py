@@ -9,14 +9,12 @@ classes registered by ``import copynce_hf`` is tested in-process in test_modelin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_without_copynce_hf
 from PIL import Image
 
 import copynce_hf
@@ -37,19 +35,10 @@ PACKAGE = Path(copynce_hf.__file__).resolve().parent
 # Mode "registered" goes through the Auto classes registered by ``import copynce_hf``.
 RUNNER = textwrap.dedent(
     """
-    import sys
     from pathlib import Path
 
-    if sys.argv[1] == "blocked":
-        class BlockCopyNCE:
-            def find_spec(self, name, path=None, target=None):
-                if name == "copynce_hf" or name.startswith("copynce_hf."):
-                    raise ModuleNotFoundError(f"{name} is blocked in this test")
-                return None
-
-        sys.meta_path.insert(0, BlockCopyNCE())
-    else:
-        import copynce_hf  # registers the Auto classes
+    if sys.argv[1] != "blocked":
+        import copynce_hf  # registers the Auto classes on first use
 
     import torch
     from PIL import Image
@@ -80,11 +69,37 @@ RUNNER = textwrap.dedent(
     matcher.train()
     torch.testing.assert_close(descriptor(**ref["descriptor_batch"]).loss, ref["descriptor_loss"])
     torch.testing.assert_close(matcher(**ref["matcher_batch"]).loss, ref["matcher_loss"])
-    if remote:
-        assert not any(name.startswith("copynce_hf") for name in sys.modules)
     print("LOADED", sys.argv[1])
     """
 )
+
+
+# Loads the model folders shipped in the repository where copynce_hf is blocked, and compares
+# their outputs with the in-package loads saved by the test.
+SHIPPED_RUNNER = textwrap.dedent(
+    """
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModel
+
+    ref = torch.load(sys.argv[1])
+    for folder, expected in ref["outputs"].items():
+        model = AutoModel.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+        processor = AutoImageProcessor.from_pretrained(folder, trust_remote_code=True)
+        assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+        pixels = processor([Image.open(path) for path in ref["images"]], return_tensors="pt")["pixel_values"]
+        torch.testing.assert_close(pixels, ref["pixels"][folder])
+        with torch.no_grad():
+            if "matcher" in model.config.model_type:
+                values = model(pixels[:1].expand(len(pixels) - 1, -1, -1, -1), pixels[1:]).logits
+            else:
+                values = model(pixels).descriptors
+        torch.testing.assert_close(values, expected, atol=1e-5, rtol=0)
+        print("SHIPPED", folder, model.config.model_type)
+    """
+)
+SHIPPED_FOLDERS = (PACKAGE / "pretrained" / "descriptor", PACKAGE / "pretrained" / "matcher",
+                   PACKAGE.parent / "benchmarks" / "checkpoints" / "baseline-descriptor")
 
 
 def batch(size: int = 3, labels=None) -> dict:
@@ -136,13 +151,8 @@ def saved(tmp_path_factory) -> Path:
 
 
 def run_fresh(mode: str, root: Path) -> None:
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(root / f"modules-{mode}"), TRANSFORMERS_VERBOSITY="error")
-    script = root / "runner.py"
-    script.write_text(RUNNER)
-    result = subprocess.run([sys.executable, str(script), mode, str(root)], cwd=root, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and f"LOADED {mode}" in result.stdout, result.stdout + result.stderr
+    output = run_without_copynce_hf(RUNNER, [mode, root], root, blocked=mode == "blocked")
+    assert f"LOADED {mode}" in output, output
 
 
 def test_saved_folder_layout(saved):
@@ -157,14 +167,40 @@ def test_saved_folder_layout(saved):
     assert (folder / "model.safetensors").exists() and not (folder / "pytorch_model.bin").exists()
     matcher = json.loads((saved / "matcher" / "config.json").read_text())
     assert matcher["auto_map"]["AutoModel"] == "modeling_copynce.CopyNCEMatcherModel"
-    # The folder carries the real loss code, not the package's re-export.
-    for folder in (saved / "descriptor", saved / "matcher"):
-        assert (folder / "losses_copynce.py").read_text() == (PACKAGE / "losses.py").read_text()
-        assert (folder / "errors.py").read_text() == (PACKAGE / "errors.py").read_text()
-        for name in ("configuration_copynce.py", "modeling_copynce.py", "convert_dino.py"):
+    # The folders carry the modelling package's own files (imported relatively), unchanged; the
+    # descriptor folder also holds the image processor.
+    model_code = {"configuration_copynce.py", "convert_dino.py", "errors.py", "losses_copynce.py", "modeling_copynce.py"}
+    for folder, expected in ((saved / "descriptor", model_code | {"image_processing_copynce.py", "rgb_conversion.py"}),
+                             (saved / "matcher", model_code)):
+        assert {path.name for path in folder.glob("*.py")} == expected
+        for name in expected:
             assert (folder / name).read_text() == (PACKAGE / "modeling" / name).read_text()
 
 
 @pytest.mark.slow
 def test_custom_code_loads_where_copynce_hf_is_not_importable(saved):
     run_fresh("blocked", saved)
+
+
+@pytest.mark.slow
+def test_shipped_model_folders_load_as_hub_custom_code_without_copynce_hf(tmp_path):
+    from transformers import AutoImageProcessor, AutoModel
+
+    images = sorted((PACKAGE / "assets" / "images").glob("*.jpg"))[:3]
+    reference = {"images": [str(path) for path in images], "outputs": {}, "pixels": {}}
+    for folder in SHIPPED_FOLDERS:
+        assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModel"].startswith("modeling_copynce.")
+        model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()  # the package's classes
+        assert type(model).__module__.startswith("copynce_hf.")
+        processor = AutoImageProcessor.from_pretrained(folder)
+        pixels = processor([Image.open(path) for path in images], return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            if isinstance(model, CopyNCEMatcherModel):
+                values = model(pixels[:1].expand(len(pixels) - 1, -1, -1, -1), pixels[1:]).logits
+            else:
+                values = model(pixels).descriptors
+        reference["outputs"][str(folder)] = values
+        reference["pixels"][str(folder)] = pixels
+    torch.save(reference, tmp_path / "reference.pt")
+    output = run_without_copynce_hf(SHIPPED_RUNNER, [tmp_path / "reference.pt"], tmp_path)
+    assert output.count("SHIPPED") == len(SHIPPED_FOLDERS), output

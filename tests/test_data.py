@@ -96,6 +96,51 @@ def test_default_folder_and_saved_dataset_with_other_columns(tmp_path):
         load_image_dataset(tmp_path / "empty_dir")
 
 
+def _image_table(paths, ids):
+    """A dataset of embedded image bytes (as Parquet files on the Hub hold them) with an ``id`` column."""
+    table = datasets.Dataset.from_dict({"image": [{"bytes": p.read_bytes(), "path": None} for p in paths], "id": ids})
+    return table.cast_column("image", datasets.Image())
+
+
+def test_parquet_file_folder_and_hub_snapshot_folder(tmp_path):
+    paths = _small_images(tmp_path / "imgs", 6)
+    expected = {f"p{i}": Image.open(path).size for i, path in enumerate(paths)}
+    _image_table(paths, list(expected)).to_parquet(str(tmp_path / "images.parquet"))
+    # A single Parquet file, indexed and streamed.
+    for streaming in (False, True):
+        loaded = load_image_dataset(tmp_path / "images.parquet", streaming=streaming)
+        rows = list(loaded)
+        assert [row["image_id"] for row in rows] == list(expected)
+        assert ImageDecoder()(rows[2]["image"], "p2").size == expected["p2"]
+    # A folder of Parquet shards.
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for index in range(3):
+        _image_table(paths[2 * index:2 * index + 2], list(expected)[2 * index:2 * index + 2]).to_parquet(
+            str(shards / f"part-{index}.parquet"))
+    assert sorted(load_image_dataset(shards)["image_id"]) == sorted(expected)
+    assert load_image_dataset(shards, streaming=True).num_shards == 3
+    # A Hub dataset snapshot (as snapshot_download leaves it): README configs, data/<split>-*.parquet files.
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "data").mkdir(parents=True)
+    (snapshot / "small").mkdir()
+    _image_table(paths[:4], list(expected)[:4]).to_parquet(str(snapshot / "data" / "train-00000-of-00001.parquet"))
+    _image_table(paths[4:], list(expected)[4:]).to_parquet(str(snapshot / "data" / "test-00000-of-00001.parquet"))
+    _image_table(paths[:1], ["only"]).to_parquet(str(snapshot / "small" / "train-00000-of-00001.parquet"))
+    (snapshot / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"
+        "  - split: test\n    path: data/test-*\n- config_name: small\n  data_files:\n  - split: train\n"
+        "    path: small/train-*\n---\n# images\n")
+    assert load_image_dataset(snapshot)["image_id"] == ["p0", "p1", "p2", "p3"]
+    assert load_image_dataset(snapshot, "test")["image_id"] == ["p4", "p5"]
+    assert load_image_dataset(snapshot, config_name="small")["image_id"] == ["only"]
+    with pytest.raises(ConfigError, match="validation"):
+        load_image_dataset(snapshot, "validation")
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    with pytest.raises(ConfigError, match="neither a folder nor a Parquet file"):
+        load_image_dataset(tmp_path / "notes.txt")
+
+
 def test_corrupt_images_are_skipped_logged_and_counted(tmp_path, caplog):
     folder = tmp_path / "imgs"
     _small_images(folder, 6)

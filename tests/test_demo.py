@@ -97,9 +97,13 @@ def test_export_writes_fp16_safetensors_within_the_size_limit(exported, export_s
         assert "F16" in dtypes and not {"F32", "F64", "BF16"} & dtypes, (kind, dtypes)
         names = {p.name for p in folder.iterdir()}
         assert {"preprocessor_config.json", "README.md", "model.safetensors", "config.json"} <= names
-        # the package's own registered classes load it: no stale copy of the modelling code ships
-        assert not any(name.endswith(".py") for name in names)
-        assert "auto_map" not in json.loads((folder / "config.json").read_text())
+        # the folder carries the package's own modelling code (as links to it) and auto_map
+        code = [path for path in folder.iterdir() if path.name.endswith(".py")]
+        assert {path.name for path in code} >= {"modeling_copynce.py", "configuration_copynce.py",
+                                                 "image_processing_copynce.py"}
+        for path in code:
+            assert path.is_symlink() and path.resolve() == (REPO / "copynce_hf" / "modeling" / path.name)
+        assert "AutoModel" in json.loads((folder / "config.json").read_text())["auto_map"]
 
 
 def test_exported_models_load_in_float32_and_match_the_source(exported, trained):

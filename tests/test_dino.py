@@ -10,11 +10,19 @@ import pytest
 import torch
 from transformers import AutoModel, ViTConfig, ViTModel
 
-from copynce_hf import CopyNCEDescriptorModel, CopyNCEError, CopyNCEMatcherModel
+from copynce_hf import (
+    CopyNCEDescriptorModel,
+    CopyNCEError,
+    CopyNCEMatcherModel,
+    CopyNCEViTConfig,
+    CopyNCEViTModel,
+)
 from copynce_hf.modeling import interpolate_position_embeddings
-from copynce_hf.modeling.convert_dino import canonical_dino_state_dict
+from copynce_hf.modeling.convert_dino import backbone_state_dict
 
 LAYERS = 3
+ARCHITECTURE = dict(hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=2, intermediate_size=64,
+                    image_size=32, patch_size=16, layer_norm_eps=1e-6)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,8 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def vit() -> ViTModel:
     """A small randomly initialised transformers ViT standing in for facebook/dino-vits16."""
     torch.manual_seed(0)
-    config = ViTConfig(hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=2, intermediate_size=64,
-                       image_size=32, patch_size=16, layer_norm_eps=1e-6)
+    config = ViTConfig(**ARCHITECTURE)
     model = ViTModel(config).eval()
     with torch.no_grad():  # non-trivial norms and biases, so that a wrong mapping shows
         for name, parameter in model.named_parameters():
@@ -113,20 +120,20 @@ def test_descriptor_from_original_dino_pth_and_training_checkpoint(vit, tmp_path
         torch.testing.assert_close(teacher(pixels()).last_hidden_state, expected, atol=1e-5, rtol=0)
     assert teacher.dino_load_report.unexpected == ["head.last_layer.weight_g"]
     student = CopyNCEDescriptorModel.from_dino(checkpoint_path, num_attention_heads=2, checkpoint_key="student")
-    assert student.embeddings.cls_token.abs().sum() == 0
+    assert student.vit.embeddings.cls_token.abs().sum() == 0
 
 
 def test_matcher_from_dino_splits_encoder_and_fusion(vit, vit_folder):
     model = CopyNCEMatcherModel.from_dino(vit_folder, num_fusion_layers=1).eval()
-    assert len(model.encoder_blocks) == 2 and len(model.fusion_blocks) == 1
+    assert len(model.vit.blocks) == 3 and model.config.num_encoder_layers == 2
     with torch.no_grad():
         hidden_states = vit(pixels(), output_hidden_states=True).hidden_states
         torch.testing.assert_close(model.encode(pixels()), hidden_states[2], atol=1e-5, rtol=0)
     source = vit.state_dict()
-    torch.testing.assert_close(model.fusion_blocks[0].mlp.fc1.weight, source["layers.2.mlp.fc1.weight"])
-    torch.testing.assert_close(model.fusion_blocks[0].attn.qkv.bias, torch.cat(
+    torch.testing.assert_close(model.vit.blocks[2].mlp.fc1.weight, source["layers.2.mlp.fc1.weight"])
+    torch.testing.assert_close(model.vit.blocks[2].attn.qkv.bias, torch.cat(
         [source[f"layers.2.attention.{name}_proj.bias"] for name in "qkv"]))
-    torch.testing.assert_close(model.norm.weight, source["layernorm.weight"])
+    torch.testing.assert_close(model.vit.norm.weight, source["layernorm.weight"])
     torch.testing.assert_close(model.fusion_cls_token,
                                source["embeddings.cls_token"] + source["embeddings.position_embeddings"][:, :1])
     report = model.dino_load_report
@@ -138,7 +145,7 @@ def test_position_embeddings_interpolated_for_a_larger_input(vit, vit_folder):
     # The tiny analogue of 224 -> 336: a 2x2 patch grid becomes 3x3.
     model = CopyNCEDescriptorModel.from_dino(vit_folder, image_size=48).eval()
     assert model.dino_load_report.interpolated == (2, 3)
-    assert model.embeddings.position_embeddings.shape == (1, 10, 32)
+    assert model.vit.embeddings.position_embeddings.shape == (1, 10, 32)
     large = pixels(48)
     with torch.no_grad():
         expected = vit(large, interpolate_pos_encoding=True).last_hidden_state
@@ -183,10 +190,11 @@ def test_missing_and_unexpected_keys_are_reported_and_strict_raises(vit, tmp_pat
         CopyNCEDescriptorModel.from_dino(tmp_path / "absent.pth")
 
 
-def test_transformers_5_module_names_are_accepted(vit):
-    canonical, unused = canonical_dino_state_dict(vit.state_dict())  # layers.N.attention.q_proj, ...
+def test_transformers_and_dino_names_give_the_same_backbone(vit):
+    backbone, unused = backbone_state_dict(vit.state_dict())  # layers.N.attention.q_proj, ...
     assert unused == ["pooler.dense.bias", "pooler.dense.weight"]
-    torch.testing.assert_close(canonical, canonical_dino_state_dict(dino_state_dict(vit))[0])
+    torch.testing.assert_close(backbone, backbone_state_dict(dino_state_dict(vit))[0])
+    assert set(backbone) == set(CopyNCEViTModel(CopyNCEViTConfig(**ARCHITECTURE)).state_dict())
 
 
 def test_convert_dino_script_writes_a_loadable_folder(vit, tmp_path):

@@ -88,7 +88,8 @@ def test_model_index_round_trips(descriptor_card):
     model_index = metadata_of(descriptor_card)["model-index"]
     name, results = model_index_to_eval_results(model_index)
     assert name == "copynce-vits-descriptor"
-    got = {(r.dataset_name, r.metric_type): r.metric_value for r in results}
+    assert {r.metric_type for r in results} == {"copy_detection"}  # the metric's id; the result key is its config
+    got = {(r.dataset_name, r.metric_config): r.metric_value for r in results}
     assert got == {
         ("DISC21 dev", "micro_ap"): 0.705,
         ("DISC21 dev", "recall_at_p90"): 0.636,
@@ -106,7 +107,7 @@ def test_model_index_round_trips(descriptor_card):
 def test_matcher_card_without_results_has_no_model_index():
     card = build_model_card(matcher_config(), model_id="org/copynce-vits-matcher")
     metadata = metadata_of(card)
-    assert metadata["pipeline_tag"] == "image-classification"
+    assert metadata["pipeline_tag"] == "other"
     assert "matcher" in metadata["tags"] and "copy-detection" in metadata["tags"]
     assert "model-index" not in metadata and "base_model" not in metadata
     assert "not been evaluated" in section(card.text, "Evaluation results")
@@ -114,8 +115,35 @@ def test_matcher_card_without_results_has_no_model_index():
     validate_model_card(card)
 
 
+def test_license_other_needs_a_name_and_a_link():
+    with pytest.raises(CopyNCEError, match="license_link"):
+        build_model_card(descriptor_config(), model_id="x", license="other", license_name="research-only")
+    card = build_model_card(descriptor_config(), model_id="x", license="other", license_name="research-only",
+                            license_link="LICENSE")
+    metadata = metadata_of(card)
+    assert (metadata["license"], metadata["license_name"], metadata["license_link"]) == ("other", "research-only",
+                                                                                         "LICENSE")
+    validate_model_card(card)
+    with pytest.raises(CopyNCEError, match="license_link"):
+        validate_model_card(str(card).replace("license_link: LICENSE\n", ""))
+
+
+def test_training_card_keeps_the_periodic_evaluation_out_of_the_model_index():
+    from copynce_hf.training.config import TrainingConfig
+    from copynce_hf.training.saving import training_card
+
+    metrics = {"micro_ap": 1.0, "recall_at_p90": 1.0, "num_queries_with_copy": 3, "num_ground_truth_pairs": 3,
+               "num_predictions": 12}
+    card = training_card(descriptor_config(), TrainingConfig(), metrics, model_id="run")
+    assert "model-index" not in metadata_of(card)
+    row = next(line for line in section(card.text, "Training settings").splitlines() if "periodic evaluation" in line)
+    assert "µAP 1.0000" in row and "3 queries with a copy" in row and "12 scored pairs" in row
+    validate_model_card(card)
+
+
 def test_validate_rejects_malformed_metadata(descriptor_card):
-    broken = str(descriptor_card).replace("    - type: micro_ap\n      value: 0.705\n", "    - type: micro_ap\n", 1)
+    broken = str(descriptor_card).replace("    - type: copy_detection\n      value: 0.705\n", "    - type: copy_detection\n",
+                                          1)
     assert broken != str(descriptor_card)
     with pytest.raises(CopyNCEError, match="invalid"):
         validate_model_card(broken)

@@ -375,6 +375,30 @@ def test_save_pr_curves_writes_one_png_with_every_system(tmp_path):
         save_pr_curves({"bad": (np.zeros(3), np.zeros(4))}, tmp_path / "bad.png")
 
 
+def test_space_app_scores_uploaded_predictions_and_ground_truth(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(COPY_DETECTION_METRIC_PATH)
+    spec = importlib.util.spec_from_file_location("copy_detection_space_app", folder / "app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)  # gradio is imported only when the interface is built
+    predictions = tmp_path / "predictions.csv"
+    predictions.write_text("query_id,reference_id,score\nq1,r1,0.9\nq2,r2,0.5\nq2,x,0.5\n")
+    ground_truth = tmp_path / "ground_truth.csv"
+    ground_truth.write_text("query_id,reference_id\nq1,r1\nq2,r2\nq3,\n")
+    results = app.compute_from_files(predictions, ground_truth)
+    # The README's worked example: muAP = (1 + 2/3) / 2, q2's tie counts against its rank.
+    assert results["micro_ap"] == pytest.approx((1 + 2 / 3) / 2)
+    assert results["recall_at_rank1"] == pytest.approx(0.5) and results["num_predictions"] == 3
+    bad = tmp_path / "bad.csv"
+    bad.write_text("query_id,reference_id,score\nq1,r1,high\n")
+    with pytest.raises(ValueError, match="line 2: score 'high'"):
+        app.compute_from_files(bad, ground_truth)
+    requirements = (folder / "requirements.txt").read_text().split()
+    assert any(line.startswith("evaluate") for line in requirements)
+
+
 # ----------------------------------------------------------------- ids that do not match
 
 

@@ -141,7 +141,7 @@ def test_descriptor_loss_is_the_weighted_sum_of_its_parts_and_backpropagates():
                               batch["overlap_rq"], temperature=1 / 16, gamma=3.0)
     torch.testing.assert_close(output.copynce_loss, recomputed)
     output.loss.backward()
-    for name in ("logit_scale", "blocks.0.attn.qkv.weight", "head.projection.weight", "embeddings.cls_token"):
+    for name in ("logit_scale", "vit.blocks.0.attn.qkv.weight", "head.projection.weight", "vit.embeddings.cls_token"):
         gradient = dict(model.named_parameters())[name].grad
         assert gradient is not None and gradient.abs().sum() > 0, name
 
@@ -204,7 +204,7 @@ def test_position_embeddings_interpolate_to_other_sizes_and_refuse_bad_ones():
         model(torch.randn(1, 3, 40, 40))
     # set_image_size resizes the stored table: then 48 px is the native size.
     model.set_image_size(48)
-    assert model.config.image_size == 48 and model.embeddings.position_embeddings.shape == (1, 10, 32)
+    assert model.config.image_size == 48 and model.vit.embeddings.position_embeddings.shape == (1, 10, 32)
     with torch.no_grad():
         native = model(torch.randn(1, 3, 48, 48), interpolate_pos_encoding=False)
     assert native.patch_tokens.shape == (1, 9, 32)
@@ -227,15 +227,15 @@ def test_matcher_shapes_and_loss_on_positive_pairs_only():
     torch.testing.assert_close(output.copynce_loss, expected)
     torch.testing.assert_close(output.loss, output.bce_loss + 3 * output.copynce_loss)
     output.loss.backward()
-    for name in ("fusion_cls_token", "segment_embeddings", "classifier.weight", "encoder_blocks.0.mlp.fc1.weight",
-                 "fusion_blocks.0.attn.qkv.weight"):
+    for name in ("fusion_cls_token", "segment_embeddings", "classifier.weight", "vit.blocks.0.mlp.fc1.weight",
+                 "vit.blocks.2.attn.qkv.weight"):
         gradient = dict(model.named_parameters())[name].grad
         assert gradient is not None and gradient.abs().sum() > 0, name
 
 
 def test_matcher_inference_without_labels_and_structure():
     model = matcher().eval()
-    assert len(model.encoder_blocks) == 2 and len(model.fusion_blocks) == 1
+    assert len(model.vit.blocks) == 3 and model.config.num_encoder_layers == 2
     query, reference = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         output = model(pixel_values=query, reference_pixel_values=reference)

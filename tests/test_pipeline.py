@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
-from conftest import save_tiny_models
+from conftest import run_without_copynce_hf, save_tiny_models
 from PIL import Image
 from transformers import pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
@@ -74,3 +76,56 @@ def test_pipeline_refuses_bad_calls(folders, pair_images):
         detector([a, a], [b])
     with pytest.raises(ConfigError, match="unknown"):
         detector(a, b, top_k=3)
+
+
+def test_one_query_against_a_list_of_references_gives_one_score_each(folders, pair_images):
+    _, (a, b, c) = pair_images
+    for kind in ("descriptor", "matcher"):
+        detector = pipeline("image-copy-detection", model=folders[kind])
+        expected = [detector(a, reference)["score"] for reference in (b, c, a)]
+        results = detector(a, [b, c, a])
+        assert isinstance(results, list) and len(results) == 3
+        assert [r["score"] for r in results] == pytest.approx(expected, abs=1e-5)
+        assert [r["score"] for r in detector([b, c], a)] == pytest.approx(
+            [detector(q, a)["score"] for q in (b, c)], abs=1e-5)
+
+
+def test_descriptor_works_with_the_stock_image_feature_extraction_pipeline(folders, pair_images):
+    _, (a, b, _) = pair_images
+    extractor = pipeline("image-feature-extraction", model=folders["descriptor"])
+    features = torch.tensor(extractor([a, b]))  # (2, 1, D): one descriptor per image
+    processor, model = extractor.image_processor, extractor.model
+    with torch.no_grad():
+        expected = model(processor(images=[a, b], return_tensors="pt")["pixel_values"]).descriptors
+    torch.testing.assert_close(features.reshape(2, -1), expected, atol=1e-5, rtol=0)
+
+
+# Loads a saved pipeline folder (run where copynce_hf is blocked), scores the pairs, prints the scores.
+REMOTE_PIPELINE = """
+import json
+
+from transformers import pipeline
+
+detector = pipeline(model=sys.argv[1], trust_remote_code=True)
+assert type(detector).__module__.startswith("transformers_modules."), type(detector).__module__
+images = sys.argv[2:]
+print("SCORES", json.dumps([r["score"] for r in detector(images[0], images[1:])]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["descriptor", "matcher"])
+def test_saved_pipeline_runs_from_its_folder_without_copynce_hf(folders, pair_images, tmp_path, kind):
+    path, (a, b, c) = pair_images
+    for name, image in (("b.png", b), ("c.png", c)):
+        image.save(tmp_path / name)
+    images = [str(path), str(tmp_path / "b.png"), str(tmp_path / "c.png")]
+    detector = pipeline("image-copy-detection", model=folders[kind])
+    expected = [r["score"] for r in detector(images[0], images[1:])]
+    detector.save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["custom_pipelines"]["image-copy-detection"]["impl"] == "pipeline_copynce.ImageCopyDetectionPipeline"
+    assert (tmp_path / "saved" / "pipeline_copynce.py").is_file()
+    output = run_without_copynce_hf(REMOTE_PIPELINE, [tmp_path / "saved", *images], tmp_path)
+    scores = json.loads(output.split("SCORES", 1)[1].strip().splitlines()[0])
+    assert scores == pytest.approx(expected, abs=1e-6)

@@ -66,6 +66,9 @@ def test_wheel_in_a_fresh_environment_trains_and_indexes(tmp_path):
                     "metrics/copy_detection/copy_detection.py", "assets/images"):
         assert (package / shipped).exists(), f"{shipped} is not in the installed package"
 
+    named = _run([str(python), "-c", "from copynce_hf.training.run import parse_args; "
+                  "print(parse_args(['--config', 'tiny_cpu_matcher.yaml']).model_type)"], cwd=work, env=environment)
+    assert named.stdout.strip().splitlines()[-1] == "matcher"  # a shipped configuration by its name
     _run([str(python), "-m", "copynce_hf.training", "--max_steps", "2", "--output_dir", str(work / "run"),
           "--report_to", "none", "--dataloader_num_workers", "0", "--eval_steps", "1000", "--num_eval_images", "2"],
          cwd=work, env=environment)

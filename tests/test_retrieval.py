@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import requires_extra
 from PIL import Image
 
 from copynce_hf.errors import ConfigError, ImageLoadError, PredictionsError
@@ -80,7 +81,7 @@ def test_descriptor_set_safetensors_round_trip_and_hdf5(tmp_path):
     with pytest.raises(PredictionsError, match="appears twice"):
         DescriptorSet(["a", "a"], unit_vectors(2, 8, 1))
 
-    h5py = pytest.importorskip("h5py")
+    h5py = requires_extra("h5py", "bench")
     queries = DescriptorSet(["Q0", "Q1"], unit_vectors(2, 8, 2))
     export_disc21_hdf5(tmp_path / "disc.hdf5", queries, refs)
     with h5py.File(tmp_path / "disc.hdf5", "r") as handle:

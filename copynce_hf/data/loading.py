@@ -17,8 +17,13 @@ Sources understood by :func:`load_image_dataset`:
 - a DISC21 folder (``training_images/T*.jpg``, ``reference_images/R*.jpg``, ``query_images/Q*.jpg``),
   split ``train``, ``reference`` or ``query``;
 - a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+- a local Parquet file, or a folder of data files as datasets reads a dataset repository: Parquet
+  shards, or a Hub dataset snapshot (what ``huggingface_hub.snapshot_download`` leaves: a ``README.md``
+  whose YAML names the configurations and splits, ``data/train-00000-of-00004.parquet``, ...), read with
+  ``datasets.load_dataset(folder, name=config_name, split=...)``;
 - any other local folder of images (searched recursively);
-- a Hub dataset id with an image column (``datasets.load_dataset(id, split=..., streaming=...)``).
+- a Hub dataset id with an image column (``datasets.load_dataset(id, name=config_name, split=...,
+  revision=..., token=..., streaming=...)``).
 """
 
 from __future__ import annotations
@@ -80,6 +85,30 @@ def is_disc21_folder(path: str | os.PathLike) -> bool:
 
 def _is_saved_dataset(path: Path) -> bool:
     return (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+#: Data files that make a folder a dataset repository for ``datasets.load_dataset(folder)``.
+_DATA_FILE_SUFFIXES = (".parquet", ".arrow")
+
+
+def _is_dataset_repository(path: Path) -> bool:
+    """A folder of Parquet / Arrow data files (e.g. a Hub dataset snapshot), as opposed to image files."""
+    return any(p.is_file() and p.suffix.lower() in _DATA_FILE_SUFFIXES for p in path.rglob("*"))
+
+
+def _load_repository(source: str, split: str, streaming: bool, config_name: str | None, **hub_options):
+    """``datasets.load_dataset`` on a Hub id, a local dataset repository folder or a Parquet file."""
+    kind = "dataset"
+    arguments = {"path": source, "name": config_name}
+    if source.lower().endswith(".parquet"):
+        arguments = {"path": "parquet", "data_files": {"train": source}}
+        kind, split = "Parquet file", "train"
+    try:
+        return datasets.load_dataset(**arguments, split=split, streaming=streaming,
+                                     **{key: value for key, value in hub_options.items() if value is not None})
+    except Exception as error:  # offline, unknown id, missing split or config: report the source and the cause
+        config = f", config {config_name!r}" if config_name else ""
+        raise ConfigError(f"cannot load {kind} {source!r} (split {split!r}{config}): {error}") from error
 
 
 def _list_images(folder: Path, pattern: str = "*") -> list[Path]:
@@ -160,19 +189,26 @@ def load_image_dataset(
     image_column: str | None = None,
     id_column: str | None = None,
     num_shards: int = 8,
+    config_name: str | None = None,
+    revision: str | None = None,
+    token: str | bool | None = None,
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Load images as a dataset with columns ``image_id`` (str) and ``image`` (undecoded).
 
     Args:
         source: ``None`` for the bundled default images, a local folder (DISC21 layout, ``save_to_disk``
-            output or plain image folder) or a Hub dataset id.
+            output, Parquet shards or Hub dataset snapshot, plain image folder), a Parquet file or a Hub
+            dataset id.
         split: DISC21 split (``train``, ``reference``, ``query``) or the Hub/saved dataset's split.
-            Ignored for plain image folders.
+            Ignored for plain image folders and single Parquet files.
         streaming: return a ``datasets.IterableDataset``. Hub ids are then read with
             ``load_dataset(..., streaming=True)`` (nothing is downloaded ahead); local sources are wrapped
             with ``to_iterable_dataset(num_shards)`` (their images are read lazily either way).
         image_column, id_column: column names of a Hub or saved dataset (detected when ``None``).
         num_shards: shards of a local source turned into a stream (enables DataLoader workers).
+        config_name: configuration of a Hub dataset or snapshot (``load_dataset(name=...)``).
+        revision, token: Hub revision (branch, tag or commit) and access token of a Hub id (``None``:
+            the main branch, and the token of ``huggingface-cli login`` / ``HF_TOKEN``).
 
     Raises:
         ConfigError: the folder holds no images, the split is unknown or there is no image column.
@@ -191,16 +227,19 @@ def load_image_dataset(
                         raise ConfigError(f"dataset_split {split!r} not in {str(path)!r} (splits: {list(loaded)})")
                     loaded = loaded[split]
                 dataset = _standardise(loaded, image_column, id_column, str(path))
+            elif _is_dataset_repository(path):
+                loaded = _load_repository(str(path), split, streaming, config_name)
+                return _standardise(loaded, image_column, id_column, str(path))
             else:
                 dataset = _image_folder(path)
+        elif path.is_file() and path.suffix.lower() == ".parquet":
+            return _standardise(_load_repository(str(path), split, streaming, None), image_column, id_column,
+                                str(path))
         elif path.exists() or str(source).startswith((".", "/", "~")):
-            raise ConfigError(f"dataset {str(source)!r} is not a folder")
+            raise ConfigError(f"dataset {str(source)!r} is neither a folder nor a Parquet file")
         else:
             # A Hub dataset id. Streaming by default for training: nothing is downloaded ahead.
-            try:
-                loaded = datasets.load_dataset(str(source), split=split, streaming=streaming)
-            except Exception as error:  # offline, unknown id, missing split: report the id and the cause
-                raise ConfigError(f"cannot load dataset {str(source)!r} (split {split!r}): {error}") from error
+            loaded = _load_repository(str(source), split, streaming, config_name, revision=revision, token=token)
             return _standardise(loaded, image_column, id_column, str(source))
     if streaming:
         return dataset.to_iterable_dataset(num_shards=max(1, min(num_shards, len(dataset))))

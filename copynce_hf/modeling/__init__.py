@@ -1,26 +1,21 @@
-"""CopyNCE models for ``transformers``: configurations, descriptor and matcher, image processor.
+"""CopyNCE models for ``transformers``: ViT backbone, descriptor and matcher, image processor, pipeline.
 
-Importing this package registers the classes with ``AutoConfig``, ``AutoModel`` and
-``AutoImageProcessor`` (model types ``copynce-descriptor`` and ``copynce-matcher``) and for
-Hub custom code: a folder written by ``save_pretrained`` carries ``auto_map`` and the code
-(``configuration_copynce.py``, ``modeling_copynce.py``, ``losses_copynce.py``, ...), so that
-``AutoModel.from_pretrained(folder, trust_remote_code=True)`` works where copynce_hf is not
-installed.
+The modules of this package are the whole implementation and import each other relatively
+only, so ``save_pretrained`` copies exactly what a model needs (``configuration_copynce.py``,
+``modeling_copynce.py``, ``losses_copynce.py``, ``errors.py``, ...) into the folder and writes
+``auto_map``: ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` then works where
+copynce_hf is not installed.
+
+Names are imported on first access (``copynce_hf.modeling.CopyNCEDescriptorModel``), so that
+``copynce_hf.errors`` and the command line start without ``torch``. :func:`register_auto_classes`
+registers the classes with ``AutoConfig``, ``AutoModel`` and ``AutoImageProcessor`` (model types
+``copynce-vit``, ``copynce-descriptor`` and ``copynce-matcher``); ``import copynce_hf`` has it
+run as soon as ``transformers``' Auto classes are imported.
 """
 
-from transformers import AutoConfig, AutoImageProcessor, AutoModel
+from __future__ import annotations
 
-from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig
-from .convert_dino import DinoLoadReport
-from .image_processing_copynce import CopyNCEImageProcessor
-from .modeling_copynce import (
-    CopyNCEDescriptorModel,
-    CopyNCEDescriptorOutput,
-    CopyNCEMatcherModel,
-    CopyNCEMatcherOutput,
-    CopyNCEPreTrainedModel,
-    interpolate_position_embeddings,
-)
+import importlib
 
 __all__ = [
     "CopyNCEDescriptorConfig",
@@ -31,15 +26,53 @@ __all__ = [
     "CopyNCEMatcherModel",
     "CopyNCEMatcherOutput",
     "CopyNCEPreTrainedModel",
+    "CopyNCEViTConfig",
+    "CopyNCEViTModel",
     "DinoLoadReport",
     "interpolate_position_embeddings",
     "register_auto_classes",
 ]
 
+_SOURCES = {
+    "CopyNCEDescriptorConfig": "configuration_copynce",
+    "CopyNCEMatcherConfig": "configuration_copynce",
+    "CopyNCEViTConfig": "configuration_copynce",
+    "CopyNCEImageProcessor": "image_processing_copynce",
+    "DinoLoadReport": "convert_dino",
+    **{name: "modeling_copynce" for name in ("CopyNCEDescriptorModel", "CopyNCEDescriptorOutput",
+                                              "CopyNCEMatcherModel", "CopyNCEMatcherOutput",
+                                              "CopyNCEPreTrainedModel", "CopyNCEViTModel",
+                                              "interpolate_position_embeddings")},
+}
+
+_registered = False
+
+
+def __getattr__(name: str):
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
 
 def register_auto_classes() -> None:
     """Register the configurations, models and image processor with the Auto classes (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AutoConfig, AutoImageProcessor, AutoModel
+
+    from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig, CopyNCEViTConfig
+    from .image_processing_copynce import CopyNCEImageProcessor
+    from .modeling_copynce import CopyNCEDescriptorModel, CopyNCEMatcherModel, CopyNCEViTModel
+
     for config_class, model_class in (
+        (CopyNCEViTConfig, CopyNCEViTModel),
         (CopyNCEDescriptorConfig, CopyNCEDescriptorModel),
         (CopyNCEMatcherConfig, CopyNCEMatcherModel),
     ):
@@ -51,6 +84,4 @@ def register_auto_classes() -> None:
         config_class.register_for_auto_class("AutoConfig")
         model_class.register_for_auto_class("AutoModel")
     CopyNCEImageProcessor.register_for_auto_class("AutoImageProcessor")
-
-
-register_auto_classes()
+    _registered = True

@@ -1,13 +1,13 @@
-"""Configurations of the CopyNCE descriptor and matcher.
+"""Configurations of the CopyNCE backbone, descriptor and matcher.
 
-Both models are Vision Transformers; their architecture hyper-parameters use the names of
+All three models are Vision Transformers; their architecture hyper-parameters use the names of
 ``transformers.ViTConfig`` (``hidden_size``, ``num_hidden_layers``, ...), with ViT-S/16 defaults
 as in DINO (the paper's default backbone, supplementary table "All detailed settings").
 Every loss weight and temperature of the paper lives here with the paper's default, so a
 saved model folder records exactly how it was trained.
 
-This file is copied into saved model folders (Hub custom code) and must stay importable
-without the ``copynce_hf`` package: it imports only ``transformers``.
+Like every module of this package, it imports its siblings relatively and otherwise only
+``transformers``, so a saved model folder carries it as Hub custom code.
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ import math
 
 from transformers import PretrainedConfig
 
-try:  # inside the package: the package's own error type
-    from copynce_hf.errors import ConfigError
-except ImportError:  # inside a saved model folder loaded with trust_remote_code, without copynce_hf
+from .errors import ConfigError
 
-    class ConfigError(ValueError):
-        """A configuration key holds an invalid value."""
-
-
-__all__ = ["CopyNCEDescriptorConfig", "CopyNCEMatcherConfig", "ConfigError"]
+__all__ = ["CopyNCEDescriptorConfig", "CopyNCEMatcherConfig", "CopyNCEViTConfig"]
 
 COPYNCE_WEIGHTINGS = ("paper", "reference")
 #: InfoNCE negatives (``copynce_hf.losses.info_nce_loss``) and KoLeo scopes of the descriptor.
@@ -52,8 +46,9 @@ def _check_positive_int(key: str, value) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, value, "must be an integer > 0")
 
 
-class _CopyNCEViTConfig(PretrainedConfig):
-    """ViT hyper-parameters shared by the descriptor and the matcher (names as in ``ViTConfig``).
+class CopyNCEViTConfig(PretrainedConfig):
+    """Configuration of :class:`CopyNCEViTModel`, the ViT backbone shared by the descriptor and
+    the matcher (hyper-parameter names as in ``ViTConfig``, ViT-S/16 defaults as in DINO).
 
     Args:
         hidden_size: token width ``C`` (384 for ViT-S, 768 for ViT-B).
@@ -69,7 +64,12 @@ class _CopyNCEViTConfig(PretrainedConfig):
         patch_size: side of a patch in pixels (16).
         num_channels: input channels (3).
         qkv_bias: bias in the query/key/value projection.
+
+    The attention backend is chosen as for ``transformers`` models, with
+    ``from_pretrained(..., attn_implementation="sdpa" | "eager")`` (default "sdpa").
     """
+
+    model_type = "copynce-vit"
 
     def __init__(
         self,
@@ -144,7 +144,7 @@ class _CopyNCEViTConfig(PretrainedConfig):
                f"must be one of {COPYNCE_AVERAGES}")
 
 
-class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
+class CopyNCEDescriptorConfig(CopyNCEViTConfig):
     """Configuration of :class:`CopyNCEDescriptorModel` (paper supplementary, "Model Arch").
 
     ViT encoder, then a head on the CLS token: linear (no bias) to ``descriptor_dim``, batch
@@ -224,7 +224,7 @@ class CopyNCEDescriptorConfig(_CopyNCEViTConfig):
         return self.copynce_layer - 1 if self.copynce_layer > 0 else self.num_hidden_layers + self.copynce_layer
 
 
-class CopyNCEMatcherConfig(_CopyNCEViTConfig):
+class CopyNCEMatcherConfig(CopyNCEViTConfig):
     """Configuration of :class:`CopyNCEMatcherModel` (paper supplementary, "Model Arch").
 
     The first ``num_hidden_layers - num_fusion_layers`` blocks encode query and reference

@@ -4,45 +4,21 @@ Follows ``transformers``' PIL backend (``PilBackend``, a ``BaseImageProcessor``)
 PIL images, NumPy arrays or tensors, alone or in lists, and ``processor(images,
 return_tensors="pt")["pixel_values"]`` is a (B, 3, H, W) float tensor for the models.
 
-Colour conversion follows ``copynce_hf.images.to_rgb`` (alpha composited on white, 16-bit
-greyscale rescaled from its range rather than clipped, CMYK through Pillow) so that the
-images a model sees here match the ones it was trained on. This file is copied into saved
-model folders and must run without ``copynce_hf``, so it carries that small conversion itself.
+Colour conversion (:func:`pil_to_rgb`: alpha composited on white, 16-bit greyscale rescaled
+from its range rather than clipped, CMYK through Pillow) is the package's one conversion:
+``copynce_hf.images.to_rgb`` is this function, so the images a model sees here match the ones
+it was trained on. Saved model folders carry this file (Hub custom code).
 """
 
 from __future__ import annotations
 
-import numpy as np
 from PIL import Image
 from transformers.image_processing_backends import PilBackend
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, PILImageResampling
 
+from .rgb_conversion import pil_to_rgb
+
 __all__ = ["CopyNCEImageProcessor", "pil_to_rgb"]
-
-_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
-_ALPHA_MODES = ("LA", "RGBA", "La", "RGBa", "PA")
-
-
-def pil_to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
-    """Convert a PIL image of any mode to RGB (same rules as ``copynce_hf.images.to_rgb``)."""
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-        mode = image.mode
-    if mode in _SIXTEEN_BIT_MODES or mode in ("I", "F"):
-        array = np.asarray(image, dtype=np.float64)
-        low, high = (0.0, 65535.0) if mode in _SIXTEEN_BIT_MODES else (float(array.min()), float(array.max()))
-        scaled = np.clip((array - low) / max(high - low, 1e-12) * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(scaled, mode="L").convert("RGB")
-    if mode in _ALPHA_MODES:
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, background + (255,))
-        canvas.alpha_composite(rgba)
-        return canvas.convert("RGB")
-    return image.convert("RGB")
-
 
 class CopyNCEImageProcessor(PilBackend):
     """Pre-processing for :class:`CopyNCEDescriptorModel` and :class:`CopyNCEMatcherModel`.

@@ -1,49 +1,46 @@
-"""CopyNCE descriptor and matcher: Vision Transformers with the paper's objectives in ``forward``.
+"""CopyNCE models: a ViT backbone and the descriptor and matcher heads around it.
 
 Paper: "CopyNCE" (ICCV 2025), supplementary "More about Model Arch":
 
-* descriptor: ViT; CLS token -> linear (no bias) -> batch norm -> L2 normalisation gives the
+* backbone (:class:`CopyNCEViTModel`): DINO's ViT (pre-norm blocks with a fused ``qkv``
+  projection, final LayerNorm), held by both heads under ``base_model_prefix`` (``vit``), as
+  ``ViTForImageClassification`` holds ``ViTModel``;
+* descriptor: CLS token -> linear (no bias) -> batch norm -> L2 normalisation gives the
   descriptor; loss ``InfoNCE + KoLeo`` (baseline) ``+ w_NCE * CopyNCE`` on the last layer's
   patch tokens;
-* matcher: the first ``num_hidden_layers - num_fusion_layers`` blocks encode query and
-  reference with shared weights; the remaining blocks fuse ``[CLS; query patches; reference
-  patches]``; a linear head on the fused CLS gives a copy logit; loss ``BCE + w_NCE *
-  CopyNCE`` on the fused patch tokens of positive pairs.
+* matcher: the first ``num_hidden_layers - num_fusion_layers`` backbone blocks encode query
+  and reference with shared weights; the remaining blocks fuse ``[CLS; query patches;
+  reference patches]``; a linear head on the fused CLS gives a copy logit; loss ``BCE + w_NCE
+  * CopyNCE`` on the fused patch tokens of positive pairs.
 
-The ViT is written here (pre-norm blocks with a fused ``qkv`` projection, final LayerNorm, as
-DINO's ``vision_transformer.py``), so that parameter names do not depend on the installed
-``transformers`` version and DINO weights load exactly (see :mod:`convert_dino`).
+Attention runs through ``transformers``' attention interface: "sdpa" (default) or "eager",
+chosen with ``attn_implementation=``; ``output_attentions=True`` computes that forward with
+the eager path, which returns the attention maps.
 
-This file is copied into saved model folders (Hub custom code): it imports only
-``torch``, ``transformers`` and its sibling modules.
+Like every module of this package, it imports its siblings relatively and otherwise only
+``torch`` and ``transformers``: ``save_pretrained`` copies exactly these files into a model
+folder, which then loads with ``trust_remote_code=True`` where copynce_hf is not installed.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.core_model_loading import WeightRenaming
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput, logging
 
-from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig
-from .losses_copynce import (
-    CopyNCEError,
-    copy_bce_loss,
-    copynce_loss,
-    info_nce_loss,
-    koleo_loss,
-    paired_koleo_loss,
-)
+from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig, CopyNCEViTConfig
+from .errors import CopyNCEError
+from .losses_copynce import copy_bce_loss, copynce_loss, info_nce_loss, koleo_loss, paired_koleo_loss
 
 try:  # transformers >= 5: initialisers that leave weights loaded from a checkpoint untouched
     from transformers import initialization as init
@@ -58,11 +55,9 @@ __all__ = [
     "CopyNCEMatcherModel",
     "CopyNCEMatcherOutput",
     "CopyNCEPreTrainedModel",
+    "CopyNCEViTModel",
     "interpolate_position_embeddings",
 ]
-
-#: Name of the losses module inside a saved model folder (see ``_bundle_losses``).
-LOSSES_MODULE_FILE = "losses_copynce.py"
 
 
 def interpolate_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -153,26 +148,67 @@ class CopyNCEEmbeddings(nn.Module):
         return self.dropout(tokens + positions)
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention written out (the "eager" backend).
+
+    Args:
+        query, key, value: (B, heads, N, head_dim).
+        attention_mask: additive (B, 1, N, N) mask or None (ViT attends everywhere).
+
+    Returns:
+        ``(output (B, N, heads, head_dim), weights (B, heads, N, N))``.
+    """
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
 class CopyNCEAttention(nn.Module):
     """Multi-head self-attention with a fused ``qkv`` projection (DINO layout)."""
 
     def __init__(self, config):
         super().__init__()
+        self.config = config
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C)."""
+    def forward(self, hidden_states: torch.Tensor, output_attentions: bool = False):
+        """(B, N, C) -> ``(output (B, N, C), weights (B, heads, N, N) or None)``.
+
+        The backend is ``config._attn_implementation`` ("sdpa" or "eager"); with
+        ``output_attentions`` the eager path runs, since SDPA does not return the weights.
+        """
         batch, length, channels = hidden_states.shape
         qkv = self.qkv(hidden_states).reshape(batch, length, 3, self.num_heads, self.head_dim)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, N, head_dim)
-        attended = F.scaled_dot_product_attention(
-            query, key, value, dropout_p=self.attention_dropout if self.training else 0.0
+        implementation = self.config._attn_implementation
+        if output_attentions or implementation in (None, "eager"):
+            attention = eager_attention_forward
+        else:
+            attention = ALL_ATTENTION_FUNCTIONS[implementation]
+        attended, weights = attention(
+            self, query, key, value, None,
+            dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
         )
-        return self.proj(attended.transpose(1, 2).reshape(batch, length, channels))
+        output = self.proj(attended.reshape(batch, length, channels))
+        return output, (weights if output_attentions else None)
 
 
 class CopyNCEMLP(nn.Module):
@@ -199,10 +235,11 @@ class CopyNCELayer(GradientCheckpointingLayer):
         self.mlp = CopyNCEMLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, N, C)."""
-        hidden_states = hidden_states + self.dropout(self.attn(self.norm1(hidden_states)))
-        return hidden_states + self.dropout(self.mlp(self.norm2(hidden_states)))
+    def forward(self, hidden_states: torch.Tensor, output_attentions: bool = False):
+        """(B, N, C) -> ``((B, N, C), attention weights or None)``."""
+        attended, weights = self.attn(self.norm1(hidden_states), output_attentions=output_attentions)
+        hidden_states = hidden_states + self.dropout(attended)
+        return hidden_states + self.dropout(self.mlp(self.norm2(hidden_states))), weights
 
 
 class CopyNCEDescriptorHead(nn.Module):
@@ -237,6 +274,8 @@ class CopyNCEDescriptorOutput(ModelOutput):
             when the overlap priors were given and ``copynce_weight > 0``).
         hidden_states: with ``output_hidden_states``, the embeddings and every block's output
             for ``pixel_values``, each (B, 1 + L, C).
+        attentions: with ``output_attentions``, every block's attention weights for
+            ``pixel_values``, each (B, heads, 1 + L, 1 + L).
     """
 
     loss: torch.FloatTensor | None = None
@@ -249,6 +288,7 @@ class CopyNCEDescriptorOutput(ModelOutput):
     koleo_loss: torch.FloatTensor | None = None
     copynce_loss: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
@@ -262,6 +302,14 @@ class CopyNCEMatcherOutput(ModelOutput):
         query_patch_tokens: (B, Lq, C) fused query patch tokens (after the final LayerNorm).
         reference_patch_tokens: (B, Lr, C) fused reference patch tokens.
         bce_loss, copynce_loss: the unweighted parts of ``loss``.
+        hidden_states: with ``output_hidden_states``, the fusion input and each fusion block's
+            output, each (B, 1 + Lq + Lr, C).
+        attentions: with ``output_attentions``, each fusion block's attention weights, each
+            (B, heads, 1 + Lq + Lr, 1 + Lq + Lr).
+        encoder_hidden_states, encoder_attentions: the same for the per-image encoder blocks,
+            run on the queries and the references stacked along the batch (2B, 1 + L, C) when
+            both have one size (queries first); otherwise the query pass's entries followed by
+            the reference pass's.
     """
 
     loss: torch.FloatTensor | None = None
@@ -270,37 +318,42 @@ class CopyNCEMatcherOutput(ModelOutput):
     reference_patch_tokens: torch.FloatTensor | None = None
     bce_loss: torch.FloatTensor | None = None
     copynce_loss: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def _bundle_losses(folder: str | Path) -> list[Path]:
-    """Write the real loss code into a saved model folder as ``losses_copynce.py``.
+def legacy_key_mapping(config) -> dict[str, str]:
+    """Regex renamings from the checkpoints written before the backbone existed to today's keys.
 
-    ``transformers`` copies ``modeling_copynce.py`` and its relative imports into the folder;
-    inside the package, ``losses_copynce.py`` only re-exports ``copynce_hf.losses``. This
-    replaces that copy by the file that defines the loss functions (``copynce_hf/losses.py``,
-    or the folder's own copy when the model was itself loaded from a folder), and copies the
-    files that one imports relatively (``errors.py``), so the folder runs without copynce_hf.
+    Those checkpoints held the ViT directly in the head model: ``embeddings.*``, ``blocks.N.*``
+    and ``norm.*`` (descriptor), ``encoder_blocks.i.*`` and ``fusion_blocks.j.*`` (matcher).
+    They now live in the backbone under ``vit.``, the matcher's fusion blocks after its
+    ``num_encoder_layers`` encoder blocks. ``from_pretrained`` applies this mapping, so such
+    folders keep loading (and are saved again in the current layout).
     """
-    folder = Path(folder)
-    source = Path(inspect.getsourcefile(copynce_loss)).resolve()
-    written = []
-    for origin, name in [(source, LOSSES_MODULE_FILE)] + [
-        (Path(path).resolve(), Path(path).name) for path in get_relative_import_files(source)
-    ]:
-        target = folder / name
-        if not target.exists() or origin != target.resolve():
-            shutil.copyfile(origin, target)
-        written.append(target)
-    return written
+    mapping = {r"^embeddings\.": "vit.embeddings.", r"^blocks\.": "vit.blocks.", r"^norm\.": "vit.norm."}
+    if isinstance(config, CopyNCEMatcherConfig):
+        mapping[r"^encoder_blocks\.(\d+)\."] = r"vit.blocks.\1."
+        for index in range(config.num_fusion_layers):
+            mapping[rf"^fusion_blocks\.{index}\."] = f"vit.blocks.{config.num_encoder_layers + index}."
+    return mapping
+
+
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "trust_remote_code")
 
 
 class CopyNCEPreTrainedModel(PreTrainedModel):
-    """Weight initialisation, saving with Hub custom code, and DINO initialisation."""
+    """Weight initialisation, attention backends, legacy checkpoints and DINO initialisation."""
 
-    base_model_prefix = "copynce"
+    config_class = CopyNCEViTConfig
+    base_model_prefix = "vit"
     main_input_name = "pixel_values"
+    input_modalities = ("image",)
     supports_gradient_checkpointing = True
     _no_split_modules = ["CopyNCEEmbeddings", "CopyNCELayer"]
+    _supports_sdpa = True
 
     def _init_weights(self, module: nn.Module) -> None:
         """Truncated-normal linear/conv weights (std ``initializer_range``), zero biases,
@@ -325,30 +378,39 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
     def _init_extra(self) -> None:
         """Initialise parameters owned directly by the model (overridden by subclasses)."""
 
-    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
-        """``PreTrainedModel.save_pretrained``, plus the loss code for Hub custom code.
+    def _output_options(self, output_attentions, output_hidden_states, return_dict) -> tuple[bool, bool, bool]:
+        """The forward's output options, ``None`` meaning the config's value."""
+        config = self.config
+        return (bool(config.output_attentions if output_attentions is None else output_attentions),
+                bool(config.output_hidden_states if output_hidden_states is None else output_hidden_states),
+                bool(config.return_dict if return_dict is None else return_dict))
 
-        When the class is registered for an auto class (``import copynce_hf`` does it), the
-        folder receives ``auto_map`` and the modelling code; the loss code is then bundled
-        (see ``_bundle_losses``) so that ``AutoModel.from_pretrained(folder,
-        trust_remote_code=True)`` works without copynce_hf. With ``push_to_hub=True`` the
-        folder is uploaded with :meth:`push_to_hub` after it is complete (``repo_id``,
-        ``commit_message``, ``token``, ``private`` and ``create_pr`` are passed on).
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """``PreTrainedModel.from_pretrained``, also reading checkpoints of the earlier layout.
+
+        Unless ``key_mapping`` is given, :func:`legacy_key_mapping` renames the keys of a
+        checkpoint written before the backbone existed; a current checkpoint matches none of
+        its patterns. The renaming is then forgotten, so ``save_pretrained`` writes the current
+        layout.
         """
-        hub_kwargs = {key: kwargs.pop(key) for key in ("repo_id", "commit_message", "token", "private",
-                                                       "create_pr") if key in kwargs}
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        is_main_process = kwargs.get("is_main_process", args[0] if args else True)
-        if is_main_process and self._auto_class is not None:
-            _bundle_losses(save_directory)
-        if push_to_hub and is_main_process:
-            repo_id = hub_kwargs.pop("repo_id", Path(save_directory).name)
-            self.push_to_hub(repo_id, **hub_kwargs)
-        return result
+        if "key_mapping" not in kwargs and issubclass(cls.config_class, (CopyNCEDescriptorConfig, CopyNCEMatcherConfig)):
+            config = kwargs.get("config")
+            if not isinstance(config, PretrainedConfig):
+                hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+                config = cls.config_class.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
+            legacy = legacy_key_mapping(config)
+            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, key_mapping=legacy, **kwargs)
+            conversions = [conversion for conversion in getattr(model, "_weight_conversions", None) or []
+                           if not (isinstance(conversion, WeightRenaming) and conversion.source_patterns
+                                   and conversion.source_patterns[0] in legacy)]
+            model._weight_conversions = conversions or None
+            return model
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     @classmethod
     def from_dino(cls, source, config=None, strict: bool = False, checkpoint_key: str = "teacher", **overrides):
-        """Build this model with its ViT initialised from DINO weights.
+        """Build this model with its backbone initialised from DINO weights.
 
         Args:
             source: a ``transformers`` ViT checkpoint (folder or Hub id such as
@@ -378,15 +440,88 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
         if image_size % self.config.patch_size:
             raise CopyNCEError(f"image_size={image_size} is not a multiple of patch_size={self.config.patch_size}")
         grid = image_size // self.config.patch_size
-        embeddings = self.embeddings
+        embeddings = self.base_model.embeddings
         with torch.no_grad():
             resized = interpolate_position_embeddings(embeddings.position_embeddings.data, (grid, grid))
         embeddings.position_embeddings = nn.Parameter(resized.contiguous())
         self.config.image_size = image_size
 
 
+class CopyNCEViTModel(CopyNCEPreTrainedModel):
+    """The ViT backbone: embeddings, ``num_hidden_layers`` blocks and the final LayerNorm.
+
+    ``model(pixel_values).last_hidden_state`` is (B, 1 + L, C) (CLS first, ``L = (H / p) * (W /
+    p)`` patches in row-major order) and ``pooler_output`` the (B, C) CLS token. The descriptor
+    and the matcher hold it as ``.vit``; the matcher runs its blocks in two parts with
+    :meth:`run_blocks`.
+    """
+
+    def __init__(self, config: CopyNCEViTConfig):
+        super().__init__(config)
+        self.embeddings = CopyNCEEmbeddings(config)
+        self.blocks = nn.ModuleList([CopyNCELayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.patch_embeddings
+
+    def run_blocks(
+        self,
+        hidden_states: torch.Tensor,
+        start: int = 0,
+        stop: int | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        """Blocks ``start`` to ``stop - 1`` on (B, N, C) tokens.
+
+        Returns:
+            ``(hidden_states (B, N, C), states, attentions)``: the last block's output; with
+            ``output_hidden_states`` the input and each block's output, with
+            ``output_attentions`` each block's weights (B, heads, N, N); None otherwise.
+        """
+        states = (hidden_states,) if output_hidden_states else None
+        attentions = () if output_attentions else None
+        for block in self.blocks[start:stop]:
+            hidden_states, weights = block(hidden_states, output_attentions=output_attentions)
+            if states is not None:
+                states += (hidden_states,)
+            if attentions is not None:
+                attentions += (weights,)
+        return hidden_states, states, attentions
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        interpolate_pos_encoding: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPooling | tuple:
+        """(B, 3, H, W) -> ``last_hidden_state`` (B, 1 + L, C), ``pooler_output`` (B, C) (the CLS).
+
+        Args:
+            pixel_values: images normalised as :class:`CopyNCEImageProcessor` does.
+            interpolate_pos_encoding: see :class:`CopyNCEEmbeddings` (default: automatic).
+            output_attentions: also return each block's attention weights (eager path).
+            output_hidden_states: also return the embeddings and each block's output.
+            return_dict: return a tuple instead when False.
+        """
+        output_attentions, output_hidden_states, return_dict = self._output_options(
+            output_attentions, output_hidden_states, return_dict)
+        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
+        hidden_states, states, attentions = self.run_blocks(
+            hidden_states, output_attentions=output_attentions, output_hidden_states=output_hidden_states
+        )
+        last_hidden_state = self.norm(hidden_states)
+        output = BaseModelOutputWithPooling(last_hidden_state=last_hidden_state, pooler_output=last_hidden_state[:, 0],
+                                            hidden_states=states, attentions=attentions)
+        return output if return_dict else output.to_tuple()
+
+
 class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
-    """CopyNCE descriptor: ViT encoder and a (linear, batch norm, L2) head on the CLS token.
+    """CopyNCE descriptor: the ViT backbone and a (linear, batch norm, L2) head on the CLS token.
 
     ``model(pixel_values).descriptors`` are unit-norm (B, D) descriptors; the cosine similarity
     of two descriptors is the copy score. Given copy pairs (``reference_pixel_values``) the
@@ -404,15 +539,17 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
     * CopyNCE (paper eq. "CopyNCE") on the patch tokens of ``copynce_layer`` with the PixTrace
       overlap priors ``overlap_qr`` (B, Lq, Lr) and ``overlap_rq`` (B, Lr, Lq), over the
       pairs selected by ``pair_mask`` (and ``labels == 1`` when labels are given).
+
+    The batch-norm head always sees the query and reference descriptors of a batch together,
+    whatever output options are asked for, so they never change the loss or the running
+    statistics.
     """
 
     config_class = CopyNCEDescriptorConfig
 
     def __init__(self, config: CopyNCEDescriptorConfig):
         super().__init__(config)
-        self.embeddings = CopyNCEEmbeddings(config)
-        self.blocks = nn.ModuleList([CopyNCELayer(config) for _ in range(config.num_hidden_layers)])
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.vit = CopyNCEViTModel(config)
         self.head = CopyNCEDescriptorHead(config)
         # Learnable log of InfoNCE's inverse temperature (CLIP-style), initialised at 3.2.
         self.logit_scale = nn.Parameter(torch.tensor(float(config.logit_scale_init)))
@@ -421,39 +558,25 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
     def _init_extra(self) -> None:
         init.constant_(self.logit_scale, float(self.config.logit_scale_init))
 
-    def encode(
-        self,
-        pixel_values: torch.Tensor,
-        interpolate_pos_encoding: bool | None = None,
-        output_hidden_states: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Run the ViT.
+    def encode(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
+        """The per-image token pass: (B, 3, H, W) -> (B, 1 + L, C), the backbone's final-normed
+        tokens (CLS first; the descriptor is ``head`` of the CLS)."""
+        return self.vit(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding).last_hidden_state
 
-        Returns:
-            ``(last_hidden_state, copynce_tokens, hidden_states)``: (B, 1 + L, C) after the
-            final LayerNorm; (B, L, C) patch tokens of ``copynce_layer`` (the normed last
-            layer for -1, otherwise that block's raw output); the embeddings and each block's
-            output when ``output_hidden_states``, else None.
-        """
-        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        all_states = [hidden_states] if output_hidden_states else None
-        copynce_block = self.config.copynce_block_index
-        copynce_tokens = None
-        for index, block in enumerate(self.blocks):
-            hidden_states = block(hidden_states)
-            if all_states is not None:
-                all_states.append(hidden_states)
-            if index == copynce_block:
-                copynce_tokens = hidden_states[:, 1:]
-        last_hidden_state = self.norm(hidden_states)
-        if copynce_block == len(self.blocks) - 1:
-            copynce_tokens = last_hidden_state[:, 1:]
-        return last_hidden_state, copynce_tokens, tuple(all_states) if all_states is not None else None
-
-    def get_image_features(self, pixel_values: torch.Tensor, **kwargs) -> torch.Tensor:
+    def get_image_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None
+                           ) -> torch.Tensor:
         """(B, 3, H, W) -> (B, D) unit-norm descriptors."""
-        last_hidden_state, _, _ = self.encode(pixel_values, **kwargs)
-        return self.head(last_hidden_state[:, 0])
+        return self.head(self.encode(pixel_values, interpolate_pos_encoding)[:, 0])
+
+    def _backbone(self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states):
+        """``(last_hidden_state, copynce patch tokens (B, L, C), states, attentions)`` of one backbone pass."""
+        block = self.config.copynce_block_index
+        intermediate = block != self.config.num_hidden_layers - 1
+        output = self.vit(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding,
+                          output_attentions=output_attentions,
+                          output_hidden_states=output_hidden_states or intermediate, return_dict=True)
+        tokens = (output.hidden_states[block + 1] if intermediate else output.last_hidden_state)[:, 1:]
+        return output.last_hidden_state, tokens, output.hidden_states if output_hidden_states else None, output.attentions
 
     def forward(
         self,
@@ -463,10 +586,10 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
         overlap_rq: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         pair_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ) -> CopyNCEDescriptorOutput | tuple:
         """Describe images; with reference images, also compute the training loss.
 
@@ -478,38 +601,41 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             labels: (B,) optional; the descriptor trains on copy pairs only, so every label
                 must be 1 (a 0 raises CopyNCEError); also used to mask CopyNCE.
             pair_mask: (B,) bool, pairs whose priors are valid for CopyNCE.
+            output_attentions: also return every block's attention weights for ``pixel_values``.
             output_hidden_states: also return every block's output for ``pixel_values``.
             interpolate_pos_encoding: see :class:`CopyNCEEmbeddings` (default: automatic).
             return_dict: return a tuple instead when False.
-            kwargs: other batch keys are ignored.
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        output_hidden_states = bool(output_hidden_states)
+        output_attentions, output_hidden_states, return_dict = self._output_options(
+            output_attentions, output_hidden_states, return_dict)
         batch = pixel_values.shape[0]
         pair_mode = reference_pixel_values is not None
         if pair_mode and reference_pixel_values.shape[0] != batch:
             raise CopyNCEError(
                 f"pixel_values has {batch} images but reference_pixel_values has {reference_pixel_values.shape[0]}"
             )
-        if pair_mode and reference_pixel_values.shape[1:] == pixel_values.shape[1:] and not output_hidden_states:
-            # One pass over queries and references together (batch norm sees all 2B descriptors).
-            last, tokens, _ = self.encode(torch.cat([pixel_values, reference_pixel_values]), interpolate_pos_encoding)
-            descriptors_all = self.head(last[:, 0])
-            descriptors, reference_descriptors = descriptors_all[:batch], descriptors_all[batch:]
-            last_hidden_state = last[:batch]
+        options = (interpolate_pos_encoding, output_attentions, output_hidden_states)
+        if pair_mode and reference_pixel_values.shape[1:] == pixel_values.shape[1:]:
+            # One backbone pass over queries and references together; the query rows are returned.
+            last, tokens, states, attentions = self._backbone(torch.cat([pixel_values, reference_pixel_values]),
+                                                              *options)
+            last_hidden_state, reference_last = last[:batch], last[batch:]
             patch_tokens, reference_patch_tokens = tokens[:batch], tokens[batch:]
-            hidden_states = None
+            states = tuple(state[:batch] for state in states) if states is not None else None
+            attentions = tuple(weights[:batch] for weights in attentions) if attentions is not None else None
         else:
-            last_hidden_state, patch_tokens, hidden_states = self.encode(
-                pixel_values, interpolate_pos_encoding, output_hidden_states
-            )
-            descriptors = self.head(last_hidden_state[:, 0])
-            reference_descriptors = reference_patch_tokens = None
+            last_hidden_state, patch_tokens, states, attentions = self._backbone(pixel_values, *options)
+            reference_last = reference_patch_tokens = None
             if pair_mode:
-                reference_last, reference_patch_tokens, _ = self.encode(
-                    reference_pixel_values, interpolate_pos_encoding
+                reference_last, reference_patch_tokens, _, _ = self._backbone(
+                    reference_pixel_values, interpolate_pos_encoding, False, False
                 )
-                reference_descriptors = self.head(reference_last[:, 0])
+        # The head (batch norm) sees every descriptor of the batch at once, queries then references.
+        cls_tokens = last_hidden_state[:, 0] if not pair_mode else torch.cat([last_hidden_state[:, 0],
+                                                                              reference_last[:, 0]])
+        descriptors_all = self.head(cls_tokens)
+        descriptors = descriptors_all[:batch]
+        reference_descriptors = descriptors_all[batch:] if pair_mode else None
 
         loss = infonce = koleo = copynce = None
         if pair_mode:
@@ -542,7 +668,8 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             infonce_loss=infonce,
             koleo_loss=koleo,
             copynce_loss=copynce,
-            hidden_states=hidden_states,
+            hidden_states=states,
+            attentions=attentions,
         )
         return output if return_dict else output.to_tuple()
 
@@ -582,16 +709,17 @@ def _pair_selection(
 
 
 class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
-    """CopyNCE matcher: shared ViT encoder, fusion blocks, and a copy logit per image pair.
+    """CopyNCE matcher: the ViT backbone split into a shared per-image encoder and fusion blocks.
 
     Query and reference each pass through the first ``num_hidden_layers - num_fusion_layers``
-    blocks (shared weights; each image keeps its own CLS token there, as in the pretrained
-    ViT, and it is dropped afterwards). The fusion sequence is ``[CLS; query patches +
-    segment_0; reference patches + segment_1]``: a learnable fusion CLS token and a learnable
-    segment embedding per image (zero at initialisation, so a DINO-initialised matcher starts
-    from the pretrained blocks' behaviour) that tells the fusion blocks which image a token
-    comes from. After the fusion blocks and the final LayerNorm, ``classifier`` maps the fused
-    CLS to one logit.
+    backbone blocks (shared weights; each image keeps its own CLS token there, as in the
+    pretrained ViT, and it is dropped afterwards): :meth:`encode`. The fusion sequence is
+    ``[CLS; query patches + segment_0; reference patches + segment_1]``: a learnable fusion
+    CLS token and a learnable segment embedding per image (zero at initialisation, so a
+    DINO-initialised matcher starts from the pretrained blocks' behaviour) that tells the
+    fusion blocks which image a token comes from. After the remaining blocks and the final
+    LayerNorm, ``classifier`` maps the fused CLS to one logit: :meth:`fuse`. An encoded image
+    can be fused with many others (its :meth:`encode` output may be cached).
 
     Loss (paper eq. "Overall Objective" for the matcher): ``bce_weight * BCE(logits, labels) +
     copynce_weight * CopyNCE`` on the fused patch tokens, CopyNCE only over positive pairs
@@ -602,12 +730,9 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
 
     def __init__(self, config: CopyNCEMatcherConfig):
         super().__init__(config)
-        self.embeddings = CopyNCEEmbeddings(config)
-        self.encoder_blocks = nn.ModuleList([CopyNCELayer(config) for _ in range(config.num_encoder_layers)])
+        self.vit = CopyNCEViTModel(config)
         self.fusion_cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
         self.segment_embeddings = nn.Parameter(torch.zeros(2, config.hidden_size))
-        self.fusion_blocks = nn.ModuleList([CopyNCELayer(config) for _ in range(config.num_fusion_layers)])
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
@@ -615,19 +740,18 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         init.trunc_normal_(self.fusion_cls_token, mean=0.0, std=self.config.initializer_range)
         init.zeros_(self.segment_embeddings)
 
+    def _encode(self, pixel_values, interpolate_pos_encoding=None, output_attentions=False,
+                output_hidden_states=False):
+        hidden_states = self.vit.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
+        return self.vit.run_blocks(hidden_states, 0, self.config.num_encoder_layers, output_attentions,
+                                   output_hidden_states)
+
     def encode(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
-        """Shared encoder: (B, 3, H, W) -> (B, 1 + L, C), the last encoder block's output (CLS first)."""
-        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-        for block in self.encoder_blocks:
-            hidden_states = block(hidden_states)
-        return hidden_states
+        """The per-image encoder pass: (B, 3, H, W) -> (B, 1 + L, C), the output of the last
+        encoder block (CLS first, not normed); :meth:`fuse` takes its patch tokens ``[:, 1:]``."""
+        return self._encode(pixel_values, interpolate_pos_encoding)[0]
 
-    def fuse(self, query_tokens: torch.Tensor, reference_tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Fusion of encoded patch tokens (B, Lq, C) and (B, Lr, C).
-
-        Returns:
-            ``(logits (B,), query_patch_tokens (B, Lq, C), reference_patch_tokens (B, Lr, C))``.
-        """
+    def _fuse(self, query_tokens, reference_tokens, output_attentions=False, output_hidden_states=False):
         batch, query_length = query_tokens.shape[:2]
         sequence = torch.cat(
             [
@@ -637,11 +761,20 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
             ],
             dim=1,
         )
-        for block in self.fusion_blocks:
-            sequence = block(sequence)
-        sequence = self.norm(sequence)
+        sequence, states, attentions = self.vit.run_blocks(sequence, self.config.num_encoder_layers, None,
+                                                           output_attentions, output_hidden_states)
+        sequence = self.vit.norm(sequence)
         logits = self.classifier(sequence[:, 0]).squeeze(-1)
-        return logits, sequence[:, 1 : 1 + query_length], sequence[:, 1 + query_length :]
+        return logits, sequence[:, 1 : 1 + query_length], sequence[:, 1 + query_length :], states, attentions
+
+    def fuse(self, query_tokens: torch.Tensor, reference_tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The per-pair fusion of encoded patch tokens (B, Lq, C) and (B, Lr, C) (from :meth:`encode`,
+        without the CLS): fusion blocks, final LayerNorm and classifier.
+
+        Returns:
+            ``(logits (B,), query_patch_tokens (B, Lq, C), reference_patch_tokens (B, Lr, C))``.
+        """
+        return self._fuse(query_tokens, reference_tokens)[:3]
 
     def forward(
         self,
@@ -651,9 +784,10 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         overlap_qr: torch.Tensor | None = None,
         overlap_rq: torch.Tensor | None = None,
         pair_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         interpolate_pos_encoding: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ) -> CopyNCEMatcherOutput | tuple:
         """Score image pairs; with labels and/or priors, also compute the training loss.
 
@@ -663,22 +797,31 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
             labels: (B,) 1 for a copy pair, 0 otherwise.
             overlap_qr: (B, Lq, Lr) and overlap_rq: (B, Lr, Lq): PixTrace priors (zero for negatives).
             pair_mask: (B,) bool, pairs whose priors are valid.
+            output_attentions: also return each block's attention weights (eager path).
+            output_hidden_states: also return each block's output.
             interpolate_pos_encoding: see :class:`CopyNCEEmbeddings` (default: automatic).
             return_dict: return a tuple instead when False.
-            kwargs: other batch keys are ignored.
         """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_attentions, output_hidden_states, return_dict = self._output_options(
+            output_attentions, output_hidden_states, return_dict)
         batch = pixel_values.shape[0]
         if reference_pixel_values is None or reference_pixel_values.shape[0] != batch:
             raise CopyNCEError("the matcher needs reference_pixel_values with as many images as pixel_values")
+        options = (interpolate_pos_encoding, output_attentions, output_hidden_states)
         if reference_pixel_values.shape[1:] == pixel_values.shape[1:]:
-            encoded = self.encode(torch.cat([pixel_values, reference_pixel_values]), interpolate_pos_encoding)
+            encoded, encoder_states, encoder_attentions = self._encode(
+                torch.cat([pixel_values, reference_pixel_values]), *options
+            )
             query_encoded, reference_encoded = encoded[:batch], encoded[batch:]
         else:
-            query_encoded = self.encode(pixel_values, interpolate_pos_encoding)
-            reference_encoded = self.encode(reference_pixel_values, interpolate_pos_encoding)
+            query_encoded, query_states, query_attentions = self._encode(pixel_values, *options)
+            reference_encoded, reference_states, reference_attentions = self._encode(reference_pixel_values, *options)
+            encoder_states = query_states + reference_states if output_hidden_states else None
+            encoder_attentions = query_attentions + reference_attentions if output_attentions else None
         # The per-image CLS tokens of the encoder are dropped; fusion has its own CLS.
-        logits, query_patch_tokens, reference_patch_tokens = self.fuse(query_encoded[:, 1:], reference_encoded[:, 1:])
+        logits, query_patch_tokens, reference_patch_tokens, states, attentions = self._fuse(
+            query_encoded[:, 1:], reference_encoded[:, 1:], output_attentions, output_hidden_states
+        )
 
         loss = bce = copynce = None
         if labels is not None:
@@ -697,5 +840,9 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
             reference_patch_tokens=reference_patch_tokens,
             bce_loss=bce,
             copynce_loss=copynce,
+            hidden_states=states,
+            attentions=attentions,
+            encoder_hidden_states=encoder_states,
+            encoder_attentions=encoder_attentions,
         )
         return output if return_dict else output.to_tuple()

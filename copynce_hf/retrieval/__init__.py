@@ -9,60 +9,55 @@ The detection flow (see docs/ARCHITECTURE.md)::
 :func:`detect` runs the paper's whole pipeline: LCE views (:mod:`.views`) searched per view
 (:mod:`.view_search`), several descriptors' candidates merged (:mod:`.candidates`), the matcher
 with its encoder-token cache (:mod:`.matcher_cache`).
+
+Names are imported on first access (``from copynce_hf.retrieval import detect`` loads what it needs),
+so that the command line and ``import copynce_hf`` start without torch, faiss or the models.
 """
 
-from .affinity import AffinityMaps, affinity_figures, affinity_maps, save_affinity_figures
-from .candidates import candidate_recall, merge_candidates, top_per_query
-from .descriptors import DescriptorSet, export_disc21_hdf5
-from .detect import DEFAULT_CANDIDATES, Descriptor, DetectConfig, DetectResult, detect, view_index
-from .extract import ProcessedImages, extract_descriptors
-from .index import INDEX_KINDS, DescriptorIndex, IndexConfig, knn_predictions
-from .matcher_cache import MatcherScorer, matcher_stages
-from .postprocess import (
-    auxiliary_similarities,
-    euclidean_scores,
-    normalize_scores,
-    score_normalization_bias,
-    stretch_features,
-)
-from .predictions import PREDICTION_COLUMNS, Prediction, check_unique, read_predictions, write_predictions
-from .rescoring import (
-    LocalCrops,
-    PairViews,
-    RescoreResult,
-    grid_boxes,
-    model_kind,
-    rescore_predictions,
-    score_views,
-)
-from .sources import (
-    IMAGE_EXTENSIONS,
-    DatasetImageSource,
-    ImageFolderSource,
-    ImageListSource,
-    list_image_files,
-)
-from .view_search import (
-    ViewSource,
-    extract_view_descriptors,
-    lce_normalization_bias,
-    search_views,
-    view_predictions,
-    view_preset_of,
-)
-from .views import (
-    DESCRIPTOR_LCE_MODES,
-    MATCHER_LCE_MODES,
-    View,
-    ViewPreset,
-    matcher_view_pairs,
-    ninth_boxes,
-    one_third_boxes,
-    paper_query_views,
-    paper_reference_views,
-    quarter_boxes,
-    render_view,
-)
+import importlib
+import sys
+import types
+
+_SOURCES = {
+    **dict.fromkeys(('AffinityMaps', 'affinity_figures', 'affinity_maps', 'save_affinity_figures'), 'affinity'),
+    **dict.fromkeys(('candidate_recall', 'merge_candidates', 'top_per_query'), 'candidates'),
+    **dict.fromkeys(('DescriptorSet', 'export_disc21_hdf5'), 'descriptors'),
+    **dict.fromkeys(('DEFAULT_CANDIDATES', 'Descriptor', 'DetectConfig', 'DetectResult', 'detect', 'view_index'), 'detect'),
+    **dict.fromkeys(('ProcessedImages', 'extract_descriptors'), 'extract'),
+    **dict.fromkeys(('INDEX_KINDS', 'DescriptorIndex', 'IndexConfig', 'knn_predictions'), 'index'),
+    **dict.fromkeys(('MatcherScorer', 'matcher_stages'), 'matcher_cache'),
+    **dict.fromkeys(('auxiliary_similarities', 'euclidean_scores', 'normalize_scores', 'score_normalization_bias', 'stretch_features'), 'postprocess'),
+    **dict.fromkeys(('PREDICTION_COLUMNS', 'Prediction', 'check_unique', 'read_predictions', 'write_predictions'), 'predictions'),
+    **dict.fromkeys(('LocalCrops', 'PairViews', 'RescoreResult', 'grid_boxes', 'model_kind', 'rescore_predictions', 'score_views'), 'rescoring'),
+    **dict.fromkeys(('IMAGE_EXTENSIONS', 'DatasetImageSource', 'ImageFolderSource', 'ImageListSource', 'list_image_files'), 'sources'),
+    **dict.fromkeys(('ViewSource', 'extract_view_descriptors', 'lce_normalization_bias', 'search_views', 'view_predictions', 'view_preset_of'), 'view_search'),
+    **dict.fromkeys(('DESCRIPTOR_LCE_MODES', 'MATCHER_LCE_MODES', 'View', 'ViewPreset', 'matcher_view_pairs', 'ninth_boxes', 'one_third_boxes', 'paper_query_views', 'paper_reference_views', 'quarter_boxes', 'render_view'), 'views'),
+}
+
+
+class _LazyPackage(types.ModuleType):
+    """Keeps an exported name (``detect``, a function) from being replaced by the submodule of the same
+    name when that submodule is imported (the import system sets it as an attribute of the package)."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and _SOURCES.get(name) == name and value.__name__.endswith(f".{name}"):
+            return  # resolved by __getattr__ to the exported object instead
+        super().__setattr__(name, value)
+
+
+def __getattr__(name: str):
+    if name in _SOURCES:
+        value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
+        vars(sys.modules[__name__])[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+sys.modules[__name__].__class__ = _LazyPackage
 
 __all__ = [
     "AffinityMaps",

@@ -1,12 +1,13 @@
 """Pieces of the training loop of ``scripts/train.py``: configuration, optimiser and schedule,
 periodic copy-detection evaluation, and saving the trained model with its card."""
 
-from .config import DEFAULT_CONFIG, TrainingConfig, load_config, parse_overrides
+from .config import CONFIG_DIR, DEFAULT_CONFIG, TrainingConfig, load_config, parse_overrides
 from .evaluation import CopyDetectionTask, build_copy_detection_task, evaluate_copy_detection
 from .optim import build_optimizer, build_scheduler, warmup_steps_for
 from .saving import save_trained_model
 
 __all__ = [
+    "CONFIG_DIR",
     "DEFAULT_CONFIG",
     "CopyDetectionTask",
     "TrainingConfig",

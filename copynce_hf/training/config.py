@@ -70,8 +70,12 @@ class TrainingConfig:
             to initialise the encoder from.
     Data:
         dataset: ``null`` (the bundled sample images), a DISC21 folder, an image folder, a folder
-            saved with ``save_to_disk`` or a Hub dataset id.
+            saved with ``save_to_disk``, a Parquet file or folder of Parquet shards, a Hub dataset
+            snapshot folder or a Hub dataset id.
         dataset_split, image_column, id_column: which split and columns to read.
+        dataset_config, dataset_revision, dataset_token: the configuration of a Hub dataset (or
+            snapshot), its revision (branch, tag or commit) and an access token (``null``: the token
+            of ``huggingface-cli login`` / ``HF_TOKEN``; prefer those to a token in a file).
         streaming: stream the dataset (``null``: Hub ids stream, local sources are indexed).
         shuffle_buffer_size: shuffle buffer of a streamed dataset.
         pair_source: ``edits`` (PixTrace copies of each original) or ``ground_truth`` (finetuning on
@@ -124,6 +128,9 @@ class TrainingConfig:
     # data
     dataset: str | None = None
     dataset_split: str = "train"
+    dataset_config: str | None = None
+    dataset_revision: str | None = None
+    dataset_token: str | None = None
     image_column: str | None = None
     id_column: str | None = None
     streaming: bool | None = None
@@ -190,7 +197,11 @@ class TrainingConfig:
         return self.learning_rate * math.sqrt(batch / self.lr_reference_batch_size)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings, as logged and tracked; an access token is replaced by ``"***"``."""
+        settings = dataclasses.asdict(self)
+        if settings.get("dataset_token"):
+            settings["dataset_token"] = "***"
+        return settings
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:

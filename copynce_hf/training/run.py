@@ -1,13 +1,14 @@
 """The training run: a CopyNCE descriptor or matcher trained with Accelerate.
 
     python -m copynce_hf.training                                        # tiny default run on bundled images
-    python -m copynce_hf.training --config configs/tiny_cpu.yaml --max_steps 20 --model.hidden_size 32
+    python -m copynce_hf.training --config tiny_cpu.yaml --max_steps 20 --model.hidden_size 32
     accelerate launch --num_processes 8 -m copynce_hf.training --config configs/descriptor_vits16_224.yaml \\
         --dataset /data/disc21 --knn_graph /data/disc21/knn.safetensors --output_dir outputs/descriptor
 
 (``scripts/train.py`` in a source checkout is the same command.) Options are the keys of
 :class:`copynce_hf.training.TrainingConfig` (``--help`` lists them), given in a YAML file (``--config``;
-default: the shipped ``tiny_cpu.yaml``) and overridden as ``--key value`` (model configuration keys as
+a path, or the name of a configuration shipped in ``copynce_hf/configs/``, the repository's
+``configs/``; default: ``tiny_cpu.yaml``) and overridden as ``--key value`` (model configuration keys as
 ``--model.<key> value``). The flow:
 
     images (datasets) -> PixTrace copy pairs (DataLoader workers) -> PixTraceCollator
@@ -67,6 +68,7 @@ from copynce_hf.modeling import (
 )
 from copynce_hf.outputs import OutputPathError, StagedFile, check_output_folder
 from copynce_hf.training import (
+    CONFIG_DIR,
     DEFAULT_CONFIG,
     TrainingConfig,
     build_copy_detection_task,
@@ -109,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> TrainingConfig:
             raise ConfigError("--config needs a YAML file")
         config_path = argv[position + 1]
         del argv[position: position + 2]
+        shipped = CONFIG_DIR / config_path
+        if not Path(config_path).is_file() and Path(config_path).name == config_path and shipped.is_file():
+            config_path = shipped  # the name of a shipped configuration (works in a regular install too)
     return load_config(config_path, parse_overrides(argv))
 
 
@@ -151,6 +156,11 @@ def _out_of_time(accelerator, started: float, budget_seconds: float) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- data
+def _hub_dataset_options(config: TrainingConfig) -> dict:
+    """``load_image_dataset`` keywords for a Hub dataset: configuration, revision, token."""
+    return {"config_name": config.dataset_config, "revision": config.dataset_revision, "token": config.dataset_token}
+
+
 class TrainingData:
     """The training pairs and the loader positioned at any point of the run (for exact resume)."""
 
@@ -176,7 +186,7 @@ class TrainingData:
             self.num_rows, knn = len(self.dataset), None
         elif not self.streaming:
             images = load_image_dataset(config.dataset, config.dataset_split, image_column=config.image_column,
-                                        id_column=config.id_column)
+                                        id_column=config.id_column, **_hub_dataset_options(config))
             held_out = min(config.num_eval_images, max(0, len(images) - 2))
             if held_out:
                 self.eval_rows = [images[i] for i in range(len(images) - held_out, len(images))]
@@ -196,7 +206,8 @@ class TrainingData:
                 raise ConfigError("knn_graph and hard_negative_slots need random access to the images: set "
                                   "streaming false")
             images = load_image_dataset(config.dataset, config.dataset_split, streaming=True,
-                                        image_column=config.image_column, id_column=config.id_column)
+                                        image_column=config.image_column, id_column=config.id_column,
+                                        **_hub_dataset_options(config))
             if config.num_eval_images:
                 self.eval_rows = list(images.take(config.num_eval_images))
                 images = images.skip(config.num_eval_images)

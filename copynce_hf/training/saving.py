@@ -3,7 +3,10 @@
 The folder is written with :func:`copynce_hf.hub.save_for_hub` (``save_pretrained`` of the model and
 the image processor, plus the card as ``README.md``), so it loads with ``AutoModel.from_pretrained`` and
 ``AutoImageProcessor.from_pretrained`` and can be uploaded as it is. The card records the training
-settings of the run and, when the periodic evaluation ran, its copy-detection numbers.
+settings of the run and, when the periodic evaluation ran, its copy-detection numbers with the size of
+that evaluation, as rows of the training-settings table: a few held-out images are no benchmark, so they
+stay out of the card's ``model-index`` (which :func:`copynce_hf.hub.build_model_card` fills only from
+evaluations on named benchmark datasets).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ __all__ = ["save_trained_model", "training_card"]
 
 #: Metric keys of the periodic evaluation that go into the card's results.
 _CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10", "mean_ap")
+#: Counts of the periodic evaluation (``copy_detection`` output keys) that give its size in the card.
+_EVALUATION_SIZE = (("num_queries_with_copy", "queries with a copy"), ("num_ground_truth_pairs", "copy pairs"),
+                    ("num_predictions", "scored pairs"))
 
 
 def training_card(model, config, metrics: dict | None, model_id: str):
@@ -41,14 +47,16 @@ def training_card(model, config, metrics: dict | None, model_id: str):
         "mixed precision": config.mixed_precision,
         "seed": config.seed,
     }
-    results = None
     if metrics:
-        values = {key: metrics[key] for key in _CARD_METRICS if key in metrics}
+        values = ", ".join(f"{hub.METRICS[key]} {metrics[key]:.4f}" for key in _CARD_METRICS
+                           if metrics.get(key) is not None)
         if values:
-            results = [{"dataset_name": "held-out training images (periodic evaluation)", **values}]
+            size = ", ".join(f"{int(metrics[key])} {name}" for key, name in _EVALUATION_SIZE if key in metrics)
+            settings["periodic evaluation (last)"] = (f"{values} on the held-out training images ({size}); a "
+                                                      "sanity check of the run, not a benchmark result")
     base_model = config.init_from_dino if config.init_from_dino and "/" in config.init_from_dino else None
     datasets = [config.dataset] if config.dataset and "/" in config.dataset and not Path(config.dataset).exists() else None
-    return hub.build_model_card(model, model_id=model_id, results=results, training_settings=settings,
+    return hub.build_model_card(model, model_id=model_id, training_settings=settings,
                             datasets=datasets, base_model=base_model)
 
 

@@ -1,0 +1,1 @@
+../../../copynce_hf/modeling/configuration_copynce.py

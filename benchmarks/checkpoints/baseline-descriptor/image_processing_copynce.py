@@ -1,0 +1,1 @@
+../../../copynce_hf/modeling/image_processing_copynce.py

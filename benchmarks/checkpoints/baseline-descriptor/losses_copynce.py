@@ -1,0 +1,1 @@
+../../../copynce_hf/modeling/losses_copynce.py

@@ -1,0 +1,1 @@
+../../../copynce_hf/modeling/modeling_copynce.py

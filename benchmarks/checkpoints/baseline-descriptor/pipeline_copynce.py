@@ -1,0 +1,1 @@
+../../../copynce_hf/modeling/pipeline_copynce.py

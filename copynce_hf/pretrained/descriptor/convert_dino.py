@@ -1,0 +1,1 @@
+../../modeling/convert_dino.py

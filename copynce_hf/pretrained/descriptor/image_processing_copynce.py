@@ -1,0 +1,1 @@
+../../modeling/image_processing_copynce.py

@@ -1,0 +1,1 @@
+../../modeling/losses_copynce.py

@@ -1,0 +1,1 @@
+../../modeling/pipeline_copynce.py

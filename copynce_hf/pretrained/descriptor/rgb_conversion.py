@@ -1,0 +1,1 @@
+../../modeling/rgb_conversion.py
