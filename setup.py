@@ -35,6 +35,7 @@ setup(
         "numpy>=1.24",
         "pillow>=9.5",
         "augly>=1.0.0",
+        "opencv-python-headless>=4.10",  # fused PixTrace warps (copynce_hf.pixtrace.fused)
         # Floors: what transformers 5.24 itself requires (torch 2.6, huggingface_hub 1.31, safetensors 0.8,
         # accelerate 1.1); datasets 4.2 is the first release that accepts huggingface_hub 1.x.
         "torch>=2.6,<2.15",

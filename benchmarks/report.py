@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .common import DEFAULT_OUTPUT_DIR, REPO_ROOT, read_json
 
-__all__ = ["load_quality", "load_runs", "quality_table", "speed_section", "save_loss_curves", "render", "main"]
+__all__ = ["load_quality", "load_runs", "quality_table", "data_section", "speed_section", "save_loss_curves", "render", "main"]
 
 _FAMILY_ORDER = {"hash": 0, "random": 1, "descriptor": 2, "matcher": 3}
 _LOSS_KEYS = ("train/loss", "train/infonce_loss", "train/copynce_loss", "train/koleo_loss", "train/bce_loss",
@@ -137,6 +137,38 @@ def save_loss_curves(runs: dict[str, dict], path: Path, dpi: int = 110) -> Path 
     return path
 
 
+def data_section(d: dict) -> str:
+    """Markdown of the data-pipeline part of ``speed.json``: per size and query recipe, fused rendering
+    beside edit by edit (per-stage ms, pairs/s on one core), then the DataLoader rates (fused)."""
+    rows, loader_rows = [], []
+    for size, entry in d["sizes"].items():
+        for recipe, paths in entry["split"].items():
+            for path in ("fused", "edit_by_edit"):
+                figures = paths[path]
+                stages = ", ".join(f"{k} {figures['ms_per_pair'][k]:.2f}" for k in ("decode", "edit", "trace", "collate"))
+                rows.append(f"| {size} | {recipe} | {path.replace('_', ' ')} | {stages} | {figures['total_ms']:.2f} | "
+                            f"**{figures['pairs_per_second']:.1f}** |")
+            rows.append(f"| {size} | {recipe} | fused / edit by edit | edit {100 * paths['edit_ratio']:.0f} % | | |")
+        rates = " / ".join(f"{float(v):.1f}" for v in entry["loader_pairs_per_second"].values())
+        loader_rows.append(f"| {size} | {rates} |")
+    workers = " / ".join(next(iter(d["sizes"].values()))["loader_pairs_per_second"])
+    first = next(iter(d["sizes"].values()))["split"]
+    collate = ", ".join(f"{size}: {next(iter(e['split'].values()))['fused']['ms_per_pair']['collate_float']:.2f} ms"
+                        for size, e in d["sizes"].items())
+    return ("### Training data pipeline\n\n"
+            f"{d['source']}; {d['split_pairs']} pairs per round, {d['rounds']} alternated rounds of fused and "
+            f"edit-by-edit rendering on the same pairs ({d['timing']}); `scripts/bench_dataloader.py` functions. "
+            "Stages per pair: decode (JPEG in draft mode to the maker's max_source_side), edit (source shrink, "
+            "query recipe, reference resize, tables), trace (both overlap priors), collate (uint8 batch "
+            f"tensors; the previous float32 normalisation per pair took {collate}). Query recipes: "
+            f"{', '.join(first)}.\n\n"
+            "| image/patch | query recipe | rendering | ms per pair by stage | total ms | pairs/s, one core |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+            f"DataLoader (training recipe, fused, batch {d['batch_size']}):\n\n"
+            f"| image/patch | pairs/s ({workers} workers) |\n|---|---|\n" + "\n".join(loader_rows)
+            + f"\n\nCommand: `{d['command']}`\n")
+
+
 def speed_section(speed: dict) -> str:
     """Markdown of the speed parts present in ``speed.json``."""
     parts = speed.get("parts", {})
@@ -154,17 +186,7 @@ def speed_section(speed: dict) -> str:
                    f"of a query patch {p['mean_traced_share_qr']['pixtrace']:.4f} (PixTrace) vs "
                    f"{p['mean_traced_share_qr']['dense']:.4f} (dense).\n\nCommand: `{p['command']}`\n")
     if "data" in parts:
-        d = parts["data"]
-        rows = []
-        for size, entry in d["sizes"].items():
-            stages = ", ".join(f"{k} {v:.1f}" for k, v in entry["ms_per_pair"].items())
-            rates = " / ".join(f"{float(v):.1f}" for v in entry["loader_pairs_per_second"].values())
-            rows.append(f"| {size} | {rates} | {entry['one_core_pairs_per_second']:.1f} | {stages} |")
-        workers = " / ".join(next(iter(d["sizes"].values()))["loader_pairs_per_second"])
-        out.append("### Training data pipeline\n\n"
-                   f"{d['source']}, batch {d['batch_size']}, `scripts/bench_dataloader.py` functions.\n\n"
-                   f"| image/patch | DataLoader pairs/s ({workers} workers) | one core, pairs/s | ms per pair by stage |\n"
-                   "|---|---|---|---|\n" + "\n".join(rows) + f"\n\nCommand: `{d['command']}`\n")
+        out.append(data_section(parts["data"]))
     if "extraction" in parts:
         e = parts["extraction"]
         rows = [f"| {label} | {m['copynce_images_per_second']:.1f} | {m['vit_images_per_second']:.1f} | "

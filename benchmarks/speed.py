@@ -13,8 +13,9 @@ Parts (``--parts``):
   tables warped at every step, scatter inverse at the reference's resolution, as the paper's
   reference code). CPU time of this process, one thread. Also the two implementations' agreement.
 * ``data``: pairs per second of the training data pipeline (``scripts/bench_dataloader.py``'s
-  ``loader_throughput`` and per-stage ``time_split``) on the ``train`` split, at 224 and at the
-  benchmark size.
+  ``loader_throughput`` and per-stage ``compare_paths``) on the ``train`` split, at 224 and 112:
+  for the training recipe and the paper's two, fused rendering against edit by edit on the same
+  pairs in alternated rounds (CPU time, one thread, fastest round of each).
 * ``extraction``: images per second of a forward pass of ``CopyNCEDescriptorModel`` against a bare
   ``transformers.ViTModel`` of the same size (same batch, alternated repetitions; our overhead),
   for the benchmark ViT and ViT-S/16 at 224; plus end-to-end ``extract_descriptors`` images per
@@ -169,23 +170,32 @@ def _load_bench_dataloader():
 
 
 def bench_data(train_folder: Path, sizes=((224, 16), (112, 8)), workers=(0, 1, 2), batch_size: int = 32,
-               batches: int = 4, split_pairs: int = 32) -> dict:
-    """Pairs per second of the training data pipeline (functions of ``scripts/bench_dataloader.py``)."""
+               batches: int = 4, split_pairs: int = 32, rounds: int = 3,
+               recipes=("training", "paper_descriptor", "paper_matcher")) -> dict:
+    """Pairs per second of the training data pipeline (functions of ``scripts/bench_dataloader.py``):
+    per query recipe, the per-stage split with fused rendering and edit by edit (same pairs, alternated
+    rounds, fastest round each, one thread), then the DataLoader with 0..N workers."""
+    import cv2
     import torch
 
     from copynce_hf.data import load_image_dataset
 
     module = _load_bench_dataloader()
     torch.set_num_threads(1)
+    cv2.setNumThreads(1)
     images = load_image_dataset(train_folder)
-    result = {"source": f"{len(images)} train-split images", "batch_size": batch_size, "sizes": {}}
+    result = {"source": f"{len(images)} train-split images", "batch_size": batch_size, "split_pairs": split_pairs,
+              "rounds": rounds, "timing": "CPU time of one process, 1 torch/OpenCV thread, fastest of the "
+                                         "alternated rounds", "sizes": {}}
     for size, patch in sizes:
-        split = module.time_split(images, size, patch, split_pairs)
+        split = module.compare_paths(images, size, patch, split_pairs, recipes, rounds)
         rates = {str(w): module.loader_throughput(images, size, patch, w, batch_size, batches) for w in workers}
-        result["sizes"][f"{size}/{patch}"] = {"ms_per_pair": split,
-                                             "one_core_pairs_per_second": 1000.0 / sum(split.values()),
-                                             "loader_pairs_per_second": rates}
-        logger.info("data %dx%d: %s pairs/s", size, size, {k: round(v, 1) for k, v in rates.items()})
+        result["sizes"][f"{size}/{patch}"] = {"split": split, "loader_pairs_per_second": rates}
+        for recipe, entry in split.items():
+            logger.info("data %dx%d %s: fused %.1f pairs/s (edit %.2f ms), edit by edit %.1f pairs/s (edit %.2f ms)",
+                        size, size, recipe, entry["fused"]["pairs_per_second"], entry["fused"]["ms_per_pair"]["edit"],
+                        entry["edit_by_edit"]["pairs_per_second"], entry["edit_by_edit"]["ms_per_pair"]["edit"])
+        logger.info("data %dx%d loader: %s pairs/s", size, size, {k: round(v, 1) for k, v in rates.items()})
     return result
 
 
@@ -345,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="extraction and data batch size")
     parser.add_argument("--repeats", type=int, default=5, help="extraction: timed forward passes per model")
     parser.add_argument("--data-batches", type=int, default=4)
+    parser.add_argument("--data-pairs", type=int, default=32, help="data: pairs per timed round of the stage split")
+    parser.add_argument("--data-rounds", type=int, default=3, help="data: alternated fused / edit-by-edit rounds")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch/faiss threads for the extraction and faiss parts (default: library default)")
     return parser
@@ -370,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict:
 
             folder = prepare_train_split(Path(args.output_dir), SHARED_DATA / "imagenet-sample",
                                          SHARED_DATA / "imagenet-sample-splits.csv")
-            figures = bench_data(folder, batch_size=args.batch_size, batches=args.data_batches)
+            figures = bench_data(folder, batch_size=args.batch_size, batches=args.data_batches,
+                                 split_pairs=args.data_pairs, rounds=args.data_rounds)
         else:
             limit_threads(args.threads)
             if part == "extraction":

@@ -7,6 +7,7 @@ through :func:`load_image` or :func:`to_rgb`, so that one set of rules holds eve
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import threading
@@ -44,6 +45,7 @@ def load_image(
     source: str | os.PathLike | bytes | Image.Image,
     min_side: int = MIN_IMAGE_SIDE,
     max_pixels: int | None = None,
+    max_side: int | None = None,
 ) -> Image.Image:
     """Open an image file (path, bytes or PIL image) as an RGB PIL image.
 
@@ -54,6 +56,13 @@ def load_image(
     Raises :class:`ImageLoadError`, naming the file and the reason in plain words: missing file,
     "empty file", "not an image", "truncated or corrupt", "too large: WxH" (with the limit and how
     to raise it) or "too small: WxH, minimum ``min_side``".
+
+    ``max_side``: the caller shrinks the image to this longer side anyway (e.g.
+    ``CopyPairMaker.max_source_side``), so a JPEG larger than that is decoded at the smallest
+    of the decoder's scales 1/2, 1/4, 1/8 that keeps the longer side at or above ``max_side``
+    (Pillow's draft mode: the DCT is reduced, several times faster than decoding everything).
+    Other formats, and files already small enough, are decoded in full; ``min_side`` is judged
+    on the file's size.
     """
     max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
     if max_pixels < 1:
@@ -74,7 +83,7 @@ def load_image(
             except OSError as error:
                 raise ImageLoadError(f"cannot open image {name}: {error.strerror or error}") from error
         with stream:
-            image = _decode(stream, name, max_pixels)
+            image = _decode(stream, name, max_pixels, min_side, max_side)
     _check_size(image, name, min_side, max_pixels)
     try:
         image = ImageOps.exif_transpose(image)
@@ -83,7 +92,7 @@ def load_image(
     return to_rgb(image)
 
 
-def _decode(stream, name: str, max_pixels: int) -> Image.Image:
+def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int | None = None) -> Image.Image:
     stream.seek(0, io.SEEK_END)
     if stream.tell() == 0:
         raise ImageLoadError(f"image {name} is an empty file (0 bytes)", "empty file")
@@ -111,6 +120,13 @@ def _decode(stream, name: str, max_pixels: int) -> Image.Image:
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageLoadError(f"image {name} is truncated or corrupt: {_plain(error)}", "truncated") from error
     _check_size(image, name, 1, max_pixels)  # from the header: nothing decoded yet
+    if max_side and image.format == "JPEG" and max(image.size) > max_side:
+        _check_size(image, name, min_side, max_pixels)  # judged at full size, before reducing
+        width, height = image.size
+        scale = max_side / max(width, height)
+        # Draft mode picks the strongest DCT scaling whose result is at least this large.
+        image.draft(image.mode, (max(math.ceil(width * scale), min(width, min_side)),
+                                 max(math.ceil(height * scale), min(height, min_side))))
     try:
         image.load()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:

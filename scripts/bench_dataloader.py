@@ -2,17 +2,23 @@
 """Throughput of the training data pipeline: copy pairs per second, and where the time goes.
 
     python scripts/bench_dataloader.py                      # 224x224, 0/1/2 workers, ../shared/data train split
+    python scripts/bench_dataloader.py --image_size 112 --patch_size 8 --recipes training paper_descriptor
     python scripts/bench_dataloader.py --image_size 64 --workers 0 2 --model_step   # vs the tiny CPU model
 
 Two measurements:
 
-1. Time split, in one process, per pair: ``decode`` (reading and decoding the original with
-   ``load_image``), ``edit`` (shrinking the original to at most 4x the model size, the query's
-   training-recipe chain and the reference's light recipe, both ending with the resize to the model
-   size, tables included), ``trace`` (both overlap priors,
-   ``pair_overlaps``), ``collate`` (normalised pixel tensors and stacking, per pair).
+1. Time split, in one process and one thread, per pair (CPU time of this process): ``decode``
+   (reading the original with ``load_image``, JPEGs in draft mode down to the maker's
+   ``max_source_side``), ``edit`` (shrinking the original to at most 4x the model size, the query's
+   recipe chain and the reference's light recipe, both ending with the resize to the model size,
+   tables included), ``trace`` (both overlap priors, ``pair_overlaps``), ``collate`` (the
+   collator's uint8 batch tensors; ``collate_float`` beside it: the previous per-pair float32
+   normalisation on the CPU, for comparison). For each query recipe (``--recipes``) the same
+   pairs are timed with fused rendering (``fuse=True``, the default) and edit by edit
+   (``fuse=False``), in alternated rounds; each path's figures are its fastest round (load from
+   other jobs only ever adds time).
 2. End to end: a ``DataLoader`` over :class:`CopyPairDataset` with the :class:`PixTraceCollator`
-   and 0, 1, 2 workers, pairs per second after a warm-up batch.
+   and 0, 1, 2 workers, pairs per second after a warm-up batch (training recipe, fused).
 
 With ``--model_step``, also the pairs per second one training step of the tiny CPU configuration
 (``configs/tiny_cpu.yaml``) consumes, to check that the pipeline is not the bottleneck.
@@ -60,32 +66,71 @@ def _images(limit: int):
     return load_image_dataset(None), "bundled sample images (copynce_hf/assets/images)"
 
 
-def time_split(images, size: int, patch: int, count: int, seed: int = 0) -> dict[str, float]:
-    """Milliseconds per pair of each stage, measured in this process (one core)."""
-    maker = CopyPairMaker(size)
+def time_split(images, size: int, patch: int, count: int, seed: int = 0, recipe: str = "training",
+               fuse: bool = True) -> dict[str, float]:
+    """Milliseconds of CPU per pair of each stage, measured in this process (one core)."""
+    maker = CopyPairMaker(size, query_recipe=recipe, fuse=fuse)
     collator = PixTraceCollator(size, patch)
-    totals = dict.fromkeys(("decode", "edit", "trace", "collate"), 0.0)
+    totals = dict.fromkeys(("decode", "edit", "trace"), 0.0)
     pairs = []
     for position in range(count):
         row = images[position % len(images)]
-        start = time.perf_counter()
-        original = load_image(row["image"]["path"] or row["image"]["bytes"])
-        decoded = time.perf_counter()
+        start = time.process_time()
+        original = load_image(row["image"]["path"] or row["image"]["bytes"], max_side=maker.max_source_side)
+        decoded = time.process_time()
         original = maker.source(original)  # shrunk to 4 x the model size if larger
-        query, query_table, _ = maker.copy(original, "training", seed + 2 * position)
+        query, query_table, _ = maker.copy(original, recipe, seed + 2 * position)
         reference, reference_table, _ = maker.copy(original, "light", seed + 2 * position + 1)
-        edited = time.perf_counter()
+        edited = time.process_time()
         pair_overlaps(query_table, reference_table, patch)
-        traced = time.perf_counter()
+        traced = time.process_time()
         totals["decode"] += decoded - start
         totals["edit"] += edited - decoded
         totals["trace"] += traced - edited
         pairs.append((query, reference))
-    start = time.perf_counter()
-    stacked = [np.stack([collator.pixels(q) for q, _ in pairs]), np.stack([collator.pixels(r) for _, r in pairs])]
-    torch.from_numpy(stacked[0]), torch.from_numpy(stacked[1])
-    totals["collate"] = time.perf_counter() - start
-    return {stage: 1000 * value / count for stage, value in totals.items()}
+    start = time.process_time()
+    collator.stack_images([q for q, _ in pairs]), collator.stack_images([r for _, r in pairs])
+    totals["collate"] = time.process_time() - start
+    split = {stage: 1000 * value / count for stage, value in totals.items()}
+    # The previous collation, for comparison (not part of the total): float32 normalised per pair.
+    scale = (1.0 / (255.0 * np.asarray(collator.image_std, dtype=np.float32))).reshape(3, 1, 1)
+    offset = (-np.asarray(collator.image_mean, dtype=np.float32) / np.asarray(collator.image_std, dtype=np.float32))
+    start = time.process_time()
+    for images_ in ([q for q, _ in pairs], [r for _, r in pairs]):
+        arrays = [np.asarray(image).transpose(2, 0, 1).astype(np.float32) * scale + offset.reshape(3, 1, 1)
+                  for image in images_]
+        torch.from_numpy(np.stack(arrays))
+    split["collate_float"] = 1000 * (time.process_time() - start) / count
+    return split
+
+
+STAGES = ("decode", "edit", "trace", "collate")
+
+
+def compare_paths(images, size: int, patch: int, count: int, recipes=("training",), rounds: int = 3,
+                  seed: int = 0) -> dict:
+    """Per recipe, the per-stage split of fused and edit-by-edit rendering on the same pairs.
+
+    The two paths alternate in ``rounds`` rounds (so that a change of machine load hits both); each
+    path's figures are its fastest round by total (``STAGES``), the other rounds' totals kept beside.
+    """
+    result = {}
+    for recipe in recipes:
+        for fuse in (True, False):  # warm-up: lazy imports, caches (fonts, emoji), first-call costs
+            time_split(images, size, patch, min(count, 4), seed + 10_000, recipe, fuse)
+        rounds_ms = {"fused": [], "edit_by_edit": []}
+        for _ in range(rounds):
+            for path, fuse in (("fused", True), ("edit_by_edit", False)):
+                rounds_ms[path].append(time_split(images, size, patch, count, seed, recipe, fuse))
+        entry = {}
+        for path, splits in rounds_ms.items():
+            best = min(splits, key=lambda split: sum(split[s] for s in STAGES))
+            total = sum(best[s] for s in STAGES)
+            entry[path] = {"ms_per_pair": best, "total_ms": total, "pairs_per_second": 1000.0 / total,
+                           "round_totals_ms": [sum(split[s] for s in STAGES) for split in splits]}
+        entry["edit_ratio"] = entry["fused"]["ms_per_pair"]["edit"] / entry["edit_by_edit"]["ms_per_pair"]["edit"]
+        result[recipe] = entry
+    return result
 
 
 def loader_throughput(images, size: int, patch: int, workers: int, batch_size: int, batches: int) -> float:
@@ -138,6 +183,9 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=6, help="timed batches per worker setting")
     parser.add_argument("--split_pairs", type=int, default=64, help="pairs timed for the per-stage split")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of fused / edit-by-edit timing")
+    parser.add_argument("--recipes", nargs="+", default=["training", "paper_descriptor", "paper_matcher"],
+                        choices=["training", "paper_descriptor", "paper_matcher"], help="query recipes timed")
     parser.add_argument("--images", type=int, default=200, help="originals used (shared data)")
     parser.add_argument("--model_step", action="store_true", help="also time the tiny CPU model's training step")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
@@ -146,21 +194,25 @@ def main(argv=None):
     torch.set_num_threads(1)
     images, source = _images(args.images)
     print(f"originals: {len(images)} from {source}; pairs at {args.image_size}x{args.image_size}, "
-          f"patch {args.patch_size}; torch threads 1")
-    split = time_split(images, args.image_size, args.patch_size, args.split_pairs)
-    total = sum(split.values())
-    print(f"\nper pair, one process ({args.split_pairs} pairs):")
-    for stage, value in split.items():
-        print(f"  {stage:8s} {value:7.2f} ms  ({100 * value / total:4.1f} %)")
-    print(f"  {'total':8s} {total:7.2f} ms  -> {1000 / total:.1f} pairs/s on one core")
+          f"patch {args.patch_size}; torch and OpenCV threads 1; CPU time of this process, fastest of "
+          f"{args.rounds} alternated rounds")
+    split = compare_paths(images, args.image_size, args.patch_size, args.split_pairs, args.recipes, args.rounds)
+    for recipe, entry in split.items():
+        print(f"\nquery recipe {recipe}, per pair ({args.split_pairs} pairs):")
+        print(f"  {'stage':14s} {'fused':>9s} {'edit by edit':>13s}")
+        for stage in (*STAGES, "collate_float"):
+            print(f"  {stage:14s} {entry['fused']['ms_per_pair'][stage]:7.2f} ms "
+                  f"{entry['edit_by_edit']['ms_per_pair'][stage]:10.2f} ms")
+        print(f"  {'total':14s} {entry['fused']['total_ms']:7.2f} ms {entry['edit_by_edit']['total_ms']:10.2f} ms"
+              f"  -> {entry['fused']['pairs_per_second']:.1f} vs {entry['edit_by_edit']['pairs_per_second']:.1f}"
+              f" pairs/s on one core; fused editing {100 * entry['edit_ratio']:.0f} % of edit by edit")
     throughput = {}
-    print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches:")
+    print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches (training recipe, fused):")
     for workers in args.workers:
         throughput[workers] = loader_throughput(images, args.image_size, args.patch_size, workers, args.batch_size,
                                                 args.batches)
         print(f"  num_workers={workers}: {throughput[workers]:7.1f} pairs/s")
-    result = {"image_size": args.image_size, "source": source, "split_ms_per_pair": split,
-              "pairs_per_second": throughput}
+    result = {"image_size": args.image_size, "source": source, "split": split, "pairs_per_second": throughput}
     if args.model_step:
         consumed, size = model_step_throughput(16)
         result["tiny_model_pairs_per_second"] = consumed

@@ -170,9 +170,12 @@ def test_collator_priors_equal_pair_overlaps_and_pixels_match_processor(tmp_path
     dataset = CopyPairDataset(images, CopyPairMaker(SIZE), seed=3, positive_rate=0.5)
     pairs = [dataset[PairKey(0, slot, slot % 6)] for slot in range(8)]
     assert {p.label for p in pairs} == {0, 1}, "want both positives and negatives in this sample"
-    batch = PixTraceCollator(SIZE, PATCH)(pairs)
+    collator = PixTraceCollator(SIZE, PATCH)
+    batch = collator(pairs)
     L = (SIZE // PATCH) ** 2
-    assert batch["pixel_values"].shape == (8, 3, SIZE, SIZE)
+    assert batch["pixel_values"].shape == batch["reference_pixel_values"].shape == (8, 3, SIZE, SIZE)
+    assert batch["pixel_values"].dtype == batch["reference_pixel_values"].dtype == torch.uint8
+    np.testing.assert_array_equal(batch["pixel_values"][3].permute(1, 2, 0).numpy(), np.asarray(pairs[3].query))
     assert batch["overlap_qr"].shape == batch["overlap_rq"].shape == (8, L, L)
     for row, pair in enumerate(pairs):
         assert pair.query.size == pair.reference.size == (SIZE, SIZE)
@@ -188,8 +191,13 @@ def test_collator_priors_equal_pair_overlaps_and_pixels_match_processor(tmp_path
     assert batch["labels"].tolist() == [float(p.label) for p in pairs]
     assert bool(batch["pair_mask"].any())
     processor = CopyNCEImageProcessor(size={"height": SIZE, "width": SIZE})
-    expected = processor(pairs[0].query, return_tensors="pt")["pixel_values"][0]
-    torch.testing.assert_close(batch["pixel_values"][0], expected, atol=1e-5, rtol=1e-5)
+    # Normalised on the device (here the CPU), the pixels are the image processor's.
+    normalised = collator.normalize(batch)
+    assert normalised["pixel_values"].dtype == torch.float32 and normalised["labels"] is batch["labels"]
+    expected = processor([pairs[0].query, pairs[0].reference], return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(normalised["pixel_values"][0], expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(normalised["reference_pixel_values"][0], expected[1], atol=1e-5, rtol=1e-5)
+    assert collator.normalize(normalised)["pixel_values"] is normalised["pixel_values"]  # float: left alone
 
 
 def test_pairs_are_deterministic_and_identical_in_workers(tmp_path):

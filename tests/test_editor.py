@@ -69,13 +69,14 @@ def test_per_call_seed_ignores_history_but_depends_on_editor_seed():
     assert_same_result(editor(image, seed=(2, 5)), CopyEditor(seed=3)(image, seed=(2, 5)))
 
 
-def test_replay_of_the_json_recipe_is_exact():
+@pytest.mark.parametrize("fuse", [True, False])
+def test_replay_of_the_json_recipe_is_exact(fuse):
     image = textured_image()
-    editor = CopyEditor(seed=0, recipe=all_steps_on(), output_size=(96, 128))
+    editor = CopyEditor(seed=0, recipe=all_steps_on(), output_size=(96, 128), fuse=fuse)
     for k in range(3):
         result = editor(image, seed=k)
         recipe = json.loads(json.dumps(result.recipe))
-        assert_same_result(replay(image, recipe), result)
+        assert_same_result(replay(image, recipe, fuse=fuse), result)
 
 
 def test_every_step_of_the_recipe_draws_a_working_edit():
@@ -112,7 +113,7 @@ def test_image_pool_files_serve_as_backgrounds_and_overlays(tmp_path):
     assert [d["name"] for d in result.recipe] == ["overlay_onto_background", "overlay_image"]
     assert all(spec["kind"] == "file" and spec["path"] in {str(p) for p in pool} for spec in specs)
     assert result.image.size == (180, 120)  # the background's size
-    assert_same_result(replay(textured_image(), json.loads(json.dumps(result.recipe))), result)
+    assert_same_result(replay(textured_image(), json.loads(json.dumps(result.recipe)), fuse=True), result)
     with pytest.raises(ConfigError, match="image_pool"):
         CopyEditor(image_pool=[tmp_path / "missing.png"])
 

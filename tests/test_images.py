@@ -98,6 +98,30 @@ def test_bytes_and_pil_inputs():
     assert load_image(buffer.getvalue()).getpixel((0, 0)) == (1, 2, 3)
 
 
+def test_max_side_decodes_large_jpegs_at_a_reduced_scale(tmp_path):
+    """Draft mode: the smallest DCT scale whose longer side is still at least ``max_side``; the
+    result looks like the full decode shrunk; PNGs and small JPEGs are decoded in full."""
+    ys, xs = np.mgrid[0:600, 0:800]
+    pixels = np.stack([xs * 255 // 799, ys * 255 // 599, (xs + ys) % 256 // 4 + 64], -1).astype(np.uint8)
+    Image.fromarray(pixels, "RGB").save(tmp_path / "big.jpg", quality=95)
+    Image.fromarray(pixels, "RGB").save(tmp_path / "big.png")
+    full = load_image(tmp_path / "big.jpg")
+    assert full.size == (800, 600)
+    assert load_image(tmp_path / "big.jpg", max_side=150).size == (200, 150)  # 1/4: 200 >= 150 > 100
+    assert load_image(tmp_path / "big.jpg", max_side=400).size == (400, 300)  # 1/2
+    assert load_image(tmp_path / "big.jpg", max_side=401).size == (800, 600)  # 1/2 would be too small
+    assert load_image(tmp_path / "big.jpg", max_side=1000).size == (800, 600)
+    assert load_image(tmp_path / "big.png", max_side=150).size == (800, 600)
+    reduced = np.asarray(load_image(tmp_path / "big.jpg", max_side=400), dtype=np.float64)
+    shrunk = np.asarray(full.resize((400, 300), Image.BOX), dtype=np.float64)
+    assert np.abs(reduced - shrunk).mean() < 2.0
+    # The minimum side is judged on the file, not on the reduced decode.
+    Image.fromarray(pixels[:40], "RGB").save(tmp_path / "strip.jpg")  # 800x40
+    assert min(load_image(tmp_path / "strip.jpg", max_side=100, min_side=16).size) >= 16
+    with pytest.raises(ImageLoadError, match="too small"):
+        load_image(tmp_path / "strip.jpg", max_side=100, min_side=64)
+
+
 def test_pillow_bomb_check_follows_the_package_limit(tmp_path, monkeypatch):
     """Pillow refuses images above twice its own process-wide limit (89.5 megapixels by default, so a
     200-megapixel photograph) before the package's limit applies; load_image reads the header with

@@ -3,10 +3,11 @@
 Flow: :func:`load_image_dataset` (DISC21 folder, image folder, saved dataset or Hub id) ->
 :class:`CopyPairDataset` / :class:`StreamingCopyPairDataset` (a traced query and reference per item,
 made in the DataLoader workers) batched by :class:`CopyPairBatchSampler` (with GHNM from a
-:class:`KNNGraph`) -> :class:`PixTraceCollator` (pixel tensors, labels, overlap priors).
+:class:`KNNGraph`) -> :class:`PixTraceCollator` (uint8 pixel tensors, labels, overlap priors) ->
+:func:`normalize_pixel_values` on the training device.
 """
 
-from .collator import CopyPair, PixTraceCollator
+from .collator import PIXEL_KEYS, CopyPair, PixTraceCollator, normalize_pixel_values
 from .hard_negatives import CopyPairBatchSampler, KNNGraph, PairKey, build_knn_graph
 from .loading import (
     ASSET_IMAGES,
@@ -22,6 +23,7 @@ from .pairs import RECIPES, CopyPairDataset, CopyPairMaker, GroundTruthPairDatas
 __all__ = [
     "ASSET_IMAGES",
     "DISC21_SPLITS",
+    "PIXEL_KEYS",
     "RECIPES",
     "CopyPair",
     "CopyPairBatchSampler",
@@ -38,4 +40,5 @@ __all__ = [
     "is_disc21_folder",
     "load_disc21_ground_truth",
     "load_image_dataset",
+    "normalize_pixel_values",
 ]

@@ -1,13 +1,15 @@
 """Batching copy pairs: pixel tensors, labels and the PixTrace patch overlap priors of both directions.
 
 The collator is the last step of the data pipeline and runs inside the ``DataLoader`` workers (it is
-the loader's ``collate_fn``), so the pixel conversion and the overlap priors are computed off the
-training process. Its output keys are the keyword arguments of the CopyNCE models' ``forward``.
+the loader's ``collate_fn``), so the overlap priors are computed off the training process. The pixels
+travel as 8-bit RGB (a quarter of the bytes of float32, one copy per image into a preallocated batch);
+they are normalised on the device by :meth:`PixTraceCollator.normalize` (or
+:func:`normalize_pixel_values`) in the training step, just before ``model(**batch)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +21,28 @@ from ..errors import ConfigError
 from ..pixtrace import CoordinateTable, pair_overlaps
 from ..pixtrace.overlap import REVERSE_PRIORS
 
-__all__ = ["CopyPair", "PixTraceCollator"]
+__all__ = ["CopyPair", "PIXEL_KEYS", "PixTraceCollator", "normalize_pixel_values"]
+
+#: Batch keys holding uint8 pixels that :func:`normalize_pixel_values` turns into model inputs.
+PIXEL_KEYS = ("pixel_values", "reference_pixel_values")
+
+
+def normalize_pixel_values(
+    pixels: torch.Tensor,
+    image_mean: Sequence[float] = IMAGENET_DEFAULT_MEAN,
+    image_std: Sequence[float] = IMAGENET_DEFAULT_STD,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """uint8 RGB (B, 3, H, W) -> ``dtype`` (B, 3, H, W): ``(x / 255 - mean) / std`` per channel, on
+    ``pixels``' device (what ``CopyNCEImageProcessor`` does on the CPU). Float input is returned as is
+    (already normalised)."""
+    if pixels.dtype != torch.uint8:
+        return pixels
+    mean = torch.tensor(image_mean, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+    std = torch.tensor(image_std, dtype=torch.float32, device=pixels.device).view(1, 3, 1, 1)
+    # (x / 255 - mean) / std = x * scale + offset: one fused multiply-add per value.
+    scale, offset = 1.0 / (255.0 * std), -mean / std
+    return torch.addcmul(offset, pixels.to(torch.float32), scale).to(dtype)
 
 
 @dataclass
@@ -48,13 +71,13 @@ class CopyPair:
 
 
 class PixTraceCollator:
-    """Turn a list of :class:`CopyPair` into the batch dict the CopyNCE models take.
+    """Turn a list of :class:`CopyPair` into the batch dict the CopyNCE models take (after
+    :meth:`normalize`).
 
-    Output (``B`` pairs, ``S = image_size``, ``L = (S / patch_size) ** 2``):
+    Output (``B`` pairs, ``S = image_size``, ``L = (S / patch_size) ** 2``), the batch contract:
 
-    - ``pixel_values`` float32 (B, 3, S, S): queries, ImageNet mean/std normalised like
-      ``CopyNCEImageProcessor``;
-    - ``reference_pixel_values`` float32 (B, 3, S, S): references;
+    - ``pixel_values`` **uint8** (B, 3, S, S): the queries' RGB values 0..255, channels first;
+    - ``reference_pixel_values`` **uint8** (B, 3, S, S): the references';
     - ``labels`` float32 (B,): 1 for copies, 0 for negatives;
     - ``overlap_qr`` float32 (B, L, L): the paper's q-hat from query patches to reference patches,
       ``pair_overlaps(query_table, reference_table, patch_size)[0]``; zero for negative pairs;
@@ -65,6 +88,11 @@ class PixTraceCollator:
       (the pairs CopyNCE is computed on);
     - ``num_skipped_images`` int64 scalar (only with ``report_skipped=True``): unreadable images
       skipped while making these pairs, so the training process can count what the workers skipped.
+
+    The models take float pixels normalised with the ImageNet mean and std (``image_mean``,
+    ``image_std``), like ``CopyNCEImageProcessor``'s: whoever consumes a batch calls
+    ``collator.normalize(batch)`` once it is on its device (the training step does), which turns the
+    two uint8 keys into float32 and leaves the rest alone.
     """
 
     def __init__(
@@ -82,11 +110,8 @@ class PixTraceCollator:
         self.image_size = int(image_size)
         self.patch_size = int(patch_size)
         self.num_patches = (self.image_size // self.patch_size) ** 2
-        mean = np.asarray(image_mean, dtype=np.float32)
-        std = np.asarray(image_std, dtype=np.float32)
-        # (x / 255 - mean) / std = x * scale + offset, per channel, on the channels-first array.
-        self.scale = (1.0 / (255.0 * std)).reshape(3, 1, 1).astype(np.float32)
-        self.offset = (-mean / std).reshape(3, 1, 1).astype(np.float32)
+        self.image_mean = tuple(float(v) for v in image_mean)
+        self.image_std = tuple(float(v) for v in image_std)
         self.compute_overlaps = compute_overlaps
         self.report_skipped = report_skipped
         if reverse_prior not in REVERSE_PRIORS:
@@ -95,44 +120,46 @@ class PixTraceCollator:
 
     # ------------------------------------------------------------------ per pair
     def pixels(self, image: Image.Image) -> np.ndarray:
-        """float32 (3, S, S): RGB in [0, 1], normalised with the ImageNet mean and std."""
+        """uint8 (S, S, 3) view of a pair image (checked to be ``S x S`` RGB)."""
         if image.size != (self.image_size, self.image_size):
             raise ValueError(
                 f"pair image is {image.size[0]}x{image.size[1]}, expected {self.image_size}x{self.image_size}"
             )
-        array = np.asarray(image.convert("RGB")).transpose(2, 0, 1).astype(np.float32)  # contiguous copy
-        array *= self.scale
-        array += self.offset
-        return array
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
 
-    def overlaps(self, pair: CopyPair) -> tuple[np.ndarray, np.ndarray]:
-        """``(overlap_qr (L, L), overlap_rq (L, L))`` of a pair; zeros for negatives and untraced pairs."""
+    def overlaps(self, pair: CopyPair) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(overlap_qr (L, L), overlap_rq (L, L))`` of a pair; ``None`` (zeros) for negatives and untraced pairs."""
         if pair.label and self.compute_overlaps and pair.query_table is not None and pair.reference_table is not None:
             return pair_overlaps(pair.query_table, pair.reference_table, self.patch_size, self.reverse_prior)
-        zeros = np.zeros((self.num_patches, self.num_patches), dtype=np.float32)
-        return zeros, zeros
+        return None
+
+    def stack_images(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """uint8 (N, 3, S, S): the images copied once each into a preallocated tensor."""
+        out = torch.empty((len(images), 3, self.image_size, self.image_size), dtype=torch.uint8)
+        channels_last = out.numpy().transpose(0, 2, 3, 1)  # (N, S, S, 3) view of the tensor's memory
+        for row, image in enumerate(images):
+            channels_last[row] = self.pixels(image)  # one strided copy per image, no temporary
+        return out
 
     # ------------------------------------------------------------------ batch
     def __call__(self, pairs: Sequence[CopyPair]) -> dict[str, torch.Tensor]:
         if not pairs:
             raise ValueError("cannot collate an empty list of pairs")
-        queries, references, qr, rq = [], [], [], []
-        for pair in pairs:
-            queries.append(self.pixels(pair.query))
-            references.append(self.pixels(pair.reference))
-            overlap_qr, overlap_rq = self.overlaps(pair)
-            qr.append(overlap_qr)
-            rq.append(overlap_rq)
-        overlap_qr = torch.from_numpy(np.stack(qr))
-        overlap_rq = torch.from_numpy(np.stack(rq))
+        size = (len(pairs), self.num_patches, self.num_patches)
+        overlap_qr, overlap_rq = torch.zeros(size), torch.zeros(size)
+        for row, pair in enumerate(pairs):
+            priors = self.overlaps(pair)
+            if priors is not None:
+                overlap_qr[row] = torch.from_numpy(priors[0])
+                overlap_rq[row] = torch.from_numpy(priors[1])
         labels = torch.tensor([float(p.label) for p in pairs], dtype=torch.float32)
         # CopyNCE is defined on pairs whose regions correspond in both directions (paper Eq. CopyNCE,
         # symmetric form): a positive pair with no traced overlap (e.g. the query was cropped to an
         # overlay) carries no patch supervision.
         pair_mask = (labels > 0) & (overlap_qr.flatten(1).sum(1) > 0) & (overlap_rq.flatten(1).sum(1) > 0)
         batch = {
-            "pixel_values": torch.from_numpy(np.stack(queries)),
-            "reference_pixel_values": torch.from_numpy(np.stack(references)),
+            "pixel_values": self.stack_images([p.query for p in pairs]),
+            "reference_pixel_values": self.stack_images([p.reference for p in pairs]),
             "labels": labels,
             "overlap_qr": overlap_qr,
             "overlap_rq": overlap_rq,
@@ -141,3 +168,11 @@ class PixTraceCollator:
         if self.report_skipped:
             batch["num_skipped_images"] = torch.tensor(sum(p.skipped_images for p in pairs), dtype=torch.int64)
         return batch
+
+    def normalize(self, batch: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict:
+        """The batch with its uint8 pixel keys normalised (on their device) to ``dtype`` model inputs."""
+        out = dict(batch)
+        for key in PIXEL_KEYS:
+            if key in out:
+                out[key] = normalize_pixel_values(out[key], self.image_mean, self.image_std, dtype)
+        return out

@@ -271,15 +271,20 @@ def load_disc21_ground_truth(path: str | os.PathLike) -> dict[str, list[str]]:
 class ImageDecoder:
     """Decode undecoded ``datasets.Image`` values with :func:`load_image`; skip, log and count failures.
 
+    ``max_side``: JPEGs whose longer side exceeds it are decoded in Pillow's draft mode at the
+    smallest DCT scale that keeps the longer side at or above it (the copy-pair datasets pass
+    their maker's ``max_source_side``, to which the originals are shrunk anyway).
+
     ``skipped`` counts the failed decodes seen by this object (in this process); data-loader workers
     report theirs through the batches (see ``PixTraceCollator``). Each failing file is logged once per
     process at WARNING level, with the reason. ``max_pixels`` is the size limit of :func:`load_image`
     (``None``: its default).
     """
 
-    def __init__(self, min_side: int = 16, max_pixels: int | None = None):
+    def __init__(self, min_side: int = 16, max_pixels: int | None = None, max_side: int | None = None):
         self.min_side = min_side
         self.max_pixels = max_pixels
+        self.max_side = max_side  # JPEGs larger than this are decoded at a reduced scale (load_image)
         self.skipped = 0
         self._logged: set[str] = set()
 
@@ -292,7 +297,7 @@ class ImageDecoder:
                     raise ImageLoadError(f"image {image_id!r} has neither bytes nor a path")
             else:
                 source = value
-            return load_image(source, min_side=self.min_side, max_pixels=self.max_pixels)
+            return load_image(source, min_side=self.min_side, max_pixels=self.max_pixels, max_side=self.max_side)
         except ImageLoadError as error:
             self.skipped += 1
             if image_id not in self._logged:

@@ -56,6 +56,9 @@ class CopyPairMaker:
             parameters are relative to the image size, so a larger original only costs time (editing a
             500x375 original for a 64x64 model takes three times longer than editing it at 256 pixels).
             The tables then refer to the shrunk original, which both copies of a pair share.
+        fuse: render the copies with fused geometry (one resampling per run of geometric edits,
+            ``CopyEditor(fuse=True)``, the default) or edit by edit (``False``, the reference);
+            the tables are the same either way.
 
     ``maker(query_original, reference_original, label, query_seed, reference_seed)`` returns a
     :class:`CopyPair` whose tables map each copy to its own original (for a positive pair both
@@ -63,7 +66,7 @@ class CopyPairMaker:
     """
 
     def __init__(self, image_size: int, query_recipe: str = "training", reference_recipe: str = "light",
-                 max_source_side: int | None = None):
+                 max_source_side: int | None = None, fuse: bool = True):
         for key, value in (("query_recipe", query_recipe), ("reference_recipe", reference_recipe)):
             if value not in RECIPES:
                 raise ConfigError(f"{key}={value!r} is not a recipe; use one of {RECIPES}")
@@ -73,6 +76,7 @@ class CopyPairMaker:
         self.max_source_side = 4 * self.image_size if max_source_side is None else int(max_source_side)
         if self.max_source_side and self.max_source_side < self.image_size:
             raise ConfigError(f"max_source_side={max_source_side} must be 0 or >= image_size={image_size}")
+        self.fuse = bool(fuse)
         self._editors: dict[str, object] = {}
 
     def source(self, image: Image.Image) -> Image.Image:
@@ -91,7 +95,7 @@ class CopyPairMaker:
 
             spec = {"training": CopyRecipe.training, "paper_descriptor": CopyRecipe.paper_descriptor,
                     "paper_matcher": CopyRecipe.paper_matcher}.get(recipe, CopyRecipe.light)()
-            editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size))
+            editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size), fuse=self.fuse)
             self._editors[recipe] = editor
         return editor
 
@@ -107,6 +111,11 @@ class CopyPairMaker:
         if recipe == "resize":
             table = CoordinateTable.identity(image.height, image.width)
             edited, recipe_log = image, []
+            if self.fuse and image.size != (size, size):  # as the editor renders (and replay replays) it
+                from ..pixtrace.fused import render_fused
+
+                edited, table = render_fused(image, [Resize(size, size)])
+                recipe_log.append(Resize(size, size).to_dict())
         else:
             result = self._editor(recipe)(image, seed=int(seed))
             edited, table, recipe_log = result.image, result.table, list(result.recipe)
@@ -195,7 +204,7 @@ class CopyPairDataset(torch.utils.data.Dataset):
         self.knn = knn
         self.hard_negative_k = hard_negative_k
         self.hard_negative_prob = hard_negative_prob
-        self.decoder = decoder or ImageDecoder()
+        self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
         self.max_retries = max_retries
 
     def __len__(self) -> int:
@@ -290,7 +299,7 @@ class GroundTruthPairDataset(torch.utils.data.Dataset):
             self.copies.setdefault(query_row, set()).add(reference_row)
         self.queries, self.references = queries, references
         self.maker, self.seed, self.positive_rate = maker, seed, positive_rate
-        self.decoder = decoder or ImageDecoder()
+        self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -364,7 +373,7 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         self.num_processes = num_processes
         self.shuffle_buffer_size = shuffle_buffer_size
         self.negative_pool = negative_pool
-        self.decoder = decoder or ImageDecoder()
+        self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
         self.epoch = 0
         self.skip = 0
 

@@ -286,7 +286,7 @@ class DemoQuery:
         reference_id: ``source_id`` when the original is a reference, ``None`` for a distractor.
         image: the edited RGB image.
         table: :class:`CoordinateTable` from the query's pixels to the original's pixels.
-        edits: the edits applied, ``[Edit.to_dict(), ...]`` (replayable with ``pixtrace.replay``).
+        edits: the edits applied, ``[Edit.to_dict(), ...]`` (replayable with ``pixtrace.replay(..., fuse=False)``: applied one by one).
     """
 
     query_id: str

@@ -328,11 +328,12 @@ class MiniDisc:
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
     def query_image(self, index: int) -> Image.Image:
-        """Query ``index`` (RGB PIL), rebuilt from its original by replaying its edits."""
+        """Query ``index`` (RGB PIL), rebuilt from its original by replaying its edits (one by one,
+        ``fuse=False``: the evaluation queries stay the images they were before fused rendering)."""
         entry = self.queries[index]
         if self._query_files is not None:
             return load_image(self._query_files[entry.query_id])
-        return replay(entry.source_path, list(entry.edits)).image
+        return replay(entry.source_path, list(entry.edits), fuse=False).image
 
     def reference_image(self, index: int) -> Image.Image:
         return load_image(self.reference_files[self.reference_ids[index]])
@@ -350,7 +351,7 @@ class MiniDisc:
             path = target / f"{entry.query_id}.png"
             if not path.is_file():
                 partial = path.with_suffix(".tmp.png")
-                replay(entry.source_path, list(entry.edits)).image.save(partial, format="PNG")
+                replay(entry.source_path, list(entry.edits), fuse=False).image.save(partial, format="PNG")
                 os.replace(partial, path)  # never leave a half-written file under the final name
             files[entry.query_id] = path
         (target / "task.json").write_text(json.dumps(self.describe(), indent=2, default=str) + "\n")

@@ -14,8 +14,12 @@ which :func:`replay` rebuilds the same image and table exactly.
 Example::
 
     editor = CopyEditor(seed=0, recipe=CopyRecipe.training(), output_size=(224, 224))
-    result = editor(image)               # result.image, result.table, result.recipe
+    result = editor(image)                          # result.image, result.table, result.recipe
     same = replay(image, result.recipe)  # identical pixels and table
+
+By default the editor renders with fused geometry (one resampling per run of geometric edits,
+:mod:`copynce_hf.pixtrace.fused`); ``CopyEditor(..., fuse=False)`` applies the edits one by one,
+the reference it is tested against (same tables bit for bit, pixels equal up to resampling).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from .edits import (
     emoji_names,
     font_characters,
 )
+from .fused import render_fused
 from .table import CoordinateTable
 
 __all__ = ["CopyRecipe", "CopyEditor", "CopyResult", "replay"]
@@ -616,6 +621,10 @@ class CopyEditor:
             model input), recorded in the recipe; ``None`` keeps the edited size.
         image_pool: paths of images used as backgrounds and overlays ("onto another",
             "another onto it"); without one, procedural noise and gradient images are used.
+        fuse: render each run of consecutive geometric edits with one resampling through the
+            run's composed map, at the resolution the rest of the chain needs (see
+            :mod:`copynce_hf.pixtrace.fused`); the tables are bit-identical to ``fuse=False``,
+            which applies the edits one by one (the reference; several times slower).
 
     ``editor(image)`` draws from the editor's own generator; ``editor(image, seed=k)`` draws
     from a generator seeded by ``(k, seed)`` only, so that item ``k`` of a dataset gets the
@@ -629,6 +638,7 @@ class CopyEditor:
         recipe: CopyRecipe | dict | None = None,
         output_size: tuple[int, int] | None = None,
         image_pool: Sequence[str | os.PathLike] | None = None,
+        fuse: bool = True,
     ):
         if seed is not None:
             _check_seed(seed, "seed")
@@ -655,6 +665,7 @@ class CopyEditor:
         self.recipe = recipe
         self.output_size = output_size
         self.image_pool = pool
+        self.fuse = bool(fuse)
         self._rng = np.random.default_rng(seed)
 
     def __call__(self, image: Image.Image | str | os.PathLike, seed: int | Sequence[int] | None = None) -> CopyResult:
@@ -667,6 +678,10 @@ class CopyEditor:
             for value in key:
                 _check_seed(value, "per-call seed")
             rng = np.random.default_rng(key + ([self.seed] if self.seed is not None else []))
+        if self.fuse:
+            edits = self._draw(rng, (image.height, image.width))
+            image, table = render_fused(image, edits)
+            return CopyResult(image, table, [edit.to_dict() for edit in edits])
         table = CoordinateTable.identity(image.height, image.width)
         recipe: list[dict[str, Any]] = []
         # Each step draws from its own child generator (see CopyRecipe.schedule).
@@ -682,14 +697,40 @@ class CopyEditor:
                 recipe.append(edit.to_dict())
         return CopyResult(image, table, recipe)
 
+    def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:
+        """The chain of edits drawn for an image of (H, W) ``size``, without pixel work: the same
+        draws as the edit-by-edit loop of ``__call__`` (steps only look at the current size)."""
+        edits: list[Edit] = []
+        before_resize, after_resize = self.recipe.schedule(rng)
+        resize = [] if self.output_size is None else [(None, None)]
+        for step, step_rng in before_resize + resize + after_resize:
+            if step is None:  # the editor's resize to the model input
+                drawn = [Resize(*self.output_size)]
+            else:
+                drawn = step.draw(_Context(step_rng, size, self.image_pool, self.output_size))
+            for edit in drawn:
+                if edit.kind == "geometric":
+                    size = edit.output_size(size)
+                edits.append(edit)
+        return edits
+
     def __repr__(self) -> str:
         active = [step.name for step in self.recipe.steps() if step.p > 0]
-        return f"CopyEditor(seed={self.seed}, output_size={self.output_size}, steps={active})"
+        return f"CopyEditor(seed={self.seed}, output_size={self.output_size}, fuse={self.fuse}, steps={active})"
 
 
-def replay(image: Image.Image | str | os.PathLike, recipe: Sequence[dict[str, Any]]) -> CopyResult:
-    """Apply a recorded list of edits (``CopyResult.recipe``) to ``image``: same image, same table."""
+def replay(image: Image.Image | str | os.PathLike, recipe: Sequence[dict[str, Any]], fuse: bool = True) -> CopyResult:
+    """Apply a recorded list of edits (``CopyResult.recipe``) to ``image``: same image, same table.
+
+    ``fuse`` must be the editor's to reproduce its pixels exactly: ``True`` (the default of both)
+    renders with :func:`~copynce_hf.pixtrace.fused.render_fused`, ``False`` applies the edits one
+    by one. The table is the same either way.
+    """
     image = _as_rgb(image)
+    if fuse:
+        edits = [edit_from_dict(description) for description in recipe]
+        image, table = render_fused(image, edits)
+        return CopyResult(image, table, [dict(d) for d in recipe])
     table = CoordinateTable.identity(image.height, image.width)
     for description in recipe:
         image, table = edit_from_dict(description)(image, table)

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..data.collator import PixTraceCollator
+from ..data.collator import PixTraceCollator, normalize_pixel_values
 from ..data.loading import ImageDecoder
 from ..data.pairs import CopyPairMaker
 from ..metrics.core import copy_detection_metrics
@@ -29,8 +30,8 @@ class CopyDetectionTask:
     """Pixel tensors of a small copy-detection task.
 
     Attributes:
-        queries: float32 (Q, 3, S, S), normalised like the image processor.
-        references: float32 (R, 3, S, S).
+        queries: uint8 (Q, 3, S, S) RGB, normalised on the model's device when scored.
+        references: uint8 (R, 3, S, S).
         query_ids, reference_ids: ids (``q:<image id>``, ``r:<image id>``).
         ground_truth: ``{query_id: [reference_id]}``; distractor queries map to ``[]``.
         skipped_images: held-out images left out because they could not be read.
@@ -42,6 +43,8 @@ class CopyDetectionTask:
     reference_ids: list[str]
     ground_truth: dict[str, list[str]]
     skipped_images: int = 0
+    image_mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
+    image_std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
 
 
 def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int = 12345,
@@ -52,29 +55,30 @@ def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int 
     ``decoder`` reads the images (its ``skipped`` count grows by the unreadable ones, which the task
     also records in ``skipped_images``).
     """
-    decoder = decoder or ImageDecoder()
+    maker = CopyPairMaker(image_size, query_recipe=query_recipe, reference_recipe="light")
+    decoder = decoder or ImageDecoder(max_side=maker.max_source_side)
     skipped_before = decoder.skipped
     originals = decoder.decode_all(rows)
     if len(originals) < 2:
         return None
-    maker = CopyPairMaker(image_size, query_recipe=query_recipe, reference_recipe="light")
     collator = PixTraceCollator(image_size, patch_size)
     num_references = max(1, (3 * len(originals)) // 4)
     queries, references, query_ids, reference_ids, truth = [], [], [], [], {}
     for position, (image_id, image) in enumerate(originals):
         image = maker.source(image)
         query, _, _ = maker.copy(image, query_recipe, seed + position)
-        queries.append(collator.pixels(query))
+        queries.append(query)
         query_id = f"q:{image_id}"
         query_ids.append(query_id)
         truth[query_id] = []
         if position < num_references:
             reference, _, _ = maker.copy(image, "light", seed + 100_003 + position)
-            references.append(collator.pixels(reference))
+            references.append(reference)
             reference_ids.append(f"r:{image_id}")
             truth[query_id] = [f"r:{image_id}"]
-    return CopyDetectionTask(torch.from_numpy(np.stack(queries)), torch.from_numpy(np.stack(references)),
-                             query_ids, reference_ids, truth, skipped_images=decoder.skipped - skipped_before)
+    return CopyDetectionTask(collator.stack_images(queries), collator.stack_images(references), query_ids,
+                             reference_ids, truth, skipped_images=decoder.skipped - skipped_before,
+                             image_mean=collator.image_mean, image_std=collator.image_std)
 
 
 @torch.inference_mode()
@@ -87,10 +91,14 @@ def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, mod
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+
+    def on_device(pixels: torch.Tensor) -> torch.Tensor:  # uint8 -> normalised float32, on the device
+        return normalize_pixel_values(pixels.to(device), task.image_mean, task.image_std)
+
     try:
         if model_type == "descriptor":
             def describe(pixels):
-                return torch.cat([model(pixel_values=chunk.to(device)).descriptors.float()
+                return torch.cat([model(pixel_values=on_device(chunk)).descriptors.float()
                                   for chunk in pixels.split(batch_size)])
 
             scores = (describe(task.queries) @ describe(task.references).T).cpu().numpy()
@@ -100,8 +108,8 @@ def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, mod
             reference_index = torch.arange(num_r).repeat(num_q)
             logits = []
             for start in range(0, len(query_index), batch_size):
-                q = task.queries[query_index[start:start + batch_size]].to(device)
-                r = task.references[reference_index[start:start + batch_size]].to(device)
+                q = on_device(task.queries[query_index[start:start + batch_size]])
+                r = on_device(task.references[reference_index[start:start + batch_size]])
                 logits.append(model(pixel_values=q, reference_pixel_values=r).logits.float().reshape(-1))
             scores = torch.sigmoid(torch.cat(logits)).reshape(num_q, num_r).cpu().numpy()
     finally:

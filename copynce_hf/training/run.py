@@ -11,8 +11,8 @@ a path, or the name of a configuration shipped in ``copynce_hf/configs/``, the r
 ``configs/``; default: ``tiny_cpu.yaml``) and overridden as ``--key value`` (model configuration keys as
 ``--model.<key> value``). The flow:
 
-    images (datasets) -> PixTrace copy pairs (DataLoader workers) -> PixTraceCollator
-      -> model(**batch).loss -> Accelerate (DDP, mixed precision, accumulation, checkpoints)
+    images (datasets) -> PixTrace copy pairs (DataLoader workers) -> PixTraceCollator (uint8 pixels)
+      -> normalised on the device -> model(**batch).loss -> Accelerate (DDP, mixed precision, accumulation, checkpoints)
       -> save_pretrained (model, image processor, card) -> push_to_hub
 
 Paper settings (supplementary table "All detailed settings in our training pipeline"): AdamW (0.9,
@@ -480,6 +480,7 @@ def main(argv: list[str] | None = None) -> dict:
             window_skipped += int(batch.pop("num_skipped_images", torch.tensor(0)))
             batch = {key: value.to(accelerator.device, non_blocking=True) for key, value in batch.items()
                      if key not in _NOT_MODEL_INPUTS}
+            batch = data.collator.normalize(batch)  # uint8 pixels -> normalised float32, on the device
             with accelerator.accumulate(model):
                 outputs = model(**batch)
                 accelerator.backward(outputs.loss)

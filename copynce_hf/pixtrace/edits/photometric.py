@@ -130,11 +130,16 @@ def _rotate_hue(image: Image.Image, hue: float) -> Image.Image:
     """
     if hue == 0.0:
         return image
+    matrix = hue_rotation(hue)
+    return image.convert("RGB", tuple(np.concatenate([matrix, np.zeros((3, 1))], axis=1).ravel()))
+
+
+def hue_rotation(hue: float) -> np.ndarray:
+    """(3, 3) RGB colour matrix rotating the hue by ``hue`` turns around the YIQ luma axis."""
     angle = -2.0 * math.pi * hue
     cos, sin = math.cos(angle), math.sin(angle)
     rotation = np.array([[1.0, 0.0, 0.0], [0.0, cos, -sin], [0.0, sin, cos]])
-    matrix = np.linalg.inv(_RGB_TO_YIQ) @ rotation @ _RGB_TO_YIQ
-    return image.convert("RGB", tuple(np.concatenate([matrix, np.zeros((3, 1))], axis=1).ravel()))
+    return np.linalg.inv(_RGB_TO_YIQ) @ rotation @ _RGB_TO_YIQ
 
 
 @register_edit

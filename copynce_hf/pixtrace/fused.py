@@ -1,0 +1,620 @@
+"""Fused rendering of a chain of traced edits: one resampling per run of geometric edits.
+
+Applied edit by edit, a chain such as crop -> flip -> affine -> perspective -> colour jitter ->
+resize to 224x224 resamples full-resolution intermediates four times. PixTrace already holds the
+chain's geometry analytically (paper, section "PixTrace Pipeline": every geometric edit is a
+projective map T <- f(T)), so the pixel work can follow it instead: every maximal run of
+consecutive geometric edits is rendered by *one* resampling of the run's input through the
+composed backward map, straight to the size the run's result is needed at. What a geometric
+edit adds besides moved pixels (the fill colour of an affine or perspective warp, padding, the
+background an image is pasted onto) is composited in the same pass, each layer weighted by an
+antialiased mask computed from the same half-planes the table uses.
+
+Where the result is needed at
+-----------------------------
+Each run's result is materialised at its true size (the size the edit-by-edit path gives it)
+unless every edit between it and the next run is *scale-free* (its result at another resolution
+is the same up to resampling: colour edits, blur with its radius scaled, overlays whose geometry
+is relative to the image size); then it is materialised at the resolution the rest of the chain
+needs (for the usual chain, directly at the model input size), so the final resize is folded
+into it. JPEG, noise, pixel shuffling, edits unknown to this module and geometric edits without
+a fused form (screenshot, meme) run on the true-size image, exactly as edit by edit.
+
+The tables are computed exactly as edit by edit (same maps, same occlusion masks at the true
+sizes), so they and the overlap priors are bit-identical; only the pixels differ, by resampling.
+Minification is antialiased: the input of a warp is smoothed first with a centred Gaussian as wide
+as Pillow's antialiased resize filter (after a box reduction by a power of two for strong shrinking).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from .edits import (
+    Affine,
+    Blur,
+    Brightness,
+    ChangeAspectRatio,
+    ColorJitter,
+    Contrast,
+    Crop,
+    Edit,
+    Grayscale,
+    HorizontalFlip,
+    OverlayEmoji,
+    OverlayImage,
+    OverlayImageBox,
+    OverlayOntoBackground,
+    OverlayText,
+    Pad,
+    PasteIntoBox,
+    PasteOnCanvas,
+    Perspective,
+    Pixelization,
+    Posterize,
+    RandomErasing,
+    RandomResizedCrop,
+    Resize,
+    Rotate,
+    Saturation,
+    Scale,
+    Skew,
+    Smear,
+    Solarize,
+    VerticalFlip,
+)
+from .edits.occluding import (
+    COVERED_ALPHA,
+    _emoji_image,
+    _emoji_path,
+    _opacity_level,
+    _place_into,
+    fraction_box,
+)
+from .edits.photometric import hue_rotation
+from .edits.sources import resolve_image
+from .table import CoordinateTable
+
+__all__ = ["render_fused", "fusable"]
+
+cv2.setNumThreads(1)  # data-loader workers are the parallelism; OpenCV's own threads only contend
+
+#: A stage's canvas: what the stage's output shows where it samples outside its input.
+#: ``None`` (never happens for that stage), ``("color", (r, g, b))`` or
+#: ``("image", spec, (H, W) it is resized to or None, opacity of the stage's input over it)``.
+Canvas = tuple | None
+
+
+def _canvases(edit, stages) -> list[Canvas] | None:
+    """Per stage of a geometric edit, its canvas; ``None`` when the edit has no fused form."""
+    kind = type(edit)
+    if kind in (Crop, Resize, Scale, RandomResizedCrop, ChangeAspectRatio, HorizontalFlip, VerticalFlip):
+        return [None] * len(stages)
+    if kind in (Affine, Perspective):
+        return [("color", edit.fill)]
+    if kind is Rotate:
+        return [("color", edit.fill)] + [None] * (len(stages) - 1)
+    if kind is Skew:
+        return [("color", (0, 0, 0))]
+    if kind is Pad:
+        return [("color", edit.color)]
+    if kind is PasteOnCanvas:
+        return [("color", edit.color)]
+    if kind is OverlayOntoBackground:
+        return [None, ("image", edit.background, None, 1.0)]
+    if kind is PasteIntoBox:  # the copy blended over the background at its 8-bit paste level
+        return [None, ("image", edit.background, (edit.canvas_height, edit.canvas_width),
+                       _opacity_level(edit.opacity) / 255.0)]
+    return None
+
+
+def fusable(edit: Edit) -> bool:
+    """True for geometric edits that fused rendering resamples in one pass with their neighbours."""
+    return edit.kind == "geometric" and _canvases(edit, [None, None]) is not None
+
+
+# ---------------------------------------------------------------------------------------------- scale-free edits
+
+
+def _through_pil(edit, pixels, render):
+    edited = render(Image.fromarray(pixels, "RGB"))
+    return np.asarray(edited if edited.mode == "RGB" else edited.convert("RGB"))
+
+
+def _pointwise(edit, pixels, scale):
+    return _through_pil(edit, pixels, edit.transform)
+
+
+#: Pillow's "L" conversion (ITU-R 601-2 luma), used by ``ImageEnhance`` and greyscale.
+_LUMA = np.array([[0.299, 0.587, 0.114]])
+
+
+def _color_jitter(edit, pixels, scale, visible=None):
+    # AugLy's colour jitter is Pillow's ImageEnhance brightness, contrast and colour, each a blend
+    # with a degenerate image clipped to 8 bits, then the hue rotation: the same affine colour maps
+    # here, each one pass of ``cv2.transform`` (which saturates to 8 bits like the blends).
+    identity = np.eye(3)
+    if edit.brightness != 1.0:
+        pixels = cv2.transform(pixels, edit.brightness * identity)
+    if edit.contrast != 1.0:
+        luma = cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
+        mean = int((luma.mean() if visible is None or not visible.any() else luma[visible].mean()) + 0.5)
+        offset = np.full((3, 1), (1.0 - edit.contrast) * mean)
+        pixels = cv2.transform(pixels, np.hstack([edit.contrast * identity, offset]))
+    if edit.saturation != 1.0:
+        pixels = cv2.transform(pixels, edit.saturation * identity + (1.0 - edit.saturation) * np.ones((3, 1)) @ _LUMA)
+    if edit.hue != 0.0:
+        pixels = cv2.transform(pixels, hue_rotation(edit.hue))
+    return pixels
+
+
+def _grayscale(edit, pixels, scale):
+    if edit.mode != "luminosity":
+        return _pointwise(edit, pixels, scale)
+    return cv2.cvtColor(cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
+
+
+def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.ndarray:
+    """``pixels`` with ``colour`` (RGB or (H, W, 3)) blended in by ``coverage`` (uint8, 255 = replaced)."""
+    if not coverage.any():
+        return pixels
+    weight = coverage.astype(np.float32) * np.float32(1 / 255)
+    colour = np.ascontiguousarray(np.broadcast_to(np.asarray(colour, dtype=np.uint8), pixels.shape))
+    return cv2.blendLinear(np.ascontiguousarray(pixels), colour, 1.0 - weight, weight)
+
+
+def _emoji_layers(edit, size):
+    # AugLy pastes the resized emoji with its alpha times the opacity: that alpha is the coverage.
+    height, width = size
+    coverage = edit.coverage(height, width)
+    colour = np.zeros((height, width, 3), dtype=np.uint8)
+    if coverage.any():
+        emoji = _emoji_image(_emoji_path(edit.emoji))
+        new_height = max(1, int(height * edit.size))
+        new_width = int(emoji.width * new_height / emoji.height)
+        _place_into(colour, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
+                    int(width * edit.x), int(height * edit.y))
+    return colour, coverage
+
+
+def _image_layers(edit, size):
+    height, width = size
+    overlay = resolve_image(edit.overlay)
+    left, top, new_width, new_height = edit._geometry(height, width, overlay.size)
+    colour = np.zeros((height, width, 3), dtype=np.uint8)
+    _place_into(colour, np.asarray(overlay.resize((new_width, new_height), Image.BILINEAR)), left, top)
+    return colour, edit._coverage(height, width, overlay.size)
+
+
+def _erasing_layers(edit, size):
+    coverage = edit.coverage(*size)
+    if edit.noise_seed is None:
+        return np.asarray(edit.fill, dtype=np.uint8), coverage
+    # Random values (torchvision's value="random"), drawn by the edit itself at its true size.
+    blank = Image.new("RGB", (size[1], size[0]))
+    return np.asarray(edit.render(blank, coverage)), coverage
+
+
+def _image_box_layers(edit, size):
+    height, width = size
+    left, top, right, bottom = fraction_box(edit.x, edit.y, edit.width, edit.height, height, width)
+    colour = np.zeros((height, width, 3), dtype=np.uint8)
+    pasted = resolve_image(edit.overlay).resize((right - left, bottom - top), Image.BILINEAR)
+    _place_into(colour, np.asarray(pasted), left, top)
+    return colour, edit.coverage(height, width)
+
+
+#: Occluding edits as (colour layer, coverage) at their true size: a colour (3,) or an image (H, W, 3),
+#: and the uint8 coverage the table is occluded with. Blended in at any resolution.
+_OVERLAY_LAYERS = {
+    OverlayText: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
+    RandomErasing: _erasing_layers,
+    OverlayEmoji: _emoji_layers,
+    OverlayImage: _image_layers,
+    OverlayImageBox: _image_box_layers,
+    Smear: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
+}
+
+
+def _overlay_at(edit, pixels: np.ndarray, true_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """An occluding edit on the working image ``pixels``: its layers drawn at the true size (as edit by
+    edit), resampled to the working size (antialiased), blended. Returns (pixels, true-size coverage)."""
+    colour, coverage = _OVERLAY_LAYERS[type(edit)](edit, true_size)
+    if not coverage.any():
+        return pixels, coverage
+    working = pixels.shape[:2]
+    if working == true_size:
+        return _blend(pixels, colour, coverage), coverage
+    to_true = _resize_matrix(true_size, working)
+    if colour.ndim == 3:
+        colour = _warp(colour, to_true, working)
+    return _blend(pixels, colour, _warp(coverage, to_true, working)), coverage
+
+
+def _pixelization(edit, pixels, scale):
+    return _pointwise(Pixelization(ratio=min(1.0, edit.ratio / scale)), pixels, scale)
+
+
+#: Edits whose result at another resolution is the same up to resampling, and how to render them
+#: at a working resolution ``scale`` times the true one (their tables are computed at the true size).
+_SCALE_FREE = {
+    Pixelization: _pixelization,
+    **dict.fromkeys(_OVERLAY_LAYERS),  # see _overlay_at
+}
+
+
+def _deferred_pointwise(render):
+    def apply(edit, pixels, density, visible):
+        return render(edit, pixels, 1.0)
+
+    return apply
+
+
+def _deferred_color_jitter(edit, pixels, density, visible):
+    return _color_jitter(edit, pixels, 1.0, visible)
+
+
+def _deferred_blur(edit, pixels, density, visible):
+    # The Gaussian of standard deviation ``radius`` (Pillow's ``GaussianBlur``), computed by OpenCV;
+    # ``radius`` pixels of the image the edit saw are radius / density pixels here, per axis.
+    sigma_y, sigma_x = (edit.radius / max(d, 1e-6) for d in density)
+    if max(sigma_y, sigma_x) <= 0:
+        return pixels
+    return cv2.GaussianBlur(pixels, (0, 0), sigmaX=max(sigma_x, 1e-3), sigmaY=max(sigma_y, 1e-3))
+
+
+#: Edits that join a run of geometric edits: applied, inside the run's single pass, to the content
+#: resampled at the run's working resolution, at their place in the chain (later canvases, padding
+#: or background, are composited after them, untouched). Pointwise colour edits are the same up to
+#: resampling at any resolution; the blur's radius follows the local scale of the map.
+#: ``render(edit, pixels, density (rows, cols) of the edit's image per working pixel, visible mask)``.
+_DEFERRED = {
+    ColorJitter: _deferred_color_jitter,
+    Brightness: _deferred_pointwise(_pointwise),
+    Contrast: _deferred_pointwise(_pointwise),
+    Saturation: _deferred_pointwise(_pointwise),
+    Grayscale: _deferred_pointwise(_grayscale),
+    Solarize: _deferred_pointwise(_pointwise),
+    Posterize: _deferred_pointwise(_pointwise),
+    Blur: _deferred_blur,
+}
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class _Run:
+    """Consecutive fusable geometric edits (their stages, flattened, with canvases) and the pointwise
+    edits between them."""
+
+    input_size: tuple[int, int]
+    stages: list[tuple[np.ndarray, tuple[int, int], Canvas]] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+    #: Number of stages of each edit of ``edits``.
+    counts: list[int] = field(default_factory=list)
+    #: Pointwise edits joined to the run: (number of stages before it, edit, the edit's true size).
+    deferred: list[tuple[int, Edit, tuple[int, int]]] = field(default_factory=list)
+    #: (h, w) the run's result is materialised at (its true size unless scale-free edits follow).
+    working: tuple[int, int] | None = None
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        return self.stages[-1][1] if self.stages else self.input_size
+
+    def matrix(self) -> np.ndarray:
+        """Backward map from the run's output pixels (true size) to its input pixels."""
+        matrix = np.eye(3)
+        for stage, _, _ in self.stages:
+            matrix = matrix @ stage
+        return matrix
+
+
+def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
+    """The chain as a list of :class:`_Run` and ``(edit, true size)`` items, a run first (maybe empty)."""
+    items: list = [_Run(size)]
+    for edit in edits:
+        if fusable(edit):
+            stages = edit.stages(size)
+            if not isinstance(items[-1], _Run):
+                items.append(_Run(size))
+            run = items[-1]
+            run.stages += list(zip((m for m, _ in stages), (s for _, s in stages), _canvases(edit, stages)))
+            run.edits.append(edit)
+            run.counts.append(len(stages))
+            size = stages[-1][1]
+        elif type(edit) in _DEFERRED:
+            if not isinstance(items[-1], _Run):
+                items.append(_Run(size))
+            items[-1].deferred.append((len(items[-1].stages), edit, size))
+        else:
+            items.append((edit, size))
+            if edit.kind == "geometric":
+                size = edit.output_size(size)
+    # Working sizes, from the end: a run followed only by scale-free edits is materialised at the
+    # resolution the next run samples it at (never above its true size).
+    following = None  # (run, its working->true map) of the next run
+    for position in range(len(items) - 1, -1, -1):
+        run = items[position]
+        if not isinstance(run, _Run):
+            continue
+        true = run.output_size
+        between = items[position + 1:]
+        stop = next((i for i, item in enumerate(between) if isinstance(item, _Run)), len(between))
+        scale_free = all(type(edit) in _SCALE_FREE for edit, _ in between[:stop])
+        if following is None or not scale_free:
+            run.working = true
+        else:
+            next_run, next_map = following
+            density = _axis_density(next_run.matrix() @ next_map, next_run.working)
+            run.working = tuple(
+                max(1, min(side, math.ceil(side / rho - 1e-6))) for side, rho in zip(true, density)
+            )
+        following = (run, _resize_matrix(true, run.working))
+    return items
+
+
+def _axis_density(matrix: np.ndarray, size: tuple[int, int]) -> tuple[float, float]:
+    """(rows, cols) of the map's input traversed per output pixel along y and x, smallest over the
+    output's corners and centre (a projective map's scale varies; the smallest never over-reduces)."""
+    height, width = size
+    points = [(0.0, 0.0), (width - 1.0, 0.0), (0.0, height - 1.0), (width - 1.0, height - 1.0),
+              ((width - 1) / 2, (height - 1) / 2)]
+    dy, dx = [], []
+    for x, y in points:
+        jacobian = _jacobian(matrix, x, y)
+        dx.append(math.hypot(jacobian[0, 0], jacobian[0, 1]))
+        dy.append(math.hypot(jacobian[1, 0], jacobian[1, 1]))
+    return max(min(dy), 1e-6), max(min(dx), 1e-6)
+
+
+def _jacobian(matrix: np.ndarray, x: float, y: float) -> np.ndarray:
+    """(2, 2) derivative of the projective map at (x, y): rows d(x_in), d(y_in) by (dx, dy)."""
+    u, v, w = matrix @ np.array([x, y, 1.0])
+    if abs(w) < 1e-12:
+        return np.eye(2)
+    return np.array([[matrix[0, 0] - u / w * matrix[2, 0], matrix[0, 1] - u / w * matrix[2, 1]],
+                     [matrix[1, 0] - v / w * matrix[2, 0], matrix[1, 1] - v / w * matrix[2, 1]]]) / w
+
+
+def _resize_matrix(old_size, new_size) -> np.ndarray:
+    """Backward map of an area-aligned resize (pixel centres): new pixel -> old position."""
+    sy = old_size[0] / new_size[0]
+    sx = old_size[1] / new_size[1]
+    return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5], [0.0, 0.0, 1.0]])
+
+
+# ---------------------------------------------------------------------------------------------- resampling
+
+
+def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpolation=cv2.INTER_LINEAR):
+    """``array`` (H, W[, C]) resampled at ``matrix`` @ (x, y, 1) of every pixel of an image of ``size``.
+
+    Antialiased: where the map shrinks an axis by a factor d > 1, the input is first smoothed along it
+    by a Gaussian of variance (d^2 - 1) / 6 source pixels^2, which with the bilinear tent adds up to
+    the variance d^2 / 6 of Pillow's antialiased (triangle) resize filter and, being centred on every
+    sample, keeps the content in phase. Where d >= 4 the input is first box-reduced by a power of two
+    (both axes alike, OpenCV's fast path) so that the smoothing stays short. Outside the input the
+    border pixels are repeated (callers mask those pixels with their layers).
+    """
+    height, width = size
+    if array.shape[:2] == size and np.allclose(matrix, np.eye(3), atol=1e-9):
+        return array
+    dy, dx = _axis_density(matrix, size)
+    factor = 1
+    while min(dy, dx) / factor >= 4 and min(array.shape[:2]) // (2 * factor) >= 2:
+        factor *= 2
+    if factor > 1:
+        array, reduce = _reduce(array, factor)
+        matrix = reduce @ matrix
+        dy, dx = dy / factor, dx / factor
+    sigma_y, sigma_x = (math.sqrt(max(d * d - 1.0, 0.0) / 6.0) for d in (dy, dx))
+    if max(sigma_y, sigma_x) >= 0.2:
+        array = cv2.GaussianBlur(array, (0, 0), sigmaX=max(sigma_x, 1e-3), sigmaY=max(sigma_y, 1e-3))
+    flags = interpolation | cv2.WARP_INVERSE_MAP
+    matrix = matrix / matrix[2, 2]
+    if abs(matrix[2, 0]) < 1e-12 and abs(matrix[2, 1]) < 1e-12:
+        return cv2.warpAffine(array, matrix[:2], (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    return cv2.warpPerspective(array, matrix, (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+
+
+def _reduce(array: np.ndarray, factor: int) -> tuple[np.ndarray, np.ndarray]:
+    """``array`` box-reduced by ``factor`` (a power of two) along both axes, and the map from the
+    original's pixel centres to the reduced image's. Rows and columns that do not fill a box are dropped."""
+    height, width = array.shape[0] // factor, array.shape[1] // factor
+    reduced = cv2.resize(array[: height * factor, : width * factor], (width, height), interpolation=cv2.INTER_AREA)
+    # Reduced pixel x covers original pixels [f x, f (x + 1)): its centre is f x + (f - 1) / 2.
+    to_original = np.array([[factor, 0.0, (factor - 1) / 2], [0.0, factor, (factor - 1) / 2], [0.0, 0.0, 1.0]])
+    return reduced, np.linalg.inv(to_original)
+
+
+def _inside(matrix: np.ndarray, source_size: tuple[int, int], size: tuple[int, int]) -> np.ndarray | float:
+    """Antialiased mask (H, W) float32 in [0, 1] of the pixels of an image of ``size`` whose centre
+    ``matrix`` sends inside the pixel area of an image of ``source_size``; 1.0 / 0.0 when uniform.
+
+    The four bounds, pulled back through the projective map, are lines in this image; a pixel's
+    weight is its signed distance to them plus one half, clipped (the table's traced test is the
+    same inequality at the pixel centre: weight > 1/2).
+    """
+    source_h, source_w = source_size
+    bounds = np.array([[1.0, 0.0, 0.5], [-1.0, 0.0, source_w - 0.5], [0.0, 1.0, 0.5], [0.0, -1.0, source_h - 0.5]])
+    planes = bounds @ matrix
+    projective = abs(matrix[2, 0]) > 1e-15 or abs(matrix[2, 1]) > 1e-15
+    if projective:
+        planes = np.concatenate([planes, matrix[2:3]])  # w > 0: this side of the horizon
+    height, width = size
+    corners = np.array([[-0.5, width - 0.5, -0.5, width - 0.5], [-0.5, -0.5, height - 0.5, height - 0.5], [1, 1, 1, 1]])
+    norms = np.maximum(np.hypot(planes[:, 0], planes[:, 1]), 1e-12)
+    at_corners = (planes @ corners) / norms[:, None]
+    if at_corners.min() >= 0.5:
+        return 1.0
+    if (at_corners.max(axis=1) <= -0.5).any():
+        return 0.0
+    xs = np.arange(width, dtype=np.float32)
+    ys = np.arange(height, dtype=np.float32)[:, None]
+    weight = None
+    for (a, b, c), norm, values in zip(planes, norms, at_corners):
+        if values.min() >= 0.5:
+            continue  # this bound cuts nothing
+        distance = np.float32(a / norm) * xs + (np.float32(b / norm) * ys + np.float32(c / norm + 0.5))
+        weight = distance if weight is None else np.minimum(weight, distance)
+    return np.clip(weight, 0.0, 1.0)
+
+
+def _canvas_layer(canvas: Canvas, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The canvas seen through ``matrix`` from the pixels of an image of ``size``: a colour (3,) float32
+    or uint8 (H, W, 3)."""
+    kind, spec = canvas[:2]
+    if kind == "color":
+        return np.asarray(spec, dtype=np.float32)
+    if canvas[2] is not None:  # the image is first resized to the canvas: compose that resize
+        native = _spec_size(spec)
+        matrix = _resize_matrix(native, canvas[2]) @ matrix
+    if isinstance(spec, dict) and spec.get("kind") == "gradient":
+        return _gradient(spec, matrix, size)
+    if isinstance(spec, dict) and spec.get("kind") == "noise":
+        return _noise(spec, matrix, size)
+    if isinstance(spec, dict) and spec.get("kind") == "solid":
+        return np.asarray(spec.get("color", (127, 127, 127)), dtype=np.float32)
+    return _warp(np.asarray(resolve_image(spec)), matrix, size)
+
+
+def _spec_size(spec) -> tuple[int, int]:
+    """(H, W) of the image an image spec describes (procedural specs say it; files are read)."""
+    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise", "solid") and "size" in spec:
+        return tuple(int(v) for v in spec["size"])
+    image = resolve_image(spec)
+    return image.height, image.width
+
+
+def _gradient(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``sources``' gradient image seen through ``matrix``, evaluated analytically (it is linear in
+    the background's coordinates): its parameter t at every pixel, then a 1024-entry colour table."""
+    bg_h, bg_w = (int(v) for v in spec["size"])
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    start, end = rng.integers(0, 256, size=(2, 3)).astype(np.float64)
+    angle = rng.uniform(0, 2 * np.pi)
+    cos, sin = math.cos(angle), math.sin(angle)
+    corners = [x * cos + y * sin for x in (0.0, bg_w - 1.0) for y in (0.0, bg_h - 1.0)]
+    low, span = min(corners), max(max(corners) - min(corners), 1e-6)
+    # t = (cos * x_bg + sin * y_bg - low) / span, with (x_bg, y_bg, 1) ~ matrix @ (x, y, 1).
+    row = np.array([cos, sin, -low]) @ matrix / span
+    height, width = size
+    xs = np.arange(width, dtype=np.float32)
+    ys = np.arange(height, dtype=np.float32)[:, None]
+    t = np.float32(row[0]) * xs + (np.float32(row[1]) * ys + np.float32(row[2]))
+    if abs(matrix[2, 0]) > 1e-15 or abs(matrix[2, 1]) > 1e-15:
+        t /= np.float32(matrix[2, 0]) * xs + (np.float32(matrix[2, 1]) * ys + np.float32(matrix[2, 2]))
+    levels = np.clip(np.rint(start + np.linspace(0.0, 1.0, 1024)[:, None] * (end - start)), 0, 255).astype(np.uint8)
+    return levels[np.clip(t * 1023 + 0.5, 0, 1023).astype(np.int32)]
+
+
+def _noise(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``sources``' smooth noise image: its coarse grid warped (bicubic) straight to the mapped positions."""
+    bg_h, bg_w = (int(v) for v in spec["size"])
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    coarse = rng.integers(0, 256, size=(max(2, bg_h // 16), max(2, bg_w // 16), 3), dtype=np.uint8)
+    to_coarse = _resize_matrix(coarse.shape[:2], (bg_h, bg_w))
+    return _warp(coarse, to_coarse @ matrix, size, cv2.INTER_CUBIC)
+
+
+def _render_run(run: _Run, image: np.ndarray, image_to_input: np.ndarray) -> np.ndarray:
+    """The run's result at ``run.working`` from its input ``image`` (uint8 (h, w, 3)).
+
+    ``image_to_input`` maps the pixels of ``image`` to the run's input frame (true size).
+    """
+    size = run.working
+    to_frame = _resize_matrix(run.output_size, size)  # working output -> the last stage's frame
+    # Maps from the working output to each stage's output frame, last stage first.
+    frames = [to_frame]
+    for stage, _, _ in reversed(run.stages):
+        frames.append(stage @ frames[-1])
+    frames.reverse()  # frames[k]: to the input frame of stage k (k = 0..n-1); frames[n]: to the output frame
+    content = np.ascontiguousarray(_warp(image, np.linalg.inv(image_to_input) @ frames[0], size))
+    # Antialiased masks of the stages that show a canvas: where the stage's input is in sight.
+    inputs = [run.input_size] + [stage_size for _, stage_size, _ in run.stages[:-1]]
+    weights = {k: _inside(frames[k], inputs[k], size) for k, (_, _, canvas) in enumerate(run.stages)
+               if canvas is not None}
+    deferred = {}
+    for position, edit, _ in run.deferred:
+        deferred.setdefault(position, []).append(edit)
+    for k in range(len(run.stages) + 1):
+        for edit in deferred.get(k, ()):
+            # The pixels of the edit's image still in sight: inside every later stage's input.
+            later = [w for j, w in weights.items() if j >= k and not isinstance(w, float)]
+            visible = np.logical_and.reduce([w >= 0.5 for w in later]) if later else None
+            content = _DEFERRED[type(edit)](edit, content, _axis_density(frames[k], size), visible)
+        if k == len(run.stages) or k not in weights:
+            continue
+        weight = weights[k]
+        canvas = run.stages[k][2]
+        if isinstance(weight, float) and weight == 1.0 and (canvas[0] == "color" or canvas[3] == 1.0):
+            continue
+        layer = _canvas_layer(canvas, frames[k + 1], size)
+        if layer.ndim == 1:
+            layer = np.broadcast_to(np.clip(np.rint(layer), 0, 255).astype(np.uint8), content.shape)
+        opacity = canvas[3] if canvas[0] == "image" else 1.0
+        if isinstance(weight, float) and weight * opacity == 0.0:  # the input is nowhere in sight
+            content = np.ascontiguousarray(layer)
+        elif isinstance(weight, float):  # in sight everywhere, blended over the canvas
+            content = cv2.addWeighted(np.ascontiguousarray(content), opacity, np.ascontiguousarray(layer),
+                                      1.0 - opacity, 0.0)
+        else:
+            if opacity < 1.0:
+                weight = weight * np.float32(opacity)
+            content = cv2.blendLinear(np.ascontiguousarray(content), np.ascontiguousarray(layer), weight,
+                                      1.0 - weight)
+    return content
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image, CoordinateTable]:
+    """Apply ``edits`` to the RGB ``image`` with fused geometry: ``(edited image, table)``.
+
+    The table is the one edit-by-edit application gives, bit for bit; the image differs from it
+    by resampling only (one bilinear, antialiased resampling per run of geometric edits).
+    """
+    table = CoordinateTable.identity(image.height, image.width)
+    current: Image.Image | np.ndarray = image  # the image so far (PIL or uint8 (h, w, 3)), at its working size
+    to_true = np.eye(3)  # working pixels -> true pixels of the current image
+    for item in _plan(edits, (image.height, image.width)):
+        if isinstance(item, _Run):
+            first = 0
+            for edit, count in zip(item.edits, item.counts):  # what the edits' ``apply`` do to the table
+                for matrix, size, _ in item.stages[first:first + count]:
+                    table = table.warp(matrix, size)
+                first += count
+                if type(edit) is PasteIntoBox and _opacity_level(edit.opacity) < COVERED_ALPHA:
+                    table = table.occlude(np.ones(table.size, dtype=bool))  # the copy does not dominate
+            pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
+            if item.stages or item.deferred or item.working != pixels.shape[:2]:
+                current = _render_run(item, pixels, to_true)
+                to_true = _resize_matrix(item.output_size, item.working)
+            continue
+        edit, true_size = item
+        if type(edit) not in _SCALE_FREE:  # planned at its true size: exactly as edit by edit
+            if isinstance(current, np.ndarray):
+                current = Image.fromarray(current, "RGB")
+            current, table = edit(current, table)
+            to_true = np.eye(3)
+            continue
+        # A scale-free edit at the working resolution (maybe the true one); its table at the true size.
+        pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
+        if type(edit) in _OVERLAY_LAYERS:
+            current, coverage = _overlay_at(edit, pixels, true_size)
+            table = table.occlude(coverage >= COVERED_ALPHA)  # what ``OccludingEdit.apply`` does
+            continue
+        current = _SCALE_FREE[type(edit)](edit, pixels, math.sqrt(pixels.shape[0] * pixels.shape[1] / (true_size[0] * true_size[1])))
+    if isinstance(current, np.ndarray):
+        current = Image.fromarray(current, "RGB")
+    if (current.height, current.width) != table.size:
+        raise AssertionError(f"fused rendering produced {current.size} for a table of size {table.size}")
+    return current, table

@@ -1,0 +1,212 @@
+"""Fused rendering (``CopyEditor(fuse=True)``, the default) against edit-by-edit application (``fuse=False``).
+
+The two paths draw the same edits; the tables (and so the overlap priors) must be bit-identical, and
+the images equal up to resampling: close on geometric chains away from the traced border, at least as
+faithful to the original at the traced positions, with occlusions on the same pixels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from copynce_hf.data.loading import ASSET_IMAGES
+from copynce_hf.images import load_image
+from copynce_hf.pixtrace import CopyEditor, CopyRecipe, pair_overlaps
+from copynce_hf.pixtrace.edits import Crop, Pad, Resize
+from copynce_hf.pixtrace.fused import render_fused
+
+OUTPUT = (64, 64)
+PATCH = 16
+
+
+def originals(side: int = 160) -> list[Image.Image]:
+    """The bundled natural images, shrunk to ``side`` pixels (small: the tests stay fast)."""
+    images = []
+    for path in sorted(ASSET_IMAGES.glob("*.jpg")):
+        image = load_image(path)
+        image.thumbnail((side, side), Image.BILINEAR)
+        images.append(image)
+    return images
+
+
+def presets() -> dict[str, CopyRecipe]:
+    """The recipes the data pipeline uses, plus one with every step on (every edit of the catalogue)."""
+    training = CopyRecipe.training()
+    everything = CopyRecipe(**{f.name: dataclasses.replace(getattr(training, f.name), p=1.0)
+                               for f in dataclasses.fields(training)})
+    found = {"training": training, "light": CopyRecipe.light(), "every step": everything}
+    for name in ("paper_descriptor", "paper_matcher"):  # the paper's presets, where the package has them
+        if hasattr(CopyRecipe, name):
+            found[name] = getattr(CopyRecipe, name)()
+    return found
+
+
+#: Steps that draw geometric edits only, in the training recipe and the paper's.
+GEOMETRIC_STEPS = {"random_resized_crop", "horizontal_flip", "vertical_flip", "affine", "perspective",
+                   "onto_background", "pad", "onto_other_image", "padding"}
+
+
+def geometric_only(recipe):
+    """``recipe`` with every step that draws a non-geometric edit switched off."""
+    values = {}
+    for f in dataclasses.fields(recipe):
+        value = getattr(recipe, f.name)
+        if dataclasses.is_dataclass(value) and f.name not in GEOMETRIC_STEPS:
+            value = dataclasses.replace(value, p=0.0)
+        values[f.name] = value
+    return type(recipe)(**values)
+
+
+def both(recipe: CopyRecipe, image: Image.Image, seed: int, output_size=OUTPUT):
+    fused = CopyEditor(seed=0, recipe=recipe, output_size=output_size)(image, seed=seed)
+    reference = CopyEditor(seed=0, recipe=recipe, output_size=output_size, fuse=False)(image, seed=seed)
+    return fused, reference
+
+
+def erode(mask: np.ndarray, steps: int) -> np.ndarray:
+    """``mask`` eroded by ``steps`` pixels (4-neighbourhood), off-image pixels counting as False."""
+    for _ in range(steps):
+        padded = np.pad(mask, 1, constant_values=False)
+        mask = mask & padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
+    return mask
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return 10 * np.log10(255.0**2 / max(mse, 1e-12))
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+@pytest.mark.parametrize("name", sorted(presets()))
+def test_fused_and_edit_by_edit_copies_have_the_same_table(name):
+    recipe = presets()[name]
+    images = originals(128)
+    reference = CopyEditor(seed=0, recipe=CopyRecipe.light(), output_size=OUTPUT)
+    for seed in range(8):
+        image = images[seed % len(images)]
+        fused, slow = both(recipe, image, seed)
+        assert fused.recipe == slow.recipe
+        assert fused.image.size == slow.image.size and fused.table.size == slow.table.size
+        np.testing.assert_array_equal(fused.table.coords, slow.table.coords)  # NaN in the same places too
+        base = reference(image)
+        for got, want in zip(pair_overlaps(fused.table, base.table, PATCH), pair_overlaps(slow.table, base.table, PATCH)):
+            np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------- pixels
+
+
+@pytest.mark.parametrize("name", sorted(set(presets()) - {"light", "every step"}) + ["light"])
+def test_geometric_chains_agree_away_from_the_traced_border(name):
+    """Geometric-only chains: fused and edit-by-edit images at 28 dB PSNR or more, on the pixels at
+    least 3 pixels away from the border between traced and untraced pixels (each resampling blends
+    fill into a band along it, which edit by edit widens at every edit)."""
+    recipe = geometric_only(presets()[name])
+    images = originals(160)
+    scores = []
+    for seed in range(16):
+        fused, slow = both(recipe, images[seed % len(images)], seed, output_size=(96, 96))
+        valid = fused.table.valid
+        away = erode(valid, 3) | erode(~valid, 3)
+        a, b = np.asarray(fused.image)[away], np.asarray(slow.image)[away]
+        scores.append(psnr(a, b))
+    assert min(scores) >= 28.0, scores
+
+
+def test_fused_resize_is_antialiased():
+    """Shrinking a one-pixel checkerboard by 4 gives flat grey, not a moire of black and white."""
+    board = ((np.indices((256, 256)).sum(0) % 2) * 255).astype(np.uint8)
+    image = Image.fromarray(np.stack([board] * 3, -1), "RGB")
+    shrunk, _ = render_fused(image, [Resize(64, 64)])
+    pixels = np.asarray(shrunk, dtype=np.float64)
+    assert abs(pixels.mean() - 127.5) < 2 and pixels.std() < 2
+    # Through a crop and a padding too (one run: crop, pad, resize).
+    shrunk, table = render_fused(image, [Crop(16, 16, 240, 240), Pad(0.1, 0.1, (0, 0, 255)), Resize(56, 56)])
+    inner = erode(table.valid, 2)
+    assert np.asarray(shrunk, dtype=np.float64)[inner].std() < 2
+
+
+def _bilinear(image: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    height, width = image.shape
+    y = np.clip(y, 0, height - 1)
+    x = np.clip(x, 0, width - 1)
+    y0 = np.minimum(np.floor(y).astype(int), height - 2)
+    x0 = np.minimum(np.floor(x).astype(int), width - 2)
+    fy, fx = y - y0, x - x0
+    top = image[y0, x0] * (1 - fx) + image[y0, x0 + 1] * fx
+    bottom = image[y0 + 1, x0] * (1 - fx) + image[y0 + 1, x0 + 1] * fx
+    return top * (1 - fy) + bottom * fy
+
+
+def _content_score(result, original: Image.Image) -> float | None:
+    """Normalised cross-correlation of the copy's luminance with the original's at the traced positions."""
+    valid = result.table.valid
+    if valid.sum() < 200:
+        return None
+    y, x = result.table.coords[valid].astype(np.float64).T
+    edited = np.asarray(result.image.convert("L"), dtype=np.float64)[valid]
+    expected = _bilinear(np.asarray(original.convert("L"), dtype=np.float64), y, x)
+    edited, expected = edited - edited.mean(), expected - expected.mean()
+    return float((edited * expected).sum() / max(np.sqrt((edited**2).sum() * (expected**2).sum()), 1e-9))
+
+
+@pytest.mark.parametrize("name", sorted(set(presets()) - {"light", "every step"}))
+def test_content_oracle_is_at_least_as_good_fused(name):
+    """Over 60 draws, fused copies match the original at their traced positions at least as well as
+    edit-by-edit copies (same edits, fewer resamplings)."""
+    recipe = presets()[name]
+    images = originals(160)
+    fused_scores, slow_scores = [], []
+    for seed in range(60):
+        image = images[seed % len(images)]
+        fused, slow = both(recipe, image, seed)
+        a, b = _content_score(fused, image), _content_score(slow, image)
+        if a is not None and b is not None:
+            fused_scores.append(a)
+            slow_scores.append(b)
+    assert len(fused_scores) >= 45
+    assert np.mean(fused_scores) >= np.mean(slow_scores)
+    assert np.median(fused_scores) >= np.median(slow_scores)
+
+
+def test_occlusions_land_on_the_same_pixels():
+    """An erased box, after flips, affine and perspective warps and the final resize, covers the same
+    output pixels in both paths (up to the one-pixel band resampling blends)."""
+    base = geometric_only(CopyRecipe.training())
+    recipe = dataclasses.replace(base, random_erasing=dataclasses.replace(base.random_erasing, p=1.0,
+                                                                          scale=(0.1, 0.3)))
+    images = originals(160)
+    checked = 0
+    for seed in range(16):
+        fused, slow = both(recipe, images[seed % len(images)], seed, output_size=(96, 96))
+        erasing = next(d for d in fused.recipe if d["name"] == "random_erasing")
+        fill = np.asarray(erasing["params"]["fill"], dtype=np.int16)
+        original = np.asarray(images[seed % len(images)], dtype=np.int16)
+        if np.abs(original - fill).max(-1).min() <= 12:  # the image itself has that colour: no oracle
+            continue
+        covered = [np.abs(np.asarray(r.image, dtype=np.int16) - fill).max(-1) <= 3 for r in (fused, slow)]
+        # Where edit by edit shows the fill colour (or clearly does not), so does the fused copy.
+        judged = erode(covered[1], 2) | erode(~covered[1], 2)
+        assert np.mean(covered[0][judged] == covered[1][judged]) > 0.995
+        # And those pixels are the ones the (shared) table says the box hides.
+        inside = erode(covered[1], 2)
+        assert not fused.table.valid[inside].any()
+        checked += int(inside.sum() > 0)
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("name", sorted(set(presets()) - {"light", "every step"}))
+def test_whole_copies_stay_close_to_edit_by_edit(name):
+    """Every pixel, traced or not (fills, backgrounds, overlays, erased boxes), of full recipe chains:
+    fused copies differ from edit-by-edit ones by resampling only."""
+    recipe = presets()[name]
+    images = originals(160)
+    scores = [psnr(np.asarray(fused.image), np.asarray(slow.image))
+              for fused, slow in (both(recipe, images[seed % len(images)], seed) for seed in range(24))]
+    assert np.median(scores) >= 30.0 and min(scores) >= 18.0, scores
