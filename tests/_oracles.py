@@ -101,3 +101,16 @@ def ramp_check(
 def nan_equal(a: np.ndarray, b: np.ndarray) -> bool:
     """Arrays equal, NaN matching NaN."""
     return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
+def bilinear(image: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """float: the single-channel ``image`` (H, W) sampled bilinearly at positions ``y``, ``x`` (clipped into it)."""
+    height, width = image.shape
+    y = np.clip(y, 0, height - 1)
+    x = np.clip(x, 0, width - 1)
+    y0 = np.minimum(np.floor(y).astype(int), height - 2)
+    x0 = np.minimum(np.floor(x).astype(int), width - 2)
+    fy, fx = y - y0, x - x0
+    top = image[y0, x0] * (1 - fx) + image[y0, x0 + 1] * fx
+    bottom = image[y0 + 1, x0] * (1 - fx) + image[y0 + 1, x0 + 1] * fx
+    return top * (1 - fy) + bottom * fy

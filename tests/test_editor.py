@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from _oracles import bilinear
 from conftest import shared_split
 from PIL import Image
 
@@ -227,18 +228,6 @@ def test_training_pairs_have_priors_consistent_with_their_tables():
 # ---------------------------------------------------------------------- content oracle on natural images
 
 
-def _bilinear(image: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
-    height, width = image.shape
-    y = np.clip(y, 0, height - 1)
-    x = np.clip(x, 0, width - 1)
-    y0 = np.minimum(np.floor(y).astype(int), height - 2)
-    x0 = np.minimum(np.floor(x).astype(int), width - 2)
-    fy, fx = y - y0, x - x0
-    top = image[y0, x0] * (1 - fx) + image[y0, x0 + 1] * fx
-    bottom = image[y0 + 1, x0] * (1 - fx) + image[y0 + 1, x0 + 1] * fx
-    return top * (1 - fy) + bottom * fy
-
-
 def _ncc(a: np.ndarray, b: np.ndarray) -> float:
     a = a - a.mean()
     b = b - b.mean()
@@ -260,9 +249,9 @@ def content_scores(editor: CopyEditor, paths, draws: int, stride: int, side: int
         y, x = result.table.coords[valid].astype(np.float64).T
         edited = np.asarray(result.image.convert("L"), dtype=np.float64)[valid]
         source = np.asarray(original.convert("L"), dtype=np.float64)
-        scores.append(_ncc(edited, _bilinear(source, y, x)))
+        scores.append(_ncc(edited, bilinear(source, y, x)))
         order = rng.permutation(y.size)
-        shuffled_scores.append(_ncc(edited, _bilinear(source, y[order], x[order])))
+        shuffled_scores.append(_ncc(edited, bilinear(source, y[order], x[order])))
     return scores, shuffled_scores
 
 

@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from _oracles import bilinear
 from PIL import Image
 
 from copynce_hf.data.loading import ASSET_IMAGES
@@ -132,18 +133,6 @@ def test_fused_resize_is_antialiased():
     assert np.asarray(shrunk, dtype=np.float64)[inner].std() < 2
 
 
-def _bilinear(image: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
-    height, width = image.shape
-    y = np.clip(y, 0, height - 1)
-    x = np.clip(x, 0, width - 1)
-    y0 = np.minimum(np.floor(y).astype(int), height - 2)
-    x0 = np.minimum(np.floor(x).astype(int), width - 2)
-    fy, fx = y - y0, x - x0
-    top = image[y0, x0] * (1 - fx) + image[y0, x0 + 1] * fx
-    bottom = image[y0 + 1, x0] * (1 - fx) + image[y0 + 1, x0 + 1] * fx
-    return top * (1 - fy) + bottom * fy
-
-
 def _content_score(result, original: Image.Image) -> float | None:
     """Normalised cross-correlation of the copy's luminance with the original's at the traced positions."""
     valid = result.table.valid
@@ -151,7 +140,7 @@ def _content_score(result, original: Image.Image) -> float | None:
         return None
     y, x = result.table.coords[valid].astype(np.float64).T
     edited = np.asarray(result.image.convert("L"), dtype=np.float64)[valid]
-    expected = _bilinear(np.asarray(original.convert("L"), dtype=np.float64), y, x)
+    expected = bilinear(np.asarray(original.convert("L"), dtype=np.float64), y, x)
     edited, expected = edited - edited.mean(), expected - expected.mean()
     return float((edited * expected).sum() / max(np.sqrt((edited**2).sum() * (expected**2).sum()), 1e-9))
 

@@ -8,11 +8,11 @@ queries are edited copies of some references, plus distractors, edited images wh
 * distractor sources: :data:`DEFAULT_DISTRACTOR_SOURCES` (4 images held out of the references);
 * references: the other 8 images;
 * queries: ``copies_per_reference`` edited copies of every reference and ``copies_per_distractor``
-  edited versions of every distractor source, made with :class:`DemoRecipe`;
+  edited versions of every distractor source, made with :meth:`QueryRecipe.demo` (:mod:`.recipes`);
 * ground truth: ``{query_id: [reference_id]}``, ``[]`` for distractors.
 
-Query edits are an evaluation-style recipe built from the PixTrace catalogue
-(:mod:`copynce_hf.pixtrace.edits`), harsher than and different from the training recipe
+Query edits are the evaluation recipe's demo preset (:meth:`QueryRecipe.demo`), built from the
+PixTrace catalogue (:mod:`copynce_hf.pixtrace.edits`), harsher than and different from the training recipe
 (``CopyRecipe.training()``): heavy crops covered with text and an emoji, rotations cropped to
 their content, skew, changes of aspect ratio, meme captions, screenshots, then photometric
 changes. Each query is applied through the traced edits, so its :class:`CoordinateTable` to
@@ -23,9 +23,6 @@ drawn (:func:`true_pair_overlap`).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,27 +32,8 @@ from PIL import Image
 from ..errors import ConfigError
 from ..images import load_image
 from ..pixtrace import CoordinateTable, pair_overlaps
-from ..pixtrace.edits import (
-    Brightness,
-    ChangeAspectRatio,
-    Contrast,
-    Crop,
-    Edit,
-    Grayscale,
-    HorizontalFlip,
-    JpegQuality,
-    MemeFormat,
-    OverlayEmoji,
-    OverlayOntoScreenshot,
-    OverlayText,
-    Rotate,
-    Saturation,
-    Scale,
-    Skew,
-    emoji_names,
-)
 from ..retrieval.sources import ImageListSource
-from .drawing import Range, check_families, choose, color, signed, uniform
+from .recipes import QueryRecipe
 
 __all__ = [
     "BUNDLED_IMAGES",
@@ -76,8 +54,6 @@ BUNDLED_IMAGES = Path(__file__).resolve().parents[1] / "assets" / "images"
 #: Bundled images held out of the references: their edited versions are the distractor queries.
 DEFAULT_DISTRACTOR_SOURCES = ("brick", "gravel", "horse", "retina")
 
-_WORDS = ("LOL", "ME IRL", "NOPE", "SO TRUE", "WAIT FOR IT", "OK", "MONDAY", "FOUND IT")
-_FONTS = ("Chunkfive.ttf", "CaviarDreams.ttf", "Elsie-Black.ttf", "GrandHotel-Regular.ttf")
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
@@ -85,154 +61,8 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 # ---------------------------------------------------------------------------------------------- recipe
 
 
-@dataclasses.dataclass(frozen=True)
-class DemoRecipe:
-    """How the demo's queries are edited (an evaluation-style recipe, declarative and seeded).
-
-    Every query gets ``num_structural`` distinct structural edits (drawn with ``structural_weights``,
-    applied in :attr:`ORDER`), then ``num_photometric`` distinct photometric edits, then a
-    downscale so that the longer side is at most ``max_side``. Ranges are ``(low, high)``, uniform.
-    """
-
-    structural_weights: tuple[tuple[str, float], ...] = (
-        ("crop_overlays", 1.5),
-        ("flip", 0.5),
-        ("aspect_ratio", 0.7),
-        ("skew", 1.0),
-        ("rotate", 1.0),
-        ("meme_format", 0.8),
-        ("screenshot", 0.8),
-    )
-    num_structural: tuple[int, int] = (1, 2)
-    photometric_weights: tuple[tuple[str, float], ...] = (
-        ("brightness", 1.0),
-        ("contrast", 1.0),
-        ("saturation", 1.0),
-        ("grayscale", 0.4),
-        ("jpeg", 1.0),
-    )
-    num_photometric: tuple[int, int] = (1, 2)
-    crop_area: Range = (0.25, 0.6)  # kept area fraction of the heavy crop
-    text_font_size: Range = (0.08, 0.16)  # fraction of the shorter side
-    emoji_size: Range = (0.15, 0.35)  # fraction of the height
-    aspect_ratio: Range = (0.6, 1.7)  # log-uniform new w / h
-    skew_factor: Range = (0.15, 0.4)
-    rotate_degrees: Range = (8.0, 30.0)
-    meme_caption: Range = (0.15, 0.3)  # caption height, fraction of the image height
-    brightness: Range = (0.6, 1.5)
-    contrast: Range = (0.6, 1.6)
-    saturation: Range = (0.3, 2.0)
-    jpeg_quality: tuple[int, int] = (20, 60)
-    max_side: int = 320
-
-    #: Application order of the structural families (content edits first, containers last).
-    ORDER = ("crop_overlays", "flip", "aspect_ratio", "skew", "rotate", "meme_format", "screenshot")
-    PHOTOMETRIC = ("brightness", "contrast", "saturation", "grayscale", "jpeg")
-
-    def __post_init__(self):
-        check_families("DemoRecipe", "structural_weights", self.structural_weights, self.ORDER, "num_structural",
-                       self.num_structural)
-        check_families("DemoRecipe", "photometric_weights", self.photometric_weights, self.PHOTOMETRIC,
-                       "num_photometric", self.num_photometric)
-        if self.max_side < 32:
-            raise ConfigError(f"DemoRecipe.max_side={self.max_side} must be at least 32")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable description (written to ``task.json``)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
-
-    def apply(self, image: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, CoordinateTable, list[dict]]:
-        """Edit an RGB ``image``: ``(edited image, table to image, [Edit.to_dict(), ...])``.
-
-        Each edit is drawn for the current size of the image, then applied with its table.
-        """
-        table = CoordinateTable.identity(image.height, image.width)
-        done: list[dict] = []
-
-        def run(edits: Sequence[Edit]) -> None:
-            nonlocal image, table
-            for edit in edits:
-                image, table = edit(image, table)
-                done.append(edit.to_dict())
-
-        structural = choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
-                                                                      self.num_structural[1] + 1))
-        photometric = choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
-                                                                        self.num_photometric[1] + 1))
-        for family in (name for name in self.ORDER if name in structural):
-            run(getattr(self, f"_{family}")(rng, (image.height, image.width)))
-        for family in photometric:
-            run([getattr(self, f"_{family}")(rng)])
-        longest = max(image.size)
-        if longest > self.max_side:
-            run([Scale(factor=self.max_side / longest)])
-        return image, table, done
-
-    # structural families: (rng, (H, W)) -> list of edits
-    def _crop_overlays(self, rng, size):
-        height, width = size
-        area = uniform(rng, self.crop_area)
-        aspect = math.exp(uniform(rng, (-0.4, 0.4)))
-        box_w = min(width, max(16, round(width * math.sqrt(area * aspect))))
-        box_h = min(height, max(16, round(height * math.sqrt(area / aspect))))
-        left, top = int(rng.integers(0, width - box_w + 1)), int(rng.integers(0, height - box_h + 1))
-        names = emoji_names()
-        return [
-            Crop(left, top, left + box_w, top + box_h),
-            OverlayText(text=_WORDS[int(rng.integers(len(_WORDS)))], font=_FONTS[int(rng.integers(len(_FONTS)))],
-                        font_size=uniform(rng, self.text_font_size), color=color(rng),
-                        x=uniform(rng, (0.0, 0.4)), y=uniform(rng, (0.0, 0.8)), opacity=1.0),
-            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=uniform(rng, self.emoji_size),
-                         x=uniform(rng, (0.0, 0.7)), y=uniform(rng, (0.0, 0.7)), opacity=1.0),
-        ]
-
-    def _flip(self, rng, size):
-        return [HorizontalFlip()]
-
-    def _aspect_ratio(self, rng, size):
-        low, high = (math.log(v) for v in self.aspect_ratio)
-        return [ChangeAspectRatio(ratio=math.exp(uniform(rng, (low, high))))]
-
-    def _skew(self, rng, size):
-        return [Skew(skew_factor=signed(rng, self.skew_factor), axis=int(rng.integers(2)))]
-
-    def _rotate(self, rng, size):
-        return [Rotate(degrees=signed(rng, self.rotate_degrees), crop_to_content=True)]
-
-    def _meme_format(self, rng, size):
-        dark = bool(rng.random() < 0.5)
-        return [MemeFormat(text=_WORDS[int(rng.integers(len(_WORDS)))],
-                           caption_height=max(11, int(size[0] * uniform(rng, self.meme_caption))),
-                           text_color=(255, 255, 255) if dark else (0, 0, 0),
-                           bg_color=(0, 0, 0) if dark else (255, 255, 255))]
-
-    def _screenshot(self, rng, size):
-        return [OverlayOntoScreenshot(template="web" if rng.random() < 0.5 else "mobile",
-                                      crop_src_to_fit=bool(rng.random() < 0.5))]
-
-    # photometric families: rng -> edit
-    def _brightness(self, rng):
-        return Brightness(factor=uniform(rng, self.brightness))
-
-    def _contrast(self, rng):
-        return Contrast(factor=uniform(rng, self.contrast))
-
-    def _saturation(self, rng):
-        return Saturation(factor=uniform(rng, self.saturation))
-
-    def _grayscale(self, rng):
-        return Grayscale()
-
-    def _jpeg(self, rng):
-        return JpegQuality(quality=int(rng.integers(self.jpeg_quality[0], self.jpeg_quality[1] + 1)))
-
-
-
-
-
-
-
-
+#: The demo's query recipe: :meth:`QueryRecipe.demo` (``DemoRecipe(**overrides)`` returns the preset).
+DemoRecipe = QueryRecipe.demo
 
 
 # ---------------------------------------------------------------------------------------------- task
@@ -262,7 +92,7 @@ class DemoTaskConfig:
     copies_per_reference: int = 2
     copies_per_distractor: int = 2
     seed: int = 2025
-    recipe: DemoRecipe = dataclasses.field(default_factory=DemoRecipe)
+    recipe: QueryRecipe = dataclasses.field(default_factory=QueryRecipe.demo)
 
     def __post_init__(self):
         object.__setattr__(self, "image_folder", Path(self.image_folder))

@@ -1,6 +1,6 @@
-"""Seeded draws and checks shared by the evaluation query recipes (:mod:`.minidisc`, :mod:`.demo_task`).
+"""Seeded draws and checks of the evaluation query recipe (:class:`.recipes.QueryRecipe`).
 
-Both recipes draw their edits with these helpers from a ``numpy.random.Generator``, so that a task
+Its families draw their edits with these helpers from a ``numpy.random.Generator``, so that a task
 is the same on every machine (the mini-DISC fingerprint pins it).
 """
 

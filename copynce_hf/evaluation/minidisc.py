@@ -10,7 +10,7 @@ distractors with no original among the references. The mini version:
   every ``distractor`` image (100); their originals are never references, so they must not match;
 * ground truth: ``{query_id: [reference_id]}``, distractors mapping to ``[]``.
 
-The queries are made by :class:`EvaluationRecipe`, a recipe *different from the training
+The queries are made by :meth:`QueryRecipe.minidisc` (:mod:`.recipes`), a recipe *different from the training
 recipe* (:class:`copynce_hf.pixtrace.CopyRecipe`): it uses catalogue edits the training
 recipe never draws (meme format, overlay onto a screenshot template, skew, rotation cropped
 to its content, change of aspect ratio, brightness/contrast/saturation, sharpen, solarise,
@@ -30,7 +30,6 @@ import csv
 import dataclasses
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -41,202 +40,14 @@ from PIL import Image
 from ..errors import ConfigError, ImageLoadError
 from ..images import load_image
 from ..pixtrace import replay
-from ..pixtrace.edits import (
-    Brightness,
-    ChangeAspectRatio,
-    Contrast,
-    Crop,
-    EdgeEnhance,
-    Edit,
-    MemeFormat,
-    OverlayEmoji,
-    OverlayOntoScreenshot,
-    OverlayText,
-    Posterize,
-    Rotate,
-    Saturation,
-    Scale,
-    Sharpen,
-    Skew,
-    Solarize,
-    emoji_names,
-)
 from ..retrieval.sources import ImageListSource
-from .drawing import Range, check_families, choose, color, uniform
+from .recipes import QueryRecipe
 
-__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
-
-
-#: Fonts of AugLy's asset folder that the training recipe (``OverlayTextStep``) does not use.
-_EVAL_FONTS = ("Chunkfive.ttf", "CaviarDreams.ttf", "Elsie-Black.ttf", "GrandHotel-Regular.ttf")
-_MEME_WORDS = ("LOL", "WHEN YOU SEE IT", "ME IRL", "NOPE", "SO TRUE", "MONDAY MOOD", "WAIT FOR IT", "OK")
+__all__ = ["EvaluationRecipe", "QueryRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
 
 
-# ---------------------------------------------------------------------------------------------- recipe
-
-
-@dataclasses.dataclass(frozen=True)
-class EvaluationRecipe:
-    """How mini-DISC queries are edited: a declarative recipe disjoint from the training recipe.
-
-    Every query gets ``structural`` transformations (a number drawn in ``num_structural``,
-    distinct families drawn with ``structural_weights``), applied in :attr:`ORDER` (content
-    edits first, then the containers: meme caption, screenshot), followed by ``num_photometric``
-    distinct photometric edits, and finally a downscale so that the longer side is at most
-    ``max_side`` (DISC21 queries are web-sized too). Ranges are closed ``(low, high)`` and drawn
-    uniformly unless said otherwise.
-    """
-
-    structural_weights: tuple[tuple[str, float], ...] = (
-        ("heavy_crop_overlays", 1.0),
-        ("skew", 1.0),
-        ("rotate", 1.0),
-        ("aspect_ratio", 0.7),
-        ("meme_format", 1.0),
-        ("screenshot", 1.0),
-    )
-    num_structural: tuple[int, int] = (1, 2)
-    photometric_weights: tuple[tuple[str, float], ...] = (
-        ("brightness", 1.0),
-        ("contrast", 1.0),
-        ("saturation", 1.0),
-        ("sharpen", 0.5),
-        ("solarize", 0.3),
-        ("posterize", 0.5),
-        ("edge_enhance", 0.5),
-    )
-    num_photometric: tuple[int, int] = (1, 2)
-    crop_area: Range = (0.2, 0.45)  # heavy crop: kept area fraction
-    crop_aspect: Range = (0.6, 1.6)  # log-uniform w / h of the kept box relative to the image's
-    text_font_size: Range = (0.08, 0.16)  # fraction of the shorter side
-    emoji_size: Range = (0.2, 0.4)  # fraction of the height
-    skew_factor: Range = (0.15, 0.5)  # either sign, either axis
-    rotate_degrees: Range = (8.0, 40.0)  # either sign, cropped to the rotated content
-    aspect_ratio: Range = (0.5, 2.0)  # log-uniform w / h
-    meme_caption: Range = (0.15, 0.35)  # caption band height as a fraction of the image height
-    brightness: Range = (0.5, 1.6)
-    contrast: Range = (0.5, 1.8)
-    saturation: Range = (0.2, 2.5)
-    sharpen: Range = (2.0, 6.0)
-    solarize_threshold: tuple[int, int] = (160, 230)
-    posterize_bits: tuple[int, int] = (2, 4)
-    max_side: int = 512
-
-    #: Application order of the structural families.
-    ORDER = ("heavy_crop_overlays", "aspect_ratio", "skew", "rotate", "meme_format", "screenshot")
-
-    def __post_init__(self):
-        check_families("EvaluationRecipe", "structural_weights", self.structural_weights, self.ORDER,
-                       "num_structural", self.num_structural)
-        check_families("EvaluationRecipe", "photometric_weights", self.photometric_weights, _PHOTOMETRIC,
-                       "num_photometric", self.num_photometric)
-        if self.max_side < 32:
-            raise ConfigError(f"EvaluationRecipe.max_side={self.max_side} must be at least 32")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable description (recorded with the benchmark results)."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
-
-    # ------------------------------------------------------------------ drawing
-    def draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:
-        """The explicit edits of one query made from an image of (H, W) ``size``."""
-        structural = choose(rng, self.structural_weights, rng.integers(self.num_structural[0],
-                                                                      self.num_structural[1] + 1))
-        photometric = choose(rng, self.photometric_weights, rng.integers(self.num_photometric[0],
-                                                                        self.num_photometric[1] + 1))
-        edits: list[Edit] = []
-        height, width = size
-        for family in (f for f in self.ORDER if f in structural):
-            new = getattr(self, f"_{family}")(rng, (height, width))
-            for edit in new:
-                height, width = _output_size(edit, (height, width))
-            edits.extend(new)
-        for family in photometric:
-            edits.append(getattr(self, f"_{family}")(rng))
-        longest = max(height, width)
-        if longest > self.max_side:
-            edits.append(Scale(factor=self.max_side / longest))
-        return edits
-
-    # structural families: each returns a list of edits for an image of (H, W) ``size``
-    def _heavy_crop_overlays(self, rng, size):
-        height, width = size
-        area = uniform(rng, self.crop_area)
-        aspect = math.exp(uniform(rng, (math.log(self.crop_aspect[0]), math.log(self.crop_aspect[1]))))
-        box_w = min(width, max(1, int(round(width * math.sqrt(area * aspect)))))
-        box_h = min(height, max(1, int(round(height * math.sqrt(area / aspect)))))
-        left = int(rng.integers(0, width - box_w + 1))
-        top = int(rng.integers(0, height - box_h + 1))
-        names = emoji_names()
-        words = " ".join(_MEME_WORDS[int(i)] for i in rng.integers(len(_MEME_WORDS), size=2))
-        return [
-            Crop(left, top, left + box_w, top + box_h),
-            OverlayText(text=words, font=_EVAL_FONTS[int(rng.integers(len(_EVAL_FONTS)))],
-                        font_size=uniform(rng, self.text_font_size), color=color(rng),
-                        x=uniform(rng, (0.0, 0.4)), y=uniform(rng, (0.0, 0.8)), opacity=1.0),
-            OverlayEmoji(emoji=names[int(rng.integers(len(names)))], size=uniform(rng, self.emoji_size),
-                         x=uniform(rng, (0.0, 0.7)), y=uniform(rng, (0.0, 0.7)), opacity=1.0),
-        ]
-
-    def _skew(self, rng, size):
-        sign = 1.0 if rng.random() < 0.5 else -1.0
-        return [Skew(skew_factor=sign * uniform(rng, self.skew_factor), axis=int(rng.integers(2)))]
-
-    def _rotate(self, rng, size):
-        sign = 1.0 if rng.random() < 0.5 else -1.0
-        return [Rotate(degrees=sign * uniform(rng, self.rotate_degrees), crop_to_content=True)]
-
-    def _aspect_ratio(self, rng, size):
-        low, high = (math.log(v) for v in self.aspect_ratio)
-        return [ChangeAspectRatio(ratio=math.exp(uniform(rng, (low, high))))]
-
-    def _meme_format(self, rng, size):
-        caption = max(11, int(size[0] * uniform(rng, self.meme_caption)))
-        dark = rng.random() < 0.5
-        return [MemeFormat(text=_MEME_WORDS[int(rng.integers(len(_MEME_WORDS)))], caption_height=caption,
-                           text_color=(255, 255, 255) if dark else (0, 0, 0),
-                           bg_color=(0, 0, 0) if dark else (255, 255, 255))]
-
-    def _screenshot(self, rng, size):
-        template = "web" if rng.random() < 0.5 else "mobile"
-        return [OverlayOntoScreenshot(template=template, crop_src_to_fit=bool(rng.random() < 0.5))]
-
-    # photometric families
-    def _brightness(self, rng):
-        return Brightness(factor=uniform(rng, self.brightness))
-
-    def _contrast(self, rng):
-        return Contrast(factor=uniform(rng, self.contrast))
-
-    def _saturation(self, rng):
-        return Saturation(factor=uniform(rng, self.saturation))
-
-    def _sharpen(self, rng):
-        return Sharpen(factor=uniform(rng, self.sharpen))
-
-    def _solarize(self, rng):
-        return Solarize(threshold=int(rng.integers(self.solarize_threshold[0], self.solarize_threshold[1] + 1)))
-
-    def _posterize(self, rng):
-        return Posterize(bits=int(rng.integers(self.posterize_bits[0], self.posterize_bits[1] + 1)))
-
-    def _edge_enhance(self, rng):
-        return EdgeEnhance(more=bool(rng.random() < 0.5))
-
-
-_PHOTOMETRIC = ("brightness", "contrast", "saturation", "sharpen", "solarize", "posterize", "edge_enhance")
-
-
-
-
-
-
-
-
-def _output_size(edit: Edit, size: tuple[int, int]) -> tuple[int, int]:
-    """(H, W) after a geometric edit (occluding edits keep the size)."""
-    stages = getattr(edit, "stages", None)
-    return stages(size)[-1][1] if stages is not None else size
+#: The mini-DISC query recipe: :meth:`QueryRecipe.minidisc` (``EvaluationRecipe(**overrides)`` returns the preset).
+EvaluationRecipe = QueryRecipe.minidisc
 
 
 # ---------------------------------------------------------------------------------------------- task
@@ -262,7 +73,7 @@ class MiniDiscConfig:
     query_every: int = 2
     num_distractors: int | None = None
     seed: int = 20250806
-    recipe: EvaluationRecipe = dataclasses.field(default_factory=EvaluationRecipe)
+    recipe: QueryRecipe = dataclasses.field(default_factory=QueryRecipe.minidisc)
 
     def __post_init__(self):
         if self.image_folder is None or self.splits_csv is None:
