@@ -92,11 +92,10 @@ TINY_VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, inte
                 image_size=32, patch_size=16)
 
 
-def save_tiny_models(root: Path, seed: int) -> dict[str, str]:
-    """Save a tiny random descriptor and matcher (with their image processor) under ``root``.
+def tiny_models(seed: int):
+    """A tiny random descriptor and matcher (eval mode) and their image processor, seeded.
 
-    Returns ``{"descriptor": folder, "matcher": folder}``: save_pretrained folders, as users
-    get them from the Hub.
+    Returns ``(descriptor, matcher, processor)``.
     """
     import torch
 
@@ -109,12 +108,22 @@ def save_tiny_models(root: Path, seed: int) -> dict[str, str]:
     )
 
     torch.manual_seed(seed)
-    processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
+    return (
+        CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY_VIT)).eval(),
+        CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY_VIT)).eval(),
+        CopyNCEImageProcessor(size={"height": 32, "width": 32}),
+    )
+
+
+def save_tiny_models(root: Path, seed: int) -> dict[str, str]:
+    """Save :func:`tiny_models` (with their image processor) under ``root``.
+
+    Returns ``{"descriptor": folder, "matcher": folder}``: save_pretrained folders, as users
+    get them from the Hub.
+    """
+    descriptor, matcher, processor = tiny_models(seed)
     folders = {}
-    for name, model in (
-        ("descriptor", CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY_VIT))),
-        ("matcher", CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY_VIT))),
-    ):
+    for name, model in (("descriptor", descriptor), ("matcher", matcher)):
         model.save_pretrained(root / name)
         processor.save_pretrained(root / name)
         folders[name] = str(root / name)

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import TINY_VIT, tiny_models
 from PIL import Image
 
 from copynce_hf.errors import ConfigError
@@ -30,27 +31,11 @@ from copynce_hf.retrieval import (
     view_index,
 )
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-            patch_size=16)
-
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch = pytest.importorskip("torch")
-    from copynce_hf import (
-        CopyNCEDescriptorConfig,
-        CopyNCEDescriptorModel,
-        CopyNCEImageProcessor,
-        CopyNCEMatcherConfig,
-        CopyNCEMatcherModel,
-    )
-
-    torch.manual_seed(5)
-    return (
-        CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY)).eval(),
-        CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY)).eval(),
-        CopyNCEImageProcessor(size={"height": 32, "width": 32}),
-    )
+    pytest.importorskip("torch")
+    return tiny_models(seed=5)
 
 
 def noise(width: int, height: int, seed: int) -> Image.Image:
@@ -209,7 +194,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     Image.open(tmp_path / "refs" / "r2.png").crop((10, 5, 60, 45)).save(tmp_path / "queries" / "qa.png")
     noise(50, 50, 99).save(tmp_path / "queries" / "qb.png")
     torch.manual_seed(11)
-    other = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=8, **TINY)).eval()
+    other = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=8, **TINY_VIT)).eval()
     descriptors = [Descriptor("one", descriptor, processor), Descriptor("two", other, processor)]
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
     config = DetectConfig(k=2, candidates=3, descriptor_lce="paper", matcher_lce="paper", batch_size=16)

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import requires_extra
+from conftest import requires_extra, tiny_models
 from PIL import Image
 
 from copynce_hf.errors import ConfigError, ImageLoadError, PredictionsError
@@ -262,26 +262,10 @@ def test_grid_boxes_cover_and_overlap():
 
 # --------------------------------------------------------------------------- extraction and re-scoring (tiny models)
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=16)
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    torch = pytest.importorskip("torch")
-    from copynce_hf import (
-        CopyNCEDescriptorConfig,
-        CopyNCEDescriptorModel,
-        CopyNCEImageProcessor,
-        CopyNCEMatcherConfig,
-        CopyNCEMatcherModel,
-    )
-
-    torch.manual_seed(2)
-    return (
-        CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, **TINY)).eval(),
-        CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, **TINY)).eval(),
-        CopyNCEImageProcessor(size={"height": 32, "width": 32}),
-    )
+    pytest.importorskip("torch")
+    return tiny_models(seed=2)
 
 
 def test_extraction_skips_unreadable_images_and_matches_direct_forward(tiny, tmp_path):
