@@ -199,3 +199,88 @@ def test_whole_copies_stay_close_to_edit_by_edit(name):
     scores = [psnr(np.asarray(fused.image), np.asarray(slow.image))
               for fused, slow in (both(recipe, images[seed % len(images)], seed) for seed in range(24))]
     assert np.median(scores) >= 30.0 and min(scores) >= 18.0, scores
+
+
+# ---------------------------------------------------------------------------------------------- fast renderers
+
+
+def test_edge_enhance_by_opencv_equals_pillow():
+    """The fused path's edge enhancement is Pillow's filter, pixel for pixel (both kernels)."""
+    from copynce_hf.pixtrace.edits import EdgeEnhance
+    from copynce_hf.pixtrace.fused import _edge_enhance
+
+    image = originals(160)[0]
+    for more in (False, True):
+        edit = EdgeEnhance(more=more)
+        expected = np.asarray(edit.transform(image))
+        assert np.array_equal(_edge_enhance(edit, np.asarray(image).copy()), expected), more
+
+
+@pytest.mark.parametrize("sigma", [(5.0, 5.0), (12.0, 7.0), (20.0, 20.0)])
+def test_wide_blur_on_a_reduced_image_matches_the_exact_gaussian(sigma):
+    """A blur of 4 pixels or more is computed on a box-reduced image: PSNR >= 40 dB against OpenCV's
+    exact Gaussian, and a narrow one is the exact Gaussian itself."""
+    import cv2
+
+    from copynce_hf.pixtrace.fused import _gaussian_blur
+
+    pixels = np.asarray(originals(320)[1])
+    sigma_y, sigma_x = sigma
+    exact = cv2.GaussianBlur(pixels, (0, 0), sigmaX=sigma_x, sigmaY=sigma_y).astype(np.float64)
+    error = np.mean((_gaussian_blur(pixels, sigma_y, sigma_x).astype(np.float64) - exact) ** 2)
+    assert 10 * np.log10(255.0 ** 2 / max(error, 1e-12)) >= 40.0
+    narrow = cv2.GaussianBlur(pixels, (0, 0), sigmaX=1.5, sigmaY=1.5)
+    assert np.array_equal(_gaussian_blur(pixels, 1.5, 1.5), narrow)
+
+
+def test_pointwise_albumentations_join_the_run_and_stay_close():
+    """A pointwise albumentations operation between geometric edits is rendered inside the run at the
+    working size (no true-size pass); the table is unchanged and the copy close to edit by edit."""
+    pytest.importorskip("albumentations", reason="the albumentations edit needs the 'train' extra")
+    from copynce_hf.pixtrace.edits import Albumentation
+    from copynce_hf.pixtrace.fused import _plan, _Run
+
+    image = originals(160)[2]
+    for op in ("RGBShift", "HueSaturationValue", "RandomToneCurve", "ToSepia"):
+        edits = [Crop(left=16, top=8, right=144, bottom=100), Albumentation(op=op, seed=4), Resize(width=64, height=64)]
+        assert all(isinstance(item, _Run) for item in _plan(edits, (image.height, image.width))), op
+        fused, fused_table = render_fused(image, edits)
+        slow, slow_table = _edit_by_edit(image, edits)
+        assert np.array_equal(fused_table.coords, slow_table.coords, equal_nan=True)
+        error = np.mean((np.asarray(fused, dtype=np.float64) - np.asarray(slow, dtype=np.float64)) ** 2)
+        assert 10 * np.log10(255.0 ** 2 / max(error, 1e-12)) >= 28.0, op
+    # A statistics-based one (CLAHE) keeps its own pass at the true size.
+    edits = [Crop(left=16, top=8, right=144, bottom=100), Albumentation(op="CLAHE", seed=4), Resize(width=64, height=64)]
+    assert not all(isinstance(item, _Run) for item in _plan(edits, (image.height, image.width)))
+
+
+def _edit_by_edit(image, edits):
+    from copynce_hf.pixtrace import CoordinateTable
+
+    table = CoordinateTable.identity(image.height, image.width)
+    for edit in edits:
+        image, table = edit(image, table)
+    return image, table
+
+
+def test_warping_only_the_sampled_region_gives_the_same_pixels(monkeypatch):
+    """Smoothing and resampling only the region an output samples (plus a margin) gives the pixels
+    the whole input gives, up to 8-bit rounding, over random zooms, rotations and slight perspective."""
+    from copynce_hf.pixtrace import fused
+
+    pixels = np.asarray(originals(320)[3])
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(60):
+        scale, angle = rng.uniform(0.2, 3.0), rng.uniform(-0.3, 0.3)
+        matrix = np.array([[scale * np.cos(angle), -scale * np.sin(angle), rng.uniform(0, 150)],
+                           [scale * np.sin(angle), scale * np.cos(angle), rng.uniform(0, 100)],
+                           [rng.uniform(-1e-4, 1e-4), rng.uniform(-1e-4, 1e-4), 1.0]])
+        cases.append((matrix, (int(rng.integers(24, 120)), int(rng.integers(24, 120)))))
+    regional = [fused._warp(pixels, matrix, size) for matrix, size in cases]
+    cropped = sum(fused._region_of(pixels, m, s, 8)[0].shape != pixels.shape for m, s in cases)
+    monkeypatch.setattr(fused, "_region_of", lambda array, matrix, size, margin: (array, matrix))
+    for (matrix, size), fast in zip(cases, regional):
+        whole = fused._warp(pixels, matrix, size)
+        assert np.abs(fast.astype(int) - whole.astype(int)).max() <= 1
+    assert cropped >= 20  # the shortcut was taken in many of the cases
