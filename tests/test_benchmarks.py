@@ -340,3 +340,46 @@ def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path)
     assert set(zip(rescored["predictions"]["query_id"], rescored["predictions"]["reference_id"])) == pairs
     scores = np.array(rescored["predictions"]["score"])
     assert np.all((scores > 0) & (scores < 1)) and not np.allclose(scores, saved["score"])
+
+
+def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
+    """``benchmarks.scaling``: one row per scored run (pairs = steps x batch, the recipe and precision
+    read from the run's own files), a mean row where seeds repeat a budget, and the figure."""
+    from benchmarks.scaling import load_rows, save_scaling_figure, scaling_table
+
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    queries = [q.query_id for q in task.queries]
+    references = list(task.reference_ids)
+    folders = []
+    for steps, runs in ((4, [("copynce", 0), ("baseline", 0)]), (8, [("copynce", 0), ("copynce", 1)])):
+        budget = tmp_path / f"steps{steps}"
+        folders.append(budget)
+        for variant, seed in runs:
+            name = f"descriptor-{variant}-seed{seed}"
+            run = budget / "runs" / name
+            run.mkdir(parents=True)
+            recipe = " --query_recipe paper_descriptor" if steps == 8 and seed == 1 else ""
+            (run / "run.json").write_text(json.dumps({
+                "name": name, "variant": variant, "seed": seed, "wall_seconds": 60.0 * steps,
+                "command": f"taskset -c 0 python scripts/train.py --config c.yaml --max_steps {steps} "
+                           f"--per_device_train_batch_size 16 --mixed_precision bf16{recipe}"}))
+            (run / "training_summary.json").write_text(json.dumps({
+                "steps": steps, "num_processes": 1, "mixed_precision": "bf16", "eval": {"micro_ap": 0.5}}))
+            rng = np.random.default_rng(steps + seed)
+            predictions = Predictions(queries, [references[int(i)] for i in rng.integers(len(references), size=len(queries))],
+                                      rng.random(len(queries)).tolist())
+            evaluate_system(name, predictions, task, budget / "quality",
+                            {"family": "descriptor", "variant": variant, "seed": seed})
+    rows = load_rows(folders)
+    assert len(rows) == 4
+    assert {(r.variant, r.recipe, r.steps, r.pairs) for r in rows} == {
+        ("copynce", "training", 4, 64), ("baseline", "training", 4, 64), ("copynce", "training", 8, 128),
+        ("copynce", "paper_descriptor", 8, 128)}
+    assert all(r.precision == "bf16" and r.wall_minutes == r.steps for r in rows)
+    table = scaling_table(rows)
+    assert table.count("\n") == 2 + 4  # header, rule, one row per run (no budget repeats a series' seed)
+    assert "copynce / paper_descriptor recipe / bf16" in table
+    figure = save_scaling_figure(rows, tmp_path / "scaling.png")
+    assert Image.open(figure).size[0] > 800
+    with pytest.raises(SystemExit, match="no descriptor quality records"):
+        load_rows([tmp_path / "missing"])

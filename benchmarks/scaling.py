@@ -1,0 +1,181 @@
+"""The compute-scaling curve: mini-DISC quality of descriptors trained for 1x, 2x, 4x ... the budget.
+
+    python -m benchmarks.scaling outputs/scaling/steps324 outputs/scaling/steps648 outputs/scaling/steps1296 \\
+        --figure benchmarks/figures/scaling.png          # prints the Markdown table, writes the figure
+
+Each positional argument is the ``--output-dir`` of one ``python -m benchmarks.training`` call
+(``runs/<kind>-<variant>-seed<k>/``) whose descriptors have been scored by ``python -m
+benchmarks.quality --systems descriptors --runs-dir DIR/runs --output-dir DIR/quality``. Nothing is
+recomputed: the rows come from the quality records (``DIR/quality/<run>.json``: muAP, RP90,
+recall@1) and the runs' own files (``training_summary.json``: steps, pairs per process, precision,
+the held-out train-split muAP; ``run.json``: the command and the wall time).
+
+A *series* is one training setting: the variant (``baseline`` / ``copynce``), the query recipe
+(read from the run's command, ``training`` when the command does not set it) and the mixed
+precision. The figure has one panel per metric (muAP, RP90, recall@1) with training pairs seen on
+a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from .common import read_json
+
+__all__ = ["ScalingRow", "load_rows", "scaling_table", "save_scaling_figure", "main"]
+
+_METRICS = (("micro_ap", "muAP"), ("recall_at_p90", "RP90"), ("recall_at_rank1", "recall@1"))
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """One trained descriptor scored on mini-DISC."""
+
+    run: str
+    variant: str
+    recipe: str
+    precision: str
+    seed: int
+    steps: int
+    pairs: int
+    wall_minutes: float | None
+    metrics: dict
+    held_out_micro_ap: float | None
+
+    @property
+    def series(self) -> str:
+        return f"{self.variant} / {self.recipe} recipe / {self.precision}"
+
+
+def _option(command: str, name: str) -> str | None:
+    """The value of ``--name`` in a shell command line (the last one wins), or None."""
+    words = shlex.split(command)
+    value = None
+    for index, word in enumerate(words[:-1]):
+        if word == f"--{name}":
+            value = words[index + 1]
+    return value
+
+
+def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
+    """Every scored descriptor run under the given ``benchmarks.training`` output folders.
+
+    Raises:
+        SystemExit: a folder has no ``quality/`` records, or a run lacks its training files.
+    """
+    rows = []
+    for budget_dir in budget_dirs:
+        quality_dir = Path(budget_dir) / "quality"
+        records = [read_json(path) for path in sorted(quality_dir.glob("descriptor-*.json"))]
+        records = [r for r in records if isinstance(r, dict) and r.get("kind") == "quality"]
+        if not records:
+            raise SystemExit(f"{quality_dir}: no descriptor quality records; run python -m benchmarks.quality "
+                             f"--systems descriptors --runs-dir {budget_dir}/runs --output-dir {quality_dir}")
+        for record in records:
+            folder = Path(budget_dir) / "runs" / record["system"]
+            summary_path, run_path = folder / "training_summary.json", folder / "run.json"
+            if not summary_path.is_file() or not run_path.is_file():
+                raise SystemExit(f"{folder}: training_summary.json or run.json missing (not a benchmarks.training run)")
+            summary, run = read_json(summary_path), read_json(run_path)
+            command = run.get("command", "")
+            batch = int(_option(command, "per_device_train_batch_size") or _config_batch(command))
+            rows.append(ScalingRow(
+                run=f"{Path(budget_dir).name}/{record['system']}",
+                variant=record.get("variant") or run.get("variant", "?"),
+                recipe=_option(command, "query_recipe") or "training",
+                precision={"no": "fp32", None: "fp32"}.get(summary.get("mixed_precision"), str(summary.get("mixed_precision"))),
+                seed=int(record.get("seed") if record.get("seed") is not None else run["seed"]),
+                steps=int(summary["steps"]),
+                pairs=int(summary["steps"]) * batch * int(summary.get("num_processes", 1)),
+                wall_minutes=None if run.get("wall_seconds") is None else run["wall_seconds"] / 60,
+                metrics=record["metrics"],
+                held_out_micro_ap=(summary.get("eval") or {}).get("micro_ap"),
+            ))
+    return sorted(rows, key=lambda r: (r.series, r.pairs, r.seed))
+
+
+def _config_batch(command: str) -> int:
+    """The batch size of the YAML config named by ``--config`` in the command."""
+    import yaml
+
+    config = _option(command, "config")
+    if config is None or not Path(config).is_file():
+        raise SystemExit(f"cannot tell the batch size of the run {command!r}: no --per_device_train_batch_size "
+                         "and no readable --config")
+    return int(yaml.safe_load(Path(config).read_text())["per_device_train_batch_size"])
+
+
+def _mean(rows: list[ScalingRow], key: str) -> float:
+    return statistics.mean(r.metrics[key] for r in rows)
+
+
+def scaling_table(rows: list[ScalingRow]) -> str:
+    """Markdown: one row per run, then per series and budget the mean when several seeds ran."""
+    lines = ["| series | steps | pairs seen | seed | muAP | RP90 | recall@1 | held-out train muAP | wall (min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, int], list[ScalingRow]] = defaultdict(list)
+    for row in rows:
+        groups[(row.series, row.steps)].append(row)
+    for (series, steps), members in groups.items():
+        for row in members:
+            held = "-" if row.held_out_micro_ap is None else f"{row.held_out_micro_ap:.3f}"
+            wall = "-" if row.wall_minutes is None else f"{row.wall_minutes:.1f}"
+            lines.append(f"| {series} | {steps} | {row.pairs} | {row.seed} | {row.metrics['micro_ap']:.4f} | "
+                         f"{row.metrics['recall_at_p90']:.4f} | {row.metrics['recall_at_rank1']:.4f} | {held} | {wall} |")
+        if len(members) > 1:
+            lines.append(f"| **{series} (mean of {len(members)})** | {steps} | {members[0].pairs} | - | "
+                         f"**{_mean(members, 'micro_ap'):.4f}** | {_mean(members, 'recall_at_p90'):.4f} | "
+                         f"{_mean(members, 'recall_at_rank1'):.4f} | | |")
+    return "\n".join(lines) + "\n"
+
+
+def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> Path:
+    """One PNG, a panel per metric: the metric against training pairs seen (log 2), a line per series."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(15, 4.2), dpi=dpi)
+    FigureCanvasAgg(figure)
+    by_series: dict[str, list[ScalingRow]] = defaultdict(list)
+    for row in rows:
+        by_series[row.series].append(row)
+    for index, (key, label) in enumerate(_METRICS):
+        axes = figure.add_subplot(1, len(_METRICS), index + 1)
+        for series, members in sorted(by_series.items()):
+            budgets = sorted({r.pairs for r in members})
+            means = [_mean([r for r in members if r.pairs == p], key) for p in budgets]
+            line, = axes.plot(budgets, means, marker="o", linewidth=1.5, label=series)
+            axes.scatter([r.pairs for r in members], [r.metrics[key] for r in members], s=12, alpha=0.5,
+                         color=line.get_color())
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("training pairs seen")
+        axes.set_title(f"mini-DISC {label}")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="x-small")
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def main(argv: list[str] | None = None) -> list[ScalingRow]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("budget_dirs", nargs="+", type=Path, help="benchmarks.training --output-dir folders")
+    parser.add_argument("--figure", type=Path, default=None, help="write the scaling figure (PNG) here")
+    args = parser.parse_args(argv)
+    rows = load_rows(args.budget_dirs)
+    print(scaling_table(rows), end="")
+    if args.figure is not None:
+        print(f"figure: {save_scaling_figure(rows, args.figure)}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
