@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -78,8 +79,9 @@ These weights were trained by the copynce_hf authors on the 600 `train`-split im
 descriptor (trained on the same images). ImageNet images may be used for non-commercial research only, so
 **these weights are released for research use only** (card metadata `license: other`, `license_name:
 research-only`). The copynce_hf code itself is Apache-2.0. They are small demonstration models (a 6-block,
-192-wide ViT at 112x112; the descriptors trained for about 25 minutes on one CPU core, the matcher for about
-6 minutes on one GPU), not the paper's models: see BENCHMARKS.md in the repository for what they achieve.
+192-wide ViT at 112x112; the descriptors trained on one CPU core, for the steps and time the card's training
+rows give, the matcher for about 6 minutes on one GPU), not the paper's models: see BENCHMARKS.md in the
+repository for what they achieve.
 """
 
 
@@ -175,6 +177,15 @@ def training_settings(source: Path) -> dict:
             settings["training pairs seen"] = int(summary["pairs_per_process"]) * int(summary["num_processes"])
         if summary.get("wall_seconds") is not None:
             settings["training wall time"] = f"{float(summary['wall_seconds']) / 60:.1f} min"
+        if summary.get("mixed_precision") is not None:
+            settings["mixed precision"] = {"no": "none (float32)"}.get(summary["mixed_precision"],
+                                                                      summary["mixed_precision"])
+    run_path = Path(source) / "run.json"  # written by python -m benchmarks.training
+    if run_path.is_file():
+        command = shlex.split(json.loads(run_path.read_text(encoding="utf-8")).get("command", ""))
+        recipe = next((command[i + 1] for i in range(len(command) - 1) if command[i] == "--query_recipe"), "training")
+        settings["query copy recipe"] = f"`CopyRecipe.{recipe}()`"
+        settings["benchmark run"] = Path(source).name
     settings["export"] = "float16 safetensors (`scripts/export_embedded.py`)"
     return settings
 

@@ -61,7 +61,10 @@ def trained(tmp_path_factory):
     for name, model in models.items():
         model.eval().save_pretrained(root / name)
         processor.save_pretrained(root / name)
-    (root / "descriptor" / "training_summary.json").write_text(json.dumps({"steps": 123, "learning_rate": 0.001}))
+    (root / "descriptor" / "training_summary.json").write_text(json.dumps({"steps": 123, "learning_rate": 0.001,
+                                                                           "mixed_precision": "bf16"}))
+    (root / "descriptor" / "run.json").write_text(json.dumps(  # as python -m benchmarks.training writes it
+        {"command": "taskset -c 0 python scripts/train.py --max_steps 123 --query_recipe paper_descriptor"}))
     results = root / "results"
     results.mkdir()
     metrics = {"micro_ap": 0.4321, "recall_at_p90": 0.1234, "recall_at_rank1": 0.55, "recall_at_rank10": 0.75,
@@ -134,6 +137,7 @@ def test_export_card_carries_benchmark_numbers_and_research_licence(exported):
         assert f"value: {value}" in header
     assert "mean_ap" not in header  # only muAP, RP90, recall@1/10 go into the card
     assert "| optimiser steps | 123 |" in card
+    assert "| mixed precision | bf16 |" in card and "| query copy recipe | `CopyRecipe.paper_descriptor()` |" in card
     assert "research use only" in card
     # the matcher's system file does not exist: its card says it was not evaluated
     assert "model-index" not in (exported["matcher"][0] / "README.md").read_text()
