@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .common import DEFAULT_OUTPUT_DIR, REPO_ROOT, read_json
 
-__all__ = ["load_quality", "load_runs", "quality_table", "data_section", "speed_section", "save_loss_curves", "render", "main"]
+__all__ = ["load_quality", "load_runs", "quality_table", "data_section", "speed_section", "save_loss_curves", "save_png", "render", "main"]
 
 _FAMILY_ORDER = {"hash": 0, "random": 1, "descriptor": 2, "matcher": 3}
 _LOSS_KEYS = ("train/loss", "train/infonce_loss", "train/copynce_loss", "train/koleo_loss", "train/bce_loss",
@@ -130,6 +130,11 @@ def save_loss_curves(runs: dict[str, dict], path: Path, dpi: int = 110) -> Path 
         axes.set_xlabel("step")
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="x-small")
+    return save_png(figure, path)
+
+
+def save_png(figure, path: Path) -> Path:
+    """Lay out a matplotlib ``figure`` and write it to ``path`` as PNG (parent folders created)."""
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .common import read_json
+from .report import save_png
 
 __all__ = ["ScalingRow", "load_rows", "scaling_table", "save_scaling_figure", "main"]
 
@@ -157,11 +158,7 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
         axes.set_title(f"mini-DISC {label}")
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="x-small")
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    return save_png(figure, path)
 
 
 def main(argv: list[str] | None = None) -> list[ScalingRow]:
