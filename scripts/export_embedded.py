@@ -167,6 +167,8 @@ def training_settings(source: Path) -> dict:
     """Card rows from the run's ``training_summary.json`` (written by ``scripts/train.py``), if any."""
     settings: dict = {"training data": "600 `train`-split images of the ImageNet sample (research use only)"}
     path = Path(source) / "training_summary.json"
+    if not path.is_file():  # an exported folder exported again: its card keeps the run's rows
+        settings.update(card_training_rows(Path(source) / "README.md"))
     if path.is_file():
         summary = json.loads(path.read_text(encoding="utf-8"))
         for key, name in (("steps", "optimiser steps"), ("learning_rate", "learning rate"),
@@ -188,6 +190,24 @@ def training_settings(source: Path) -> dict:
         settings["benchmark run"] = Path(source).name
     settings["export"] = "float16 safetensors (`scripts/export_embedded.py`)"
     return settings
+
+
+def card_training_rows(card_path: Path) -> dict:
+    """The rows of the "Training settings" table of a model card written by this script (except the
+    export row, which the new export writes), or ``{}`` when there is no such card."""
+    if not card_path.is_file():
+        return {}
+    text = card_path.read_text(encoding="utf-8")
+    if "## Training settings" not in text:
+        return {}
+    rows = {}
+    for line in text.split("## Training settings", 1)[1].splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] not in ("Setting", "export") and not set(cells[0]) <= {"-"}:
+            rows[cells[0]] = cells[1]
+    return rows
 
 
 def build_card(model, export: Export, results: dict | None, settings: dict):
@@ -367,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default: {export.target.relative_to(REPO_ROOT)})")
         parser.add_argument(f"--{part}-system", default=export.system,
                             help=f"benchmark system whose numbers go in the card (default: {export.system})")
+    parser.add_argument("--matcher-candidates", default=None,
+                        help="the descriptor system whose top-10 the matcher re-scores in its card's results "
+                             "(default: descriptor-copynce-seed<k> of the matcher system's seed)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                         help="folder of the quality benchmark's <system>.json files")
     parser.add_argument("--max-mb", type=float, default=MAX_BYTES / 1e6, help="size limit per folder in MB (10^6)")
@@ -394,7 +417,9 @@ def main(argv: Sequence[str] | None = None) -> list[ExportReport]:
             print(report.summary())
             reports.append(report)
             continue
-        if export.candidates is not None:  # a matcher re-scores the CopyNCE descriptor of its own seed
+        if export.candidates is not None and args.matcher_candidates:
+            export.candidates = args.matcher_candidates
+        elif export.candidates is not None:  # a matcher re-scores the CopyNCE descriptor of its own seed
             seed = re.search(r"seed(\d+)$", export.system)
             export.candidates = f"descriptor-copynce-seed{seed.group(1)}" if seed else "a CopyNCE descriptor"
         report = export_model(export, results_dir=args.results_dir, max_bytes=int(args.max_mb * 1e6))

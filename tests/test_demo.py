@@ -242,3 +242,16 @@ def test_demo_without_models_fails_with_a_clear_message(tmp_path, capsys):
     error = capsys.readouterr().err
     assert str(missing) in error and "export_embedded.py" in error and "nothing here trains" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_exporting_an_exported_folder_keeps_its_training_rows(export_script, exported, tmp_path):
+    """Re-exporting a shipped folder (e.g. the matcher, to score it on a new descriptor's candidates)
+    carries the training rows of its card, since the run folder itself may be gone."""
+    export = export_script.default_exports()["matcher"]
+    export.source, export.target = exported["descriptor"][0], tmp_path / "again"
+    export.kind, export.candidates = "descriptor", None
+    export_script.export_model(export, results_dir=tmp_path / "no-results")
+    card = (tmp_path / "again" / "README.md").read_text()
+    assert "| optimiser steps | 123 |" in card and "| mixed precision | bf16 |" in card
+    assert card.count("| export |") == 1
+    assert export_script.card_training_rows(tmp_path / "missing.md") == {}
