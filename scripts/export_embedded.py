@@ -187,7 +187,8 @@ def training_settings(source: Path) -> dict:
         command = shlex.split(json.loads(run_path.read_text(encoding="utf-8")).get("command", ""))
         recipe = next((command[i + 1] for i in range(len(command) - 1) if command[i] == "--query_recipe"), "training")
         settings["query copy recipe"] = f"`CopyRecipe.{recipe}()`"
-        settings["benchmark run"] = Path(source).name
+        # <driver output-dir>/runs/<run>: the output folder names the budget (BENCHMARKS.md, scaling curve)
+        settings["benchmark run"] = f"{Path(source).resolve().parent.parent.name}/{Path(source).name}"
     settings["export"] = "float16 safetensors (`scripts/export_embedded.py`)"
     return settings
 
