@@ -254,4 +254,4 @@ def test_exporting_an_exported_folder_keeps_its_training_rows(export_script, exp
     card = (tmp_path / "again" / "README.md").read_text()
     assert "| optimiser steps | 123 |" in card and "| mixed precision | bf16 |" in card
     assert card.count("| export |") == 1
-    assert export_script.card_training_rows(tmp_path / "missing.md") == {}
+    assert export_script.card_training_rows(tmp_path / "no-card-here") == {}
