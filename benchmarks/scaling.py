@@ -154,6 +154,9 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
             axes.scatter([r.pairs for r in members], [r.metrics[key] for r in members], s=12, alpha=0.5,
                          color=line.get_color())
         axes.set_xscale("log", base=2)
+        budgets = sorted({r.pairs for r in rows})
+        axes.set_xticks(budgets, [f"{p:,}" for p in budgets])
+        axes.minorticks_off()
         axes.set_xlabel("training pairs seen")
         axes.set_title(f"mini-DISC {label}")
         axes.grid(True, alpha=0.3)
