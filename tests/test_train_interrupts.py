@@ -114,10 +114,16 @@ def test_sigkill_at_several_moments_then_resume_gives_the_uninterrupted_weights(
 def test_ctrl_c_stops_with_one_line_naming_the_checkpoint_and_the_resume_command(images, tmp_path):
     output = tmp_path / "run"
     log = tmp_path / "run.log"
-    process = _start(_options(images, output, "--max_steps", "400"), log)
+    # Far more steps than the run can make before the signal, even when a loaded machine starves
+    # this test process between polls (400 steps once finished before the signal was sent).
+    process = _start(_options(images, output, "--max_steps", "1000000"), log)
     _wait_for(lambda: (output / "checkpoints" / "step_00000002" / CHECKPOINT_MARKER).is_file(), process, log)
     process.send_signal(signal.SIGINT)
-    process.wait(timeout=120)
+    try:
+        process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
     text = log.read_text()
     assert process.returncode == 130, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
