@@ -45,10 +45,18 @@ def _environment(**extra) -> dict:
             "PYTHONUNBUFFERED": "1", **extra}
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and an ignored
+    # signal stays ignored across exec: a test suite launched that way would hand the run a Ctrl-C
+    # it cannot receive. Give the run the default disposition, as a terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(options, log: Path, **environment) -> subprocess.Popen:
     handle = log.open("w")
     return subprocess.Popen([sys.executable, "-m", "copynce_hf.training", *options], stdout=handle,
-                            stderr=subprocess.STDOUT, env=_environment(**environment), cwd=REPO)
+                            stderr=subprocess.STDOUT, env=_environment(**environment), cwd=REPO,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_for(condition, process: subprocess.Popen, log: Path, timeout: float = 300) -> None:
