@@ -678,41 +678,36 @@ class CopyEditor:
             for value in key:
                 _check_seed(value, "per-call seed")
             rng = np.random.default_rng(key + ([self.seed] if self.seed is not None else []))
-        if self.fuse:
-            edits = self._draw(rng, (image.height, image.width))
+        if self.fuse:  # the chain is drawn on predicted sizes (no pixel work), then rendered in one go
+            size, edits = (image.height, image.width), []
+            for step in self._schedule(rng):
+                for edit in self._draw_step(step, size):
+                    if edit.kind == "geometric":
+                        size = edit.output_size(size)
+                    edits.append(edit)
             image, table = render_fused(image, edits)
             return CopyResult(image, table, [edit.to_dict() for edit in edits])
         table = CoordinateTable.identity(image.height, image.width)
         recipe: list[dict[str, Any]] = []
-        # Each step draws from its own child generator (see CopyRecipe.schedule).
-        before_resize, after_resize = self.recipe.schedule(rng)
-        resize = [] if self.output_size is None else [(None, None)]
-        for step, step_rng in before_resize + resize + after_resize:
-            if step is None:  # the editor's resize to the model input
-                edits = [Resize(*self.output_size)]
-            else:
-                edits = step.draw(_Context(step_rng, table.size, self.image_pool, self.output_size))
-            for edit in edits:
+        for step in self._schedule(rng):
+            for edit in self._draw_step(step, table.size):
                 image, table = edit(image, table)
                 recipe.append(edit.to_dict())
         return CopyResult(image, table, recipe)
 
-    def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> list[Edit]:
-        """The chain of edits drawn for an image of (H, W) ``size``, without pixel work: the same
-        draws as the edit-by-edit loop of ``__call__`` (steps only look at the current size)."""
-        edits: list[Edit] = []
+    def _schedule(self, rng: np.random.Generator) -> list[tuple[Step, np.random.Generator] | None]:
+        """The steps drawn for one copy with their child generators (see ``CopyRecipe.schedule``),
+        ``None`` marking the editor's resize to the model input between the recipe's two parts."""
         before_resize, after_resize = self.recipe.schedule(rng)
-        resize = [] if self.output_size is None else [(None, None)]
-        for step, step_rng in before_resize + resize + after_resize:
-            if step is None:  # the editor's resize to the model input
-                drawn = [Resize(*self.output_size)]
-            else:
-                drawn = step.draw(_Context(step_rng, size, self.image_pool, self.output_size))
-            for edit in drawn:
-                if edit.kind == "geometric":
-                    size = edit.output_size(size)
-                edits.append(edit)
-        return edits
+        return before_resize + ([] if self.output_size is None else [None]) + after_resize
+
+    def _draw_step(self, step: tuple[Step, np.random.Generator] | None, size: tuple[int, int]) -> list[Edit]:
+        """The edits of one scheduled step for an image of (H, W) ``size``: steps look only at the
+        current size, so sizes predicted from the edits draw what applied edits draw."""
+        if step is None:
+            return [Resize(*self.output_size)]
+        recipe_step, step_rng = step
+        return recipe_step.draw(_Context(step_rng, size, self.image_pool, self.output_size))
 
     def __repr__(self) -> str:
         active = [step.name for step in self.recipe.steps() if step.p > 0]
