@@ -187,11 +187,14 @@ def _emoji_layers(edit, size):
 
 def _image_layers(edit, size):
     height, width = size
-    native = _spec_size(edit.overlay)
-    left, top, new_width, new_height = edit._geometry(height, width, (native[1], native[0]))
+    # A file is read once here (its size places it, its pixels fill the layer); procedural images
+    # say their size and are evaluated straight at the placed size.
+    overlay = edit.overlay if _procedural(edit.overlay) else resolve_image(edit.overlay)
+    native_height, native_width = _spec_size(overlay)
+    left, top, new_width, new_height = edit._geometry(height, width, (native_width, native_height))
     colour = np.zeros((height, width, 3), dtype=np.uint8)
-    _place_into(colour, _spec_at(edit.overlay, (new_height, new_width)), left, top)
-    return colour, edit._coverage(height, width, (native[1], native[0]))
+    _place_into(colour, _spec_at(overlay, (new_height, new_width)), left, top)
+    return colour, edit._coverage(height, width, (native_width, native_height))
 
 
 def _erasing_layers(edit, size):
@@ -211,13 +214,18 @@ def _image_box_layers(edit, size):
     return colour, edit.coverage(height, width)
 
 
+def _procedural(spec) -> bool:
+    """Whether ``spec`` is a gradient or noise image spec that states its size (drawn analytically)."""
+    return isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise") and "size" in spec
+
+
 def _spec_at(spec, size: tuple[int, int]) -> np.ndarray:
     """The image ``spec`` describes, resized (bilinear) to ``size`` (h, w): uint8 (h, w, 3).
 
     Procedural images (gradient, noise) are evaluated straight at ``size`` through the resize map,
     as the canvases are, instead of being drawn at their own size and then resized.
     """
-    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise") and "size" in spec:
+    if _procedural(spec):
         to_native = _resize_matrix(_spec_size(spec), size)
         layer = _gradient(spec, to_native, size) if spec["kind"] == "gradient" else _noise(spec, to_native, size)
         return np.ascontiguousarray(layer)
