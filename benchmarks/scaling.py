@@ -19,13 +19,12 @@ a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot)
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import read_json
+from .common import command_option, read_json
 from .report import save_png
 
 __all__ = ["ScalingRow", "load_rows", "scaling_table", "save_scaling_figure", "main"]
@@ -53,16 +52,6 @@ class ScalingRow:
         return f"{self.variant} / {self.recipe} recipe / {self.precision}"
 
 
-def _option(command: str, name: str) -> str | None:
-    """The value of ``--name`` in a shell command line (the last one wins), or None."""
-    words = shlex.split(command)
-    value = None
-    for index, word in enumerate(words[:-1]):
-        if word == f"--{name}":
-            value = words[index + 1]
-    return value
-
-
 def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
     """Every scored descriptor run under the given ``benchmarks.training`` output folders.
 
@@ -84,11 +73,11 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
                 raise SystemExit(f"{folder}: training_summary.json or run.json missing (not a benchmarks.training run)")
             summary, run = read_json(summary_path), read_json(run_path)
             command = run.get("command", "")
-            batch = int(_option(command, "per_device_train_batch_size") or _config_batch(command))
+            batch = int(command_option(command, "per_device_train_batch_size") or _config_batch(command))
             rows.append(ScalingRow(
                 run=f"{Path(budget_dir).name}/{record['system']}",
                 variant=record.get("variant") or run.get("variant", "?"),
-                recipe=_option(command, "query_recipe") or "training",
+                recipe=command_option(command, "query_recipe") or "training",
                 precision={"no": "fp32", None: "fp32"}.get(summary.get("mixed_precision"), str(summary.get("mixed_precision"))),
                 seed=int(record.get("seed") if record.get("seed") is not None else run["seed"]),
                 steps=int(summary["steps"]),
@@ -104,7 +93,7 @@ def _config_batch(command: str) -> int:
     """The batch size of the YAML config named by ``--config`` in the command."""
     import yaml
 
-    config = _option(command, "config")
+    config = command_option(command, "config")
     if config is None or not Path(config).is_file():
         raise SystemExit(f"cannot tell the batch size of the run {command!r}: no --per_device_train_batch_size "
                          "and no readable --config")

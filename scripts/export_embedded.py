@@ -36,7 +36,6 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import sys
 import tempfile
@@ -51,6 +50,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a source checkout
     sys.path.insert(0, str(REPO_ROOT))
 
 import copynce_hf  # noqa: E402,F401  (registers the CopyNCE classes with the Auto classes)
+from benchmarks.common import command_option  # noqa: E402  (reads the training driver's run.json)
 from copynce_hf import hub  # noqa: E402
 from copynce_hf.errors import ConfigError, CopyNCEError  # noqa: E402
 
@@ -169,7 +169,7 @@ def training_settings(source: Path) -> dict:
     path = Path(source) / "training_summary.json"
     if not path.is_file():  # an exported folder exported again: its card keeps the run's rows
         settings.update(card_training_rows(Path(source) / "README.md"))
-    if path.is_file():
+    else:
         summary = json.loads(path.read_text(encoding="utf-8"))
         for key, name in (("steps", "optimiser steps"), ("learning_rate", "learning rate"),
                           ("warmup_steps", "warm-up steps"), ("final_train_loss", "final training loss")):
@@ -184,8 +184,8 @@ def training_settings(source: Path) -> dict:
                                                                       summary["mixed_precision"])
     run_path = Path(source) / "run.json"  # written by python -m benchmarks.training
     if run_path.is_file():
-        command = shlex.split(json.loads(run_path.read_text(encoding="utf-8")).get("command", ""))
-        recipe = next((command[i + 1] for i in range(len(command) - 1) if command[i] == "--query_recipe"), "training")
+        command = json.loads(run_path.read_text(encoding="utf-8")).get("command", "")
+        recipe = command_option(command, "query_recipe") or "training"
         settings["query copy recipe"] = f"`CopyRecipe.{recipe}()`"
         # <driver output-dir>/runs/<run>: the output folder names the budget (BENCHMARKS.md, scaling curve)
         settings["benchmark run"] = f"{Path(source).resolve().parent.parent.name}/{Path(source).name}"
