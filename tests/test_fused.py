@@ -16,7 +16,7 @@ from PIL import Image
 
 from copynce_hf.data.loading import ASSET_IMAGES
 from copynce_hf.images import load_image
-from copynce_hf.pixtrace import CopyEditor, CopyRecipe, pair_overlaps
+from copynce_hf.pixtrace import CopyEditor, CopyRecipe, pair_overlaps, replay
 from copynce_hf.pixtrace.edits import Crop, Pad, Resize
 from copynce_hf.pixtrace.fused import render_fused
 
@@ -245,7 +245,8 @@ def test_pointwise_albumentations_join_the_run_and_stay_close():
         edits = [Crop(left=16, top=8, right=144, bottom=100), Albumentation(op=op, seed=4), Resize(width=64, height=64)]
         assert all(isinstance(item, _Run) for item in _plan(edits, (image.height, image.width))), op
         fused, fused_table = render_fused(image, edits)
-        slow, slow_table = _edit_by_edit(image, edits)
+        slow = replay(image, [edit.to_dict() for edit in edits], fuse=False)
+        slow, slow_table = slow.image, slow.table
         assert np.array_equal(fused_table.coords, slow_table.coords, equal_nan=True)
         error = np.mean((np.asarray(fused, dtype=np.float64) - np.asarray(slow, dtype=np.float64)) ** 2)
         assert 10 * np.log10(255.0 ** 2 / max(error, 1e-12)) >= 28.0, op
@@ -253,14 +254,6 @@ def test_pointwise_albumentations_join_the_run_and_stay_close():
     edits = [Crop(left=16, top=8, right=144, bottom=100), Albumentation(op="CLAHE", seed=4), Resize(width=64, height=64)]
     assert not all(isinstance(item, _Run) for item in _plan(edits, (image.height, image.width)))
 
-
-def _edit_by_edit(image, edits):
-    from copynce_hf.pixtrace import CoordinateTable
-
-    table = CoordinateTable.identity(image.height, image.width)
-    for edit in edits:
-        image, table = edit(image, table)
-    return image, table
 
 
 def test_warping_only_the_sampled_region_gives_the_same_pixels(monkeypatch):
