@@ -67,6 +67,9 @@ DEFAULT_BASELINE_DESCRIPTOR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseli
 #: Run folder names written by ``benchmarks.training``: ``descriptor-copynce-seed0`` etc.
 RUN_NAME = re.compile(r"^(?P<kind>descriptor|matcher)-(?P<variant>[a-z0-9_]+)-seed(?P<seed>\d+)$")
 DEFAULT_RUNS_DIR = DEFAULT_OUTPUT_DIR / "runs"
+#: A run trained with ``ema_decay`` saves the weight average as its model folder and the trained weights
+#: in ``without_ema/``; those are scored as the system ``<run name><WITHOUT_EMA_SUFFIX>``.
+WITHOUT_EMA_SUFFIX = "-without-ema"
 DEFAULT_BENCH_CONFIG = REPO_ROOT / "configs" / "bench_descriptor.yaml"
 
 
@@ -117,7 +120,9 @@ def discover_runs(runs_dir: Path) -> dict[str, list[dict]]:
     """Trained model folders under ``runs_dir``: ``{"descriptor": [...], "matcher": [...]}``.
 
     Each entry: ``name`` (the folder name), ``variant``, ``seed``, ``folder``, ``training`` (the
-    run's ``training_summary.json`` without its history, if present).
+    run's ``training_summary.json`` without its history, if present) and ``weights``: ``"ema"`` for the
+    weight average of a run trained with ``ema_decay``, else ``"trained"``. Such a run gives a second
+    entry, ``<name>-without-ema``, for its trained weights (``without_ema/``).
     """
     found: dict[str, list[dict]] = {"descriptor": [], "matcher": []}
     if not Path(runs_dir).is_dir():
@@ -130,8 +135,13 @@ def discover_runs(runs_dir: Path) -> dict[str, list[dict]]:
         training = None
         if summary_path.is_file():
             training = {k: v for k, v in read_json(summary_path).items() if k not in ("history", "weights_checksums")}
-        found[match["kind"]].append({"name": folder.name, "variant": match["variant"], "seed": int(match["seed"]),
-                                     "folder": str(folder), "training": training})
+        entry = {"name": folder.name, "variant": match["variant"], "seed": int(match["seed"]),
+                 "folder": str(folder), "training": training,
+                 "weights": "ema" if (training or {}).get("ema_decay") else "trained"}
+        found[match["kind"]].append(entry)
+        if (folder / "without_ema" / "config.json").is_file():
+            found[match["kind"]].append(dict(entry, name=folder.name + WITHOUT_EMA_SUFFIX,
+                                             folder=str(folder / "without_ema"), weights="trained"))
     return found
 
 
@@ -219,7 +229,7 @@ def run_quality(
                            for name, folder in descriptors]
     for entry in descriptor_entries:
         info = {"family": "descriptor", "variant": entry["variant"], "seed": entry["seed"],
-                "model_folder": entry["folder"], "training": entry["training"]}
+                "model_folder": entry["folder"], "training": entry["training"], "weights": entry.get("weights")}
         run(entry["name"], lambda e=entry: DescriptorSystem.from_folder(e["name"], e["folder"], batch_size)
             .predict(task, k), info)
 

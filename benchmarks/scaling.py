@@ -11,8 +11,10 @@ recall@1) and the runs' own files (``training_summary.json``: steps, pairs per p
 the held-out train-split muAP; ``run.json``: the command and the wall time).
 
 A *series* is one training setting: the variant (``baseline`` / ``copynce``), the query recipe
-(read from the run's command, ``training`` when the command does not set it) and the mixed
-precision. The figure has one panel per metric (muAP, RP90, recall@1) with training pairs seen on
+(read from the run's command, ``training`` when the command does not set it), the mixed
+precision and, for the weight average of a run trained with ``ema_decay``, that decay. Such a run's
+trained weights (the ``<run>-without-ema`` record) belong to the series without EMA: the average
+does not change the training. The figure has one panel per metric (muAP, RP90, recall@1) with training pairs seen on
 a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot).
 """
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .common import command_option, read_json
+from .quality import WITHOUT_EMA_SUFFIX
 from .report import save_png
 
 __all__ = ["ScalingRow", "load_rows", "scaling_table", "save_scaling_figure", "main"]
@@ -46,10 +49,12 @@ class ScalingRow:
     wall_minutes: float | None
     metrics: dict
     held_out_micro_ap: float | None
+    ema_decay: float | None = None  # set for a run's weight average
 
     @property
     def series(self) -> str:
-        return f"{self.variant} / {self.recipe} recipe / {self.precision}"
+        ema = "" if self.ema_decay is None else f" / EMA {self.ema_decay:g}"
+        return f"{self.variant} / {self.recipe} recipe / {self.precision}{ema}"
 
 
 def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
@@ -67,13 +72,16 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
             raise SystemExit(f"{quality_dir}: no descriptor quality records; run python -m benchmarks.quality "
                              f"--systems descriptors --runs-dir {budget_dir}/runs --output-dir {quality_dir}")
         for record in records:
-            folder = Path(budget_dir) / "runs" / record["system"]
+            trained_weights = record["system"].endswith(WITHOUT_EMA_SUFFIX)
+            run_name = record["system"].removesuffix(WITHOUT_EMA_SUFFIX)
+            folder = Path(budget_dir) / "runs" / run_name
             summary_path, run_path = folder / "training_summary.json", folder / "run.json"
             if not summary_path.is_file() or not run_path.is_file():
                 raise SystemExit(f"{folder}: training_summary.json or run.json missing (not a benchmarks.training run)")
             summary, run = read_json(summary_path), read_json(run_path)
             command = run.get("command", "")
             batch = int(command_option(command, "per_device_train_batch_size") or _config_batch(command))
+            ema_decay = None if trained_weights else summary.get("ema_decay")
             rows.append(ScalingRow(
                 run=f"{Path(budget_dir).name}/{record['system']}",
                 variant=record.get("variant") or run.get("variant", "?"),
@@ -84,7 +92,8 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
                 pairs=int(summary["steps"]) * batch * int(summary.get("num_processes", 1)),
                 wall_minutes=None if run.get("wall_seconds") is None else run["wall_seconds"] / 60,
                 metrics=record["metrics"],
-                held_out_micro_ap=(summary.get("eval") or {}).get("micro_ap"),
+                held_out_micro_ap=(summary.get("eval_without_ema" if trained_weights else "eval") or {}).get("micro_ap"),
+                ema_decay=ema_decay,
             ))
     return sorted(rows, key=lambda r: (r.series, r.pairs, r.seed))
 

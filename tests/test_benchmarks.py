@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -342,6 +343,26 @@ def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path)
     assert np.all((scores > 0) & (scores < 1)) and not np.allclose(scores, saved["score"])
 
 
+def test_a_run_with_a_weight_average_is_discovered_as_two_descriptors(tmp_path):
+    """A run trained with ``ema_decay`` holds the average (scored under the run's name) and its
+    trained weights in ``without_ema/`` (scored as ``<run>-without-ema``); a run without keeps one entry."""
+    from benchmarks.quality import discover_runs
+
+    for name, summary in (("descriptor-copynce-seed0", {"ema_decay": 0.998, "history": []}),
+                          ("descriptor-baseline-seed0", {"ema_decay": None})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "training_summary.json").write_text(json.dumps(summary))
+    (tmp_path / "descriptor-copynce-seed0" / "without_ema").mkdir()
+    (tmp_path / "descriptor-copynce-seed0" / "without_ema" / "config.json").write_text("{}")
+    found = discover_runs(tmp_path)["descriptor"]
+    assert [(e["name"], Path(e["folder"]).relative_to(tmp_path).as_posix(), e["weights"]) for e in found] == [
+        ("descriptor-baseline-seed0", "descriptor-baseline-seed0", "trained"),
+        ("descriptor-copynce-seed0", "descriptor-copynce-seed0", "ema"),
+        ("descriptor-copynce-seed0-without-ema", "descriptor-copynce-seed0/without_ema", "trained")]
+    assert found[2]["variant"] == "copynce" and found[2]["seed"] == 0 and "history" not in found[2]["training"]
+
+
 def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
     """``benchmarks.scaling``: one row per scored run (pairs = steps x batch, the recipe and precision
     read from the run's own files), a mean row where seeds repeat a budget, and the figure."""
@@ -351,7 +372,7 @@ def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
     queries = [q.query_id for q in task.queries]
     references = list(task.reference_ids)
     folders = []
-    for steps, runs in ((4, [("copynce", 0), ("baseline", 0)]), (8, [("copynce", 0), ("copynce", 1)])):
+    for steps, runs in ((4, [("copynce", 0), ("baseline", 0)]), (8, [("copynce", 0), ("copynce", 1), ("copynce", 2)])):
         budget = tmp_path / f"steps{steps}"
         folders.append(budget)
         for variant, seed in runs:
@@ -363,22 +384,28 @@ def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
                 "name": name, "variant": variant, "seed": seed, "wall_seconds": 60.0 * steps,
                 "command": f"taskset -c 0 python scripts/train.py --config c.yaml --max_steps {steps} "
                            f"--per_device_train_batch_size 16 --mixed_precision bf16{recipe}"}))
+            ema = seed == 2  # a run with a weight average: two records, the average and the trained weights
             (run / "training_summary.json").write_text(json.dumps({
-                "steps": steps, "num_processes": 1, "mixed_precision": "bf16", "eval": {"micro_ap": 0.5}}))
-            rng = np.random.default_rng(steps + seed)
-            predictions = Predictions(queries, [references[int(i)] for i in rng.integers(len(references), size=len(queries))],
-                                      rng.random(len(queries)).tolist())
-            evaluate_system(name, predictions, task, budget / "quality",
-                            {"family": "descriptor", "variant": variant, "seed": seed})
+                "steps": steps, "num_processes": 1, "mixed_precision": "bf16", "eval": {"micro_ap": 0.5},
+                **({"ema_decay": 0.998, "eval_without_ema": {"micro_ap": 0.25}} if ema else {})}))
+            for system in [name, name + "-without-ema"] if ema else [name]:
+                rng = np.random.default_rng(steps + seed + len(system))
+                predictions = Predictions(queries, [references[int(i)] for i in rng.integers(len(references), size=len(queries))],
+                                          rng.random(len(queries)).tolist())
+                evaluate_system(system, predictions, task, budget / "quality",
+                                {"family": "descriptor", "variant": variant, "seed": seed})
     rows = load_rows(folders)
-    assert len(rows) == 4
+    assert len(rows) == 6
     assert {(r.variant, r.recipe, r.steps, r.pairs) for r in rows} == {
         ("copynce", "training", 4, 64), ("baseline", "training", 4, 64), ("copynce", "training", 8, 128),
         ("copynce", "paper_descriptor", 8, 128)}
     assert all(r.precision == "bf16" and r.wall_minutes == r.steps for r in rows)
+    # the average is its own series; the trained weights join the series without EMA (seeds 0 and 2)
+    assert {(r.seed, r.series, r.held_out_micro_ap) for r in rows if r.seed == 2} == {
+        (2, "copynce / training recipe / bf16 / EMA 0.998", 0.5), (2, "copynce / training recipe / bf16", 0.25)}
     table = scaling_table(rows)
-    assert table.count("\n") == 2 + 4  # header, rule, one row per run (no budget repeats a series' seed)
-    assert "copynce / paper_descriptor recipe / bf16" in table
+    assert table.count("\n") == 2 + 6 + 1  # header, rule, a row per record, the mean of seeds 0 and 2 at 8 steps
+    assert "copynce / paper_descriptor recipe / bf16" in table and "**copynce / training recipe / bf16 (mean of 2)**" in table
     figure = save_scaling_figure(rows, tmp_path / "scaling.png")
     assert Image.open(figure).size[0] > 800
     with pytest.raises(SystemExit, match="no descriptor quality records"):

@@ -113,6 +113,8 @@ def test_paper_settings_in_configs():
         (["--positive_rate", "0.3"], "positive_rate"),  # the descriptor trains on copy pairs only
         (["--hard_negative_mining", "pairs"], "hard_negative_mining"),
         (["--max_source_side", "16"], "max_source_side"),
+        (["--ema_decay", "1"], "ema_decay"),
+        (["--ema_decay", "0"], "ema_decay"),
     ],
 )
 def test_bad_values_stop_at_start_naming_the_key(overrides, key):
@@ -211,6 +213,42 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(train_script
     for h in summary["history"]:
         if "train/loss" in h and h["step"] > 5:
             assert h["train/loss"] == pytest.approx(full_losses[h["step"]], abs=1e-5)
+
+
+def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(train_script, tmp_path, images):
+    from copynce_hf.training import ema_decay_at
+
+    decay, steps = 0.3, 5
+    run = tmp_path / "ema"
+    summary = train_script.main(_tiny(images, run, "--max_steps", str(steps), "--warmup_steps", "1", "--ema_decay",
+                                      str(decay), "--checkpointing_steps", "1", "--checkpoints_total_limit", "10",
+                                      "--eval_steps", "2"))
+    # The average by hand, from the trained weights each checkpoint holds (step 1 is copied as it is).
+    trained = [_weights(run / "checkpoints" / f"step_{step:08d}") for step in range(1, steps + 1)]
+    expected = dict(trained[0])
+    for updates, weights in enumerate(trained[1:], start=1):
+        d = ema_decay_at(decay, updates)
+        for name, value in weights.items():
+            expected[name] = d * expected[name] + (1 - d) * value if value.is_floating_point() else value
+    averaged, without = _weights(run), _weights(run / "without_ema")
+    assert averaged.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(averaged[name], expected[name], rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(without[name], trained[-1][name], rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(averaged[n], without[n]) for n in averaged)
+    # Both sets of weights are scored, at every evaluation; the cards say which weights they hold.
+    assert summary["eval"] and summary["eval_without_ema"] and summary["ema_decay"] == decay
+    assert any("eval_without_ema/micro_ap" in h and "eval/micro_ap" in h for h in summary["history"] if h["step"] == 2)
+    assert "these are the averaged weights" in (run / "README.md").read_text()
+    assert "not their average" in (run / "without_ema" / "README.md").read_text()
+    # A run resumed from step 3 restores the average and its update count with the checkpoint.
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / "step_00000003", resumed / "checkpoints" / "step_00000003")
+    train_script.main(_tiny(images, resumed, "--max_steps", str(steps), "--warmup_steps", "1", "--ema_decay",
+                            str(decay), "--checkpointing_steps", "1", "--resume", "latest"))
+    for name, value in _weights(resumed).items():
+        torch.testing.assert_close(value, averaged[name], rtol=0, atol=1e-6, msg=name)
 
 
 def test_matcher_tiny_run(train_script, tmp_path, images):

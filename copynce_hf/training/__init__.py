@@ -1,7 +1,8 @@
 """Pieces of the training loop of ``scripts/train.py``: configuration, optimiser and schedule,
-periodic copy-detection evaluation, and saving the trained model with its card."""
+weight EMA, periodic copy-detection evaluation, and saving the trained model with its card."""
 
 from .config import CONFIG_DIR, DEFAULT_CONFIG, TrainingConfig, load_config, parse_overrides
+from .ema import build_weight_ema, ema_decay_at
 from .evaluation import CopyDetectionTask, build_copy_detection_task, evaluate_copy_detection
 from .optim import build_optimizer, build_scheduler, warmup_steps_for
 from .saving import save_trained_model
@@ -14,6 +15,8 @@ __all__ = [
     "build_copy_detection_task",
     "build_optimizer",
     "build_scheduler",
+    "build_weight_ema",
+    "ema_decay_at",
     "evaluate_copy_detection",
     "load_config",
     "parse_overrides",

@@ -108,6 +108,11 @@ class TrainingConfig:
             (set ``scale_learning_rate: false`` to use it as is);
         min_learning_rate (2e-6), weight_decay (0.04), adam_beta1/2 (0.9, 0.999), adam_epsilon,
         warmup_epochs (1) or warmup_steps, max_grad_norm (3.0), seed.
+        ema_decay: keep an exponential moving average of the weights with this decay (``null``: none;
+            0.99 averages about the last hundred steps). The periodic evaluation scores both the
+            average and the trained weights; the model folder holds the average and its
+            ``without_ema/`` subfolder the trained weights (see ``copynce_hf.training.ema``). Not in
+            the paper.
         mixed_precision: ``null`` (default): what ``accelerate launch --mixed_precision`` or
             ``accelerate config`` chose (``no`` without either); ``no``, ``fp16``, ``bf16`` or ``fp8``
             override them. The training log and summary state the precision in effect.
@@ -167,6 +172,7 @@ class TrainingConfig:
     warmup_epochs: float = 1.0
     warmup_steps: int | None = None
     max_grad_norm: float = 3.0
+    ema_decay: float | None = None
     mixed_precision: str | None = None
     max_train_seconds: float | None = None
     # outputs
@@ -270,6 +276,9 @@ class TrainingConfig:
         number("warmup_epochs", low=0)
         number("warmup_steps", allow_none=True, integer=True, low=0)
         number("max_grad_norm", positive=True)
+        number("ema_decay", allow_none=True, positive=True)
+        if self.ema_decay is not None and self.ema_decay >= 1:
+            fail("ema_decay", "must be < 1 (or null for no weight average)")
         number("logging_steps", integer=True, positive=True)
         number("eval_steps", allow_none=True, integer=True, positive=True)
         number("checkpointing_steps", allow_none=True, integer=True, positive=True)

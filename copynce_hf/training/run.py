@@ -76,6 +76,7 @@ from copynce_hf.training import (
     build_copy_detection_task,
     build_optimizer,
     build_scheduler,
+    build_weight_ema,
     evaluate_copy_detection,
     load_config,
     parse_overrides,
@@ -91,6 +92,8 @@ _MODELS = {
 }
 #: Batch keys that are not model inputs.
 _NOT_MODEL_INPUTS = ("num_skipped_images",)
+#: Subfolder of ``output_dir`` with the trained weights when the model folder holds their average (``ema_decay``).
+WITHOUT_EMA = "without_ema"
 #: Loss parts logged when the model returns them.
 _LOSS_PARTS = ("loss", "infonce_loss", "koleo_loss", "copynce_loss", "bce_loss")
 
@@ -450,11 +453,13 @@ def main(argv: list[str] | None = None) -> dict:
                                 config.adam_epsilon)
     warmup = warmup_steps_for(total_steps, data.steps_per_epoch, config.warmup_epochs, config.warmup_steps)
     scheduler = build_scheduler(optimizer, total_steps, warmup, config.min_learning_rate)
+    # The weight average copies the plain model, before Accelerate wraps its forward (mixed precision).
+    ema = build_weight_ema(model, config.ema_decay).to(accelerator.device) if config.ema_decay else None
     model, optimizer = accelerator.prepare(model, optimizer)
     # The scheduler is stepped once per optimiser step by this loop (not prepared: Accelerate would
     # step it once per process).
     progress = TrainingProgress()
-    accelerator.register_for_checkpointing(scheduler, progress)
+    accelerator.register_for_checkpointing(scheduler, progress, *([ema] if ema is not None else []))
     checkpoint = find_checkpoint(config)
     if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
@@ -479,16 +484,25 @@ def main(argv: list[str] | None = None) -> dict:
             "slots of 2 pairs (anchor, hard negative)" if config.hard_negative_slots else "pairs",
             config.gradient_accumulation_steps, learning_rate, config.learning_rate)
 
-    def evaluate() -> dict[str, float]:
-        metrics = {}
+    def evaluate() -> dict[str, dict[str, float]]:
+        """``{"eval": metrics of the weights the run saves}`` (the average with ``ema_decay``, which adds
+        ``"eval_without_ema"`` for the trained weights); empty without held-out images or off the main process."""
+        scored = {}
         if task is not None and accelerator.is_main_process:
-            metrics = evaluate_copy_detection(accelerator.unwrap_model(model), task, config.model_type)
-            accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=progress.step)
-            logger.info("step %d eval: muAP %.4f, RP90 %.4f, recall@1 %.4f", progress.step, metrics["micro_ap"],
-                        metrics["recall_at_p90"], metrics["recall_at_rank1"])
-            progress.history.append({"step": progress.step, **{f"eval/{k}": v for k, v in metrics.items()}})
+            scored["eval"] = evaluate_copy_detection(accelerator.unwrap_model(model), task, config.model_type)
+            if ema is not None:
+                scored["eval_without_ema"] = scored.pop("eval")
+                with accelerator.autocast():  # the same precision as the trained weights' forward
+                    scored["eval"] = evaluate_copy_detection(ema.module, task, config.model_type)
+            values = {f"{prefix}/{k}": v for prefix, metrics in scored.items() for k, v in metrics.items()}
+            accelerator.log(values, step=progress.step)
+            for prefix, metrics in scored.items():
+                logger.info("step %d %s: muAP %.4f, RP90 %.4f, recall@1 %.4f", progress.step,
+                            prefix.replace("_", " "), metrics["micro_ap"], metrics["recall_at_p90"],
+                            metrics["recall_at_rank1"])
+            progress.history.append({"step": progress.step, **values})
         accelerator.wait_for_everyone()
-        return metrics
+        return scored
 
     total_micro = total_steps * config.gradient_accumulation_steps
     window: dict[str, list[float]] = defaultdict(list)
@@ -497,7 +511,6 @@ def main(argv: list[str] | None = None) -> dict:
     bar = tqdm(total=total_steps, initial=progress.step, disable=not accelerator.is_local_main_process,
                desc=f"training {config.model_type}", dynamic_ncols=True)
     model.train()
-    last_metrics: dict[str, float] = {}
     loop_started = time.perf_counter()
     while progress.micro_batches < total_micro:
         loader = data.loader(progress, total_micro)
@@ -538,6 +551,8 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             if not accelerator.optimizer_step_was_skipped:
                 scheduler.step()
+                if ema is not None:
+                    ema.update_parameters(accelerator.unwrap_model(model))
             progress.step += 1
             bar.update(1)
             if config.max_train_seconds is not None and _out_of_time(accelerator, loop_started, config.max_train_seconds):
@@ -581,7 +596,8 @@ def main(argv: list[str] | None = None) -> dict:
     progress.skipped_images += int(leftover[0])
     eval_skipped = eval_decoder.skipped  # held-out images that could not be read (main process)
 
-    last_metrics = evaluate()
+    scored = evaluate()
+    last_metrics = scored.get("eval", {})
     accelerator.wait_for_everyone()
     checksums = accelerator.gather(_weights_checksum(accelerator.unwrap_model(model)).to(accelerator.device)[None])
     summary = {
@@ -598,6 +614,8 @@ def main(argv: list[str] | None = None) -> dict:
         "skipped_evaluation_images": eval_skipped,
         "final_train_loss": next((h["train/loss"] for h in reversed(progress.history) if "train/loss" in h), None),
         "eval": last_metrics,
+        "ema_decay": config.ema_decay,
+        "eval_without_ema": scored.get("eval_without_ema"),
         "weights_checksums": checksums.cpu().tolist(),
         "processes_agree": bool(torch.allclose(checksums, checksums[:1].expand_as(checksums), rtol=1e-12, atol=0)),
         "wall_seconds": time.perf_counter() - started,
@@ -606,9 +624,13 @@ def main(argv: list[str] | None = None) -> dict:
     if accelerator.is_main_process:
         if not summary["processes_agree"]:
             logger.error("the processes' weights differ: %s", summary["weights_checksums"])
-        folder = save_trained_model(accelerator.unwrap_model(model), processor, config, output_dir, last_metrics,
+        trained = accelerator.unwrap_model(model)
+        folder = save_trained_model(trained if ema is None else ema.module, processor, config, output_dir, last_metrics,
                                     push_to_hub=config.push_to_hub, private=config.hub_private_repo)
         summary["model_folder"] = str(folder)
+        if ema is not None:  # the trained weights too, to compare with their average
+            summary["model_folder_without_ema"] = str(save_trained_model(
+                trained, processor, config, output_dir / WITHOUT_EMA, scored.get("eval_without_ema"), averaged=False))
         with StagedFile(output_dir / "training_summary.json") as temporary:
             temporary.write_text(json.dumps(summary, indent=2))
         logger.info("saved the %s to %s (%.0f s)", config.model_type, folder, summary["wall_seconds"])

@@ -28,8 +28,11 @@ _EVALUATION_SIZE = (("num_queries_with_copy", "queries with a copy"), ("num_grou
                     ("num_predictions", "scored pairs"))
 
 
-def training_card(model, config, metrics: dict | None, model_id: str):
-    """The model card of a run: architecture and objective from the model, settings from ``config``."""
+def training_card(model, config, metrics: dict | None, model_id: str, averaged: bool = True):
+    """The model card of a run: architecture and objective from the model, settings from ``config``.
+
+    With ``config.ema_decay``, ``averaged`` says whether ``model`` holds the weight average (the run's
+    model folder) or the trained weights (its ``without_ema/`` subfolder)."""
     settings = {
         "training script": "`python -m copynce_hf.training` (`scripts/train.py`)",
         "dataset": config.dataset or "bundled sample images (copynce_hf/assets/images)",
@@ -45,6 +48,9 @@ def training_card(model, config, metrics: dict | None, model_id: str):
         "hard negative mining": config.resolved("hard_negative_mining")
         + (f" (k={config.resolved('hard_negative_k')})" if config.knn_graph else " (no k-NN graph: off)"),
         "mixed precision": config.mixed_precision,
+        "weight EMA": "none" if not config.ema_decay else
+        f"decay {config.ema_decay:g}, warmed up as min(decay, (1 + n) / (10 + n)) after n updates; "
+        + ("these are the averaged weights" if averaged else "these are the trained weights, not their average"),
         "seed": config.seed,
     }
     if metrics:
@@ -61,13 +67,14 @@ def training_card(model, config, metrics: dict | None, model_id: str):
 
 
 def save_trained_model(model, processor, config, output_dir, metrics: dict | None = None,
-                       push_to_hub: str | None = None, private: bool = False) -> Path:
+                       push_to_hub: str | None = None, private: bool = False, averaged: bool = True) -> Path:
     """Save the model folder into ``output_dir``; with ``push_to_hub=<repo id>`` also upload it.
 
     The files are written into a temporary folder beside ``output_dir`` and moved into it when all are
-    written, so an interrupted save leaves a previous model of the folder intact."""
+    written, so an interrupted save leaves a previous model of the folder intact. ``averaged``: see
+    :func:`training_card`."""
     folder = Path(output_dir)
-    card = training_card(model, config, metrics, model_id=push_to_hub or folder.resolve().name)
+    card = training_card(model, config, metrics, model_id=push_to_hub or folder.resolve().name, averaged=averaged)
     with StagedFolder(folder) as staging:  # files replace the previous ones only once all are written
         hub.save_for_hub(model, staging, image_processor=processor, card=card)
     if push_to_hub:
