@@ -4,6 +4,8 @@
     python scripts/bench_dataloader.py                      # 224x224, 0/1/2 workers, ../shared/data train split
     python scripts/bench_dataloader.py --image_size 112 --patch_size 8 --recipes training paper_descriptor
     python scripts/bench_dataloader.py --image_size 64 --workers 0 2 --model_step   # vs the tiny CPU model
+    python scripts/bench_dataloader.py --config descriptor_vits16_224.yaml --device cuda --precision bf16 \
+        --skip_split --workers 0 4 8 15 --model_step     # does the pipeline feed a GPU training ViT-S/16?
 
 Two measurements:
 
@@ -20,10 +22,15 @@ Two measurements:
 2. End to end: a ``DataLoader`` over :class:`CopyPairDataset` with the :class:`PixTraceCollator`
    and 0, 1, 2 workers, pairs per second after a warm-up batch (training recipe, fused).
 
-With ``--model_step``, also the pairs per second one training step of the tiny CPU configuration
-(``configs/tiny_cpu.yaml``) consumes, to check that the pipeline is not the bottleneck.
-Images: the ``train`` split of ``../shared/data/imagenet-sample`` when present (median 500x375),
-else the bundled sample images.
+With ``--config <training config>`` the image size, patch size, batch (pairs per step: twice the
+slots with ``hard_negative_slots``) and the query and reference recipes of the loader are the
+config's. With ``--model_step``, also the pairs per second one optimiser step of that config's model
+consumes (forward, loss, backward, AdamW; uint8 batches already on ``--device``, normalised there as
+in training; ``--precision bf16`` under autocast), to tell whether the pipeline or the model is the
+bottleneck (default config: ``configs/tiny_cpu.yaml``). The model is freshly initialised
+(``init_from_dino`` is ignored: the speed is the same).
+Images: ``--image_folder`` when given, else the ``train`` split of ``../shared/data/imagenet-sample``
+when present (median 500x375), else the bundled sample images.
 """
 
 from __future__ import annotations
@@ -46,12 +53,16 @@ from copynce_hf.data import (
 )
 from copynce_hf.images import load_image
 from copynce_hf.pixtrace import pair_overlaps
+from copynce_hf.training.run import build_model, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
 
-def _images(limit: int):
+def _images(limit: int, image_folder: str | None = None):
+    if image_folder:
+        images = load_image_dataset(image_folder)
+        return images.select(range(min(limit, len(images)))), image_folder
     splits = SHARED / "imagenet-sample-splits.csv"
     if splits.exists():
         with splits.open(newline="") as handle:
@@ -133,9 +144,10 @@ def compare_paths(images, size: int, patch: int, count: int, recipes=("training"
     return result
 
 
-def loader_throughput(images, size: int, patch: int, workers: int, batch_size: int, batches: int) -> float:
-    """Pairs per second delivered by the DataLoader (after one warm-up batch)."""
-    dataset = CopyPairDataset(images, CopyPairMaker(size), seed=0, positive_rate=1.0)
+def loader_throughput(images, size: int, patch: int, workers: int, batch_size: int, batches: int,
+                      query_recipe: str = "training", reference_recipe: str = "light") -> float:
+    """Pairs per second delivered by the DataLoader (after one warm-up batch per worker)."""
+    dataset = CopyPairDataset(images, CopyPairMaker(size, query_recipe, reference_recipe), seed=0, positive_rate=1.0)
     sampler = CopyPairBatchSampler(len(images), batch_size, seed=0, num_batches=batches + max(1, workers))
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=PixTraceCollator(size, patch),
                                          num_workers=workers, prefetch_factor=4 if workers else None)
@@ -148,35 +160,73 @@ def loader_throughput(images, size: int, patch: int, workers: int, batch_size: i
     return batches * batch_size / (time.perf_counter() - start)
 
 
-def model_step_throughput(batch_size: int, steps: int = 10) -> tuple[float, int]:
-    """Pairs per second one optimiser step of configs/tiny_cpu.yaml consumes (forward + backward)."""
-    from copynce_hf.modeling import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
-    from copynce_hf.training import load_config
+def training_config(name: str | None):
+    """The training configuration named like the training script's ``--config`` (default: the tiny CPU run).
 
-    config = load_config(REPO / "configs" / "tiny_cpu.yaml")
-    model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**config.model))
+    Hard-negative mining is left to the model type's default without a k-NN graph (the paper configs
+    ask for one): the benchmark's pairs pick random negatives, which costs the same work per pair.
+    """
+    return parse_args((["--config", name] if name else []) + ["--hard_negative_mining", "null"])
+
+
+def pairs_per_step(config) -> int:
+    """Pairs in one optimiser step of one process: the batch, twice the slots with ``hard_negative_slots``."""
+    return config.per_device_train_batch_size * (2 if config.hard_negative_slots else 1)
+
+
+def model_step_throughput(config, batch_size: int | None = None, steps: int = 10, device: str = "cpu",
+                          precision: str = "no") -> float:
+    """Pairs per second one optimiser step of ``config``'s model consumes on ``device``.
+
+    Synthetic batches of ``batch_size`` pairs (default :func:`pairs_per_step`): uint8 pixels already on
+    the device (the collator's output), normalised there, identity overlap priors, a third of the matcher's
+    labels positive; forward with the loss, backward, AdamW step; two warm-up steps, then ``steps`` timed
+    (the device synchronised before the clock is read).
+    """
+    import dataclasses
+
+    config = dataclasses.replace(config, init_from_dino=None, model_name_or_path=None)
+    model, _ = build_model(config)
+    model.to(device).train()
     size, patch = model.config.image_size, model.config.patch_size
-    L = (size // patch) ** 2
-    optimizer = torch.optim.AdamW(model.parameters())
+    batch_size = batch_size or pairs_per_step(config)
+    length = (size // patch) ** 2
+    generator = torch.Generator().manual_seed(0)
+    prior = torch.eye(length).expand(batch_size, length, length).contiguous()
+    labels = torch.ones(batch_size) if config.model_type == "descriptor" else (torch.arange(batch_size) % 3 == 0).float()
     batch = {
-        "pixel_values": torch.randn(batch_size, 3, size, size),
-        "reference_pixel_values": torch.randn(batch_size, 3, size, size),
-        "overlap_qr": torch.eye(L).expand(batch_size, L, L).contiguous(),
-        "overlap_rq": torch.eye(L).expand(batch_size, L, L).contiguous(),
-        "labels": torch.ones(batch_size),
+        "pixel_values": torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8, generator=generator),
+        "reference_pixel_values": torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8,
+                                                generator=generator),
+        "overlap_qr": prior, "overlap_rq": prior.clone(), "labels": labels,
         "pair_mask": torch.ones(batch_size, dtype=torch.bool),
     }
+    batch = {key: value.to(device) for key, value in batch.items()}
+    collator = PixTraceCollator(size, patch)
+    optimizer = torch.optim.AdamW(model.parameters())
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def synchronize():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
     for index in range(steps + 2):
         if index == 2:
+            synchronize()
             start = time.perf_counter()
-        model(**batch).loss.backward()
+        with autocast:
+            loss = model(**collator.normalize(dict(batch))).loss
+        loss.backward()
         optimizer.step()
-        optimizer.zero_grad()
-    return steps * batch_size / (time.perf_counter() - start), size
+        optimizer.zero_grad(set_to_none=True)
+    synchronize()
+    return steps * batch_size / (time.perf_counter() - start)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="a training config (path or shipped name): its image and "
+                        "patch size, batch and recipes for the loader, its model for --model_step")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--patch_size", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
@@ -187,16 +237,30 @@ def main(argv=None):
     parser.add_argument("--recipes", nargs="+", default=["training", "paper_descriptor", "paper_matcher"],
                         choices=["training", "paper_descriptor", "paper_matcher"], help="query recipes timed")
     parser.add_argument("--images", type=int, default=200, help="originals used (shared data)")
-    parser.add_argument("--model_step", action="store_true", help="also time the tiny CPU model's training step")
+    parser.add_argument("--image_folder", default=None, help="a folder of originals to use instead")
+    parser.add_argument("--skip_split", action="store_true", help="skip the per-stage split (loader and model only)")
+    parser.add_argument("--model_step", action="store_true", help="also time the config's training step")
+    parser.add_argument("--model_steps", type=int, default=10, help="timed optimiser steps of --model_step")
+    parser.add_argument("--device", default="cpu", help="device of --model_step (cpu, cuda, cuda:1, ...)")
+    parser.add_argument("--precision", default="no", choices=["no", "bf16"], help="autocast of --model_step")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = parser.parse_args(argv)
 
+    config = training_config(args.config)
+    query_recipe, reference_recipe = "training", "light"
+    if args.config:
+        args.image_size = config.model.get("image_size", 224)
+        args.patch_size = config.model.get("patch_size", 16)
+        args.batch_size = pairs_per_step(config)
+        query_recipe, reference_recipe = config.query_recipe, config.reference_recipe
+        args.recipes = [query_recipe] if query_recipe in ("training", "paper_descriptor", "paper_matcher") else []
     torch.set_num_threads(1)
-    images, source = _images(args.images)
+    images, source = _images(args.images, args.image_folder)
     print(f"originals: {len(images)} from {source}; pairs at {args.image_size}x{args.image_size}, "
           f"patch {args.patch_size}; torch and OpenCV threads 1; CPU time of this process, fastest of "
           f"{args.rounds} alternated rounds")
-    split = compare_paths(images, args.image_size, args.patch_size, args.split_pairs, args.recipes, args.rounds)
+    split = {} if args.skip_split else compare_paths(images, args.image_size, args.patch_size, args.split_pairs,
+                                                     args.recipes, args.rounds)
     for recipe, entry in split.items():
         print(f"\nquery recipe {recipe}, per pair ({args.split_pairs} pairs):")
         print(f"  {'stage':14s} {'fused':>9s} {'edit by edit':>13s}")
@@ -207,20 +271,32 @@ def main(argv=None):
               f"  -> {entry['fused']['pairs_per_second']:.1f} vs {entry['edit_by_edit']['pairs_per_second']:.1f}"
               f" pairs/s on one core; fused editing {100 * entry['edit_ratio']:.0f} % of edit by edit")
     throughput = {}
-    print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches (training recipe, fused):")
+    print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches (query recipe {query_recipe}, "
+          f"fused):")
     for workers in args.workers:
         throughput[workers] = loader_throughput(images, args.image_size, args.patch_size, workers, args.batch_size,
-                                                args.batches)
+                                                args.batches, query_recipe, reference_recipe)
         print(f"  num_workers={workers}: {throughput[workers]:7.1f} pairs/s")
-    result = {"image_size": args.image_size, "source": source, "split": split, "pairs_per_second": throughput}
+    result = {"image_size": args.image_size, "patch_size": args.patch_size, "batch_size": args.batch_size,
+              "config": args.config or "tiny_cpu.yaml", "query_recipe": query_recipe, "source": source,
+              "split": split, "pairs_per_second": throughput}
     if args.model_step:
-        consumed, size = model_step_throughput(16)
-        result["tiny_model_pairs_per_second"] = consumed
-        print(f"\ntiny CPU model (configs/tiny_cpu.yaml, {size}x{size}) consumes {consumed:.1f} pairs/s per step "
-              f"(forward + backward + AdamW, 1 thread)")
+        consumed = model_step_throughput(config, None if args.config else 16, args.model_steps, args.device,
+                                         args.precision)
+        result.update(model_pairs_per_second=consumed, device=_device_name(args.device), precision=args.precision)
+        print(f"\n{config.model_type} of {result['config']} on {result['device']} ({args.precision}) consumes "
+              f"{consumed:.1f} pairs/s (forward + loss + backward + AdamW)")
+        for workers, delivered in throughput.items():
+            print(f"  num_workers={workers}: the pipeline delivers {100 * delivered / consumed:.0f} % of that")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
 
 
 if __name__ == "__main__":
