@@ -164,9 +164,17 @@ def read_results(results_dir: Path, system: str) -> dict | None:
 
 
 def training_settings(source: Path) -> dict:
-    """Card rows from the run's ``training_summary.json`` (written by ``scripts/train.py``), if any."""
+    """Card rows from the run's ``training_summary.json`` (written by ``scripts/train.py``), if any.
+
+    ``source`` may be a run's ``without_ema/`` subfolder (the trained weights of a run whose model
+    folder holds their moving average): the rows are the run's, and a row says which weights these are.
+    """
     settings: dict = {"training data": "600 `train`-split images of the ImageNet sample (research use only)"}
-    path = Path(source) / "training_summary.json"
+    source = Path(source)
+    trained_of_averaged = source.name == "without_ema" and (source.parent / "training_summary.json").is_file()
+    if trained_of_averaged:
+        source = source.parent
+    path = source / "training_summary.json"
     if not path.is_file():  # an exported folder exported again: its card keeps the run's rows
         settings.update(card_training_rows(Path(source) / "README.md"))
     else:
@@ -182,6 +190,10 @@ def training_settings(source: Path) -> dict:
         if summary.get("mixed_precision") is not None:
             settings["mixed precision"] = {"no": "none (float32)"}.get(summary["mixed_precision"],
                                                                       summary["mixed_precision"])
+        if summary.get("ema_decay"):
+            settings["weights"] = (f"the trained weights (the run also kept their moving average, decay "
+                                   f"{summary['ema_decay']:g}, not these)" if trained_of_averaged else
+                                   f"the moving average of the trained weights (decay {summary['ema_decay']:g})")
     run_path = Path(source) / "run.json"  # written by python -m benchmarks.training
     if run_path.is_file():
         command = json.loads(run_path.read_text(encoding="utf-8")).get("command", "")

@@ -255,3 +255,17 @@ def test_exporting_an_exported_folder_keeps_its_training_rows(export_script, exp
     assert "| optimiser steps | 123 |" in card and "| mixed precision | bf16 |" in card
     assert card.count("| export |") == 1
     assert export_script.card_training_rows(tmp_path / "no-card-here") == {}
+
+
+def test_export_cards_say_whether_a_run_s_weights_are_its_moving_average(export_script, tmp_path):
+    """A run trained with ``ema_decay`` saves the average as its folder and the trained weights in
+    ``without_ema/``: either exports with the run's training rows and a row naming its weights."""
+    run = tmp_path / "descriptor-copynce-seed0"
+    (run / "without_ema").mkdir(parents=True)
+    (run / "training_summary.json").write_text(json.dumps({"steps": 77, "ema_decay": 0.998}))
+    (run / "run.json").write_text(json.dumps({"command": "python scripts/train.py --ema_decay 0.998"}))
+    averaged, trained = export_script.training_settings(run), export_script.training_settings(run / "without_ema")
+    assert averaged["optimiser steps"] == trained["optimiser steps"] == 77
+    assert averaged["weights"] == "the moving average of the trained weights (decay 0.998)"
+    assert trained["weights"].startswith("the trained weights")
+    assert averaged["benchmark run"] == trained["benchmark run"] == f"{tmp_path.parent.name}/descriptor-copynce-seed0"
