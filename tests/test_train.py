@@ -219,9 +219,9 @@ def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(tr
     from copynce_hf.training import ema_decay_at
 
     decay, steps = 0.3, 5
-    run = tmp_path / "ema"
+    run = tmp_path / "ema"  # bf16 autocast: the average's evaluation runs under it too
     summary = train_script.main(_tiny(images, run, "--max_steps", str(steps), "--warmup_steps", "1", "--ema_decay",
-                                      str(decay), "--checkpointing_steps", "1", "--checkpoints_total_limit", "10",
+                                      str(decay), "--mixed_precision", "bf16", "--checkpointing_steps", "1", "--checkpoints_total_limit", "10",
                                       "--eval_steps", "2"))
     # The average by hand, from the trained weights each checkpoint holds (step 1 is copied as it is).
     trained = [_weights(run / "checkpoints" / f"step_{step:08d}") for step in range(1, steps + 1)]
@@ -246,7 +246,7 @@ def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(tr
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(run / "checkpoints" / "step_00000003", resumed / "checkpoints" / "step_00000003")
     train_script.main(_tiny(images, resumed, "--max_steps", str(steps), "--warmup_steps", "1", "--ema_decay",
-                            str(decay), "--checkpointing_steps", "1", "--resume", "latest"))
+                            str(decay), "--mixed_precision", "bf16", "--checkpointing_steps", "1", "--resume", "latest"))
     for name, value in _weights(resumed).items():
         torch.testing.assert_close(value, averaged[name], rtol=0, atol=1e-6, msg=name)
 

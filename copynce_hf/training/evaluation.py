@@ -86,7 +86,8 @@ def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, mod
                             batch_size: int = 64) -> dict[str, float]:
     """Score every (query, reference) pair of ``task`` with ``model`` and return the metric's numbers.
 
-    ``model`` is the bare (unwrapped) model; it is put in eval mode and restored afterwards.
+    ``model`` is the bare (unwrapped) model; it is put in eval mode and restored afterwards. Called
+    under autocast (bf16), the model runs in that precision and the scores are computed in float32.
     """
     was_training = model.training
     model.eval()
@@ -101,7 +102,9 @@ def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, mod
                 return torch.cat([model(pixel_values=on_device(chunk)).descriptors.float()
                                   for chunk in pixels.split(batch_size)])
 
-            scores = (describe(task.queries) @ describe(task.references).T).cpu().numpy()
+            queries, references = describe(task.queries), describe(task.references)
+            with torch.autocast(device.type, enabled=False):  # float32 scores, also under autocast
+                scores = (queries @ references.T).cpu().numpy()
         else:
             num_q, num_r = len(task.queries), len(task.references)
             query_index = torch.arange(num_q).repeat_interleave(num_r)
@@ -111,7 +114,8 @@ def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, mod
                 q = on_device(task.queries[query_index[start:start + batch_size]])
                 r = on_device(task.references[reference_index[start:start + batch_size]])
                 logits.append(model(pixel_values=q, reference_pixel_values=r).logits.float().reshape(-1))
-            scores = torch.sigmoid(torch.cat(logits)).reshape(num_q, num_r).cpu().numpy()
+            with torch.autocast(device.type, enabled=False):
+                scores = torch.sigmoid(torch.cat(logits)).reshape(num_q, num_r).cpu().numpy()
     finally:
         model.train(was_training)
     query_ids = np.repeat(np.array(task.query_ids, dtype=object), len(task.reference_ids))
