@@ -12,7 +12,9 @@ the held-out train-split muAP; ``run.json``: the command and the wall time).
 
 A *series* is one training setting: the variant (``baseline`` / ``copynce``), the query recipe
 (read from the run's command, ``training`` when the command does not set it), the mixed
-precision and, for the weight average of a run trained with ``ema_decay``, that decay. Such a run's
+precision, any other training option the run's command sets (``--learning_rate 2e-3``,
+``--model.koleo_scope all_embeddings``: a probe is its own series) and, for the weight average of a
+run trained with ``ema_decay``, that decay. Such a run's
 trained weights (the ``<run>-without-ema`` record) belong to the series without EMA: the average
 does not change the training. The figure has one panel per metric (muAP, RP90, recall@1) with training pairs seen on
 a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot).
@@ -21,6 +23,7 @@ a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot)
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -50,11 +53,31 @@ class ScalingRow:
     metrics: dict
     held_out_micro_ap: float | None
     ema_decay: float | None = None  # set for a run's weight average
+    options: str = ""  # the other training options the command sets, e.g. "learning_rate 2e-3"
 
     @property
     def series(self) -> str:
         ema = "" if self.ema_decay is None else f" / EMA {self.ema_decay:g}"
-        return f"{self.variant} / {self.recipe} recipe / {self.precision}{ema}"
+        options = f" / {self.options}" if self.options else ""
+        return f"{self.variant} / {self.recipe} recipe / {self.precision}{options}{ema}"
+
+
+#: Training options of a run's command that the table shows elsewhere (or that the driver sets per run).
+_SHOWN_OPTIONS = {"config", "dataset", "output_dir", "seed", "max_steps", "warmup_steps", "mixed_precision",
+                  "query_recipe", "ema_decay", "model.copynce_weight"}
+
+
+def other_options(command: str) -> str:
+    """The ``--key value`` options of a training command (after ``train.py``) outside :data:`_SHOWN_OPTIONS`,
+    as ``"key value, key value"`` in command order ("" for none)."""
+    words = shlex.split(command)
+    start = next((i + 1 for i, word in enumerate(words) if word.endswith("train.py")), 0)
+    found = []
+    for index in range(start, len(words) - 1):
+        word = words[index]
+        if word.startswith("--") and word[2:] not in _SHOWN_OPTIONS and not words[index + 1].startswith("--"):
+            found.append(f"{word[2:]} {words[index + 1]}")
+    return ", ".join(found)
 
 
 def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
@@ -94,6 +117,7 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
                 metrics=record["metrics"],
                 held_out_micro_ap=(summary.get("eval_without_ema" if trained_weights else "eval") or {}).get("micro_ap"),
                 ema_decay=ema_decay,
+                options=other_options(command),
             ))
     return sorted(rows, key=lambda r: (r.series, r.pairs, r.seed))
 

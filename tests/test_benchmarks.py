@@ -402,14 +402,25 @@ def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
     assert all(r.precision == "bf16" and r.wall_minutes == r.steps for r in rows)
     # the average is its own series; the trained weights join the series without EMA (seeds 0 and 2)
     assert {(r.seed, r.series, r.held_out_micro_ap) for r in rows if r.seed == 2} == {
-        (2, "copynce / training recipe / bf16 / EMA 0.998", 0.5), (2, "copynce / training recipe / bf16", 0.25)}
+        (2, "copynce / training recipe / bf16 / per_device_train_batch_size 16 / EMA 0.998", 0.5),
+        (2, "copynce / training recipe / bf16 / per_device_train_batch_size 16", 0.25)}
     table = scaling_table(rows)
     assert table.count("\n") == 2 + 6 + 1  # header, rule, a row per record, the mean of seeds 0 and 2 at 8 steps
-    assert "copynce / paper_descriptor recipe / bf16" in table and "**copynce / training recipe / bf16 (mean of 2)**" in table
+    assert "copynce / paper_descriptor recipe / bf16" in table and "**copynce / training recipe / bf16 / per_device_train_batch_size 16 (mean of 2)**" in table
     figure = save_scaling_figure(rows, tmp_path / "scaling.png")
     assert Image.open(figure).size[0] > 800
     with pytest.raises(SystemExit, match="no descriptor quality records"):
         load_rows([tmp_path / "missing"])
+
+
+def test_scaling_series_name_the_options_a_probe_changed():
+    from benchmarks.scaling import other_options
+
+    command = ("taskset -c 1 python -m accelerate.commands.launch --num_processes 1 --cpu scripts/train.py --config "
+               "c.yaml --dataset d --output_dir o --seed 0 --max_steps 324 --warmup_steps 40 --mixed_precision bf16 "
+               "--model.copynce_weight 0 --learning_rate 2e-3 --model.koleo_scope all_embeddings --ema_decay 0.99")
+    assert other_options(command) == "learning_rate 2e-3, model.koleo_scope all_embeddings"
+    assert other_options("python scripts/train.py --config c.yaml --max_steps 4") == ""
 
 
 def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_path):
