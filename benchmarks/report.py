@@ -133,9 +133,10 @@ def save_loss_curves(runs: dict[str, dict], path: Path, dpi: int = 110) -> Path 
     return save_png(figure, path)
 
 
-def save_png(figure, path: Path) -> Path:
-    """Lay out a matplotlib ``figure`` and write it to ``path`` as PNG (parent folders created)."""
-    figure.tight_layout()
+def save_png(figure, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay out a matplotlib ``figure`` (its axes within ``rect``, figure fractions left, bottom, right, top:
+    room for a figure legend) and write it to ``path`` as PNG (parent folders created)."""
+    figure.tight_layout(rect=rect)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")

@@ -23,6 +23,7 @@ a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot)
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import statistics
 from collections import defaultdict
@@ -162,7 +163,7 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 4.2), dpi=dpi)
+    figure = Figure(figsize=(15, 5.4), dpi=dpi)
     FigureCanvasAgg(figure)
     by_series: dict[str, list[ScalingRow]] = defaultdict(list)
     for row in rows:
@@ -182,8 +183,9 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
         axes.set_xlabel("training pairs seen")
         axes.set_title(f"mini-DISC {label}")
         axes.grid(True, alpha=0.3)
-        axes.legend(fontsize="x-small")
-    return save_png(figure, path)
+    handles, labels = figure.axes[0].get_legend_handles_labels()  # one legend for the panels, below them
+    figure.legend(handles, labels, loc="lower center", ncol=2, fontsize="small", frameon=False)
+    return save_png(figure, path, rect=(0, 0.04 + 0.045 * math.ceil(len(labels) / 2), 1, 1))
 
 
 def main(argv: list[str] | None = None) -> list[ScalingRow]:
