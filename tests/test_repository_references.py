@@ -96,7 +96,7 @@ def test_no_references_outside_the_repository_and_no_work_item_wording():
 def test_the_checks_catch_what_they_are_for(tmp_path):
     # The refused examples are put together at run time, so that this file names no place outside
     # the repository itself (it is scanned like every other file).
-    outside_folder = "../" + "shared/docs"
+    outside_folder = "../" + "shared/elsewhere"
     assert MARKDOWN_PATH.search("see docs/ARCHITECTURE.md for the flows").group(1) == "docs/ARCHITECTURE.md"
     assert not _document_exists("NOT_IN_THIS_REPOSITORY.md", REPO / "Makefile")
     assert not _document_exists(f"{outside_folder}/ARCHITECTURE.md", REPO / "README.md")
