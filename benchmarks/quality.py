@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from copynce_hf.training import WITHOUT_EMA_FOLDER
+
 from .common import (
     DEFAULT_OUTPUT_DIR,
     REPO_ROOT,
@@ -68,7 +70,7 @@ DEFAULT_BASELINE_DESCRIPTOR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseli
 RUN_NAME = re.compile(r"^(?P<kind>descriptor|matcher)-(?P<variant>[a-z0-9_]+)-seed(?P<seed>\d+)$")
 DEFAULT_RUNS_DIR = DEFAULT_OUTPUT_DIR / "runs"
 #: A run trained with ``ema_decay`` saves the weight average as its model folder and the trained weights
-#: in ``without_ema/``; those are scored as the system ``<run name><WITHOUT_EMA_SUFFIX>``.
+#: in ``WITHOUT_EMA_FOLDER``; those are scored as the system ``<run name><WITHOUT_EMA_SUFFIX>``.
 WITHOUT_EMA_SUFFIX = "-without-ema"
 DEFAULT_BENCH_CONFIG = REPO_ROOT / "configs" / "bench_descriptor.yaml"
 
@@ -139,9 +141,9 @@ def discover_runs(runs_dir: Path) -> dict[str, list[dict]]:
                  "folder": str(folder), "training": training,
                  "weights": "ema" if (training or {}).get("ema_decay") else "trained"}
         found[match["kind"]].append(entry)
-        if (folder / "without_ema" / "config.json").is_file():
+        if (folder / WITHOUT_EMA_FOLDER / "config.json").is_file():
             found[match["kind"]].append(dict(entry, name=folder.name + WITHOUT_EMA_SUFFIX,
-                                             folder=str(folder / "without_ema"), weights="trained"))
+                                             folder=str(folder / WITHOUT_EMA_FOLDER), weights="trained"))
     return found
 
 

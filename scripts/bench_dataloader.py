@@ -169,16 +169,11 @@ def training_config(name: str | None):
     return parse_args((["--config", name] if name else []) + ["--hard_negative_mining", "null"])
 
 
-def pairs_per_step(config) -> int:
-    """Pairs in one optimiser step of one process: the batch, twice the slots with ``hard_negative_slots``."""
-    return config.per_device_train_batch_size * (2 if config.hard_negative_slots else 1)
-
-
 def model_step_throughput(config, batch_size: int | None = None, steps: int = 10, device: str = "cpu",
                           precision: str = "no") -> float:
     """Pairs per second one optimiser step of ``config``'s model consumes on ``device``.
 
-    Synthetic batches of ``batch_size`` pairs (default :func:`pairs_per_step`): uint8 pixels already on
+    Synthetic batches of ``batch_size`` pairs (default: the config's ``pairs_per_batch``): uint8 pixels already on
     the device (the collator's output), normalised there, identity overlap priors, a third of the matcher's
     labels positive; forward with the loss, backward, AdamW step; two warm-up steps, then ``steps`` timed
     (the device synchronised before the clock is read).
@@ -189,7 +184,7 @@ def model_step_throughput(config, batch_size: int | None = None, steps: int = 10
     model, _ = build_model(config)
     model.to(device).train()
     size, patch = model.config.image_size, model.config.patch_size
-    batch_size = batch_size or pairs_per_step(config)
+    batch_size = batch_size or config.pairs_per_batch
     length = (size // patch) ** 2
     generator = torch.Generator().manual_seed(0)
     prior = torch.eye(length).expand(batch_size, length, length).contiguous()
@@ -251,7 +246,7 @@ def main(argv=None):
     if args.config:
         args.image_size = config.model.get("image_size", 224)
         args.patch_size = config.model.get("patch_size", 16)
-        args.batch_size = pairs_per_step(config)
+        args.batch_size = config.pairs_per_batch
         query_recipe, reference_recipe = config.query_recipe, config.reference_recipe
         args.recipes = [query_recipe] if query_recipe in ("training", "paper_descriptor", "paper_matcher") else []
     torch.set_num_threads(1)

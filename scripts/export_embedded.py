@@ -53,6 +53,7 @@ import copynce_hf  # noqa: E402,F401  (registers the CopyNCE classes with the Au
 from benchmarks.common import command_option  # noqa: E402  (reads the training driver's run.json)
 from copynce_hf import hub  # noqa: E402
 from copynce_hf.errors import ConfigError, CopyNCEError  # noqa: E402
+from copynce_hf.training import WITHOUT_EMA_FOLDER  # noqa: E402
 
 RUNS_DIR = REPO_ROOT / "outputs" / "benchmarks" / "runs"
 RESULTS_DIR = REPO_ROOT / "outputs" / "benchmarks"
@@ -171,7 +172,7 @@ def training_settings(source: Path) -> dict:
     """
     settings: dict = {"training data": "600 `train`-split images of the ImageNet sample (research use only)"}
     source = Path(source)
-    trained_of_averaged = source.name == "without_ema" and (source.parent / "training_summary.json").is_file()
+    trained_of_averaged = source.name == WITHOUT_EMA_FOLDER and (source.parent / "training_summary.json").is_file()
     if trained_of_averaged:
         source = source.parent
     path = source / "training_summary.json"

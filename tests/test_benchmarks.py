@@ -430,7 +430,7 @@ def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_pa
 
     bench = _load_bench_dataloader()
     descriptor, matcher = bench.training_config("descriptor_vits16_224.yaml"), bench.training_config("matcher_vits16_224.yaml")
-    assert (bench.pairs_per_step(descriptor), bench.pairs_per_step(matcher)) == (192, 32)
+    assert (descriptor.pairs_per_batch, matcher.pairs_per_batch) == (192, 32)
     tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
             "image_size": 32, "patch_size": 16}
     for config, extra in ((descriptor, {"descriptor_dim": 16}), (matcher, {"num_fusion_layers": 1})):
@@ -440,6 +440,6 @@ def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_pa
     result = bench.main(["--config", "tiny_cpu.yaml", "--skip_split", "--workers", "0", "--batches", "1",
                          "--model_step", "--model_steps", "1", "--image_folder", str(ASSET_IMAGES), "--json", str(out)])
     saved = json.loads(out.read_text())
-    assert saved["split"] == {} and saved["batch_size"] == bench.pairs_per_step(bench.training_config(None))
+    assert saved["split"] == {} and saved["batch_size"] == bench.training_config(None).pairs_per_batch
     assert saved["model_pairs_per_second"] > 0 and saved["pairs_per_second"]["0"] > 0 and saved["device"] == "cpu"
     assert result["query_recipe"] == "training"

@@ -202,6 +202,12 @@ class TrainingConfig:
         batch = self.per_device_train_batch_size * num_processes * self.gradient_accumulation_steps
         return self.learning_rate * math.sqrt(batch / self.lr_reference_batch_size)
 
+    @property
+    def pairs_per_batch(self) -> int:
+        """Pairs in one batch of one process: ``per_device_train_batch_size``, twice that with
+        ``hard_negative_slots`` (each slot an anchor pair and its hard negative's pair)."""
+        return self.per_device_train_batch_size * (2 if self.hard_negative_slots else 1)
+
     def to_dict(self) -> dict[str, Any]:
         """The settings, as logged and tracked; an access token is replaced by ``"***"``."""
         settings = dataclasses.asdict(self)

@@ -72,6 +72,7 @@ from copynce_hf.outputs import OutputPathError, StagedFile, check_output_folder
 from copynce_hf.training import (
     CONFIG_DIR,
     DEFAULT_CONFIG,
+    WITHOUT_EMA_FOLDER,
     TrainingConfig,
     build_copy_detection_task,
     build_optimizer,
@@ -92,8 +93,6 @@ _MODELS = {
 }
 #: Batch keys that are not model inputs.
 _NOT_MODEL_INPUTS = ("num_skipped_images",)
-#: Subfolder of ``output_dir`` with the trained weights when the model folder holds their average (``ema_decay``).
-WITHOUT_EMA = "without_ema"
 #: Loss parts logged when the model returns them.
 _LOSS_PARTS = ("loss", "infonce_loss", "koleo_loss", "copynce_loss", "bce_loss")
 
@@ -603,8 +602,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {
         "model_type": config.model_type,
         "steps": progress.step,
-        "pairs_per_process": progress.micro_batches * config.per_device_train_batch_size
-        * (2 if config.hard_negative_slots else 1),
+        "pairs_per_process": progress.micro_batches * config.pairs_per_batch,
         "num_processes": accelerator.num_processes,
         "mixed_precision": config.mixed_precision,
         "learning_rate": learning_rate,
@@ -630,7 +628,7 @@ def main(argv: list[str] | None = None) -> dict:
         summary["model_folder"] = str(folder)
         if ema is not None:  # the trained weights too, to compare with their average
             summary["model_folder_without_ema"] = str(save_trained_model(
-                trained, processor, config, output_dir / WITHOUT_EMA, scored.get("eval_without_ema"), averaged=False))
+                trained, processor, config, output_dir / WITHOUT_EMA_FOLDER, scored.get("eval_without_ema"), averaged=False))
         with StagedFile(output_dir / "training_summary.json") as temporary:
             temporary.write_text(json.dumps(summary, indent=2))
         logger.info("saved the %s to %s (%.0f s)", config.model_type, folder, summary["wall_seconds"])
