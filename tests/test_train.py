@@ -19,6 +19,7 @@ from conftest import shrunk_asset_images
 from PIL import Image
 from safetensors.torch import load_file
 
+from copynce_hf import CopyNCEMatcherModel
 from copynce_hf.errors import ConfigError
 from copynce_hf.training import TrainingConfig, load_config, parse_overrides
 
@@ -257,6 +258,24 @@ def test_matcher_tiny_run(train_script, tmp_path, images):
     parts = [h for h in summary["history"] if "train/bce_loss" in h]
     assert parts and all(h["train/loss"] >= h["train/bce_loss"] for h in parts)
     assert json.loads((output / "config.json").read_text())["model_type"] == "copynce-matcher"
+
+
+def test_continued_training_from_a_float16_folder_trains_float32_weights_in_bf16(train_script, tmp_path, images):
+    # The embedded models are stored in float16; a run starting from one keeps float32 master weights
+    # (a float16 model failed at its first bf16-autocast forward on the CPU).
+    first = tmp_path / "first"
+    train_script.main(_tiny(images, first, "--max_steps", "2", "--mixed_precision", "bf16",
+                            config="tiny_cpu_matcher.yaml"))
+    stored = tmp_path / "float16"
+    CopyNCEMatcherModel.from_pretrained(first).half().save_pretrained(stored)
+    assert {t.dtype for t in _weights(stored).values()} == {torch.float16}
+    output = tmp_path / "continued"
+    train_script.main(_tiny(images, output, "--max_steps", "2", "--model_name_or_path", str(stored),
+                            "--mixed_precision", "bf16", config="tiny_cpu_matcher.yaml"))
+    continued = _weights(output)
+    assert {t.dtype for t in continued.values()} == {torch.float32}
+    start = _weights(stored)
+    assert any(not torch.equal(continued[k], start[k].float()) for k in start)
 
 
 def test_wall_time_budget_stops_early_and_still_saves(train_script, tmp_path, images):

@@ -133,8 +133,10 @@ def build_model(config: TrainingConfig):
                           f"{config_class.__name__}")
     if config.model_name_or_path:
         image_size = overrides.pop("image_size", None)
-        model = model_class.from_pretrained(config.model_name_or_path, ignore_mismatched_sizes="descriptor_dim" in overrides,
-                                            **overrides)
+        # float32 master weights whatever the folder stores (the embedded models are float16 on disk):
+        # a float16 model would train in half precision and fails under bf16 autocast on the CPU
+        model = model_class.from_pretrained(config.model_name_or_path, dtype=torch.float32,
+                                            ignore_mismatched_sizes="descriptor_dim" in overrides, **overrides)
         if image_size is not None and image_size != model.config.image_size:
             model.set_image_size(image_size)  # position embeddings interpolated (224 -> 336)
     elif config.init_from_dino:
