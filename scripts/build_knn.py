@@ -67,7 +67,7 @@ def load_feature_model(name: str, image_size: int):
         return model, default_processor, "cls"
     try:
         config = AutoConfig.from_pretrained(name)
-        model = AutoModel.from_pretrained(name)
+        model = AutoModel.from_pretrained(name, dtype=torch.float32)  # float32 features, as the evaluation's
     except (OSError, ValueError) as error:
         raise ConfigError(
             f"cannot load --model {name!r}: {error.__class__.__name__}: {str(error).splitlines()[0]}. "

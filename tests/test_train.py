@@ -344,6 +344,16 @@ def test_build_knn_then_ghnm_training(tmp_path, images, train_script, monkeypatc
     assert saved["infonce_negatives"] == "all_embeddings" and saved["koleo_scope"] == "all_embeddings"
 
 
+def test_build_knn_computes_float32_features_from_a_float16_folder(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    vit = tmp_path / "vit16"
+    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                       image_size=32, patch_size=16), add_pooling_layer=False).half().save_pretrained(vit)
+    model, _, kind = _load_script("build_knn").load_feature_model(str(vit), 32)
+    assert kind == "cls" and {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_build_knn_default_model_offline_is_a_clear_error(monkeypatch):
     import huggingface_hub.constants
 
