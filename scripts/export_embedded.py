@@ -184,6 +184,14 @@ def training_settings(source: Path) -> dict:
                           ("warmup_steps", "warm-up steps"), ("final_train_loss", "final training loss")):
             if summary.get(key) is not None:
                 settings[name] = summary[key]
+        if summary.get("model_name_or_path"):  # continued training: name the start and its own budget
+            start = Path(summary["model_name_or_path"])
+            earlier = card_training_rows(start / "README.md")
+            budget = ", ".join(f"{earlier[key]} {key}" for key in ("optimiser steps", "training wall time")
+                               if key in earlier)
+            settings["started from"] = f"`{start}` as saved before this run" + (f" ({budget})" if budget else "")
+        elif summary.get("init_from_dino"):
+            settings["initialised from"] = f"`{summary['init_from_dino']}`"
         if summary.get("pairs_per_process") and summary.get("num_processes"):
             settings["training pairs seen"] = int(summary["pairs_per_process"]) * int(summary["num_processes"])
         if summary.get("wall_seconds") is not None:

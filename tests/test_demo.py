@@ -269,3 +269,22 @@ def test_export_cards_say_whether_a_run_s_weights_are_its_moving_average(export_
     assert averaged["weights"] == "the moving average of the trained weights (decay 0.998)"
     assert trained["weights"].startswith("the trained weights")
     assert averaged["benchmark run"] == trained["benchmark run"] == f"{tmp_path.parent.name}/descriptor-copynce-seed0"
+
+
+def test_export_cards_name_the_model_a_continued_run_started_from(export_script, tmp_path):
+    """A run started from a saved model (``model_name_or_path``) names it, with the budget its card gave,
+    so the card's steps are not read as the model's whole training; a DINO start is named too."""
+    start = tmp_path / "earlier"
+    start.mkdir()
+    (start / "README.md").write_text("# m\n\n## Training settings\n\n| Setting | Value |\n|---|---|\n"
+                                     "| optimiser steps | 3600 |\n| training wall time | 6.2 min |\n\n## Next\n")
+    run = tmp_path / "continued"
+    run.mkdir()
+    (run / "training_summary.json").write_text(json.dumps({"steps": 1600, "model_name_or_path": str(start)}))
+    settings = export_script.training_settings(run)
+    assert settings["optimiser steps"] == 1600
+    assert settings["started from"] == (f"`{start}` as saved before this run (3600 optimiser steps, 6.2 min "
+                                        "training wall time)")
+    (run / "training_summary.json").write_text(json.dumps({"steps": 5, "init_from_dino": "dino.pth"}))
+    settings = export_script.training_settings(run)
+    assert settings["initialised from"] == "`dino.pth`" and "started from" not in settings

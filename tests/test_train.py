@@ -270,8 +270,9 @@ def test_continued_training_from_a_float16_folder_trains_float32_weights_in_bf16
     CopyNCEMatcherModel.from_pretrained(first).half().save_pretrained(stored)
     assert {t.dtype for t in _weights(stored).values()} == {torch.float16}
     output = tmp_path / "continued"
-    train_script.main(_tiny(images, output, "--max_steps", "2", "--model_name_or_path", str(stored),
-                            "--mixed_precision", "bf16", config="tiny_cpu_matcher.yaml"))
+    summary = train_script.main(_tiny(images, output, "--max_steps", "2", "--model_name_or_path", str(stored),
+                                      "--mixed_precision", "bf16", config="tiny_cpu_matcher.yaml"))
+    assert summary["model_name_or_path"] == str(stored) and summary["init_from_dino"] is None
     continued = _weights(output)
     assert {t.dtype for t in continued.values()} == {torch.float32}
     start = _weights(stored)

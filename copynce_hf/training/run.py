@@ -603,6 +603,8 @@ def main(argv: list[str] | None = None) -> dict:
     checksums = accelerator.gather(_weights_checksum(accelerator.unwrap_model(model)).to(accelerator.device)[None])
     summary = {
         "model_type": config.model_type,
+        "model_name_or_path": config.model_name_or_path,  # where the weights started (provenance for cards)
+        "init_from_dino": None if config.model_name_or_path else config.init_from_dino,
         "steps": progress.step,
         "pairs_per_process": progress.micro_batches * config.pairs_per_batch,
         "num_processes": accelerator.num_processes,
