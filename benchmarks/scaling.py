@@ -7,13 +7,14 @@ Each positional argument is the ``--output-dir`` of one ``python -m benchmarks.t
 (``runs/<kind>-<variant>-seed<k>/``) whose descriptors have been scored by ``python -m
 benchmarks.quality --systems descriptors --runs-dir DIR/runs --output-dir DIR/quality``. Nothing is
 recomputed: the rows come from the quality records (``DIR/quality/<run>.json``: muAP, RP90,
-recall@1) and the runs' own files (``training_summary.json``: steps, pairs per process, precision,
+recall@1) and the runs' own files (``training_summary.json``: steps, pairs per process (gradient accumulation included), warm-up, precision,
 the held-out train-split muAP; ``run.json``: the command and the wall time).
 
 A *series* is one training setting: the variant (``baseline`` / ``copynce``), the query recipe
 (read from the run's command, ``training`` when the command does not set it), the mixed
 precision, any other training option the run's command sets (``--learning_rate 2e-3``,
-``--model.koleo_scope all_embeddings``: a probe is its own series) and, for the weight average of a
+``--model.koleo_scope all_embeddings``, a warm-up that is not the stretched schedule's: a probe is its own
+series) and, for the weight average of a
 run trained with ``ema_decay``, that decay. Such a run's
 trained weights (the ``<run>-without-ema`` record) belong to the series without EMA: the average
 does not change the training. The figure has one panel per metric (muAP, RP90, recall@1) with training pairs seen on
@@ -68,6 +69,19 @@ _SHOWN_OPTIONS = {"config", "dataset", "output_dir", "seed", "max_steps", "warmu
                   "query_recipe", "ema_decay", "model.copynce_weight"}
 
 
+#: The curve's schedule shape: 40 warm-up steps per 324 optimiser steps, stretched with the run (80 for
+#: 648, ...). A run whose warm-up has another share is a probe and gets its own series.
+STRETCHED_WARMUP_SHARE = 40 / 324
+
+
+def warmup_option(warmup_steps: int | None, steps: int) -> str:
+    """``"warmup_steps W"`` when ``W`` is not the stretched schedule's warm-up for ``steps`` (within one
+    step), else ``""``."""
+    if warmup_steps is None or abs(warmup_steps - STRETCHED_WARMUP_SHARE * steps) <= 1:
+        return ""
+    return f"warmup_steps {warmup_steps}"
+
+
 def other_options(command: str) -> str:
     """The ``--key value`` options of a training command (after ``train.py``) outside :data:`_SHOWN_OPTIONS`,
     as ``"key value, key value"`` in command order ("" for none)."""
@@ -106,19 +120,23 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
             command = run.get("command", "")
             batch = int(command_option(command, "per_device_train_batch_size") or _config_batch(command))
             ema_decay = None if trained_weights else summary.get("ema_decay")
+            steps, processes = int(summary["steps"]), int(summary.get("num_processes", 1))
+            # pairs_per_process counts every micro-batch (gradient accumulation included)
+            pairs = (int(summary["pairs_per_process"]) if summary.get("pairs_per_process") else steps * batch) * processes
+            options = ", ".join(o for o in (warmup_option(summary.get("warmup_steps"), steps), other_options(command)) if o)
             rows.append(ScalingRow(
                 run=f"{Path(budget_dir).name}/{record['system']}",
                 variant=record.get("variant") or run.get("variant", "?"),
                 recipe=command_option(command, "query_recipe") or "training",
                 precision={"no": "fp32", None: "fp32"}.get(summary.get("mixed_precision"), str(summary.get("mixed_precision"))),
                 seed=int(record.get("seed") if record.get("seed") is not None else run["seed"]),
-                steps=int(summary["steps"]),
-                pairs=int(summary["steps"]) * batch * int(summary.get("num_processes", 1)),
+                steps=steps,
+                pairs=pairs,
                 wall_minutes=None if run.get("wall_seconds") is None else run["wall_seconds"] / 60,
                 metrics=record["metrics"],
                 held_out_micro_ap=(summary.get("eval_without_ema" if trained_weights else "eval") or {}).get("micro_ap"),
                 ema_decay=ema_decay,
-                options=other_options(command),
+                options=options,
             ))
     return sorted(rows, key=lambda r: (r.series, r.pairs, r.seed))
 

@@ -423,6 +423,37 @@ def test_scaling_series_name_the_options_a_probe_changed():
     assert other_options("python scripts/train.py --config c.yaml --max_steps 4") == ""
 
 
+def test_scaling_rows_count_accumulated_pairs_and_name_a_probed_warm_up(tmp_path):
+    """Pairs seen come from the run's summary (an accumulation probe's 162 steps of 2 x 32 pairs sit at the
+    324-step budget), and a warm-up that is not the stretched schedule's makes its own series."""
+    from benchmarks.scaling import load_rows, warmup_option
+
+    assert warmup_option(40, 324) == warmup_option(20, 162) == warmup_option(320, 2592) == warmup_option(None, 9) == ""
+    assert warmup_option(80, 324) == "warmup_steps 80"
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    queries, references = [q.query_id for q in task.queries], list(task.reference_ids)
+    folders = []
+    for probe, steps, warmup, extra in (("accum", 162, 20, " --gradient_accumulation_steps 2"),
+                                        ("warmup", 324, 80, "")):
+        budget = tmp_path / probe
+        folders.append(budget)
+        run = budget / "runs" / "descriptor-copynce-seed0"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({
+            "name": run.name, "variant": "copynce", "seed": 0, "wall_seconds": 60.0,
+            "command": f"python scripts/train.py --config c.yaml --max_steps {steps} --warmup_steps {warmup} "
+                       f"--per_device_train_batch_size 32 --mixed_precision bf16{extra}"}))
+        (run / "training_summary.json").write_text(json.dumps({
+            "steps": steps, "warmup_steps": warmup, "pairs_per_process": 10368, "num_processes": 1,
+            "mixed_precision": "bf16", "eval": {"micro_ap": 0.5}}))
+        evaluate_system(run.name, Predictions(queries, references[:len(queries)], [0.5] * len(queries)), task,
+                        budget / "quality", {"family": "descriptor", "variant": "copynce", "seed": 0})
+    rows = {row.steps: row for row in load_rows(folders)}
+    assert rows[162].pairs == rows[324].pairs == 10368
+    assert rows[162].series == "copynce / training recipe / bf16 / per_device_train_batch_size 32, gradient_accumulation_steps 2"
+    assert rows[324].series == "copynce / training recipe / bf16 / warmup_steps 80, per_device_train_batch_size 32"
+
+
 def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_path):
     """``scripts/bench_dataloader.py --config``: the paper configs' pairs per step (slots count twice),
     a step of each model type timed under bf16 autocast, and the loader/model comparison written out."""
