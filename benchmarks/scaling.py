@@ -118,11 +118,13 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
                 raise SystemExit(f"{folder}: training_summary.json or run.json missing (not a benchmarks.training run)")
             summary, run = read_json(summary_path), read_json(run_path)
             command = run.get("command", "")
-            batch = int(command_option(command, "per_device_train_batch_size") or _config_batch(command))
             ema_decay = None if trained_weights else summary.get("ema_decay")
             steps, processes = int(summary["steps"]), int(summary.get("num_processes", 1))
-            # pairs_per_process counts every micro-batch (gradient accumulation included)
-            pairs = (int(summary["pairs_per_process"]) if summary.get("pairs_per_process") else steps * batch) * processes
+            # pairs_per_process counts every micro-batch (gradient accumulation included); a summary written
+            # before it existed gives steps x the command's batch
+            per_process = summary.get("pairs_per_process") or steps * int(
+                command_option(command, "per_device_train_batch_size") or _config_batch(command))
+            pairs = int(per_process) * processes
             options = ", ".join(o for o in (warmup_option(summary.get("warmup_steps"), steps), other_options(command)) if o)
             rows.append(ScalingRow(
                 run=f"{Path(budget_dir).name}/{record['system']}",
