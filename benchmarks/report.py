@@ -154,7 +154,9 @@ def data_section(d: dict) -> str:
                 stages = ", ".join(f"{k} {figures['ms_per_pair'][k]:.2f}" for k in ("decode", "edit", "trace", "collate"))
                 rows.append(f"| {size} | {recipe} | {path.replace('_', ' ')} | {stages} | {figures['total_ms']:.2f} | "
                             f"**{figures['pairs_per_second']:.1f}** |")
-            rows.append(f"| {size} | {recipe} | fused / edit by edit | edit {100 * paths['edit_ratio']:.0f} % | | |")
+            rows.append(f"| {size} | {recipe} | fused / edit by edit | edit {100 * paths['edit_ratio']:.0f} %; "
+                        f"without the draws {100 * paths['render_ratio']:.0f} % (draws "
+                        f"{paths['fused']['ms_per_pair']['draw']:.2f} ms) | | |")
         rates = " / ".join(f"{float(v):.1f}" for v in entry["loader_pairs_per_second"].values())
         loader_rows.append(f"| {size} | {rates} |")
     workers = " / ".join(next(iter(d["sizes"].values()))["loader_pairs_per_second"])
@@ -165,7 +167,8 @@ def data_section(d: dict) -> str:
             f"{d['source']}; {d['split_pairs']} pairs per round, {d['rounds']} alternated rounds of fused and "
             f"edit-by-edit rendering on the same pairs ({d['timing']}); `scripts/bench_dataloader.py` functions. "
             "Stages per pair: decode (JPEG in draft mode to the maker's max_source_side), edit (source shrink, "
-            "query recipe, reference resize, tables), trace (both overlap priors), collate (uint8 batch "
+            "query recipe, reference resize, tables; of which the chains' random draws, timed alone with "
+            "`CopyEditor.draw`, are the same work in both paths), trace (both overlap priors), collate (uint8 batch "
             f"tensors; the previous float32 normalisation per pair took {collate}). Query recipes: "
             f"{', '.join(first)}.\n\n"
             "| image/patch | query recipe | rendering | ms per pair by stage | total ms | pairs/s, one core |\n"

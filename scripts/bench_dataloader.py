@@ -13,9 +13,10 @@ Two measurements:
    (reading the original with ``load_image``, JPEGs in draft mode down to the maker's
    ``max_source_side``), ``edit`` (shrinking the original to at most 4x the model size, the query's
    recipe chain and the reference's light recipe, both ending with the resize to the model size,
-   tables included), ``trace`` (both overlap priors, ``pair_overlaps``), ``collate`` (the
-   collator's uint8 batch tensors; ``collate_float`` beside it: the previous per-pair float32
-   normalisation on the CPU, for comparison). For each query recipe (``--recipes``) the same
+   tables included; ``draw`` beside it: the chains' random draws alone, ``CopyEditor.draw``, the
+   part of editing that fused rendering cannot shorten), ``trace`` (both overlap priors,
+   ``pair_overlaps``), ``collate`` (the collator's uint8 batch tensors; ``collate_float`` beside
+   it: the previous per-pair float32 normalisation on the CPU, for comparison). For each query recipe (``--recipes``) the same
    pairs are timed with fused rendering (``fuse=True``, the default) and edit by edit
    (``fuse=False``), in alternated rounds; each path's figures are its fastest round (load from
    other jobs only ever adds time).
@@ -82,7 +83,7 @@ def time_split(images, size: int, patch: int, count: int, seed: int = 0, recipe:
     """Milliseconds of CPU per pair of each stage, measured in this process (one core)."""
     maker = CopyPairMaker(size, query_recipe=recipe, fuse=fuse)
     collator = PixTraceCollator(size, patch)
-    totals = dict.fromkeys(("decode", "edit", "trace"), 0.0)
+    totals = dict.fromkeys(("decode", "edit", "trace", "draw"), 0.0)
     pairs = []
     for position in range(count):
         row = images[position % len(images)]
@@ -95,6 +96,11 @@ def time_split(images, size: int, patch: int, count: int, seed: int = 0, recipe:
         edited = time.process_time()
         pair_overlaps(query_table, reference_table, patch)
         traced = time.process_time()
+        # The random draws of both chains again, alone (no pixel work): the part of "edit" that
+        # both paths do alike, which fused rendering cannot shorten.
+        maker.editor(recipe).draw(original.size[::-1], seed + 2 * position)
+        maker.editor("light").draw(original.size[::-1], seed + 2 * position + 1)
+        totals["draw"] += time.process_time() - traced
         totals["decode"] += decoded - start
         totals["edit"] += edited - decoded
         totals["trace"] += traced - edited
@@ -139,7 +145,10 @@ def compare_paths(images, size: int, patch: int, count: int, recipes=("training"
             total = sum(best[s] for s in STAGES)
             entry[path] = {"ms_per_pair": best, "total_ms": total, "pairs_per_second": 1000.0 / total,
                            "round_totals_ms": [sum(split[s] for s in STAGES) for split in splits]}
-        entry["edit_ratio"] = entry["fused"]["ms_per_pair"]["edit"] / entry["edit_by_edit"]["ms_per_pair"]["edit"]
+        fused, reference = entry["fused"]["ms_per_pair"], entry["edit_by_edit"]["ms_per_pair"]
+        entry["edit_ratio"] = fused["edit"] / reference["edit"]
+        # The pixel work alone: the edit stage less the chains' draws (the same in both paths).
+        entry["render_ratio"] = max(fused["edit"] - fused["draw"], 0.0) / max(reference["edit"] - reference["draw"], 1e-9)
         result[recipe] = entry
     return result
 
@@ -259,12 +268,13 @@ def main(argv=None):
     for recipe, entry in split.items():
         print(f"\nquery recipe {recipe}, per pair ({args.split_pairs} pairs):")
         print(f"  {'stage':14s} {'fused':>9s} {'edit by edit':>13s}")
-        for stage in (*STAGES, "collate_float"):
+        for stage in (*STAGES, "draw", "collate_float"):
             print(f"  {stage:14s} {entry['fused']['ms_per_pair'][stage]:7.2f} ms "
                   f"{entry['edit_by_edit']['ms_per_pair'][stage]:10.2f} ms")
         print(f"  {'total':14s} {entry['fused']['total_ms']:7.2f} ms {entry['edit_by_edit']['total_ms']:10.2f} ms"
               f"  -> {entry['fused']['pairs_per_second']:.1f} vs {entry['edit_by_edit']['pairs_per_second']:.1f}"
-              f" pairs/s on one core; fused editing {100 * entry['edit_ratio']:.0f} % of edit by edit")
+              f" pairs/s on one core; fused editing {100 * entry['edit_ratio']:.0f} % of edit by edit"
+              f" ({100 * entry['render_ratio']:.0f} % without the draws)")
     throughput = {}
     print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches (query recipe {query_recipe}, "
           f"fused):")

@@ -80,6 +80,22 @@ def test_replay_of_the_json_recipe_is_exact(fuse):
         assert_same_result(replay(image, recipe, fuse=fuse), result)
 
 
+@pytest.mark.parametrize("recipe", [all_steps_on(), CopyRecipe.paper_descriptor(), CopyRecipe.paper_matcher()])
+def test_draw_gives_the_chain_the_call_applies(recipe):
+    image = textured_image()
+    for fuse in (True, False):
+        editor = CopyEditor(seed=5, recipe=recipe, output_size=(64, 64), fuse=fuse)
+        for k in range(4):
+            drawn = [edit.to_dict() for edit in editor.draw((image.height, image.width), seed=k)]
+            assert drawn == editor(image, seed=k).recipe
+    # Without a per-call seed both draw from the editor's own generator, in turn.
+    drawing, editing = (CopyEditor(seed=9, recipe=recipe) for _ in range(2))
+    for _ in range(3):
+        assert [edit.to_dict() for edit in drawing.draw((150, 200))] == editing(image).recipe
+    with pytest.raises(ConfigError, match="per-call seed"):
+        drawing.draw((150, 200), seed=-1)
+
+
 def test_every_step_of_the_recipe_draws_a_working_edit():
     image = textured_image()
     editor = CopyEditor(seed=1, recipe=all_steps_on(), output_size=MODEL_SIZE)

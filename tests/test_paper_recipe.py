@@ -209,8 +209,11 @@ def test_pair_maker_and_paper_configs_use_the_paper_presets():
     original = textured_image(60, 80)
     pair = maker(original, original, 1, query_seed=3, reference_seed=4)
     assert pair.query.size == (32, 32) and pair.query_table.source_size == (60, 80)
-    assert maker._editor("paper_descriptor").recipe == CopyRecipe.paper_descriptor()
-    assert CopyPairMaker(32, query_recipe="paper_matcher")._editor("paper_matcher").recipe == CopyRecipe.paper_matcher()
+    assert maker.editor("paper_descriptor").recipe == CopyRecipe.paper_descriptor()
+    assert CopyPairMaker(32, query_recipe="paper_matcher").editor("paper_matcher").recipe == CopyRecipe.paper_matcher()
+    for no_editor in ("resize", "heavy"):
+        with pytest.raises(ConfigError, match=f"recipe='{no_editor}' has no editor"):
+            maker.editor(no_editor)
     root = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
     for name, recipe in (("descriptor_vitb16_224", "paper_descriptor"), ("descriptor_vits16_224", "paper_descriptor"),
                          ("matcher_vitb16_224", "paper_matcher"), ("matcher_vits16_224", "paper_matcher"),

@@ -89,7 +89,11 @@ class CopyPairMaker:
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
         return image.resize(size, Image.BILINEAR, reducing_gap=2.0)
 
-    def _editor(self, recipe: str):
+    def editor(self, recipe: str):
+        """The :class:`~copynce_hf.pixtrace.CopyEditor` behind :meth:`copy` for ``recipe`` (one of
+        ``RECIPES`` but ``resize``, which edits nothing); ``editor.draw`` gives a copy's chain."""
+        if recipe not in RECIPES or recipe == "resize":
+            raise ConfigError(f"recipe={recipe!r} has no editor; use one of {[r for r in RECIPES if r != 'resize']}")
         editor = self._editors.get(recipe)
         if editor is None:
             from ..pixtrace.editor import CopyEditor, CopyRecipe
@@ -118,7 +122,7 @@ class CopyPairMaker:
                 edited, table = render_fused(image, [Resize(size, size)])
                 recipe_log.append(Resize(size, size).to_dict())
         else:
-            result = self._editor(recipe)(image, seed=int(seed))
+            result = self.editor(recipe)(image, seed=int(seed))
             edited, table, recipe_log = result.image, result.table, list(result.recipe)
         if edited.size != (size, size):  # the model input size: both the pixels and the table
             resize = Resize(size, size)

@@ -671,6 +671,21 @@ class CopyEditor:
     def __call__(self, image: Image.Image | str | os.PathLike, seed: int | Sequence[int] | None = None) -> CopyResult:
         """Edit ``image`` (PIL image of any mode, or a path) with a freshly drawn chain."""
         image = _as_rgb(image)
+        edits = self.draw((image.height, image.width), seed)
+        if self.fuse:  # the chain is rendered in one go
+            image, table = render_fused(image, edits)
+        else:
+            table = CoordinateTable.identity(image.height, image.width)
+            for edit in edits:
+                image, table = edit(image, table)
+        return CopyResult(image, table, [edit.to_dict() for edit in edits])
+
+    def draw(self, size: tuple[int, int], seed: int | Sequence[int] | None = None) -> list[Edit]:
+        """The chain of edits that ``editor(image, seed)`` applies to an image of ``(height, width)``
+        ``size``, drawn without any pixel work (the same draws as the call itself).
+
+        Steps look only at the size of the image so far, which each geometric edit predicts.
+        """
         if seed is None:
             rng = self._rng
         else:
@@ -678,22 +693,13 @@ class CopyEditor:
             for value in key:
                 _check_seed(value, "per-call seed")
             rng = np.random.default_rng(key + ([self.seed] if self.seed is not None else []))
-        if self.fuse:  # the chain is drawn on predicted sizes (no pixel work), then rendered in one go
-            size, edits = (image.height, image.width), []
-            for step in self._schedule(rng):
-                for edit in self._draw_step(step, size):
-                    if edit.kind == "geometric":
-                        size = edit.output_size(size)
-                    edits.append(edit)
-            image, table = render_fused(image, edits)
-            return CopyResult(image, table, [edit.to_dict() for edit in edits])
-        table = CoordinateTable.identity(image.height, image.width)
-        recipe: list[dict[str, Any]] = []
+        size, edits = (int(size[0]), int(size[1])), []
         for step in self._schedule(rng):
-            for edit in self._draw_step(step, table.size):
-                image, table = edit(image, table)
-                recipe.append(edit.to_dict())
-        return CopyResult(image, table, recipe)
+            for edit in self._draw_step(step, size):
+                if edit.kind == "geometric":
+                    size = edit.output_size(size)
+                edits.append(edit)
+        return edits
 
     def _schedule(self, rng: np.random.Generator) -> list[tuple[Step, np.random.Generator] | None]:
         """The steps drawn for one copy with their child generators (see ``CopyRecipe.schedule``),

@@ -164,11 +164,17 @@ def _grayscale(edit, pixels, scale):
 
 def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.ndarray:
     """``pixels`` with ``colour`` (RGB or (H, W, 3)) blended in by ``coverage`` (uint8, 255 = replaced)."""
-    if not coverage.any():
+    left, top, width, height = cv2.boundingRect(np.ascontiguousarray(coverage))  # of the covered pixels
+    if width == 0 or height == 0:
         return pixels
-    weight = coverage.astype(np.float32) * np.float32(1 / 255)
-    colour = np.ascontiguousarray(np.broadcast_to(np.asarray(colour, dtype=np.uint8), pixels.shape))
-    return cv2.blendLinear(np.ascontiguousarray(pixels), colour, 1.0 - weight, weight)
+    window = (slice(top, top + height), slice(left, left + width))  # blended there only
+    weight = coverage[window].astype(np.float32) * np.float32(1 / 255)
+    colour = np.asarray(colour, dtype=np.uint8)
+    colour = colour[window] if colour.ndim == 3 else np.broadcast_to(colour, (height, width, 3))
+    blended = np.array(pixels)
+    blended[window] = cv2.blendLinear(np.ascontiguousarray(pixels[window]), np.ascontiguousarray(colour),
+                                      1.0 - weight, weight)
+    return blended
 
 
 def _emoji_layers(edit, size):
@@ -453,23 +459,18 @@ def _axis_density(matrix: np.ndarray, size: tuple[int, int]) -> tuple[float, flo
     """(rows, cols) of the map's input traversed per output pixel along y and x, smallest over the
     output's corners and centre (a projective map's scale varies; the smallest never over-reduces)."""
     height, width = size
-    points = [(0.0, 0.0), (width - 1.0, 0.0), (0.0, height - 1.0), (width - 1.0, height - 1.0),
-              ((width - 1) / 2, (height - 1) / 2)]
-    dy, dx = [], []
-    for x, y in points:
-        jacobian = _jacobian(matrix, x, y)
-        dx.append(math.hypot(jacobian[0, 0], jacobian[0, 1]))
-        dy.append(math.hypot(jacobian[1, 0], jacobian[1, 1]))
-    return max(min(dy), 1e-6), max(min(dx), 1e-6)
-
-
-def _jacobian(matrix: np.ndarray, x: float, y: float) -> np.ndarray:
-    """(2, 2) derivative of the projective map at (x, y): rows d(x_in), d(y_in) by (dx, dy)."""
-    u, v, w = matrix @ np.array([x, y, 1.0])
-    if abs(w) < 1e-12:
-        return np.eye(2)
-    return np.array([[matrix[0, 0] - u / w * matrix[2, 0], matrix[0, 1] - u / w * matrix[2, 1]],
-                     [matrix[1, 0] - v / w * matrix[2, 0], matrix[1, 1] - v / w * matrix[2, 1]]]) / w
+    points = np.array([[0.0, width - 1.0, 0.0, width - 1.0, (width - 1) / 2],
+                       [0.0, 0.0, height - 1.0, height - 1.0, (height - 1) / 2], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    # At each point, the gradients of the input position (u / w, v / w) with respect to (x, y),
+    # where (u, v, w) = matrix @ (x, y, 1); a point where w vanishes counts as the identity map.
+    u, v, w = matrix @ points
+    flat = np.abs(w) < 1e-12
+    w = np.where(flat, 1.0, w)
+    grad_x_in = np.stack([matrix[0, 0] - u / w * matrix[2, 0], matrix[0, 1] - u / w * matrix[2, 1]]) / w
+    grad_y_in = np.stack([matrix[1, 0] - v / w * matrix[2, 0], matrix[1, 1] - v / w * matrix[2, 1]]) / w
+    dx = np.where(flat, 1.0, np.hypot(*grad_x_in))
+    dy = np.where(flat, 1.0, np.hypot(*grad_y_in))
+    return max(float(dy.min()), 1e-6), max(float(dx.min()), 1e-6)
 
 
 def _resize_matrix(old_size, new_size) -> np.ndarray:
@@ -506,12 +507,27 @@ def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpol
         dy, dx = dy / factor, dx / factor
     sigma_y, sigma_x = (math.sqrt(max(d * d - 1.0, 0.0) / 6.0) for d in (dy, dx))
     if max(sigma_y, sigma_x) >= 0.2:
-        array = cv2.GaussianBlur(array, (0, 0), sigmaX=max(sigma_x, 1e-3), sigmaY=max(sigma_y, 1e-3))
+        array = _smooth(array, max(sigma_y, 1e-3), max(sigma_x, 1e-3))
     flags = interpolation | cv2.WARP_INVERSE_MAP
     matrix = matrix / matrix[2, 2]
+    # OpenCV's vectorised warps handle 1 and 4 channels; 3-channel images go through a padded
+    # 4-channel copy (the same samples, bit for bit, in less than half the time).
+    padded = array.ndim == 3 and array.shape[2] == 3 and array.dtype == np.uint8
+    if padded:
+        array = cv2.cvtColor(array, cv2.COLOR_RGB2RGBA)
     if abs(matrix[2, 0]) < 1e-12 and abs(matrix[2, 1]) < 1e-12:
-        return cv2.warpAffine(array, matrix[:2], (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
-    return cv2.warpPerspective(array, matrix, (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+        warped = cv2.warpAffine(array, matrix[:2], (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    else:
+        warped = cv2.warpPerspective(array, matrix, (width, height), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    return cv2.cvtColor(warped, cv2.COLOR_RGBA2RGB) if padded else warped
+
+
+def _smooth(array: np.ndarray, sigma_y: float, sigma_x: float) -> np.ndarray:
+    """``array`` (H, W[, C]) smoothed by a Gaussian of standard deviations ``(sigma_y, sigma_x)``:
+    ``cv2.GaussianBlur``'s kernels (same sizes, reflected border) applied by ``cv2.sepFilter2D``,
+    a quarter faster here on 3-channel images (within 2 levels of it: float instead of fixed point)."""
+    kernels = [cv2.getGaussianKernel(int(round(6 * sigma + 1)) | 1, sigma) for sigma in (sigma_x, sigma_y)]
+    return cv2.sepFilter2D(array, -1, *kernels)
 
 
 def _region_of(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], margin: int):
