@@ -31,7 +31,9 @@ in training; ``--precision bf16`` under autocast), to tell whether the pipeline 
 bottleneck (default config: ``configs/tiny_cpu.yaml``). The model is freshly initialised
 (``init_from_dino`` is ignored: the speed is the same).
 Images: ``--image_folder`` when given, else the ``train`` split of ``../shared/data/imagenet-sample``
-when present (median 500x375), else the bundled sample images.
+when present (median 500x375), else the bundled sample images; with ``--min_long_side N`` only
+those whose longer side is at least N pixels (at 224, N = 896 selects the originals that draft
+decoding and the shrink to ``max_source_side`` reduce, as most photographs are).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from copynce_hf.data import (
     CopyPairBatchSampler,
@@ -60,21 +63,35 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
 
-def _images(limit: int, image_folder: str | None = None):
+def _long_side(path) -> int:
+    with Image.open(path) as handle:  # the header only
+        return max(handle.size)
+
+
+def _images(limit: int, image_folder: str | None = None, min_long_side: int = 0):
+    """Up to ``limit`` originals (an image dataset) whose longer side is at least ``min_long_side``,
+    and a line that says where they come from."""
     if image_folder:
         images = load_image_dataset(image_folder)
+        if min_long_side:
+            keep = [i for i, row in enumerate(images) if _long_side(row["image"]["path"]) >= min_long_side]
+            images = images.select(keep)
         return images.select(range(min(limit, len(images)))), image_folder
     splits = SHARED / "imagenet-sample-splits.csv"
     if splits.exists():
         with splits.open(newline="") as handle:
             names = [row["filename"] for row in csv.DictReader(handle) if row["split"] == "train"]
-        folder = Path("/tmp/copynce_bench_images")
-        folder.mkdir(exist_ok=True)
-        for name in names[:limit]:  # a folder of links: load_image_dataset reads a folder
+        if min_long_side:
+            names = [name for name in names if _long_side(SHARED / "imagenet-sample" / name) >= min_long_side]
+        # A folder of links per selection (load_image_dataset reads a folder).
+        folder = Path("/tmp/copynce_bench_images") / f"train-{limit}-from-{min_long_side}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names[:limit]:
             link = folder / name
             if not link.exists():
                 link.symlink_to(SHARED / "imagenet-sample" / name)
-        return load_image_dataset(folder), "../shared/data/imagenet-sample (train split)"
+        where = "../shared/data/imagenet-sample (train split"
+        return load_image_dataset(folder), where + (f", longer side >= {min_long_side})" if min_long_side else ")")
     return load_image_dataset(None), "bundled sample images (copynce_hf/assets/images)"
 
 
@@ -242,6 +259,9 @@ def main(argv=None):
                         choices=["training", "paper_descriptor", "paper_matcher"], help="query recipes timed")
     parser.add_argument("--images", type=int, default=200, help="originals used (shared data)")
     parser.add_argument("--image_folder", default=None, help="a folder of originals to use instead")
+    parser.add_argument("--min_long_side", type=int, default=0,
+                        help="use only originals whose longer side is at least this (e.g. 896 at 224: the "
+                             "originals that draft decoding and the source shrink reduce)")
     parser.add_argument("--skip_split", action="store_true", help="skip the per-stage split (loader and model only)")
     parser.add_argument("--model_step", action="store_true", help="also time the config's training step")
     parser.add_argument("--model_steps", type=int, default=10, help="timed optimiser steps of --model_step")
@@ -259,7 +279,7 @@ def main(argv=None):
         query_recipe, reference_recipe = config.query_recipe, config.reference_recipe
         args.recipes = [query_recipe] if query_recipe in ("training", "paper_descriptor", "paper_matcher") else []
     torch.set_num_threads(1)
-    images, source = _images(args.images, args.image_folder)
+    images, source = _images(args.images, args.image_folder, args.min_long_side)
     print(f"originals: {len(images)} from {source}; pairs at {args.image_size}x{args.image_size}, "
           f"patch {args.patch_size}; torch and OpenCV threads 1; CPU time of this process, fastest of "
           f"{args.rounds} alternated rounds")

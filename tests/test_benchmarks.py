@@ -474,3 +474,23 @@ def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_pa
     assert saved["split"] == {} and saved["batch_size"] == bench.training_config(None).pairs_per_batch
     assert saved["model_pairs_per_second"] > 0 and saved["pairs_per_second"]["0"] > 0 and saved["device"] == "cpu"
     assert result["query_recipe"] == "training"
+
+
+def test_bench_dataloader_selects_large_originals_and_times_the_draws_in_both_paths(tmp_path):
+    """``--min_long_side`` keeps only the larger originals; the stage split of each path carries the
+    chains' draws (timed alone) and the fused / edit-by-edit ratios with and without them."""
+    from benchmarks.speed import _load_bench_dataloader
+
+    bench = _load_bench_dataloader()
+    rng = np.random.default_rng(0)
+    for name, (width, height) in {"small.png": (40, 30), "wide.png": (100, 60), "tall.png": (50, 80)}.items():
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(tmp_path / name)
+    images, _ = bench._images(10, str(tmp_path), min_long_side=64)
+    assert sorted(Path(row["image"]["path"]).name for row in images) == ["tall.png", "wide.png"]
+    split = bench.compare_paths(images, 32, 16, 2, ("training",), rounds=1)["training"]
+    for path in ("fused", "edit_by_edit"):
+        stages = split[path]["ms_per_pair"]
+        assert 0 < stages["draw"] and set(bench.STAGES) <= set(stages)
+    fused, reference = split["fused"]["ms_per_pair"], split["edit_by_edit"]["ms_per_pair"]
+    assert split["edit_ratio"] == pytest.approx(fused["edit"] / reference["edit"])
+    assert split["render_ratio"] == pytest.approx(max(fused["edit"] - fused["draw"], 0) / (reference["edit"] - reference["draw"]))

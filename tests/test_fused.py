@@ -18,7 +18,7 @@ from copynce_hf.data.loading import ASSET_IMAGES
 from copynce_hf.images import load_image
 from copynce_hf.pixtrace import CopyEditor, CopyRecipe, pair_overlaps, replay
 from copynce_hf.pixtrace.edits import Crop, Pad, Resize
-from copynce_hf.pixtrace.fused import render_fused
+from copynce_hf.pixtrace.fused import render_fused, resize_image
 
 OUTPUT = (64, 64)
 PATCH = 16
@@ -131,6 +131,25 @@ def test_fused_resize_is_antialiased():
     shrunk, table = render_fused(image, [Crop(16, 16, 240, 240), Pad(0.1, 0.1, (0, 0, 255)), Resize(56, 56)])
     inner = erode(table.valid, 2)
     assert np.asarray(shrunk, dtype=np.float64)[inner].std() < 2
+
+
+def test_shrinking_the_source_uses_the_fused_resampler_only_when_fused():
+    """``CopyPairMaker.source``: the same size either way; with ``fuse`` the fused renderer's resampler,
+    close to Pillow's bilinear resize (which ``fuse=False`` keeps, pixel for pixel), and antialiased."""
+    from copynce_hf.data import CopyPairMaker
+
+    for original in originals(384)[:4]:
+        fused = CopyPairMaker(32, max_source_side=150).source(original)
+        slow = CopyPairMaker(32, max_source_side=150, fuse=False).source(original)
+        assert fused.size == slow.size and max(fused.size) == 150
+        expected = original.resize(slow.size, Image.BILINEAR, reducing_gap=2.0)
+        np.testing.assert_array_equal(np.asarray(slow), np.asarray(expected))
+        assert psnr(np.asarray(fused), np.asarray(slow)) >= 40.0
+    board = ((np.indices((200, 300)).sum(0) % 2) * 255).astype(np.uint8)
+    shrunk = CopyPairMaker(32, max_source_side=100).source(Image.fromarray(np.stack([board] * 3, -1), "RGB"))
+    assert shrunk.size == (100, 67) and np.asarray(shrunk, dtype=np.float64).std() < 2
+    with pytest.raises(ValueError, match="mode 'L'"):
+        resize_image(Image.new("L", (8, 8)), (4, 4))
 
 
 def _content_score(result, original: Image.Image) -> float | None:

@@ -58,8 +58,9 @@ class CopyPairMaker:
             500x375 original for a 64x64 model takes three times longer than editing it at 256 pixels).
             The tables then refer to the shrunk original, which both copies of a pair share.
         fuse: render the copies with fused geometry (one resampling per run of geometric edits,
-            ``CopyEditor(fuse=True)``, the default) or edit by edit (``False``, the reference);
-            the tables are the same either way.
+            ``CopyEditor(fuse=True)``, the default; the shrink to ``max_source_side`` then uses the
+            same resampler) or edit by edit (``False``, the reference); the tables are the same
+            either way.
 
     ``maker(query_original, reference_original, label, query_seed, reference_seed)`` returns a
     :class:`CopyPair` whose tables map each copy to its own original (for a positive pair both
@@ -81,12 +82,17 @@ class CopyPairMaker:
         self._editors: dict[str, object] = {}
 
     def source(self, image: Image.Image) -> Image.Image:
-        """The original the copies are made from: ``image``, shrunk to ``max_source_side`` if larger."""
+        """The original the copies are made from: ``image``, shrunk to ``max_source_side`` if larger
+        (with ``fuse``, by the fused renderer's resampler; else by Pillow's bilinear resize)."""
         limit = self.max_source_side
         if not limit or max(image.size) <= limit:
             return image
         scale = limit / max(image.size)
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        if self.fuse and image.mode == "RGB":  # the fused renderer's antialiased resampler: faster
+            from ..pixtrace.fused import resize_image
+
+            return resize_image(image, size[::-1])
         return image.resize(size, Image.BILINEAR, reducing_gap=2.0)
 
     def editor(self, recipe: str):
