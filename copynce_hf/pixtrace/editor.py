@@ -677,7 +677,10 @@ class CopyEditor:
         else:
             table = CoordinateTable.identity(image.height, image.width)
             for edit in edits:
+                expected = edit.output_size(table.size) if edit.kind == "geometric" else table.size
                 image, table = edit(image, table)
+                if table.size != expected:  # the chain was drawn on predicted sizes
+                    raise AssertionError(f"{edit.name} produced {table.size}, its output_size says {expected}")
         return CopyResult(image, table, [edit.to_dict() for edit in edits])
 
     def draw(self, size: tuple[int, int], seed: int | Sequence[int] | None = None) -> list[Edit]:

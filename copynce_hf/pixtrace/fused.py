@@ -511,7 +511,8 @@ def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpol
     flags = interpolation | cv2.WARP_INVERSE_MAP
     matrix = matrix / matrix[2, 2]
     # OpenCV's vectorised warps handle 1 and 4 channels; 3-channel images go through a padded
-    # 4-channel copy (the same samples, bit for bit, in less than half the time).
+    # 4-channel copy: the same samples, bit for bit, and up to 2.5 times faster here (scalings and
+    # projective maps; rotations take about as long either way).
     padded = array.ndim == 3 and array.shape[2] == 3 and array.dtype == np.uint8
     if padded:
         array = cv2.cvtColor(array, cv2.COLOR_RGB2RGBA)
@@ -525,7 +526,7 @@ def _warp(array: np.ndarray, matrix: np.ndarray, size: tuple[int, int], interpol
 def _smooth(array: np.ndarray, sigma_y: float, sigma_x: float) -> np.ndarray:
     """``array`` (H, W[, C]) smoothed by a Gaussian of standard deviations ``(sigma_y, sigma_x)``:
     ``cv2.GaussianBlur``'s kernels (same sizes, reflected border) applied by ``cv2.sepFilter2D``,
-    a quarter faster here on 3-channel images (within 2 levels of it: float instead of fixed point)."""
+    10-25 % faster here on 3-channel images (within 2 levels of it: float instead of fixed point)."""
     kernels = [cv2.getGaussianKernel(int(round(6 * sigma + 1)) | 1, sigma) for sigma in (sigma_x, sigma_y)]
     return cv2.sepFilter2D(array, -1, *kernels)
 
