@@ -16,10 +16,10 @@ Two measurements:
    tables included; ``draw`` beside it: the chains' random draws alone, ``CopyEditor.draw``, the
    part of editing that fused rendering cannot shorten), ``trace`` (both overlap priors,
    ``pair_overlaps``), ``collate`` (the collator's uint8 batch tensors; ``collate_float`` beside
-   it: the previous per-pair float32 normalisation on the CPU, for comparison). For each query recipe (``--recipes``) the same
-   pairs are timed with fused rendering (``fuse=True``, the default) and edit by edit
-   (``fuse=False``), in alternated rounds; each path's figures are its fastest round (load from
-   other jobs only ever adds time).
+   it: the previous per-pair float32 normalisation on the CPU, for comparison). For each query
+   recipe (``--recipes``) the same pairs are timed with fused rendering (``fuse=True``, the
+   default) and edit by edit (``fuse=False``), in alternated rounds; each path's figures are its
+   fastest round (load from other jobs only ever adds time).
 2. End to end: a ``DataLoader`` over :class:`CopyPairDataset` with the :class:`PixTraceCollator`
    and 0, 1, 2 workers, pairs per second after a warm-up batch (training recipe, fused).
 
@@ -165,7 +165,8 @@ def compare_paths(images, size: int, patch: int, count: int, recipes=("training"
         fused, reference = entry["fused"]["ms_per_pair"], entry["edit_by_edit"]["ms_per_pair"]
         entry["edit_ratio"] = fused["edit"] / reference["edit"]
         # The pixel work alone: the edit stage less the chains' draws (the same in both paths).
-        entry["render_ratio"] = max(fused["edit"] - fused["draw"], 0.0) / max(reference["edit"] - reference["draw"], 1e-9)
+        rendering = (max(fused["edit"] - fused["draw"], 0.0), max(reference["edit"] - reference["draw"], 1e-9))
+        entry["render_ratio"] = rendering[0] / rendering[1]
         result[recipe] = entry
     return result
 
