@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed
 
-.PHONY: install test lint train bench demo space space-bundle clean
+.PHONY: install test lint train bench demo space space-bundle sync-model-code clean
 
 $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
@@ -52,6 +52,11 @@ space-bundle:
 	cp -R model_cards $(SPACE_BUNDLE)/copynce_hf/model_cards
 	find $(SPACE_BUNDLE) -name __pycache__ -type d -prune -exec rm -rf {} +
 	@echo "Space folder: $(SPACE_BUNDLE) (upload it with: hf upload USER/SPACE $(SPACE_BUNDLE) . --repo-type space)"
+
+# After a change to copynce_hf/modeling/: copy it into the shipped model folders, which carry real
+# copies of it (tests/test_model_code.py fails while one differs).
+sync-model-code:
+	$(PYTHON) -m copynce_hf.model_code
 
 clean:
 	rm -f $(STAMP)

@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import shutil
 import sys
@@ -322,34 +321,16 @@ def export_model(export: Export, results_dir: Path = RESULTS_DIR, max_bytes: int
     return ExportReport(target, export.kind, total, weight_bytes, num_parameters, difference, results)
 
 
-def link_package_code(folder: Path, final: Path) -> None:
-    """Replace the modelling code ``save_pretrained`` copied into ``folder`` by relative links to the
-    package's own files (``copynce_hf/modeling/``), as seen from the folder's final place ``final``.
-
-    The shipped folders then carry the code of the package they ship with (a wheel or a Hub upload
-    stores the files the links point to), and the repository holds one copy of it.
-    """
-    package_code = REPO_ROOT / "copynce_hf" / "modeling"
-    for path in sorted(Path(folder).glob("*.py")):
-        source = package_code / path.name
-        if not source.is_file() or source.read_bytes() != path.read_bytes():
-            raise CopyNCEError(f"{path} is not a copy of {source}: cannot link it")
-        path.unlink()
-        path.symlink_to(os.path.relpath(source, Path(final).resolve().parent / Path(final).name))
-
-
 def _write_checked(model, processor, card, staging: Path, target: Path, kind: str, reference, inputs, max_bytes):
     """Write the float16 folder (weights, config, modelling code with ``auto_map``, processor, card) into
     ``staging``, check it, and move it to ``target``; returns (total bytes, max difference, weight bytes)."""
     hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
     (staging / LICENSE_FILE).write_text(LICENSE_TEXT, encoding="utf-8")
-    link_package_code(staging, target)
     total, difference = check_folder(staging, kind, reference, inputs, max_bytes)
     weight_bytes = (staging / "model.safetensors").stat().st_size
     staging.chmod(0o755)  # mkdtemp makes it private; the folder is package data
     for path in staging.iterdir():
-        if not path.is_symlink():
-            path.chmod(0o644)
+        path.chmod(0o644)
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)

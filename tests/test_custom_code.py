@@ -9,6 +9,7 @@ classes registered by ``import copynce_hf`` is tested in-process in test_modelin
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -201,6 +202,11 @@ def test_shipped_model_folders_load_as_hub_custom_code_without_copynce_hf(tmp_pa
                 values = model(pixels).descriptors
         reference["outputs"][str(folder)] = values
         reference["pixels"][str(folder)] = pixels
+        # loaded from a copy, as `cp -r` makes it (links are copied as links)
+        copy = tmp_path / "copies" / f"{folder.parent.name}-{folder.name}"
+        shutil.copytree(folder, copy, symlinks=True)
+        reference["outputs"][str(copy)] = reference["outputs"].pop(str(folder))
+        reference["pixels"][str(copy)] = reference["pixels"].pop(str(folder))
     torch.save(reference, tmp_path / "reference.pt")
     output = run_without_copynce_hf(SHIPPED_RUNNER, [tmp_path / "reference.pt"], tmp_path)
     assert output.count("SHIPPED") == len(SHIPPED_FOLDERS), output

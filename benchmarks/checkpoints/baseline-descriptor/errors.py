@@ -1,1 +1,46 @@
-../../../copynce_hf/modeling/errors.py
+"""Exception types of copynce_hf.
+
+Every error the package raises on bad input derives from :class:`CopyNCEError`, so
+callers can catch the package's own refusals without catching programming errors.
+Messages name the offending file, field or value.
+"""
+
+
+class CopyNCEError(Exception):
+    """Base class of the package's input errors."""
+
+
+#: Reasons an image is skipped, in plain words (``ImageLoadError.reason``), in reporting order.
+SKIP_REASONS = ("missing", "empty file", "not an image", "truncated", "too large", "too small", "unreadable")
+
+
+class ImageLoadError(CopyNCEError):
+    """An image file cannot be used: missing, empty, not an image, truncated, too large or too small.
+
+    ``reason`` is the short plain-words category used when skipped files are counted
+    (``"missing"``, ``"empty file"``, ``"not an image"``, ``"truncated"``, ``"too large"``,
+    ``"too small"``, ``"unreadable"`` for anything else).
+    """
+
+    def __init__(self, message: str, reason: str = "unreadable"):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):  # keep the reason when the error crosses a process boundary
+        return type(self), (str(self), self.reason)
+
+
+class EditParameterError(CopyNCEError, ValueError):
+    """An edit was constructed with a parameter outside its valid range."""
+
+
+class TableError(CopyNCEError, ValueError):
+    """Coordinate tables of incompatible shapes or sources were combined."""
+
+
+class ConfigError(CopyNCEError, ValueError):
+    """A configuration key is unknown or holds an invalid value."""
+
+
+class PredictionsError(CopyNCEError, ValueError):
+    """A predictions or descriptor file is malformed: missing columns, duplicate pairs, bad values."""

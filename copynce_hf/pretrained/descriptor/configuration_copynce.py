@@ -1,1 +1,277 @@
-../../modeling/configuration_copynce.py
+"""Configurations of the CopyNCE backbone, descriptor and matcher.
+
+All three models are Vision Transformers; their architecture hyper-parameters use the names of
+``transformers.ViTConfig`` (``hidden_size``, ``num_hidden_layers``, ...), with ViT-S/16 defaults
+as in DINO (the paper's default backbone, supplementary table "All detailed settings").
+Every loss weight and temperature of the paper lives here with the paper's default, so a
+saved model folder records exactly how it was trained.
+
+Like every module of this package, it imports its siblings relatively and otherwise only
+``transformers``, so a saved model folder carries it as Hub custom code.
+"""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PretrainedConfig
+
+from .errors import ConfigError
+
+__all__ = ["CopyNCEDescriptorConfig", "CopyNCEMatcherConfig", "CopyNCEViTConfig"]
+
+COPYNCE_WEIGHTINGS = ("paper", "reference")
+#: InfoNCE negatives (``copynce_hf.losses.info_nce_loss``) and KoLeo scopes of the descriptor.
+INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
+KOLEO_SCOPES = ("per_view", "all_embeddings")
+#: Pairs CopyNCE's batch loss is averaged over (``copynce_hf.losses.copynce_loss``).
+COPYNCE_AVERAGES = ("overlap_pairs", "all_pairs")
+
+
+def _check(condition: bool, key: str, value, requirement: str) -> None:
+    if not condition:
+        raise ConfigError(f"invalid configuration value {key}={value!r}: {requirement}")
+
+
+def _check_non_negative(key: str, value) -> None:
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0,
+        key,
+        value,
+        "must be a finite number >= 0",
+    )
+
+
+def _check_positive_int(key: str, value) -> None:
+    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, value, "must be an integer > 0")
+
+
+class CopyNCEViTConfig(PretrainedConfig):
+    """Configuration of :class:`CopyNCEViTModel`, the ViT backbone shared by the descriptor and
+    the matcher (hyper-parameter names as in ``ViTConfig``, ViT-S/16 defaults as in DINO).
+
+    Args:
+        hidden_size: token width ``C`` (384 for ViT-S, 768 for ViT-B).
+        num_hidden_layers: transformer blocks (12).
+        num_attention_heads: attention heads (6 for ViT-S, 12 for ViT-B).
+        intermediate_size: MLP width (4 * hidden_size).
+        hidden_act: MLP activation, a key of ``transformers.activations.ACT2FN`` ("gelu", exact as in DINO).
+        hidden_dropout_prob: dropout after attention and MLP.
+        attention_probs_dropout_prob: dropout on attention weights.
+        initializer_range: std of the truncated-normal initialisation of new weights.
+        layer_norm_eps: LayerNorm epsilon (1e-6 as in DINO).
+        image_size: square input side in pixels; a multiple of ``patch_size``.
+        patch_size: side of a patch in pixels (16).
+        num_channels: input channels (3).
+        qkv_bias: bias in the query/key/value projection.
+
+    The attention backend is chosen as for ``transformers`` models, with
+    ``from_pretrained(..., attn_implementation="sdpa" | "eager")`` (default "sdpa").
+    """
+
+    model_type = "copynce-vit"
+
+    def __init__(
+        self,
+        hidden_size: int = 384,
+        num_hidden_layers: int = 12,
+        num_attention_heads: int = 6,
+        intermediate_size: int = 1536,
+        hidden_act: str = "gelu",
+        hidden_dropout_prob: float = 0.0,
+        attention_probs_dropout_prob: float = 0.0,
+        initializer_range: float = 0.02,
+        layer_norm_eps: float = 1e-6,
+        image_size: int = 224,
+        patch_size: int = 16,
+        num_channels: int = 3,
+        qkv_bias: bool = True,
+        **kwargs,
+    ):
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.initializer_range = initializer_range
+        self.layer_norm_eps = layer_norm_eps
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.num_channels = num_channels
+        self.qkv_bias = qkv_bias
+        super().__init__(**kwargs)
+        self._validate_vit()
+
+    def _validate_vit(self) -> None:
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "image_size", "patch_size", "num_channels"):
+            _check_positive_int(key, getattr(self, key))
+        _check(self.hidden_size % self.num_attention_heads == 0, "num_attention_heads", self.num_attention_heads,
+               f"must divide hidden_size={self.hidden_size}")
+        _check(self.image_size % self.patch_size == 0, "image_size", self.image_size,
+               f"must be a multiple of patch_size={self.patch_size}")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, key)
+            _check_non_negative(key, value)
+            _check(value < 1, key, value, "must be < 1")
+        _check(isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0, "layer_norm_eps",
+               self.layer_norm_eps, "must be > 0")
+        _check(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
+               "initializer_range", self.initializer_range, "must be > 0")
+        _check(isinstance(self.hidden_act, str), "hidden_act", self.hidden_act, "must be an activation name")
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per side at ``image_size``."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        """Patch tokens per image at ``image_size`` (``L``)."""
+        return self.grid_size**2
+
+    def _validate_copynce(self) -> None:
+        _check(isinstance(self.copynce_temperature, (int, float)) and self.copynce_temperature > 0,
+               "copynce_temperature", self.copynce_temperature, "must be > 0")
+        _check(isinstance(self.copynce_gamma, (int, float)) and self.copynce_gamma >= 0, "copynce_gamma",
+               self.copynce_gamma, "must be >= 0 (or inf)")
+        _check_non_negative("copynce_weight", self.copynce_weight)
+        _check(self.copynce_weighting in COPYNCE_WEIGHTINGS, "copynce_weighting", self.copynce_weighting,
+               f"must be one of {COPYNCE_WEIGHTINGS}")
+        _check(self.copynce_average in COPYNCE_AVERAGES, "copynce_average", self.copynce_average,
+               f"must be one of {COPYNCE_AVERAGES}")
+
+
+class CopyNCEDescriptorConfig(CopyNCEViTConfig):
+    """Configuration of :class:`CopyNCEDescriptorModel` (paper supplementary, "Model Arch").
+
+    ViT encoder, then a head on the CLS token: linear (no bias) to ``descriptor_dim``, batch
+    norm, L2 normalisation. Training loss (paper "Overall Objective" and "Implementation
+    details"): ``infonce_weight * InfoNCE + koleo_weight * KoLeo + copynce_weight * CopyNCE``.
+
+    Args (besides the ViT ones of ``ViTConfig``):
+        descriptor_dim: descriptor size ``D`` (512; 256 for the DISC21 descriptor track).
+        copynce_temperature: CopyNCE ``tau`` (1/16).
+        copynce_weight: ``w_NCE`` (5 for the descriptor; 0 trains the InfoNCE + KoLeo baseline).
+        copynce_gamma: confidence sharpening ``gamma`` of the prior (3 for the descriptor).
+        copynce_layer: block whose patch tokens CopyNCE supervises, 1-based or negative from
+            the end; -1 (the last block, after the final LayerNorm) as in the paper.
+        copynce_weighting: "paper" (the paper's equations) or "reference" (the authors' code),
+            see :func:`copynce_hf.losses.copynce_loss`.
+        copynce_average: "overlap_pairs" (the batch loss is the mean over the copy pairs with
+            overlap) or "all_pairs" (the authors' code: their sum over all pairs of the batch).
+        logit_scale_init: initial value of InfoNCE's learnable log-scale (3.2, i.e. scale 24.5).
+        infonce_weight: weight of InfoNCE (1).
+        infonce_negatives: "cross_view" (each query against the batch's references and each
+            reference against its queries) or "all_embeddings" (SSCD's form, the authors' code: each
+            of the 2N descriptors against all others, its partner the positive).
+        koleo_weight: weight of KoLeo (5).
+        koleo_scope: "per_view" (KoLeo of the local queries and of the local references, averaged)
+            or "all_embeddings" (the authors' code: over the 2N descriptors of all processes, each
+            one's partner excluded from its neighbours), see :func:`copynce_hf.losses.paired_koleo_loss`.
+    """
+
+    model_type = "copynce-descriptor"
+
+    def __init__(
+        self,
+        descriptor_dim: int = 512,
+        copynce_temperature: float = 1 / 16,
+        copynce_weight: float = 5.0,
+        copynce_gamma: float = 3.0,
+        copynce_layer: int = -1,
+        copynce_weighting: str = "paper",
+        copynce_average: str = "overlap_pairs",
+        logit_scale_init: float = 3.2,
+        infonce_weight: float = 1.0,
+        koleo_weight: float = 5.0,
+        infonce_negatives: str = "cross_view",
+        koleo_scope: str = "per_view",
+        **kwargs,
+    ):
+        self.descriptor_dim = descriptor_dim
+        self.infonce_negatives = infonce_negatives
+        self.koleo_scope = koleo_scope
+        self.copynce_temperature = copynce_temperature
+        self.copynce_weight = copynce_weight
+        self.copynce_gamma = copynce_gamma
+        self.copynce_layer = copynce_layer
+        self.copynce_weighting = copynce_weighting
+        self.copynce_average = copynce_average
+        self.logit_scale_init = logit_scale_init
+        self.infonce_weight = infonce_weight
+        self.koleo_weight = koleo_weight
+        super().__init__(**kwargs)
+        _check_positive_int("descriptor_dim", descriptor_dim)
+        self._validate_copynce()
+        _check(isinstance(copynce_layer, int) and copynce_layer != 0
+               and -self.num_hidden_layers <= copynce_layer <= self.num_hidden_layers,
+               "copynce_layer", copynce_layer,
+               f"must be a block index in 1..{self.num_hidden_layers} or -{self.num_hidden_layers}..-1")
+        _check(isinstance(logit_scale_init, (int, float)) and math.isfinite(logit_scale_init),
+               "logit_scale_init", logit_scale_init, "must be a finite number")
+        _check_non_negative("infonce_weight", infonce_weight)
+        _check_non_negative("koleo_weight", koleo_weight)
+        _check(infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", infonce_negatives,
+               f"must be one of {INFONCE_NEGATIVES}")
+        _check(koleo_scope in KOLEO_SCOPES, "koleo_scope", koleo_scope, f"must be one of {KOLEO_SCOPES}")
+
+    @property
+    def copynce_block_index(self) -> int:
+        """0-based index of the block whose output CopyNCE uses."""
+        return self.copynce_layer - 1 if self.copynce_layer > 0 else self.num_hidden_layers + self.copynce_layer
+
+
+class CopyNCEMatcherConfig(CopyNCEViTConfig):
+    """Configuration of :class:`CopyNCEMatcherModel` (paper supplementary, "Model Arch").
+
+    The first ``num_hidden_layers - num_fusion_layers`` blocks encode query and reference
+    separately (shared weights); the last ``num_fusion_layers`` blocks fuse
+    ``[CLS; query patches; reference patches]``; a linear head on the fused CLS gives one copy
+    logit. Training loss: ``bce_weight * BCE + copynce_weight * CopyNCE`` on the fused patch
+    tokens of positive pairs.
+
+    Args (besides the ViT ones of ``ViTConfig``):
+        num_fusion_layers: fusion blocks (4 of 12: "enc-8-fus-4").
+        copynce_temperature: CopyNCE ``tau`` (1/16).
+        copynce_weight: ``w_NCE`` (3 for the matcher; 0 trains the BCE baseline).
+        copynce_gamma: ``gamma`` (1 for the matcher).
+        copynce_weighting: "paper" or "reference", see :func:`copynce_hf.losses.copynce_loss`.
+        copynce_average: "overlap_pairs" or "all_pairs" (the authors' code: negatives count too),
+            see :func:`copynce_hf.losses.copynce_loss`.
+        bce_weight: weight of the binary cross-entropy (1).
+    """
+
+    model_type = "copynce-matcher"
+
+    def __init__(
+        self,
+        num_fusion_layers: int = 4,
+        copynce_temperature: float = 1 / 16,
+        copynce_weight: float = 3.0,
+        copynce_gamma: float = 1.0,
+        copynce_weighting: str = "paper",
+        copynce_average: str = "overlap_pairs",
+        bce_weight: float = 1.0,
+        **kwargs,
+    ):
+        self.num_fusion_layers = num_fusion_layers
+        self.copynce_temperature = copynce_temperature
+        self.copynce_weight = copynce_weight
+        self.copynce_gamma = copynce_gamma
+        self.copynce_weighting = copynce_weighting
+        self.copynce_average = copynce_average
+        self.bce_weight = bce_weight
+        super().__init__(**kwargs)
+        _check_positive_int("num_fusion_layers", num_fusion_layers)
+        _check(num_fusion_layers <= self.num_hidden_layers, "num_fusion_layers", num_fusion_layers,
+               f"must be <= num_hidden_layers={self.num_hidden_layers}")
+        self._validate_copynce()
+        _check_non_negative("bce_weight", bce_weight)
+
+    @property
+    def num_encoder_layers(self) -> int:
+        """Blocks of the shared per-image encoder."""
+        return self.num_hidden_layers - self.num_fusion_layers

@@ -1,1 +1,142 @@
-../../modeling/pipeline_copynce.py
+"""The ``image-copy-detection`` pipeline: copy score of (query, reference) image pairs.
+
+``import copynce_hf`` registers the task with ``transformers`` (on first use of
+``transformers.pipelines``)::
+
+    import copynce_hf
+    from transformers import pipeline
+
+    detector = pipeline("image-copy-detection", model="path/or/hub-id/of/a/copynce/model")
+    detector("query.jpg", "reference.jpg")                    # {"score": 0.97}
+    detector("query.jpg", ["r1.jpg", "r2.jpg", "r3.jpg"])     # one score per reference
+    detector([("q1.jpg", "r1.jpg"), ("q2.jpg", "r2.jpg")])    # [{"score": ...}, {"score": ...}]
+    detector(["q1.jpg", "q2.jpg"], ["r1.jpg", "r2.jpg"])      # the same pairs
+
+The score is the matcher's copy probability ``sigmoid(logit)`` for a CopyNCE matcher, or the
+cosine similarity of the two descriptors for a CopyNCE descriptor (in [-1, 1]). Images may be
+paths, URLs, bytes or PIL images.
+
+This module sits in the modelling package and imports its siblings relatively, so that
+``detector.save_pretrained(folder)`` copies it into the folder and writes ``custom_pipelines``
+into the config: ``pipeline(model=folder, trust_remote_code=True)`` then runs it where
+copynce_hf is not installed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import urllib.request
+
+import torch
+from PIL import Image, ImageOps
+from transformers.pipelines import Pipeline
+
+from .errors import ConfigError, ImageLoadError
+
+__all__ = ["TASK", "ImageCopyDetectionPipeline"]
+
+TASK = "image-copy-detection"
+_KINDS = {"copynce-descriptor": "descriptor", "copynce-matcher": "matcher"}
+
+
+def read_image(image) -> Image.Image:
+    """A path, URL, bytes or PIL image -> PIL image with its EXIF orientation applied.
+
+    Colour conversion is left to the image processor (:func:`pil_to_rgb`).
+    """
+    if isinstance(image, Image.Image):
+        return image
+    name = image if isinstance(image, (str, os.PathLike)) else f"<{type(image).__name__}>"
+    try:
+        if isinstance(image, str) and image.startswith(("http://", "https://")):
+            with urllib.request.urlopen(image, timeout=30) as response:  # noqa: S310 (http(s) only)
+                image = response.read()
+        opened = Image.open(io.BytesIO(image) if isinstance(image, bytes) else os.fspath(image))
+        opened.load()
+        return ImageOps.exif_transpose(opened)
+    except (OSError, ValueError, TypeError, Image.DecompressionBombError) as error:
+        raise ImageLoadError(f"cannot read image {name}: {error}") from error
+
+
+def _as_pairs(query, reference):
+    """Normalise the call forms to one ``{"query", "reference"}`` dict or a list of them."""
+    if reference is not None:
+        queries_listed, references_listed = isinstance(query, (list, tuple)), isinstance(reference, (list, tuple))
+        if not queries_listed and not references_listed:
+            return {"query": query, "reference": reference}
+        if not queries_listed:  # one query against each reference
+            return [{"query": query, "reference": r} for r in reference]
+        if not references_listed:  # each query against one reference
+            return [{"query": q, "reference": reference} for q in query]
+        if len(query) != len(reference):
+            raise ConfigError(f"{len(query)} queries but {len(reference)} references")
+        return [{"query": q, "reference": r} for q, r in zip(query, reference)]
+    if isinstance(query, dict):
+        return query
+    if isinstance(query, (list, tuple)) and query and all(isinstance(p, (list, tuple, dict)) for p in query):
+        pairs = []
+        for pair in query:
+            if isinstance(pair, dict):
+                pairs.append(pair)
+            elif len(pair) == 2:
+                pairs.append({"query": pair[0], "reference": pair[1]})
+            else:
+                raise ConfigError(f"a pair must be (query, reference), got {len(pair)} items")
+        return pairs
+    raise ConfigError("image-copy-detection needs a query and a reference image, or a list of (query, reference) pairs")
+
+
+class ImageCopyDetectionPipeline(Pipeline):
+    """Copy score of (query, reference) image pairs with a CopyNCE matcher or descriptor.
+
+    Returns ``{"score": float}`` per pair: the copy probability (matcher) or the descriptor
+    cosine similarity (descriptor). Supports ``batch_size`` and ``num_workers`` like other
+    pipelines.
+    """
+
+    _load_image_processor = True
+    _load_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = False
+    _load_video_processor = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        model_type = getattr(self.model.config, "model_type", None)
+        if model_type not in _KINDS:
+            raise ConfigError(f"image-copy-detection needs a CopyNCE descriptor or matcher, got model_type "
+                              f"{model_type!r}")
+        self.kind = _KINDS[model_type]
+        if self.image_processor is None:
+            raise ConfigError("image-copy-detection needs the model's image processor")
+
+    def __call__(self, query, reference=None, **kwargs):
+        """Score one pair (``query``, ``reference``) or several (see the module docstring)."""
+        return super().__call__(_as_pairs(query, reference), **kwargs)
+
+    def _sanitize_parameters(self, **kwargs):
+        if kwargs:
+            raise ConfigError(f"unknown image-copy-detection parameter(s): {', '.join(sorted(kwargs))}")
+        return {}, {}, {}
+
+    def preprocess(self, pair: dict) -> dict:
+        missing = {"query", "reference"} - set(pair)
+        if missing:
+            raise ConfigError(f"a pair needs the keys 'query' and 'reference'; missing {sorted(missing)}")
+        pixels = self.image_processor(
+            images=[read_image(pair["query"]), read_image(pair["reference"])], return_tensors="pt"
+        )["pixel_values"]
+        return {"pixel_values": pixels[:1], "reference_pixel_values": pixels[1:]}
+
+    def _forward(self, inputs: dict) -> dict:
+        query, reference = inputs["pixel_values"], inputs["reference_pixel_values"]
+        if self.kind == "matcher":
+            logits = self.model(pixel_values=query, reference_pixel_values=reference).logits
+            return {"scores": torch.sigmoid(logits.float().reshape(-1))}
+        descriptors = self.model(pixel_values=torch.cat([query, reference])).descriptors.float()
+        descriptors = torch.nn.functional.normalize(descriptors, dim=-1)
+        return {"scores": (descriptors[: len(query)] * descriptors[len(query) :]).sum(-1)}
+
+    def postprocess(self, outputs: dict) -> dict:
+        return {"score": float(outputs["scores"].reshape(-1)[0])}
