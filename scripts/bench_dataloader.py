@@ -57,7 +57,8 @@ from copynce_hf.data import (
 )
 from copynce_hf.images import load_image
 from copynce_hf.pixtrace import pair_overlaps
-from copynce_hf.training.run import build_model, parse_args
+from copynce_hf.training.model import build_model
+from copynce_hf.training.options import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"

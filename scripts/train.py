@@ -2,16 +2,16 @@
 """Train a CopyNCE descriptor or matcher: ``python -m copynce_hf.training`` from a source checkout.
 
     python scripts/train.py                                   # tiny default run on the bundled images
+    python scripts/train.py --help                            # every option, its type and default
     accelerate launch --num_processes 8 scripts/train.py --config configs/descriptor_vits16_224.yaml ...
 
-The run itself lives in :mod:`copynce_hf.training.run` (so that a regular install can train with
-``python -m copynce_hf.training``); this file re-exports it for scripts and tests that load it.
+The run lives in :mod:`copynce_hf.training.run` (so that a regular install trains with
+``python -m copynce_hf.training``); ``main`` is importable from this file for scripts that load it.
 """
 
 import sys
 
-from copynce_hf.training.run import *  # noqa: F401,F403  (main, parse_args, build_model, ...)
-from copynce_hf.training.run import cli
+from copynce_hf.training.run import cli, main  # noqa: F401  (main: for scripts and tests that load this file)
 
 if __name__ == "__main__":
     sys.exit(cli())

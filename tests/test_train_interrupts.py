@@ -18,7 +18,7 @@ import torch
 from conftest import shrunk_asset_images
 from safetensors.torch import load_file
 
-from copynce_hf.training.run import CHECKPOINT_MARKER
+from copynce_hf.training.checkpoints import CHECKPOINT_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -52,10 +52,14 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start(options, log: Path, **environment) -> subprocess.Popen:
+def _start(options, log: Path, pause_in_checkpoint: int | None = None) -> subprocess.Popen:
+    """The run as a process; ``pause_in_checkpoint``: the step whose checkpoint pauses for a minute after its
+    files are written, before it is completed (tests/_paused_training.py)."""
     handle = log.open("w")
-    return subprocess.Popen([sys.executable, "-m", "copynce_hf.training", *options], stdout=handle,
-                            stderr=subprocess.STDOUT, env=_environment(**environment), cwd=REPO,
+    command = ["-m", "copynce_hf.training"] if pause_in_checkpoint is None else [
+        str(REPO / "tests" / "_paused_training.py"), str(pause_in_checkpoint)]
+    return subprocess.Popen([sys.executable, *command, *options], stdout=handle,
+                            stderr=subprocess.STDOUT, env=_environment(), cwd=REPO,
                             preexec_fn=_default_sigint)
 
 
@@ -94,7 +98,7 @@ def test_sigkill_at_several_moments_then_resume_gives_the_uninterrupted_weights(
     options = _options(images, run, "--resume", "latest")
     # 1. killed while the step-4 checkpoint is being written (its files are on disk, not yet completed)
     partial = checkpoints / ".step_00000004.partial"
-    process = _start(options, tmp_path / "kill1.log", COPYNCE_TEST_PAUSE_IN_CHECKPOINT="4")
+    process = _start(options, tmp_path / "kill1.log", pause_in_checkpoint=4)
     _wait_for(lambda: partial.is_dir() and any(partial.glob("random_states_*")), process, tmp_path / "kill1.log")
     time.sleep(0.5)
     _kill(process)

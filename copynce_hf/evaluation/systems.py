@@ -199,13 +199,16 @@ class DescriptorSystem:
         model: a model whose output has unit-norm ``descriptors`` (B, D).
         image_processor: the model's image processor.
         batch_size: images per forward pass.
+        accelerator: the ``accelerate.Accelerator`` that embeds the images (a training run passes its
+            own; ``None``: a new one, see :func:`copynce_hf.retrieval.extract_descriptors`).
     """
 
-    def __init__(self, name: str, model, image_processor, batch_size: int = 64):
+    def __init__(self, name: str, model, image_processor, batch_size: int = 64, accelerator=None):
         self.name = name
         self.model = model.eval()
         self.image_processor = image_processor
         self.batch_size = batch_size
+        self.accelerator = accelerator
 
     @classmethod
     def from_folder(cls, name: str, folder: str | Path, batch_size: int = 64) -> DescriptorSystem:
@@ -230,7 +233,7 @@ class DescriptorSystem:
 
     def embed(self, source, description: str):
         return extract_descriptors(self.model, self.image_processor, source, batch_size=self.batch_size,
-                                   progress=False, description=description)
+                                   accelerator=self.accelerator, progress=False, description=description)
 
     def predict(self, task, k: int = 10) -> Predictions:
         start = time.perf_counter()

@@ -146,13 +146,14 @@ def score_views(model, query_views: torch.Tensor, reference_views: torch.Tensor,
 
 
 class PairViews(Dataset):
-    """Candidate pairs as processed views: item ``i`` is pair ``i``.
+    """Candidate pairs (each a query and a reference image: paths or PIL images) as processed views: item
+    ``i`` is pair ``i``.
 
     Items: ``query_views`` (Vq, 3, H, W), ``reference_views`` (Vr, 3, H, W), ``valid`` (0 when
     an image is unreadable; its views are then black placeholders).
     """
 
-    def __init__(self, pairs: list[tuple[Path, Path]], image_processor, local_crops: LocalCrops | None = None,
+    def __init__(self, pairs: list[tuple], image_processor, local_crops: LocalCrops | None = None,
                  max_pixels: int | None = None):
         self.pairs = pairs
         self.max_pixels = max_pixels
@@ -183,10 +184,15 @@ class PairViews(Dataset):
             )
             valid = 1
         except ImageLoadError as error:
-            logger.warning("skipping pair (%s, %s): %s", query_path.stem, reference_path.stem, error)
+            logger.warning("skipping pair (%s, %s): %s", _name(query_path), _name(reference_path), error)
             reason = error.reason if error.reason in SKIP_REASONS else "unreadable"
             (query_views, reference_views), valid = self.placeholders, -1 - SKIP_REASONS.index(reason)
         return {"query_views": query_views, "reference_views": reference_views, "valid": valid}
+
+
+def _name(image) -> str:
+    """How a log line names an image given as a path or in memory."""
+    return Path(image).stem if isinstance(image, (str, os.PathLike)) else "an image in memory"
 
 
 @dataclass
@@ -219,7 +225,7 @@ def rescore_predictions(
         predictions: candidate pairs (e.g. from k-NN search).
         model: a CopyNCE matcher or descriptor, see :func:`score_views`.
         image_processor: the model's image processor.
-        query_files, reference_files: id -> image path.
+        query_files, reference_files: id -> image (a path or a PIL image).
         batch_size: model inputs (view combinations) per forward pass.
         num_workers: ``DataLoader`` workers that read and process the images.
         local_crops: grid views for local crops ensembling (every query view against every
@@ -242,7 +248,7 @@ def rescore_predictions(
             skipped.append((prediction.query_id, prediction.reference_id, f"missing: no image file for {missing}"))
             continue
         kept.append(prediction)
-        paths.append((Path(query_path), Path(reference_path)))
+        paths.append((query_path, reference_path))
     if not kept:
         reasons = "; ".join(reason for *_, reason in skipped[:3])
         raise PredictionsError(f"none of the {len(predictions)} candidate pairs has both images ({reasons}, ...)")

@@ -1,9 +1,10 @@
-"""The training configuration: every option of ``scripts/train.py``, its default, and its checks.
+"""The training configuration: every option of a run, its default, its help text and its checks.
 
 Options follow the names of ``transformers.TrainingArguments`` where one exists (``output_dir``,
 ``max_steps``, ``per_device_train_batch_size``, ``learning_rate``, ``seed``, ``push_to_hub``, ...).
-A run is configured by a YAML file (``--config``) and ``--key value`` overrides on the command line;
-unknown keys and invalid values stop the run at start-up with a :class:`ConfigError` naming the key.
+A run is configured by a YAML file (``--config``) and ``--key value`` overrides on the command line
+(:mod:`.options`); unknown keys and invalid values stop the run at start-up with a :class:`ConfigError`
+naming the key.
 
 Defaults of options left ``null`` depend on ``model_type``, following the paper's supplementary
 table "All detailed settings in our training pipeline":
@@ -32,7 +33,7 @@ import yaml
 
 from ..errors import ConfigError
 
-__all__ = ["TrainingConfig", "load_config", "parse_overrides", "CONFIG_DIR", "DEFAULT_CONFIG"]
+__all__ = ["TrainingConfig", "load_config", "parse_value", "CONFIG_DIR", "DEFAULT_CONFIG"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: Folder of the shipped training configurations: the repository's ``configs/`` in a source checkout;
@@ -56,135 +57,118 @@ _MODEL_DEFAULTS = {
 }
 
 
+def _option(default: Any = None, help: str = "", factory=None):
+    """A configuration field with its ``--help`` text (``metadata["help"]``, as in ``transformers.TrainingArguments``)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainingConfig:
     """All options of a training run (see ``configs/*.yaml`` for the paper's settings).
 
-    Model:
-        model_type: ``descriptor`` or ``matcher``.
-        model: overrides of the model configuration (``CopyNCEDescriptorConfig`` /
-            ``CopyNCEMatcherConfig`` keys: ``hidden_size``, ``num_hidden_layers``, ``image_size``,
-            ``patch_size``, ``descriptor_dim``, ``copynce_weight``, ``copynce_gamma``, ...).
-        model_name_or_path: a saved CopyNCE model to start from (finetuning, second stage).
-        init_from_dino: a DINO ViT (``facebook/dino-vits16``, a local ViT folder or a DINO ``.pth``)
-            to initialise the encoder from.
-    Data:
-        dataset: ``null`` (the bundled sample images), a DISC21 folder, an image folder, a folder
-            saved with ``save_to_disk``, a Parquet file or folder of Parquet shards, a Hub dataset
-            snapshot folder or a Hub dataset id.
-        dataset_split, image_column, id_column: which split and columns to read.
-        dataset_config, dataset_revision, dataset_token: the configuration of a Hub dataset (or
-            snapshot), its revision (branch, tag or commit) and an access token (``null``: the token
-            of ``huggingface-cli login`` / ``HF_TOKEN``; prefer those to a token in a file).
-        streaming: stream the dataset (``null``: Hub ids stream, local sources are indexed).
-        shuffle_buffer_size: shuffle buffer of a streamed dataset.
-        pair_source: ``edits`` (PixTrace copies of each original) or ``ground_truth`` (finetuning on
-            DISC21 dev queries and their references from ``ground_truth``).
-        ground_truth: DISC21 ground-truth CSV (``pair_source: ground_truth``).
-        query_recipe, reference_recipe: ``training``, ``paper_descriptor``, ``paper_matcher``, ``light`` or
-            ``resize`` (see ``copynce_hf.data.pairs.RECIPES``).
-        max_source_side: originals are shrunk to this longer side before editing (``null``: 4 x the
-            model's image size; 0: never), see ``CopyPairMaker``.
-        positive_rate, hard_negative_mining, hard_negative_k, hard_negative_prob, knn_graph: GHNM
-            (``knn_graph`` from ``scripts/build_knn.py``). ``hard_negative_mining`` set to ``ghnm`` or
-            ``pairs`` requires ``knn_graph`` (the run refuses to start without it); ``null`` gives
-            random negatives without a graph (with one, the model type's mining), ``off`` never mines.
-        hard_negative_slots: the descriptor's batch structure. ``false``: ``per_device_train_batch_size``
-            pairs per process, half anchors and half their hard negatives. ``true`` (the authors'
-            code): ``per_device_train_batch_size`` slots per process, each yielding an anchor's pair
-            and its hard negative's pair, so twice as many pairs (see ``CopyPairBatchSampler``). The
-            learning-rate scaling counts slots.
-        copynce_reverse_prior: how the collator makes the reference -> query overlap prior: ``exact``
-            (the inverse table) or ``scatter`` (the authors' scatter inverse of the query's table,
-            with holes where the query shows the reference shrunk); see ``PixTraceCollator``.
-        dataloader_num_workers: data-loader worker processes per training process.
-        max_image_pixels: largest accepted image (width x height); larger ones are skipped and counted
-            like unreadable ones (``null``: the package's limit, ``copynce_hf.images.MAX_IMAGE_PIXELS``).
-        num_eval_images: images held out of the training set for the periodic evaluation.
-    Optimisation (paper supplementary table):
-        max_steps / num_train_epochs, per_device_train_batch_size, gradient_accumulation_steps,
-        learning_rate: base lr; the optimiser uses ``learning_rate * sqrt(global_batch /
-            lr_reference_batch_size)`` with ``global_batch = per_device * processes * accumulation``
-            (set ``scale_learning_rate: false`` to use it as is);
-        min_learning_rate (2e-6), weight_decay (0.04), adam_beta1/2 (0.9, 0.999), adam_epsilon,
-        warmup_epochs (1) or warmup_steps, max_grad_norm (3.0), seed.
-        ema_decay: keep an exponential moving average of the weights with this decay (``null``: none;
-            0.99 averages about the last hundred steps). The periodic evaluation scores both the
-            average and the trained weights; the model folder holds the average and its
-            ``without_ema/`` subfolder the trained weights (see ``copynce_hf.training.ema``). Not in
-            the paper.
-        mixed_precision: ``null`` (default): what ``accelerate launch --mixed_precision`` or
-            ``accelerate config`` chose (``no`` without either); ``no``, ``fp16``, ``bf16`` or ``fp8``
-            override them. The training log and summary state the precision in effect.
-        max_train_seconds: a wall-time budget for the optimisation loop (``null``: none). The run
-            stops at the first optimiser step past it, then evaluates and saves exactly as at
-            ``max_steps`` (the learning-rate schedule keeps its ``max_steps`` length); the summary
-            records the step reached. All processes stop at the same step.
-    Outputs:
-        output_dir, logging_steps, eval_steps, checkpointing_steps, checkpoints_total_limit,
-        resume (a checkpoint folder or ``latest``), report_to, push_to_hub (a repo id), hub_private_repo.
+    Each field's ``metadata["help"]`` says what it does (``python -m copynce_hf.training --help`` lists
+    them with their types and defaults). Options left ``null`` whose default depends on ``model_type``
+    follow the table of the module docstring. The optimisation defaults are the paper's supplementary
+    table: AdamW (0.9, 0.999), weight decay 0.04, lr = base * sqrt(global batch / 1024), one warm-up
+    epoch, cosine to 2e-6, gradient clipping 3.0.
     """
 
     # model
-    model_type: str = "descriptor"
-    model: dict = field(default_factory=dict)
-    model_name_or_path: str | None = None
-    init_from_dino: str | None = None
+    model_type: str = _option("descriptor", "descriptor or matcher.")
+    model: dict = _option(factory=dict, help=(
+        "Overrides of the model configuration (CopyNCEDescriptorConfig / CopyNCEMatcherConfig keys: hidden_size, "
+        "num_hidden_layers, image_size, patch_size, descriptor_dim, copynce_weight, ...); on the command line "
+        "one key at a time as --model.<key> value."))
+    model_name_or_path: str | None = _option(None, "A saved CopyNCE model to start from (finetuning, second stage).")
+    init_from_dino: str | None = _option(None, (
+        "A DINO ViT to initialise the encoder from: facebook/dino-vits16, a local ViT folder or a DINO .pth file."))
     # data
-    dataset: str | None = None
-    dataset_split: str = "train"
-    dataset_config: str | None = None
-    dataset_revision: str | None = None
-    dataset_token: str | None = None
-    image_column: str | None = None
-    id_column: str | None = None
-    streaming: bool | None = None
-    shuffle_buffer_size: int = 1000
-    pair_source: str = "edits"
-    ground_truth: str | None = None
-    query_recipe: str = "training"
-    reference_recipe: str = "light"
-    max_source_side: int | None = None
-    positive_rate: float | None = None
-    hard_negative_mining: str | None = None
-    hard_negative_k: int | None = None
-    hard_negative_prob: float | None = None
-    knn_graph: str | None = None
-    hard_negative_slots: bool = False
-    copynce_reverse_prior: str = "exact"
-    dataloader_num_workers: int = 0
-    max_image_pixels: int | None = None
-    num_eval_images: int = 0
+    dataset: str | None = _option(None, (
+        "null (the bundled sample images), a DISC21 folder, an image folder, a folder saved with save_to_disk, "
+        "a Parquet file or folder of Parquet shards, a Hub dataset snapshot folder or a Hub dataset id."))
+    dataset_split: str = _option("train", "The split of the dataset to train on.")
+    dataset_config: str | None = _option(None, "The configuration of a Hub dataset (or snapshot).")
+    dataset_revision: str | None = _option(None, "The revision (branch, tag or commit) of a Hub dataset.")
+    dataset_token: str | None = _option(None, (
+        "An access token for a Hub dataset (null: the token of huggingface-cli login / HF_TOKEN; prefer those "
+        "to a token in a file)."))
+    image_column: str | None = _option(None, "The column holding the images (null: found from the features).")
+    id_column: str | None = _option(None, "The column holding the image ids (null: file names or row numbers).")
+    streaming: bool | None = _option(None, "Stream the dataset (null: Hub ids stream, local sources are indexed).")
+    shuffle_buffer_size: int = _option(1000, "The shuffle buffer of a streamed dataset.")
+    pair_source: str = _option("edits", (
+        "edits (PixTrace copies of each original) or ground_truth (finetuning on DISC21 dev queries and their "
+        "references from ground_truth)."))
+    ground_truth: str | None = _option(None, "The DISC21 ground-truth CSV (pair_source ground_truth).")
+    query_recipe: str = _option("training", (
+        "The edit recipe of the queries: training, paper_descriptor, paper_matcher, light or resize "
+        "(copynce_hf.data.pairs.RECIPES)."))
+    reference_recipe: str = _option("light", "The edit recipe of the references (same names as query_recipe).")
+    max_source_side: int | None = _option(None, (
+        "Originals are shrunk to this longer side before editing (null: 4 x the model's image size; 0: never)."))
+    positive_rate: float | None = _option(None, (
+        "The fraction of pairs that are copies (null: 1.0 for the descriptor, 0.3 for the matcher)."))
+    hard_negative_mining: str | None = _option(None, (
+        "ghnm (the descriptor's batches, GHNM) or pairs (the matcher's negative pairs) need knn_graph; off never "
+        "mines; null gives random negatives without a graph and the model type's mining with one."))
+    hard_negative_k: int | None = _option(None, "Neighbours a hard negative is drawn from (null: 8 / 128).")
+    hard_negative_prob: float | None = _option(None, (
+        "The probability that a negative is a hard one (null: 1.0 for the descriptor, 0.5 for the matcher)."))
+    knn_graph: str | None = _option(None, "The k-NN graph of the training images (from scripts/build_knn.py).")
+    hard_negative_slots: bool = _option(False, (
+        "The descriptor's batch structure: false, per_device_train_batch_size pairs per process (half anchors, half "
+        "their hard negatives); true (the authors' code), that many slots, each an anchor's pair and its hard "
+        "negative's pair (twice as many pairs; the learning-rate scaling counts slots)."))
+    copynce_reverse_prior: str = _option("exact", (
+        "How the collator makes the reference -> query overlap prior: exact (the inverse table) or scatter (the "
+        "authors' scatter inverse of the query's table), see PixTraceCollator."))
+    dataloader_num_workers: int = _option(0, "Data-loader worker processes per training process.")
+    max_image_pixels: int | None = _option(None, (
+        "The largest accepted image (width x height); larger ones are skipped and counted like unreadable ones "
+        "(null: copynce_hf.images.MAX_IMAGE_PIXELS)."))
+    num_eval_images: int = _option(0, "Images held out of the training set for the periodic evaluation.")
     # optimisation
-    seed: int = 0
-    max_steps: int | None = None
-    num_train_epochs: float = 30.0
-    per_device_train_batch_size: int = 96
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 6e-4
-    scale_learning_rate: bool = True
-    lr_reference_batch_size: int = 1024
-    min_learning_rate: float = 2e-6
-    weight_decay: float = 0.04
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    warmup_epochs: float = 1.0
-    warmup_steps: int | None = None
-    max_grad_norm: float = 3.0
-    ema_decay: float | None = None
-    mixed_precision: str | None = None
-    max_train_seconds: float | None = None
+    seed: int = _option(0, "The seed of the pairs, the sampler and the model's initialisation.")
+    max_steps: int | None = _option(None, "Optimiser steps of the run (null: num_train_epochs decides).")
+    num_train_epochs: float = _option(30.0, "Epochs of the run when max_steps is null.")
+    per_device_train_batch_size: int = _option(96, "Pairs (or slots, see hard_negative_slots) per process and batch.")
+    gradient_accumulation_steps: int = _option(1, "Batches accumulated into one optimiser step.")
+    learning_rate: float = _option(6e-4, (
+        "The base learning rate; the optimiser uses learning_rate x sqrt(global batch / lr_reference_batch_size), "
+        "global batch = per_device x processes x accumulation (see scale_learning_rate)."))
+    scale_learning_rate: bool = _option(True, "Scale the learning rate with the global batch (false: use it as is).")
+    lr_reference_batch_size: int = _option(1024, "The batch size at which the learning rate is used unscaled.")
+    min_learning_rate: float = _option(2e-6, "The end of the cosine schedule.")
+    weight_decay: float = _option(0.04, "AdamW weight decay (not applied to biases, norms, position embeddings).")
+    adam_beta1: float = _option(0.9, "AdamW beta1.")
+    adam_beta2: float = _option(0.999, "AdamW beta2.")
+    adam_epsilon: float = _option(1e-8, "AdamW epsilon.")
+    warmup_epochs: float = _option(1.0, "Epochs of linear warm-up (capped at a fifth of the run).")
+    warmup_steps: int | None = _option(None, "Optimiser steps of linear warm-up (null: warmup_epochs decides).")
+    max_grad_norm: float = _option(3.0, "Gradient clipping (the global norm).")
+    ema_decay: float | None = _option(None, (
+        "Keep an exponential moving average of the weights with this decay (null: none; 0.99 averages about the "
+        "last hundred steps). The evaluation scores both; the model folder holds the average and its without_ema/ "
+        "subfolder the trained weights (copynce_hf.training.ema). Not in the paper."))
+    mixed_precision: str | None = _option(None, (
+        "null: what accelerate launch --mixed_precision or accelerate config chose (no without either); no, fp16, "
+        "bf16 or fp8 override them. The training log and summary state the precision in effect."))
+    max_train_seconds: float | None = _option(None, (
+        "A wall-time budget for the optimisation loop (null: none): the run stops at the first optimiser step past "
+        "it, then evaluates and saves as at max_steps (the schedule keeps its max_steps length). All processes stop "
+        "at the same step."))
     # outputs
-    output_dir: str = "outputs/copynce"
-    logging_steps: int = 10
-    eval_steps: int | None = None
-    checkpointing_steps: int | None = None
-    checkpoints_total_limit: int | None = 3
-    resume: str | None = None
-    report_to: str = "tensorboard"
-    push_to_hub: str | None = None
-    hub_private_repo: bool = False
+    output_dir: str = _option("outputs/copynce", "The run's folder: model, checkpoints/, logs/, training_summary.json.")
+    logging_steps: int = _option(10, "Log the training values every this many optimiser steps.")
+    eval_steps: int | None = _option(None, "Evaluate on the held-out images every this many steps (and at the end).")
+    checkpointing_steps: int | None = _option(None, "Write a checkpoint every this many steps (null: none).")
+    checkpoints_total_limit: int | None = _option(3, "Checkpoints kept (the newest); null keeps all.")
+    resume: str | None = _option(None, "A checkpoint folder to continue from, or latest (the newest complete one).")
+    report_to: str = _option("tensorboard", "An Accelerate tracker (tensorboard, wandb, mlflow, ..., all) or none.")
+    push_to_hub: str | None = _option(None, "A Hub repository id to upload the trained model to.")
+    hub_private_repo: bool = _option(False, "Create the Hub repository as private.")
 
     def __post_init__(self):
         self.validate()
@@ -345,46 +329,13 @@ _ConfigLoader.add_implicit_resolver(
 )
 
 
-def _yaml_value(key: str, text: str) -> Any:
-    """A command-line string as a YAML value (true, null, [1, 2], 64, 0.5, 1e-4)."""
+def parse_value(option: str, text: str) -> Any:
+    """A command-line string as the YAML value a configuration file would hold (true, null, [1, 2], 64,
+    0.5, 1e-4); ``option`` names it in the error."""
     try:
         return yaml.load(text, Loader=_ConfigLoader)
     except yaml.YAMLError as error:
-        raise ConfigError(f"cannot parse --{key} {text!r}: {error}") from error
-
-
-def _coerce(key: str, text: str) -> Any:
-    """Turn a command-line string into the option's type (YAML scalars: 1e-4, true, null, [1, 2])."""
-    value = _yaml_value(key, text)
-    if isinstance(value, (int, float)) and _FIELDS[key].type in ("str | None", "str"):
-        return text  # e.g. --push_to_hub 123 or a dataset called "2024"
-    return value
-
-
-def parse_overrides(arguments: list[str]) -> dict[str, Any]:
-    """``["--key", "value", "--model.hidden_size", "64"]`` -> ``{"key": value, "model": {"hidden_size": 64}}``."""
-    out: dict[str, Any] = {}
-    items = list(arguments)
-    while items:
-        flag = items.pop(0)
-        if not flag.startswith("--"):
-            raise ConfigError(f"unexpected argument {flag!r}: options are --key value")
-        key, _, inline = flag[2:].partition("=")
-        key = key.replace("-", "_") if not key.startswith("model.") else key
-        if inline:
-            text = inline
-        elif items and not items[0].startswith("--"):
-            text = items.pop(0)
-        else:
-            text = "true"  # a bare flag such as --streaming
-        top = key.split(".", 1)[0]
-        if top not in _FIELDS:
-            raise ConfigError(f"unknown configuration key {key!r}; known keys: {', '.join(sorted(_FIELDS))}")
-        if "." in key:
-            out.setdefault("model", {})[key.split(".", 1)[1]] = _yaml_value(key, text)
-        else:
-            out[key] = _coerce(key, text)
-    return out
+        raise ConfigError(f"cannot parse --{option} {text!r}: {error}") from error
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainingConfig:

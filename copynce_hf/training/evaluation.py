@@ -1,55 +1,76 @@
-"""Periodic evaluation during training: a small copy-detection task scored with the project's muAP.
+"""Periodic evaluation during training: a small copy-detection task scored by the evaluation engine.
 
 Images held out of the training set become a miniature DISC21: every held-out image gets one query
 (a training-recipe copy with a fixed seed); the first three quarters also give a reference (a
-``light``-recipe copy), so the queries of the last quarter are distractors. The descriptor scores
-every (query, reference) pair by cosine similarity, the matcher by its copy probability; the
-predictions are scored with :func:`copynce_hf.metrics.core.copy_detection_metrics` (muAP, RP90,
-recall at rank 1, ...). The task is built once, deterministically, so the numbers are comparable
-along the run and between runs.
+``light``-recipe copy), so the queries of the last quarter are distractors. The task has the shape of
+the engine's tasks (:mod:`copynce_hf.evaluation`: ids, ground truth, image sources), and the engine's
+systems score it: a descriptor ranks every reference for every query by cosine similarity
+(:class:`~copynce_hf.evaluation.systems.DescriptorSystem`, exact search), a matcher re-scores every
+(query, reference) pair with its copy probability (:class:`~copynce_hf.evaluation.systems.MatcherRescoring`);
+:func:`~copynce_hf.evaluation.systems.score_predictions` gives muAP, RP90, recall at rank 1, ... The task
+is built once, deterministically, so the numbers are comparable along the run and between runs.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from PIL import Image
 
-from ..data.collator import PixTraceCollator, normalize_pixel_values
 from ..data.loading import ImageDecoder
 from ..data.pairs import CopyPairMaker
-from ..metrics.core import copy_detection_metrics
+from ..evaluation.systems import DescriptorSystem, MatcherRescoring, Predictions, score_predictions
+from ..retrieval import ImageListSource, model_kind
+from .checkpoints import TrainingProgress
 
-__all__ = ["CopyDetectionTask", "build_copy_detection_task", "evaluate_copy_detection"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["CopyDetectionTask", "PeriodicEvaluation", "build_copy_detection_task", "evaluate_copy_detection"]
 
 
 @dataclass
 class CopyDetectionTask:
-    """Pixel tensors of a small copy-detection task.
+    """A small copy-detection task held in memory, in the form of the evaluation engine's tasks.
 
     Attributes:
-        queries: uint8 (Q, 3, S, S) RGB, normalised on the model's device when scored.
-        references: uint8 (R, 3, S, S).
         query_ids, reference_ids: ids (``q:<image id>``, ``r:<image id>``).
+        queries, references: the edited copies, RGB PIL images of the model's size, in id order.
         ground_truth: ``{query_id: [reference_id]}``; distractor queries map to ``[]``.
         skipped_images: held-out images left out because they could not be read.
     """
 
-    queries: torch.Tensor
-    references: torch.Tensor
     query_ids: list[str]
     reference_ids: list[str]
+    queries: list[Image.Image]
+    references: list[Image.Image]
     ground_truth: dict[str, list[str]]
     skipped_images: int = 0
-    image_mean: tuple[float, ...] = tuple(IMAGENET_DEFAULT_MEAN)
-    image_std: tuple[float, ...] = tuple(IMAGENET_DEFAULT_STD)
+
+    def query_source(self) -> ImageListSource:
+        return ImageListSource(self.query_ids, self.queries)
+
+    def reference_source(self) -> ImageListSource:
+        return ImageListSource(self.reference_ids, self.references)
+
+    @property
+    def query_files(self) -> dict[str, Image.Image]:
+        """Query id -> image (what the engine's matcher reads)."""
+        return dict(zip(self.query_ids, self.queries))
+
+    @property
+    def reference_files(self) -> dict[str, Image.Image]:
+        """Reference id -> image."""
+        return dict(zip(self.reference_ids, self.references))
+
+    def all_pairs(self) -> Predictions:
+        """Every (query, reference) pair, unscored: the candidates a matcher re-scores."""
+        query_ids = [q for q in self.query_ids for _ in self.reference_ids]
+        return Predictions(query_ids, self.reference_ids * len(self.query_ids), [0.0] * len(query_ids))
 
 
-def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int = 12345,
-                              query_recipe: str = "training", decoder: ImageDecoder | None = None
-                              ) -> CopyDetectionTask | None:
+def build_copy_detection_task(rows, image_size: int, seed: int = 12345, query_recipe: str = "training",
+                              decoder: ImageDecoder | None = None) -> CopyDetectionTask | None:
     """Build the task from dataset rows (``image_id`` + undecoded ``image``); ``None`` if < 2 readable.
 
     ``decoder`` reads the images (its ``skipped`` count grows by the unreadable ones, which the task
@@ -61,64 +82,80 @@ def build_copy_detection_task(rows, image_size: int, patch_size: int, seed: int 
     originals = decoder.decode_all(rows)
     if len(originals) < 2:
         return None
-    collator = PixTraceCollator(image_size, patch_size)
     num_references = max(1, (3 * len(originals)) // 4)
-    queries, references, query_ids, reference_ids, truth = [], [], [], [], {}
+    task = CopyDetectionTask([], [], [], [], {}, skipped_images=decoder.skipped - skipped_before)
     for position, (image_id, image) in enumerate(originals):
         image = maker.source(image)
         query, _, _ = maker.copy(image, query_recipe, seed + position)
-        queries.append(query)
         query_id = f"q:{image_id}"
-        query_ids.append(query_id)
-        truth[query_id] = []
+        task.query_ids.append(query_id)
+        task.queries.append(query)
+        task.ground_truth[query_id] = []
         if position < num_references:
             reference, _, _ = maker.copy(image, "light", seed + 100_003 + position)
-            references.append(reference)
-            reference_ids.append(f"r:{image_id}")
-            truth[query_id] = [f"r:{image_id}"]
-    return CopyDetectionTask(collator.stack_images(queries), collator.stack_images(references), query_ids,
-                             reference_ids, truth, skipped_images=decoder.skipped - skipped_before,
-                             image_mean=collator.image_mean, image_std=collator.image_std)
+            task.reference_ids.append(f"r:{image_id}")
+            task.references.append(reference)
+            task.ground_truth[query_id] = [f"r:{image_id}"]
+    return task
 
 
-@torch.inference_mode()
-def evaluate_copy_detection(model: torch.nn.Module, task: CopyDetectionTask, model_type: str,
+def evaluate_copy_detection(model, image_processor, task: CopyDetectionTask, accelerator=None,
                             batch_size: int = 64) -> dict[str, float]:
     """Score every (query, reference) pair of ``task`` with ``model`` and return the metric's numbers.
 
-    ``model`` is the bare (unwrapped) model; it is put in eval mode and restored afterwards. Called
-    under autocast (bf16), the model runs in that precision and the scores are computed in float32.
+    ``model`` is the bare (unwrapped) descriptor or matcher; it is put in eval mode and restored
+    afterwards. ``accelerator``: the run's (a descriptor's images are then embedded in shards by all
+    processes, each getting every descriptor); call it on every process. Under autocast (bf16) the
+    model runs in that precision; scores are float32.
     """
     was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-
-    def on_device(pixels: torch.Tensor) -> torch.Tensor:  # uint8 -> normalised float32, on the device
-        return normalize_pixel_values(pixels.to(device), task.image_mean, task.image_std)
-
     try:
-        if model_type == "descriptor":
-            def describe(pixels):
-                return torch.cat([model(pixel_values=on_device(chunk)).descriptors.float()
-                                  for chunk in pixels.split(batch_size)])
-
-            queries, references = describe(task.queries), describe(task.references)
-            with torch.autocast(device.type, enabled=False):  # float32 scores, also under autocast
-                scores = (queries @ references.T).cpu().numpy()
+        if model_kind(model) == "descriptor":
+            system = DescriptorSystem("training", model, image_processor, batch_size, accelerator=accelerator)
+            predictions = system.predict(task, k=len(task.reference_ids))
         else:
-            num_q, num_r = len(task.queries), len(task.references)
-            query_index = torch.arange(num_q).repeat_interleave(num_r)
-            reference_index = torch.arange(num_r).repeat(num_q)
-            logits = []
-            for start in range(0, len(query_index), batch_size):
-                q = on_device(task.queries[query_index[start:start + batch_size]])
-                r = on_device(task.references[reference_index[start:start + batch_size]])
-                logits.append(model(pixel_values=q, reference_pixel_values=r).logits.float().reshape(-1))
-            with torch.autocast(device.type, enabled=False):
-                scores = torch.sigmoid(torch.cat(logits)).reshape(num_q, num_r).cpu().numpy()
+            rescoring = MatcherRescoring("training", model, image_processor, batch_size)
+            predictions = rescoring.rescore(task.all_pairs(), task.query_files, task.reference_files)
     finally:
         model.train(was_training)
-    query_ids = np.repeat(np.array(task.query_ids, dtype=object), len(task.reference_ids))
-    reference_ids = np.tile(np.array(task.reference_ids, dtype=object), len(task.query_ids))
-    metrics = copy_detection_metrics(list(query_ids), list(reference_ids), scores.reshape(-1), task.ground_truth)
+    metrics, _curve = score_predictions(predictions, task.ground_truth)
     return {key: float(value) for key, value in metrics.items() if isinstance(value, (int, float))}
+
+
+class PeriodicEvaluation:
+    """The run's evaluation on its held-out images, called every ``eval_steps`` and at the end.
+
+    Scores the weights the run saves: the trained weights, or with a weight average (``ema``) the average
+    as ``"eval"`` and the trained weights as ``"eval_without_ema"``; both in the run's precision. Every
+    process calls it; the main process logs the numbers (trackers, history, one line each).
+    """
+
+    def __init__(self, accelerator, model, image_processor, ema, task: CopyDetectionTask | None,
+                 progress: TrainingProgress):
+        self.accelerator, self.model, self.image_processor = accelerator, model, image_processor
+        self.ema, self.task, self.progress = ema, task, progress
+
+    def __call__(self) -> dict[str, dict[str, float]]:
+        """``{"eval": metrics[, "eval_without_ema": metrics]}``; empty without a task (too few held-out images)."""
+        accelerator, scored = self.accelerator, {}
+        if self.task is not None:
+            with accelerator.autocast():
+                trained = accelerator.unwrap_model(self.model)
+                scored["eval"] = evaluate_copy_detection(trained, self.image_processor, self.task, accelerator)
+                if self.ema is not None:
+                    scored["eval_without_ema"] = scored.pop("eval")
+                    scored["eval"] = evaluate_copy_detection(self.ema.module, self.image_processor, self.task,
+                                                             accelerator)
+            if accelerator.is_main_process:
+                self._log(scored)
+        accelerator.wait_for_everyone()
+        return scored
+
+    def _log(self, scored: dict[str, dict[str, float]]) -> None:
+        step = self.progress.step
+        values = {f"{prefix}/{k}": v for prefix, metrics in scored.items() for k, v in metrics.items()}
+        self.accelerator.log(values, step=step)
+        for prefix, metrics in scored.items():
+            logger.info("step %d %s: muAP %.4f, RP90 %.4f, recall@1 %.4f", step, prefix.replace("_", " "),
+                        metrics["micro_ap"], metrics["recall_at_p90"], metrics["recall_at_rank1"])
+        self.progress.history.append({"step": step, **values})
