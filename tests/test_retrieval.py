@@ -334,3 +334,21 @@ def test_rescoring_matcher_and_descriptor(tiny, tmp_path):
     assert [p.score for p in identity.predictions] == pytest.approx(expected, abs=1e-5)
     with pytest.raises(PredictionsError, match="none of the"):
         rescore_predictions([Prediction("zz", "r0", 0.0)], matcher, processor, queries, references, progress=False)
+
+
+def test_rescoring_reads_images_given_in_memory(tiny, tmp_path):
+    # Candidates whose images are PIL images (an in-memory task, such as the training run's held-out
+    # copies) score as the same images read from files, with both kinds of model.
+    from copynce_hf.images import load_image
+    from copynce_hf.retrieval import rescore_predictions
+
+    descriptor, matcher, processor = tiny
+    save_images(tmp_path / "q", ["q0.png", "q1.png"], size=(48, 40))
+    save_images(tmp_path / "r", ["r0.png", "r1.png"], size=(40, 48))
+    queries, references = ImageFolderSource(tmp_path / "q").lookup(), ImageFolderSource(tmp_path / "r").lookup()
+    in_memory = [{key: load_image(path) for key, path in files.items()} for files in (queries, references)]
+    candidates = [Prediction("q0", "r0", 0.0), Prediction("q1", "r0", 0.0), Prediction("q1", "r1", 0.0)]
+    for model in (matcher, descriptor):
+        from_files = rescore_predictions(candidates, model, processor, queries, references, progress=False)
+        from_memory = rescore_predictions(candidates, model, processor, *in_memory, progress=False)
+        assert from_memory.predictions == from_files.predictions and not from_memory.skipped

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
 import os
+import re
 import runpy
 import shutil
 import subprocess
@@ -163,6 +165,39 @@ def test_unknown_model_key_is_named(train_script, tmp_path, images):
         train_script.main(_tiny(images, tmp_path, "--model.hiden_size", "32", "--max_steps", "1"))
 
 
+def test_help_lists_every_option_with_its_type_default_and_help(capsys):
+    from copynce_hf.training.run import cli
+
+    with pytest.raises(SystemExit) as stopped:
+        cli(["--help"])
+    assert stopped.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    fields = dataclasses.fields(TrainingConfig)
+    assert all(field.metadata.get("help") for field in fields)
+    for field in fields:
+        assert f"--{field.name} " in text, field.name
+        assert " ".join(field.metadata["help"].split()) in text, field.name
+    for option, metavar in [("max_steps", "INT|null"), ("learning_rate", "FLOAT"), ("dataset", "STR|null"),
+                            ("streaming", "[BOOL|null]"), ("model", "MAPPING")]:
+        assert f"--{option} {metavar}" in text
+    assert "(default: 0.0006)" in text and "--model.<key> value" in text
+
+
+def test_command_line_forms_and_mistakes_named():
+    overrides = parse_overrides(["--learning-rate", "1e-4", "--max_steps=7", "--streaming", "--warmup_steps", "null",
+                                 "--model.hidden_size", "32", "--model.copynce_weight=-0.5", "--dataset", "2024"])
+    assert overrides == {"learning_rate": 1e-4, "max_steps": 7, "streaming": True, "warmup_steps": None,
+                         "dataset": "2024", "model": {"hidden_size": 32, "copynce_weight": -0.5}}
+    for arguments, named in [(["--max_steps"], "--max_steps"), (["--dataset.name", "x"], "'dataset.name'"),
+                             (["stray"], "'stray'"), (["--seed", "[1,"], "cannot parse --seed"),
+                             (["--config", "a.yaml"], "--config")]:
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            parse_overrides(arguments)
+    from copynce_hf.training import parse_args
+
+    assert parse_args(["--config", "tiny_cpu_matcher.yaml", "--max_steps", "3"]).max_steps == 3  # a shipped name
+
+
 def test_default_config_is_the_tiny_cpu_run():
     config = load_config(CONFIGS / "tiny_cpu.yaml")
     assert isinstance(config, TrainingConfig) and config.dataset is None and config.max_steps <= 400
@@ -306,6 +341,36 @@ def test_two_processes_gloo_agree_on_weights(tmp_path, images):
     assert summary["processes_agree"] and len(summary["weights_checksums"]) == 2
     assert summary["weights_checksums"][0] == summary["weights_checksums"][1]
     assert (output / "model.safetensors").exists()
+
+
+def test_periodic_evaluation_scores_every_pair_as_the_models_do(images):
+    # The held-out task scored through the evaluation engine equals every (query, reference) pair scored
+    # by a direct forward: descriptor cosines, matcher copy probabilities; the model stays in training mode.
+    from conftest import tiny_models
+
+    from copynce_hf.data import load_image_dataset
+    from copynce_hf.metrics.core import copy_detection_metrics
+    from copynce_hf.training import build_copy_detection_task, evaluate_copy_detection
+
+    descriptor, matcher, processor = tiny_models(seed=3)
+    rows = [row for _, row in zip(range(6), load_image_dataset(str(images)))]
+    task = build_copy_detection_task(rows, 32, seed=5)
+    assert (len(task.query_ids), len(task.reference_ids)) == (6, 4)
+    num_q, num_r = len(task.query_ids), len(task.reference_ids)
+    with torch.no_grad():
+        q = processor(images=task.queries, return_tensors="pt")["pixel_values"]
+        r = processor(images=task.references, return_tensors="pt")["pixel_values"]
+        cosines = descriptor(pixel_values=q).descriptors @ descriptor(pixel_values=r).descriptors.T
+        logits = matcher(pixel_values=q.repeat_interleave(num_r, 0), reference_pixel_values=r.repeat(num_q, 1, 1, 1)).logits
+    query_ids = [query for query in task.query_ids for _ in task.reference_ids]
+    for model, scores in ((descriptor, cosines), (matcher, torch.sigmoid(logits).reshape(num_q, num_r))):
+        expected = copy_detection_metrics(query_ids, task.reference_ids * num_q, scores.reshape(-1).numpy(),
+                                          task.ground_truth)
+        model.train()
+        metrics = evaluate_copy_detection(model, processor, task)
+        assert model.training
+        for key in ("micro_ap", "recall_at_p90", "recall_at_rank1", "mean_ap", "num_predictions"):
+            assert metrics[key] == pytest.approx(expected[key], abs=1e-6), (type(model).__name__, key)
 
 
 # ---------------------------------------------------------------------------------------------- GHNM, streaming
