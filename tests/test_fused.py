@@ -16,7 +16,7 @@ from PIL import Image
 
 from copynce_hf.data.loading import ASSET_IMAGES
 from copynce_hf.images import load_image
-from copynce_hf.pixtrace import CopyEditor, CopyRecipe, pair_overlaps, replay
+from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps, replay
 from copynce_hf.pixtrace.edits import Crop, Pad, Resize
 from copynce_hf.pixtrace.fused import render_fused, resize_image
 
@@ -226,13 +226,12 @@ def test_whole_copies_stay_close_to_edit_by_edit(name):
 def test_edge_enhance_by_opencv_equals_pillow():
     """The fused path's edge enhancement is Pillow's filter, pixel for pixel (both kernels)."""
     from copynce_hf.pixtrace.edits import EdgeEnhance
-    from copynce_hf.pixtrace.fused import _edge_enhance
 
     image = originals(160)[0]
     for more in (False, True):
         edit = EdgeEnhance(more=more)
         expected = np.asarray(edit.transform(image))
-        assert np.array_equal(_edge_enhance(edit, np.asarray(image).copy()), expected), more
+        assert np.array_equal(edit.render_array(np.asarray(image).copy(), (image.height, image.width)), expected), more
 
 
 @pytest.mark.parametrize("sigma", [(5.0, 5.0), (12.0, 7.0), (20.0, 20.0)])
@@ -241,7 +240,7 @@ def test_wide_blur_on_a_reduced_image_matches_the_exact_gaussian(sigma):
     exact Gaussian, and a narrow one is the exact Gaussian itself."""
     import cv2
 
-    from copynce_hf.pixtrace.fused import _gaussian_blur
+    from copynce_hf.pixtrace.edits.photometric import gaussian_blur as _gaussian_blur
 
     pixels = np.asarray(originals(320)[1])
     sigma_y, sigma_x = sigma
@@ -296,3 +295,82 @@ def test_warping_only_the_sampled_region_gives_the_same_pixels(monkeypatch):
         whole = fused._warp(pixels, matrix, size)
         assert np.abs(fast.astype(int) - whole.astype(int)).max() <= 1
     assert cropped >= 20  # the shortcut was taken in many of the cases
+
+
+# ---------------------------------------------------------------------------------------------- the edit protocol
+
+
+def test_an_edit_outside_the_catalogue_is_fused_through_the_protocol_alone():
+    """Fused rendering asks each edit (``canvases``, ``scaling``, ``render_array``, ``layer``), so a new
+    edit type joins a run by declaring its fused form, with no table to extend in ``fused.py``."""
+    from typing import ClassVar
+
+    from copynce_hf.pixtrace import fused
+    from copynce_hf.pixtrace.edits import Canvas, ColorJitter, GeometricEdit, Layer, OverlayText
+    from copynce_hf.pixtrace.projective import translation_matrix
+
+    @dataclasses.dataclass(frozen=True)
+    class Frame(GeometricEdit):  # a 10-pixel green border (not registered: a caller's own edit)
+        name: ClassVar[str] = "test_frame"
+
+        def stages(self, size):
+            return [(translation_matrix(-10, -10), (size[0] + 20, size[1] + 20))]
+
+        def render(self, image):
+            framed = Image.new("RGB", (image.width + 20, image.height + 20), (0, 200, 0))
+            framed.paste(image, (10, 10))
+            return framed
+
+        def canvases(self, stages):
+            return [Canvas(color=(0, 200, 0))]
+
+    @dataclasses.dataclass(frozen=True)
+    class Inverted(ColorJitter):  # a pointwise colour edit through the default render_array
+        name: ClassVar[str] = "test_inverted"
+
+        def transform(self, image):
+            return Image.fromarray(255 - np.asarray(image), "RGB")
+
+        def render_array(self, pixels, true_size, density=None, visible=None):
+            return 255 - pixels
+
+    @dataclasses.dataclass(frozen=True)
+    class Stamp(OverlayText):  # a relative overlay described by its layer
+        name: ClassVar[str] = "test_stamp"
+
+        def layer(self, size):
+            return Layer(self.coverage(*size), color=(0, 0, 255))
+
+        def render(self, image, coverage):
+            from copynce_hf.pixtrace.edits import blend_color
+
+            return blend_color(image, (0, 0, 255), coverage)
+
+    image = originals(160)[0]
+    edits = [Crop(left=10, top=10, right=130, bottom=110), Frame(), Inverted(), Resize(width=64, height=64),
+             Stamp(text="AB", font_size=0.5)]
+    plan = fused._plan(edits, (image.height, image.width))
+    assert isinstance(plan[0], fused._Run) and len(plan[0].edits) == 3 and len(plan[0].deferred) == 1
+    fast, fast_table = render_fused(image, edits)
+    slow, table = image, CoordinateTable.identity(image.height, image.width)
+    for edit in edits:
+        slow, table = edit(slow, table)
+    assert np.array_equal(fast_table.coords, table.coords, equal_nan=True)
+    assert np.median(np.abs(np.asarray(fast, dtype=int) - np.asarray(slow, dtype=int))) <= 8
+    corner = np.asarray(fast)[0, 0]  # the frame's canvas, inverted after it was drawn
+    assert tuple(corner) == (255, 55, 255)
+
+
+def test_fused_module_names_no_edit_type():
+    """``fused.py`` keeps no tables keyed by edit type: it imports no concrete edit class and no private name."""
+    import ast
+    import inspect
+
+    from copynce_hf.pixtrace import edits, fused
+
+    tree = ast.parse(inspect.getsource(fused))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    concrete = {name for name in edits.__all__ if isinstance(getattr(edits, name), type)
+                and issubclass(getattr(edits, name), edits.Edit) and name != "Edit"}
+    assert not imported & concrete
+    assert not {name for name in imported if name.startswith("_")}

@@ -14,11 +14,19 @@ Where the result is needed at
 -----------------------------
 Each run's result is materialised at its true size (the size the edit-by-edit path gives it)
 unless every edit between it and the next run is *scale-free* (its result at another resolution
-is the same up to resampling: colour edits, blur with its radius scaled, overlays whose geometry
-is relative to the image size); then it is materialised at the resolution the rest of the chain
-needs (for the usual chain, directly at the model input size), so the final resize is folded
-into it. JPEG, noise, pixel shuffling, edits unknown to this module and geometric edits without
-a fused form (screenshot, meme) run on the true-size image, exactly as edit by edit.
+is the same up to resampling: overlays and pixelisation, whose geometry is relative to the image
+size); then it is materialised at the resolution the rest of the chain needs (for the usual chain,
+directly at the model input size), so the final resize is folded into it. Pointwise edits (colour
+edits, blur with its radius scaled) are applied inside a run's pass. JPEG, noise, pixel shuffling
+and geometric edits without a fused form (screenshot, meme) run on the true-size image, exactly as
+edit by edit.
+
+This module knows no edit type: each edit says what it needs through the edit protocol, a
+geometric edit its stages and their canvases (``GeometricEdit.canvases``), every edit its
+``scaling`` (``"pointwise"``, ``"relative"`` or ``"true_size"``), photometric edits their array
+renderer (``PhotometricEdit.render_array``) and occluding edits their paint (``OccludingEdit.layer``).
+Procedural images (noise, gradient) are evaluated here through the maps, from the seeded draws of
+:mod:`.edits.sources`.
 
 The tables are computed exactly as edit by edit (same maps, same occlusion masks at the true
 sizes), so they and the overlap priors are bit-identical; only the pixels differ, by resampling.
@@ -34,132 +42,19 @@ from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
-from PIL import Image, ImageFilter
+from PIL import Image
 
-from .edits import (
-    Affine,
-    Albumentation,
-    Blur,
-    Brightness,
-    ChangeAspectRatio,
-    ColorJitter,
-    Contrast,
-    Crop,
-    EdgeEnhance,
-    Edit,
-    Grayscale,
-    HorizontalFlip,
-    OverlayEmoji,
-    OverlayImage,
-    OverlayImageBox,
-    OverlayOntoBackground,
-    OverlayText,
-    Pad,
-    PasteIntoBox,
-    PasteOnCanvas,
-    Perspective,
-    Pixelization,
-    Posterize,
-    RandomErasing,
-    RandomResizedCrop,
-    Resize,
-    Rotate,
-    Saturation,
-    Scale,
-    Skew,
-    Smear,
-    Solarize,
-    VerticalFlip,
-)
-from .edits.occluding import (
-    COVERED_ALPHA,
-    _emoji_image,
-    _emoji_path,
-    _opacity_level,
-    _place_into,
-    fraction_box,
-)
-from .edits.photometric import hue_rotation
-from .edits.sources import resolve_image
+from .edits import COVERED_ALPHA, Canvas, Edit
+from .edits.sources import gradient_parameters, image_size, is_procedural, noise_grid, resolve_image
+from .projective import resize_matrix
 from .table import CoordinateTable
 
-__all__ = ["render_fused", "fusable"]
+__all__ = ["render_fused", "resize_image"]
 
 cv2.setNumThreads(1)  # data-loader workers are the parallelism; OpenCV's own threads only contend
 
-#: A stage's canvas: what the stage's output shows where it samples outside its input.
-#: ``None`` (never happens for that stage), ``("color", (r, g, b))`` or
-#: ``("image", spec, (H, W) it is resized to or None, opacity of the stage's input over it)``.
-Canvas = tuple | None
-
-
-def _canvases(edit, stages) -> list[Canvas] | None:
-    """Per stage of a geometric edit, its canvas; ``None`` when the edit has no fused form."""
-    kind = type(edit)
-    if kind in (Crop, Resize, Scale, RandomResizedCrop, ChangeAspectRatio, HorizontalFlip, VerticalFlip):
-        return [None] * len(stages)
-    if kind in (Affine, Perspective):
-        return [("color", edit.fill)]
-    if kind is Rotate:
-        return [("color", edit.fill)] + [None] * (len(stages) - 1)
-    if kind is Skew:
-        return [("color", (0, 0, 0))]
-    if kind is Pad:
-        return [("color", edit.color)]
-    if kind is PasteOnCanvas:
-        return [("color", edit.color)]
-    if kind is OverlayOntoBackground:
-        return [None, ("image", edit.background, None, 1.0)]
-    if kind is PasteIntoBox:  # the copy blended over the background at its 8-bit paste level
-        return [None, ("image", edit.background, (edit.canvas_height, edit.canvas_width),
-                       _opacity_level(edit.opacity) / 255.0)]
-    return None
-
-
-def fusable(edit: Edit) -> bool:
-    """True for geometric edits that fused rendering resamples in one pass with their neighbours."""
-    return edit.kind == "geometric" and _canvases(edit, [None, None]) is not None
-
 
 # ---------------------------------------------------------------------------------------------- scale-free edits
-
-
-def _through_pil(edit, pixels, render):
-    edited = render(Image.fromarray(pixels, "RGB"))
-    return np.asarray(edited if edited.mode == "RGB" else edited.convert("RGB"))
-
-
-def _pointwise(edit, pixels, scale):
-    return _through_pil(edit, pixels, edit.transform)
-
-
-#: Pillow's "L" conversion (ITU-R 601-2 luma), used by ``ImageEnhance`` and greyscale.
-_LUMA = np.array([[0.299, 0.587, 0.114]])
-
-
-def _color_jitter(edit, pixels, scale, visible=None):
-    # AugLy's colour jitter is Pillow's ImageEnhance brightness, contrast and colour, each a blend
-    # with a degenerate image clipped to 8 bits, then the hue rotation: the same affine colour maps
-    # here, each one pass of ``cv2.transform`` (which saturates to 8 bits like the blends).
-    identity = np.eye(3)
-    if edit.brightness != 1.0:
-        pixels = cv2.transform(pixels, edit.brightness * identity)
-    if edit.contrast != 1.0:
-        luma = cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
-        mean = int((luma.mean() if visible is None or not visible.any() else luma[visible].mean()) + 0.5)
-        offset = np.full((3, 1), (1.0 - edit.contrast) * mean)
-        pixels = cv2.transform(pixels, np.hstack([edit.contrast * identity, offset]))
-    if edit.saturation != 1.0:
-        pixels = cv2.transform(pixels, edit.saturation * identity + (1.0 - edit.saturation) * np.ones((3, 1)) @ _LUMA)
-    if edit.hue != 0.0:
-        pixels = cv2.transform(pixels, hue_rotation(edit.hue))
-    return pixels
-
-
-def _grayscale(edit, pixels, scale):
-    if edit.mode != "luminosity":
-        return _pointwise(edit, pixels, scale)
-    return cv2.cvtColor(cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
 
 
 def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.ndarray:
@@ -177,208 +72,35 @@ def _blend(pixels: np.ndarray, colour: np.ndarray, coverage: np.ndarray) -> np.n
     return blended
 
 
-def _emoji_layers(edit, size):
-    # AugLy pastes the resized emoji with its alpha times the opacity: that alpha is the coverage.
-    height, width = size
-    coverage = edit.coverage(height, width)
-    colour = np.zeros((height, width, 3), dtype=np.uint8)
-    if coverage.any():
-        emoji = _emoji_image(_emoji_path(edit.emoji))
-        new_height = max(1, int(height * edit.size))
-        new_width = int(emoji.width * new_height / emoji.height)
-        _place_into(colour, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
-                    int(width * edit.x), int(height * edit.y))
-    return colour, coverage
-
-
-def _image_layers(edit, size):
-    height, width = size
-    # A file is read once here (its size places it, its pixels fill the layer); procedural images
-    # say their size and are evaluated straight at the placed size.
-    overlay = edit.overlay if _procedural(edit.overlay) else resolve_image(edit.overlay)
-    native_height, native_width = _spec_size(overlay)
-    left, top, new_width, new_height = edit._geometry(height, width, (native_width, native_height))
-    colour = np.zeros((height, width, 3), dtype=np.uint8)
-    _place_into(colour, _spec_at(overlay, (new_height, new_width)), left, top)
-    return colour, edit._coverage(height, width, (native_width, native_height))
-
-
-def _erasing_layers(edit, size):
-    coverage = edit.coverage(*size)
-    if edit.noise_seed is None:
-        return np.asarray(edit.fill, dtype=np.uint8), coverage
-    # Random values (torchvision's value="random"), drawn by the edit itself at its true size.
-    blank = Image.new("RGB", (size[1], size[0]))
-    return np.asarray(edit.render(blank, coverage)), coverage
-
-
-def _image_box_layers(edit, size):
-    height, width = size
-    left, top, right, bottom = fraction_box(edit.x, edit.y, edit.width, edit.height, height, width)
-    colour = np.zeros((height, width, 3), dtype=np.uint8)
-    _place_into(colour, _spec_at(edit.overlay, (bottom - top, right - left)), left, top)
-    return colour, edit.coverage(height, width)
-
-
-def _procedural(spec) -> bool:
-    """Whether ``spec`` is a gradient or noise image spec that states its size (drawn analytically)."""
-    return isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise") and "size" in spec
-
-
 def _spec_at(spec, size: tuple[int, int]) -> np.ndarray:
     """The image ``spec`` describes, resized (bilinear) to ``size`` (h, w): uint8 (h, w, 3).
 
     Procedural images (gradient, noise) are evaluated straight at ``size`` through the resize map,
     as the canvases are, instead of being drawn at their own size and then resized.
     """
-    if _procedural(spec):
-        to_native = _resize_matrix(_spec_size(spec), size)
+    if is_procedural(spec):
+        to_native = resize_matrix(image_size(spec), size)
         layer = _gradient(spec, to_native, size) if spec["kind"] == "gradient" else _noise(spec, to_native, size)
         return np.ascontiguousarray(layer)
     return np.asarray(resolve_image(spec).resize((size[1], size[0]), Image.BILINEAR))
 
 
-#: Occluding edits as (colour layer, coverage) at their true size: a colour (3,) or an image (H, W, 3),
-#: and the uint8 coverage the table is occluded with. Blended in at any resolution.
-_OVERLAY_LAYERS = {
-    OverlayText: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
-    RandomErasing: _erasing_layers,
-    OverlayEmoji: _emoji_layers,
-    OverlayImage: _image_layers,
-    OverlayImageBox: _image_box_layers,
-    Smear: lambda edit, size: (np.asarray(edit.color, dtype=np.uint8), edit.coverage(*size)),
-}
-
-
 def _overlay_at(edit, pixels: np.ndarray, true_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """An occluding edit on the working image ``pixels``: its layers drawn at the true size (as edit by
-    edit), resampled to the working size (antialiased), blended. Returns (pixels, true-size coverage)."""
-    colour, coverage = _OVERLAY_LAYERS[type(edit)](edit, true_size)
+    """An occluding edit on the working image ``pixels``: its layer (``OccludingEdit.layer``) drawn at the
+    true size (as edit by edit), resampled to the working size (antialiased), blended. Returns (pixels,
+    true-size coverage)."""
+    layer = edit.layer(true_size)
+    coverage = layer.coverage
     if not coverage.any():
         return pixels, coverage
+    colour = layer.colour(_spec_at)
     working = pixels.shape[:2]
     if working == true_size:
         return _blend(pixels, colour, coverage), coverage
-    to_true = _resize_matrix(true_size, working)
+    to_true = resize_matrix(true_size, working)
     if colour.ndim == 3:
         colour = _warp(colour, to_true, working)
     return _blend(pixels, colour, _warp(coverage, to_true, working)), coverage
-
-
-def _pixelization(edit, pixels, scale):
-    return _pointwise(Pixelization(ratio=min(1.0, edit.ratio / scale)), pixels, scale)
-
-
-#: Edits whose result at another resolution is the same up to resampling, and how to render them
-#: at a working resolution ``scale`` times the true one (their tables are computed at the true size).
-_SCALE_FREE = {
-    Pixelization: _pixelization,
-    **dict.fromkeys(_OVERLAY_LAYERS),  # see _overlay_at
-}
-
-
-def _deferred_pointwise(render):
-    def apply(edit, pixels, density, visible):
-        return render(edit, pixels, 1.0)
-
-    return apply
-
-
-def _deferred_color_jitter(edit, pixels, density, visible):
-    return _color_jitter(edit, pixels, 1.0, visible)
-
-
-def _deferred_blur(edit, pixels, density, visible):
-    # The Gaussian of standard deviation ``radius`` (Pillow's ``GaussianBlur``), computed by OpenCV;
-    # ``radius`` pixels of the image the edit saw are radius / density pixels here, per axis.
-    sigma_y, sigma_x = (edit.radius / max(d, 1e-6) for d in density)
-    if max(sigma_y, sigma_x) <= 0:
-        return pixels
-    return _gaussian_blur(pixels, max(sigma_y, 1e-3), max(sigma_x, 1e-3))
-
-
-#: A blur wider than this (working pixels) is computed on a box-reduced image (see _gaussian_blur).
-_REDUCED_BLUR_AT = 4.0
-
-
-def _gaussian_blur(pixels: np.ndarray, sigma_y: float, sigma_x: float) -> np.ndarray:
-    """``pixels`` (H, W, C) uint8 blurred by a Gaussian of standard deviations ``(sigma_y, sigma_x)``.
-
-    A wide blur leaves no detail finer than about sigma / 2, so it is computed on the image
-    box-reduced by an integer factor f <= sigma / 2 and brought back by bilinear interpolation: the
-    box (variance f^2 / 12) and the interpolation tent (about f^2 / 6) are subtracted from the
-    Gaussian's variance, so the composition has the requested width. Its cost no longer grows with
-    sigma (a direct 6-sigma kernel at sigma = 20 is ~30 times slower); the difference from the exact
-    blur is far below what 8-bit rounding and resampling already give (PSNR >= 40 dB against the exact
-    Gaussian for sigma up to 20, tested).
-    """
-    height, width = pixels.shape[:2]
-    factor = int(min(sigma_y, sigma_x) / 2) if min(sigma_y, sigma_x) >= _REDUCED_BLUR_AT else 1
-    factor = min(factor, height // 8, width // 8)
-    if factor < 2:
-        return cv2.GaussianBlur(pixels, (0, 0), sigmaX=sigma_x, sigmaY=sigma_y)
-    small_h, small_w = math.ceil(height / factor), math.ceil(width / factor)
-    padded = cv2.copyMakeBorder(pixels, 0, small_h * factor - height, 0, small_w * factor - width,
-                                cv2.BORDER_REPLICATE)
-    small = cv2.resize(padded, (small_w, small_h), interpolation=cv2.INTER_AREA)
-    residual_y, residual_x = (math.sqrt(max(s * s / (factor * factor) - 0.25, 0.04)) for s in (sigma_y, sigma_x))
-    small = cv2.GaussianBlur(small, (0, 0), sigmaX=residual_x, sigmaY=residual_y)
-    # Back to full size: small pixel j covers [f j, f (j + 1)), its centre f j + (f - 1) / 2.
-    back = np.array([[1.0 / factor, 0.0, -(factor - 1) / (2 * factor)], [0.0, 1.0 / factor, -(factor - 1) / (2 * factor)]])
-    return cv2.warpAffine(small, back, (width, height), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                          borderMode=cv2.BORDER_REPLICATE)
-
-
-#: The albumentations operations that are pointwise (each output pixel a function of that pixel
-#: only, with parameters drawn independently of the image): the same up to resampling at any
-#: resolution, so they join a run like the colour edits. The others (CLAHE, Equalize and FancyPCA
-#: use the image's statistics; noise, blurs, sharpening, compression and weather are in pixels)
-#: run at their true size.
-_POINTWISE_ALBUMENTATIONS = frozenset({
-    "ChannelDropout", "ChannelShuffle", "HueSaturationValue", "InvertImg", "Posterize", "RGBShift",
-    "RandomBrightnessContrast", "RandomGamma", "RandomToneCurve", "Solarize", "ToSepia",
-})
-
-
-def _deferred_renderer(edit: Edit):
-    """How ``edit`` is applied inside a run (see :data:`_DEFERRED`), or None when it cannot join one."""
-    if type(edit) is Albumentation:
-        return _deferred_pointwise(_pointwise) if edit.op in _POINTWISE_ALBUMENTATIONS else None
-    return _DEFERRED.get(type(edit))
-
-
-def _edge_enhance(edit, pixels: np.ndarray) -> np.ndarray:
-    """Pillow's edge-enhancement kernel (``ImageFilter.EDGE_ENHANCE[_MORE]``) applied by OpenCV at the
-    true size: the same 3x3 weights and scale, rounded to 8 bits, and, as Pillow does, the outermost
-    rows and columns left as they are. Several times faster than Pillow's float filter."""
-    (_, _), scale, offset, weights = (ImageFilter.EDGE_ENHANCE_MORE if edit.more else ImageFilter.EDGE_ENHANCE).filterargs
-    kernel = np.asarray(weights, dtype=np.float32).reshape(3, 3) / np.float32(scale)
-    # Pillow rounds halves up; OpenCV rounds them to even: a nudge far below 1/2 makes them agree.
-    out = cv2.filter2D(pixels, -1, kernel, delta=float(offset) + 1e-3, borderType=cv2.BORDER_REPLICATE)
-    out[0], out[-1], out[:, 0], out[:, -1] = pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]
-    return out
-
-
-#: Photometric edits kept at their true size (they are not scale-free) but computed by a faster
-#: equivalent of their AugLy/Pillow implementation: ``render(edit, pixels (H, W, 3) uint8)``.
-_TRUE_SIZE_RENDERERS = {EdgeEnhance: _edge_enhance}
-
-
-#: Edits that join a run of geometric edits: applied, inside the run's single pass, to the content
-#: resampled at the run's working resolution, at their place in the chain (later canvases, padding
-#: or background, are composited after them, untouched). Pointwise colour edits are the same up to
-#: resampling at any resolution; the blur's radius follows the local scale of the map.
-#: ``render(edit, pixels, density (rows, cols) of the edit's image per working pixel, visible mask)``.
-_DEFERRED = {
-    ColorJitter: _deferred_color_jitter,
-    Brightness: _deferred_pointwise(_pointwise),
-    Contrast: _deferred_pointwise(_pointwise),
-    Saturation: _deferred_pointwise(_pointwise),
-    Grayscale: _deferred_pointwise(_grayscale),
-    Solarize: _deferred_pointwise(_pointwise),
-    Posterize: _deferred_pointwise(_pointwise),
-    Blur: _deferred_blur,
-}
 
 
 # ---------------------------------------------------------------------------------------------- plan
@@ -415,23 +137,24 @@ def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
     """The chain as a list of :class:`_Run` and ``(edit, true size)`` items, a run first (maybe empty)."""
     items: list = [_Run(size)]
     for edit in edits:
-        if fusable(edit):
-            stages = edit.stages(size)
+        stages = edit.stages(size) if edit.kind == "geometric" else None
+        canvases = None if stages is None else edit.canvases(stages)
+        if canvases is not None:  # a geometric edit with a fused form
             if not isinstance(items[-1], _Run):
                 items.append(_Run(size))
             run = items[-1]
-            run.stages += list(zip((m for m, _ in stages), (s for _, s in stages), _canvases(edit, stages)))
+            run.stages += list(zip((m for m, _ in stages), (s for _, s in stages), canvases))
             run.edits.append(edit)
             run.counts.append(len(stages))
             size = stages[-1][1]
-        elif _deferred_renderer(edit) is not None:
+        elif edit.scaling == "pointwise":
             if not isinstance(items[-1], _Run):
                 items.append(_Run(size))
             items[-1].deferred.append((len(items[-1].stages), edit, size))
         else:
             items.append((edit, size))
-            if edit.kind == "geometric":
-                size = edit.output_size(size)
+            if stages is not None:
+                size = stages[-1][1]
     # Working sizes, from the end: a run followed only by scale-free edits is materialised at the
     # resolution the next run samples it at (never above its true size).
     following = None  # (run, its working->true map) of the next run
@@ -442,7 +165,7 @@ def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
         true = run.output_size
         between = items[position + 1:]
         stop = next((i for i, item in enumerate(between) if isinstance(item, _Run)), len(between))
-        scale_free = all(type(edit) in _SCALE_FREE for edit, _ in between[:stop])
+        scale_free = all(edit.scaling == "relative" for edit, _ in between[:stop])
         if following is None or not scale_free:
             run.working = true
         else:
@@ -451,7 +174,7 @@ def _plan(edits: Sequence[Edit], size: tuple[int, int]) -> list:
             run.working = tuple(
                 max(1, min(side, math.ceil(side / rho - 1e-6))) for side, rho in zip(true, density)
             )
-        following = (run, _resize_matrix(true, run.working))
+        following = (run, resize_matrix(true, run.working))
     return items
 
 
@@ -471,13 +194,6 @@ def _axis_density(matrix: np.ndarray, size: tuple[int, int]) -> tuple[float, flo
     dx = np.where(flat, 1.0, np.hypot(*grad_x_in))
     dy = np.where(flat, 1.0, np.hypot(*grad_y_in))
     return max(float(dy.min()), 1e-6), max(float(dx.min()), 1e-6)
-
-
-def _resize_matrix(old_size, new_size) -> np.ndarray:
-    """Backward map of an area-aligned resize (pixel centres): new pixel -> old position."""
-    sy = old_size[0] / new_size[0]
-    sx = old_size[1] / new_size[1]
-    return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5], [0.0, 0.0, 1.0]])
 
 
 # ---------------------------------------------------------------------------------------------- resampling
@@ -608,12 +324,11 @@ def _inside(matrix: np.ndarray, source_size: tuple[int, int], size: tuple[int, i
 def _canvas_layer(canvas: Canvas, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """The canvas seen through ``matrix`` from the pixels of an image of ``size``: a colour (3,) float32
     or uint8 (H, W, 3)."""
-    kind, spec = canvas[:2]
-    if kind == "color":
-        return np.asarray(spec, dtype=np.float32)
-    if canvas[2] is not None:  # the image is first resized to the canvas: compose that resize
-        native = _spec_size(spec)
-        matrix = _resize_matrix(native, canvas[2]) @ matrix
+    if canvas.color is not None:
+        return np.asarray(canvas.color, dtype=np.float32)
+    spec = canvas.image
+    if canvas.image_size is not None:  # the image is first resized to the canvas: compose that resize
+        matrix = resize_matrix(image_size(spec), canvas.image_size) @ matrix
     if isinstance(spec, dict) and spec.get("kind") == "gradient":
         return _gradient(spec, matrix, size)
     if isinstance(spec, dict) and spec.get("kind") == "noise":
@@ -623,21 +338,12 @@ def _canvas_layer(canvas: Canvas, matrix: np.ndarray, size: tuple[int, int]) -> 
     return _warp(np.asarray(resolve_image(spec)), matrix, size)
 
 
-def _spec_size(spec) -> tuple[int, int]:
-    """(H, W) of the image an image spec describes (procedural specs say it; files are read)."""
-    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise", "solid") and "size" in spec:
-        return tuple(int(v) for v in spec["size"])
-    image = resolve_image(spec)
-    return image.height, image.width
-
-
 def _gradient(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``sources``' gradient image seen through ``matrix``, evaluated analytically (it is linear in
+    """``sources``' gradient image (the same seeded draws) seen through ``matrix``, evaluated analytically (it is linear in
     the background's coordinates): its parameter t at every pixel, then a 1024-entry colour table."""
-    bg_h, bg_w = (int(v) for v in spec["size"])
-    rng = np.random.default_rng(int(spec.get("seed", 0)))
-    start, end = rng.integers(0, 256, size=(2, 3)).astype(np.float64)
-    angle = rng.uniform(0, 2 * np.pi)
+    bg_h, bg_w = image_size(spec)
+    start, end, angle = gradient_parameters(spec)
+    start, end = start.astype(np.float64), end.astype(np.float64)
     cos, sin = math.cos(angle), math.sin(angle)
     corners = [x * cos + y * sin for x in (0.0, bg_w - 1.0) for y in (0.0, bg_h - 1.0)]
     low, span = min(corners), max(max(corners) - min(corners), 1e-6)
@@ -655,10 +361,9 @@ def _gradient(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarr
 
 def _noise(spec: dict, matrix: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """``sources``' smooth noise image: its coarse grid warped (bicubic) straight to the mapped positions."""
-    bg_h, bg_w = (int(v) for v in spec["size"])
-    rng = np.random.default_rng(int(spec.get("seed", 0)))
-    coarse = rng.integers(0, 256, size=(max(2, bg_h // 16), max(2, bg_w // 16), 3), dtype=np.uint8)
-    to_coarse = _resize_matrix(coarse.shape[:2], (bg_h, bg_w))
+    bg_h, bg_w = image_size(spec)
+    coarse = noise_grid(spec)
+    to_coarse = resize_matrix(coarse.shape[:2], (bg_h, bg_w))
     return _warp(coarse, to_coarse @ matrix, size, cv2.INTER_CUBIC)
 
 
@@ -668,7 +373,7 @@ def _render_run(run: _Run, image: np.ndarray, image_to_input: np.ndarray) -> np.
     ``image_to_input`` maps the pixels of ``image`` to the run's input frame (true size).
     """
     size = run.working
-    to_frame = _resize_matrix(run.output_size, size)  # working output -> the last stage's frame
+    to_frame = resize_matrix(run.output_size, size)  # working output -> the last stage's frame
     # Maps from the working output to each stage's output frame, last stage first.
     frames = [to_frame]
     for stage, _, _ in reversed(run.stages):
@@ -680,24 +385,24 @@ def _render_run(run: _Run, image: np.ndarray, image_to_input: np.ndarray) -> np.
     weights = {k: _inside(frames[k], inputs[k], size) for k, (_, _, canvas) in enumerate(run.stages)
                if canvas is not None}
     deferred = {}
-    for position, edit, _ in run.deferred:
-        deferred.setdefault(position, []).append(edit)
+    for position, edit, true_size in run.deferred:
+        deferred.setdefault(position, []).append((edit, true_size))
     for k in range(len(run.stages) + 1):
-        for edit in deferred.get(k, ()):
+        for edit, true_size in deferred.get(k, ()):
             # The pixels of the edit's image still in sight: inside every later stage's input.
             later = [w for j, w in weights.items() if j >= k and not isinstance(w, float)]
             visible = np.logical_and.reduce([w >= 0.5 for w in later]) if later else None
-            content = _deferred_renderer(edit)(edit, content, _axis_density(frames[k], size), visible)
+            content = edit.render_array(content, true_size, _axis_density(frames[k], size), visible)
         if k == len(run.stages) or k not in weights:
             continue
         weight = weights[k]
         canvas = run.stages[k][2]
-        if isinstance(weight, float) and weight == 1.0 and (canvas[0] == "color" or canvas[3] == 1.0):
+        opacity = canvas.opacity if canvas.color is None else 1.0
+        if isinstance(weight, float) and weight == 1.0 and opacity == 1.0:
             continue
         layer = _canvas_layer(canvas, frames[k + 1], size)
         if layer.ndim == 1:
             layer = np.broadcast_to(np.clip(np.rint(layer), 0, 255).astype(np.uint8), content.shape)
-        opacity = canvas[3] if canvas[0] == "image" else 1.0
         if isinstance(weight, float) and weight * opacity == 0.0:  # the input is nowhere in sight
             content = np.ascontiguousarray(layer)
         elif isinstance(weight, float):  # in sight everywhere, blended over the canvas
@@ -722,7 +427,7 @@ def resize_image(image: Image.Image, size: tuple[int, int]) -> Image.Image:
         raise ValueError(f"resize_image needs an RGB image, got mode {image.mode!r}")
     size = (int(size[0]), int(size[1]))
     array = np.asarray(image)
-    return Image.fromarray(_warp(array, _resize_matrix(array.shape[:2], size), size), "RGB")
+    return Image.fromarray(_warp(array, resize_matrix(array.shape[:2], size), size), "RGB")
 
 
 def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image, CoordinateTable]:
@@ -737,35 +442,27 @@ def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image
     for item in _plan(edits, (image.height, image.width)):
         if isinstance(item, _Run):
             first = 0
-            for edit, count in zip(item.edits, item.counts):  # what the edits' ``apply`` do to the table
-                for matrix, size, _ in item.stages[first:first + count]:
-                    table = table.warp(matrix, size)
+            for edit, count in zip(item.edits, item.counts):  # the edits' own table updates
+                table = edit.trace(table, [(matrix, size) for matrix, size, _ in item.stages[first:first + count]])
                 first += count
-                if type(edit) is PasteIntoBox and _opacity_level(edit.opacity) < COVERED_ALPHA:
-                    table = table.occlude(np.ones(table.size, dtype=bool))  # the copy does not dominate
             pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
             if item.stages or item.deferred or item.working != pixels.shape[:2]:
                 current = _render_run(item, pixels, to_true)
-                to_true = _resize_matrix(item.output_size, item.working)
+                to_true = resize_matrix(item.output_size, item.working)
             continue
         edit, true_size = item
-        if type(edit) in _TRUE_SIZE_RENDERERS:  # photometric, at its true size, by a faster equivalent
+        if edit.scaling == "relative" and edit.kind == "occluding":  # at the working resolution (maybe the true one)
             pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
-            current = _TRUE_SIZE_RENDERERS[type(edit)](edit, np.ascontiguousarray(pixels))
-            continue
-        if type(edit) not in _SCALE_FREE:  # planned at its true size: exactly as edit by edit
+            current, coverage = _overlay_at(edit, pixels, true_size)
+            table = table.occlude(coverage >= COVERED_ALPHA)  # what ``OccludingEdit.apply`` does, at the true size
+        elif edit.kind == "photometric":  # relative ones at the working resolution, others at their true size
+            pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
+            current = edit.render_array(np.ascontiguousarray(pixels), true_size)
+        else:  # planned at its true size: exactly as edit by edit
             if isinstance(current, np.ndarray):
                 current = Image.fromarray(current, "RGB")
             current, table = edit(current, table)
             to_true = np.eye(3)
-            continue
-        # A scale-free edit at the working resolution (maybe the true one); its table at the true size.
-        pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
-        if type(edit) in _OVERLAY_LAYERS:
-            current, coverage = _overlay_at(edit, pixels, true_size)
-            table = table.occlude(coverage >= COVERED_ALPHA)  # what ``OccludingEdit.apply`` does
-            continue
-        current = _SCALE_FREE[type(edit)](edit, pixels, math.sqrt(pixels.shape[0] * pixels.shape[1] / (true_size[0] * true_size[1])))
     if isinstance(current, np.ndarray):
         current = Image.fromarray(current, "RGB")
     if (current.height, current.width) != table.size:

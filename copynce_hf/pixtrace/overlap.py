@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TableError
-from .table import CoordinateTable, _apply_matrix
+from .projective import apply_matrix
+from .table import CoordinateTable
 
 __all__ = ["patch_overlap", "pair_tables", "pair_overlaps", "scatter_reverse_overlap", "REVERSE_PRIORS"]
 
@@ -175,7 +176,7 @@ def _analytic_pair_overlap(table_a: CoordinateTable, table_b: CoordinateTable, p
     A pixel of A counts in B's patch j when it is traced in A, its source point maps (by
     B's inverse projective map) into B's pixel area, w > 0, and B's nearest pixel there is
     traced: exactly the validity of the composed table. Positions in B use the composed
-    table's float32 arithmetic (:func:`~.table._apply_matrix`), so the counts equal those of
+    table's float32 arithmetic (:func:`~.projective.apply_matrix`), so the counts equal those of
     the unfused path bit for bit.
 
     Per pixel of A: its position in B (a projective map), the index of B's nearest pixel in
@@ -193,7 +194,7 @@ def _analytic_pair_overlap(table_a: CoordinateTable, table_b: CoordinateTable, p
         return patch_overlap(table_a.compose(table_b.inverse()), patch_size, table_b.size)
     to_b = np.linalg.inv(table_b.matrix) @ table_a.matrix
     to_b /= to_b[2, 2] if abs(to_b[2, 2]) > 1e-12 else 1.0
-    x, y, w = _apply_matrix(to_b, table_a.size, with_w=True)
+    x, y, w = apply_matrix(to_b, table_a.size, with_w=True)
     behind = w is not None and not _clearly_positive_w(to_b, table_a.size)  # pixels may have w <= 0
     # NaN positions come only from w = 0 or from a map too large for float32.
     index = _padded_index(y, x, table_b.size, nan_safe=behind or not np.abs(to_b).max() < 1e30)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TableError
+from .projective import apply_matrix, resize_matrix
 
 __all__ = ["CoordinateTable"]
 
@@ -166,7 +167,7 @@ class CoordinateTable:
     def _mapped(self) -> tuple[np.ndarray, np.ndarray]:
         """Analytic tables: source (x, y) of every pixel, validity not applied; cached."""
         if self._mapped_cache is None:
-            self._mapped_cache = _apply_matrix(self._matrix, self.size)
+            self._mapped_cache = apply_matrix(self._matrix, self.size)
         return self._mapped_cache
 
     @property
@@ -216,7 +217,7 @@ class CoordinateTable:
         output_size = _check_size(output_size, "output_size")
         matrix = _normalise(np.asarray(matrix, dtype=np.float64))
         if self._matrix is None:
-            x, y = _apply_matrix(matrix, output_size)
+            x, y = apply_matrix(matrix, output_size)
             return self.remap(np.stack([y, x], axis=-1))
         # This image's bounds and the earlier half-planes, pulled back to the new pixels
         # (a line maps to a line under a homography; w > 0 is kept as its own half-plane,
@@ -231,7 +232,7 @@ class CoordinateTable:
 
     def resize(self, height: int, width: int) -> CoordinateTable:
         """Table of this image resized to ``(height, width)`` (e.g. the model input size)."""
-        return self.warp(_resize_matrix(self.size, (height, width)), (height, width))
+        return self.warp(resize_matrix(self.size, (height, width)), (height, width))
 
     def occlude(self, covered: np.ndarray) -> CoordinateTable:
         """Mark the pixels where ``covered`` (bool, shape (H, W)) is True as untraced."""
@@ -270,7 +271,7 @@ class CoordinateTable:
     def with_source_size(self, height: int, width: int) -> CoordinateTable:
         """The same table with source positions expressed in a source frame resized to (height, width)."""
         new_size = _check_size((height, width), "source size")
-        to_new = np.linalg.inv(_resize_matrix(self.source_size, new_size))
+        to_new = np.linalg.inv(resize_matrix(self.source_size, new_size))
         if self._matrix is not None:
             return CoordinateTable._analytic(to_new @ self._matrix, self.size, new_size, self._halfplanes, self._masks)
         coords = self.coords
@@ -371,7 +372,7 @@ class CoordinateTable:
             if np.array_equal(mask.matrix, self._matrix):
                 x, y = self._mapped()  # the stage is the source frame: reuse the coordinates
             else:
-                x, y = _apply_matrix(mask.matrix, self.size)
+                x, y = apply_matrix(mask.matrix, self.size)
             rows, cols, inside = _nearest_pixel(y, x, mask.keep.shape)
             valid &= inside & mask.keep[rows, cols]
         return valid
@@ -411,13 +412,6 @@ def _normalise(matrix: np.ndarray, check: bool = True) -> np.ndarray:
     return matrix if scale == 1.0 else matrix / scale
 
 
-def _resize_matrix(old_size, new_size) -> np.ndarray:
-    """Backward map of a resize: output pixel centre -> input position (area-aligned)."""
-    sy = old_size[0] / new_size[0]
-    sx = old_size[1] / new_size[1]
-    return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5], [0.0, 0.0, 1.0]])
-
-
 _NO_PLANES = np.zeros((0, 3))
 _NO_PLANES.setflags(write=False)
 
@@ -449,27 +443,6 @@ def _area_corners(size) -> np.ndarray:
                         [1.0, 1.0, 1.0, 1.0]])
     corners.setflags(write=False)
     return corners
-
-
-def _apply_matrix(matrix: np.ndarray, size, with_w: bool = False):
-    """Apply a (3, 3) map to every pixel centre of an image of ``size``; returns x, y (H, W) float32.
-
-    Each homogeneous component is an outer sum of a row and a column vector, so an affine
-    map costs one addition per pixel and component, a projective one two more divisions.
-    With ``with_w`` also returns the homogeneous w (H, W), or None for an affine map.
-    """
-    height, width = size
-    cols = np.arange(width, dtype=np.float32)
-    rows = np.arange(height, dtype=np.float32)[:, None]
-    m = matrix.astype(np.float32)
-    out_x = m[0, 0] * cols + (m[0, 1] * rows + m[0, 2])
-    out_y = m[1, 0] * cols + (m[1, 1] * rows + m[1, 2])
-    w = None
-    if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
-        w = m[2, 0] * cols + (m[2, 1] * rows + m[2, 2])
-        out_x /= w
-        out_y /= w
-    return (out_x, out_y, w) if with_w else (out_x, out_y)
 
 
 def _drop_redundant(planes: np.ndarray, size) -> np.ndarray:

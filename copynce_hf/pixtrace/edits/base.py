@@ -38,6 +38,15 @@ class Edit:
     name: ClassVar[str] = "edit"
     #: "geometric", "occluding" or "photometric".
     kind: ClassVar[str] = "photometric"
+    #: How a renderer may treat the edit at a resolution other than the size it was drawn for (its
+    #: *true* size; :mod:`copynce_hf.pixtrace.fused` asks): ``"pointwise"`` (each output pixel a
+    #: function of its input pixel, or of a neighbourhood whose size follows the local scale, so it may
+    #: run inside a geometric resampling pass: :meth:`~.photometric.PhotometricEdit.render_array`),
+    #: ``"relative"`` (its geometry is relative to the image size: the same up to resampling at another
+    #: resolution, rendered between resampling passes: ``render_array`` or
+    #: :meth:`~.occluding.OccludingEdit.layer`), ``"true_size"`` (only at its true size). Geometric
+    #: edits declare their fused form with :meth:`~.geometric.GeometricEdit.canvases` instead.
+    scaling: ClassVar[str] = "true_size"
 
     def __call__(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
         if image.mode != "RGB":

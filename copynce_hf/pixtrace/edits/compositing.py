@@ -22,20 +22,12 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from ...errors import EditParameterError
+from ..projective import resize_matrix, translation_matrix
 from ..table import CoordinateTable
 from .base import check_range, register_edit
-from .geometric import (
-    _RESAMPLE,
-    GeometricEdit,
-    _color_param,
-    _int_param,
-    _resample_param,
-    _resize,
-    _set,
-    _spec_param,
-    _translation,
-)
-from .occluding import COVERED_ALPHA, OccludingEdit, _blend_color, _opacity_level, fraction_box
+from .geometric import Canvas, GeometricEdit
+from .occluding import COVERED_ALPHA, Layer, OccludingEdit, blend_color, fraction_box, opacity_level
+from .params import RESAMPLE, color_param, image_spec_param, int_param, resample_param, set_field
 from .sources import resolve_image
 
 __all__ = ["PasteIntoBox", "OverlayImageBox", "Smear"]
@@ -65,33 +57,38 @@ class PasteIntoBox(GeometricEdit):
     name: ClassVar[str] = "paste_into_box"
 
     def __post_init__(self):
-        _set(self, "background", _spec_param(self.name, "background", self.background))
+        set_field(self, "background", image_spec_param(self.name, "background", self.background))
         for key in ("canvas_height", "canvas_width", "box_height", "box_width"):
-            _set(self, key, _int_param(self.name, key, getattr(self, key), 1))
+            set_field(self, key, int_param(self.name, key, getattr(self, key), 1))
         for key in ("left", "top"):
-            _set(self, key, _int_param(self.name, key, getattr(self, key), 0))
+            set_field(self, key, int_param(self.name, key, getattr(self, key), 0))
         if self.left + self.box_width > self.canvas_width or self.top + self.box_height > self.canvas_height:
             raise EditParameterError(
                 f"{self.name}: box (left={self.left}, top={self.top}, {self.box_height}x{self.box_width}) does not "
                 f"fit the {self.canvas_height}x{self.canvas_width} canvas"
             )
         check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
-        _resample_param(self.name, self.resample)
+        resample_param(self.name, self.resample)
 
     def stages(self, size):
         box = (self.box_height, self.box_width)
-        return [(_resize(size, box), box), (_translation(-self.left, -self.top), (self.canvas_height, self.canvas_width))]
+        return [(resize_matrix(size, box), box), (translation_matrix(-self.left, -self.top), (self.canvas_height, self.canvas_width))]
 
-    def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
-        new_table = self.trace(table)
-        if _opacity_level(self.opacity) < COVERED_ALPHA:  # the copy does not dominate its box
+    def trace(self, table: CoordinateTable, stages=None) -> CoordinateTable:
+        new_table = super().trace(table, stages)
+        if opacity_level(self.opacity) < COVERED_ALPHA:  # the copy does not dominate its box
             new_table = new_table.occlude(np.ones(new_table.size, dtype=bool))
-        return self.render(image), new_table
+        return new_table
+
+    def canvases(self, stages):  # the copy blended over the background at its 8-bit paste level
+        background = Canvas(image=self.background, image_size=(self.canvas_height, self.canvas_width),
+                            opacity=opacity_level(self.opacity) / 255.0)
+        return [None, background]
 
     def render(self, image):
         canvas = resolve_image(self.background).resize((self.canvas_width, self.canvas_height), Image.BILINEAR)
-        pasted = image.resize((self.box_width, self.box_height), _RESAMPLE[self.resample])
-        canvas.paste(pasted, (self.left, self.top), mask=Image.new("L", pasted.size, _opacity_level(self.opacity)))
+        pasted = image.resize((self.box_width, self.box_height), RESAMPLE[self.resample])
+        canvas.paste(pasted, (self.left, self.top), mask=Image.new("L", pasted.size, opacity_level(self.opacity)))
         return canvas
 
 
@@ -115,7 +112,7 @@ class OverlayImageBox(OccludingEdit):
     opacity: float = 0.5
 
     def __post_init__(self):
-        _set(self, "overlay", _spec_param(self.name, "overlay", self.overlay))
+        set_field(self, "overlay", image_spec_param(self.name, "overlay", self.overlay))
         check_range(self.name, "x", self.x, 0.0, 1.0)
         check_range(self.name, "y", self.y, 0.0, 1.0)
         check_range(self.name, "width", self.width, 1e-6, 1.0 - self.x + 1e-9)
@@ -125,14 +122,20 @@ class OverlayImageBox(OccludingEdit):
     def coverage(self, height: int, width: int) -> np.ndarray:
         left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, height, width)
         coverage = np.zeros((height, width), dtype=np.uint8)
-        coverage[top:bottom, left:right] = _opacity_level(self.opacity)
+        coverage[top:bottom, left:right] = opacity_level(self.opacity)
         return coverage
+
+    scaling: ClassVar[str] = "relative"
+
+    def layer(self, size):
+        left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, *size)
+        return Layer(self.coverage(*size), source=self.overlay, box=(left, top, right - left, bottom - top))
 
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, image.height, image.width)
         pasted = resolve_image(self.overlay).resize((right - left, bottom - top), Image.BILINEAR)
         edited = image.copy()
-        edited.paste(pasted, (left, top), mask=Image.new("L", pasted.size, _opacity_level(self.opacity)))
+        edited.paste(pasted, (left, top), mask=Image.new("L", pasted.size, opacity_level(self.opacity)))
         return edited
 
 
@@ -177,10 +180,10 @@ class Smear(OccludingEdit):
         for x, y in points:
             check_range(self.name, "points", x, 0.0, 1.0)
             check_range(self.name, "points", y, 0.0, 1.0)
-        _set(self, "points", points)
-        _set(self, "width", _int_param(self.name, "width", self.width, 1))
-        _set(self, "segments", _int_param(self.name, "segments", self.segments, 1))
-        _set(self, "color", _color_param(self.name, "color", self.color))
+        set_field(self, "points", points)
+        set_field(self, "width", int_param(self.name, "width", self.width, 1))
+        set_field(self, "segments", int_param(self.name, "segments", self.segments, 1))
+        set_field(self, "color", color_param(self.name, "color", self.color))
 
     def coverage(self, height: int, width: int) -> np.ndarray:
         scaled = np.array(self.points) * np.array([width, height], dtype=np.float64)
@@ -189,5 +192,10 @@ class Smear(OccludingEdit):
         ImageDraw.Draw(mask).line(curve, fill=255, width=self.width)
         return np.asarray(mask)
 
+    scaling: ClassVar[str] = "relative"
+
+    def layer(self, size):
+        return Layer(self.coverage(*size), color=self.color)
+
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
-        return _blend_color(image, self.color, coverage)
+        return blend_color(image, self.color, coverage)

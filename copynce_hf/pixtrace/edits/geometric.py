@@ -43,11 +43,14 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from ...errors import EditParameterError
+from ..projective import area_to_centre, centre_to_area, homography, resize_matrix, translation_matrix
 from ..table import CoordinateTable
-from .base import Edit, check_finite, check_range, register_edit
-from .sources import resolve_image
+from .base import Edit, check_range, register_edit
+from .params import RESAMPLE, color_param, float_param, image_spec_param, int_param, resample_param, set_field
+from .sources import image_size, resolve_image
 
 __all__ = [
+    "Canvas",
     "GeometricEdit",
     "Crop",
     "Resize",
@@ -67,48 +70,15 @@ __all__ = [
     "MemeFormat",
 ]
 
-#: Resampling filters accepted by the edits (names as in ``PIL.Image.Resampling``, lower case).
-_RESAMPLE = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
-}
+
 #: ``Image.transform`` supports only these three.
 _TRANSFORM_RESAMPLE = ("nearest", "bilinear", "bicubic")
 
 #: (3, 3) backward map and the (height, width) of the image it produces.
 Stage = tuple[np.ndarray, tuple[int, int]]
 
-_SHIFT = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])  # centre -> area coordinates
-_UNSHIFT = np.linalg.inv(_SHIFT)
 
-
-# ---------------------------------------------------------------------------- matrices
-
-
-def _translation(tx: float, ty: float) -> np.ndarray:
-    """Backward map of content moved by (-tx, -ty): output (x, y) samples input (x + tx, y + ty)."""
-    return np.array([[1.0, 0.0, tx], [0.0, 1.0, ty], [0.0, 0.0, 1.0]])
-
-
-def _resize(old_size: tuple[int, int], new_size: tuple[int, int]) -> np.ndarray:
-    """Backward map of an area-aligned resize from (H, W) ``old_size`` to ``new_size``."""
-    sy = old_size[0] / new_size[0]
-    sx = old_size[1] / new_size[1]
-    return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5], [0.0, 0.0, 1.0]])
-
-
-def area_to_centre(matrix_area: np.ndarray) -> np.ndarray:
-    """A backward map in Pillow's pixel-area coordinates, in pixel-centre coordinates: S^-1 A S."""
-    return _UNSHIFT @ np.asarray(matrix_area, dtype=np.float64) @ _SHIFT
-
-
-def centre_to_area(matrix_centre: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`area_to_centre`: S M S^-1."""
-    return _SHIFT @ np.asarray(matrix_centre, dtype=np.float64) @ _UNSHIFT
+# ---------------------------------------------------------------------------- resampling
 
 
 def _pil_transform(
@@ -128,12 +98,12 @@ def _pil_transform(
     else:
         method, data = Image.Transform.PERSPECTIVE, tuple(area.ravel()[:8])
     if resample == "nearest":
-        return image.transform((width, height), method, data, resample=_RESAMPLE[resample], fillcolor=fill)
+        return image.transform((width, height), method, data, resample=RESAMPLE[resample], fillcolor=fill)
     pixels = np.asarray(image)
     channels = [
         np.asarray(
             Image.fromarray(pixels[..., c].astype(np.float32), "F").transform(
-                (width, height), method, data, resample=_RESAMPLE[resample], fillcolor=float(fill[c])
+                (width, height), method, data, resample=RESAMPLE[resample], fillcolor=float(fill[c])
             )
         )
         for c in range(3)
@@ -145,49 +115,6 @@ def _pil_transform(
 # ---------------------------------------------------------------------------- parameter checks
 
 
-def _int_param(edit: str, key: str, value: Any, low: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} must be an integer")
-    if not math.isfinite(value) or int(value) != value:
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} must be an integer")
-    value = int(value)
-    if low is not None and value < low:
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} must be at least {low}")
-    return value
-
-
-def _float_param(edit: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} must be a finite number")
-    check_finite(edit, **{key: float(value)})
-    return float(value)
-
-
-def _color_param(edit: str, key: str, value: Any) -> tuple[int, int, int]:
-    try:
-        color = tuple(value)
-    except TypeError:
-        color = ()
-    if len(color) != 3 or not all(
-        not isinstance(c, bool) and isinstance(c, (int, np.integer)) and 0 <= c <= 255 for c in color
-    ):
-        raise EditParameterError(
-            f"{edit}: parameter {key}={value!r} must be an RGB triple of integers in [0, 255]"
-        )
-    return tuple(int(c) for c in color)
-
-
-def _resample_param(edit: str, value: Any, allowed=tuple(_RESAMPLE)) -> str:
-    if value not in allowed:
-        raise EditParameterError(f"{edit}: parameter resample={value!r} must be one of {list(allowed)}")
-    return value
-
-
-def _set(edit: Edit, key: str, value: Any) -> None:
-    """Normalise a field of a frozen dataclass in ``__post_init__``."""
-    object.__setattr__(edit, key, value)
-
-
 def _augly():
     """AugLy's functional image API, imported on first use (it takes about half a second)."""
     import augly.image.functional as augly_functional
@@ -196,6 +123,20 @@ def _augly():
 
 
 # ---------------------------------------------------------------------------- base
+
+
+@dataclasses.dataclass(frozen=True)
+class Canvas:
+    """What a geometric stage's output shows where it samples outside its input.
+
+    Either a flat RGB ``color``, or the image ``image`` (an image spec or a PIL image) resized to
+    ``image_size`` (H, W; None: its own size), with the stage's input blended over it with ``opacity``.
+    """
+
+    color: tuple[int, int, int] | None = None
+    image: Any = None
+    image_size: tuple[int, int] | None = None
+    opacity: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +163,20 @@ class GeometricEdit(Edit):
         """The pixel work: the edited RGB image (of the size of the last stage)."""
         raise NotImplementedError
 
-    def trace(self, table: CoordinateTable) -> CoordinateTable:
-        """The edited image's table, from the input image's ``table`` (no pixel work)."""
-        for matrix, size in self.stages(table.size):
+    def canvases(self, stages: list[Stage]) -> list[Canvas | None] | None:
+        """Per stage of ``stages`` (this edit's :meth:`stages` for the input at hand), the :class:`Canvas`
+        its output shows outside its input (None: the stage never samples outside it).
+
+        Renderers that resample a run of geometric edits in one pass (:mod:`copynce_hf.pixtrace.fused`)
+        composite these canvases; None (the default) says the edit has no such form and is rendered by
+        :meth:`render` alone.
+        """
+        return None
+
+    def trace(self, table: CoordinateTable, stages: list[Stage] | None = None) -> CoordinateTable:
+        """The edited image's table, from the input image's ``table`` (no pixel work); ``stages`` are
+        this edit's :meth:`stages` for the table's size when the caller already has them."""
+        for matrix, size in self.stages(table.size) if stages is None else stages:
             table = table.warp(matrix, size)
         return table
 
@@ -251,17 +203,17 @@ def _check_box(edit: str, box: tuple[int, int, int, int], size: tuple[int, int])
 
 
 def _box_params(edit: Edit, name: str) -> None:
-    left = _int_param(name, "left", edit.left, 0)
-    top = _int_param(name, "top", edit.top, 0)
-    right = _int_param(name, "right", edit.right)
-    bottom = _int_param(name, "bottom", edit.bottom)
+    left = int_param(name, "left", edit.left, 0)
+    top = int_param(name, "top", edit.top, 0)
+    right = int_param(name, "right", edit.right)
+    bottom = int_param(name, "bottom", edit.bottom)
     if right <= left or bottom <= top:
         raise EditParameterError(
             f"{name}: box (left={left}, top={top}, right={right}, bottom={bottom}) has zero area "
             "(need right > left and bottom > top)"
         )
     for key, value in (("left", left), ("top", top), ("right", right), ("bottom", bottom)):
-        _set(edit, key, value)
+        set_field(edit, key, value)
 
 
 # ---------------------------------------------------------------------------- crop and resize
@@ -295,7 +247,10 @@ class Crop(GeometricEdit):
 
     def stages(self, size):
         _check_box(self.name, (self.left, self.top, self.right, self.bottom), size)
-        return [(_translation(self.left, self.top), (self.bottom - self.top, self.right - self.left))]
+        return [(translation_matrix(self.left, self.top), (self.bottom - self.top, self.right - self.left))]
+
+    def canvases(self, stages):
+        return [None] * len(stages)
 
     def render(self, image):
         return image.crop((self.left, self.top, self.right, self.bottom))
@@ -312,16 +267,19 @@ class Resize(GeometricEdit):
     name: ClassVar[str] = "resize"
 
     def __post_init__(self):
-        _set(self, "height", _int_param(self.name, "height", self.height, 1))
-        _set(self, "width", _int_param(self.name, "width", self.width, 1))
-        _resample_param(self.name, self.resample)
+        set_field(self, "height", int_param(self.name, "height", self.height, 1))
+        set_field(self, "width", int_param(self.name, "width", self.width, 1))
+        resample_param(self.name, self.resample)
 
     def stages(self, size):
         new = (self.height, self.width)
-        return [(_resize(size, new), new)]
+        return [(resize_matrix(size, new), new)]
+
+    def canvases(self, stages):
+        return [None] * len(stages)
 
     def render(self, image):
-        return _augly().resize(image, width=self.width, height=self.height, resample=_RESAMPLE[self.resample])
+        return _augly().resize(image, width=self.width, height=self.height, resample=RESAMPLE[self.resample])
 
 
 @register_edit
@@ -337,11 +295,11 @@ class Scale(GeometricEdit):
     name: ClassVar[str] = "scale"
 
     def __post_init__(self):
-        _set(self, "factor", _float_param(self.name, "factor", self.factor))
+        set_field(self, "factor", float_param(self.name, "factor", self.factor))
         if not 0.0 < self.factor <= 16.0:
             raise EditParameterError(f"{self.name}: parameter factor={self.factor!r} outside (0, 16]")
         if self.resample is not None:
-            _resample_param(self.name, self.resample)
+            resample_param(self.name, self.resample)
 
     def stages(self, size):
         height, width = size
@@ -350,10 +308,13 @@ class Scale(GeometricEdit):
             raise EditParameterError(
                 f"{self.name}: factor={self.factor} scales the {height}x{width} image to nothing"
             )
-        return [(_resize(size, new), new)]
+        return [(resize_matrix(size, new), new)]
+
+    def canvases(self, stages):
+        return [None] * len(stages)
 
     def render(self, image):
-        resample = None if self.resample is None else _RESAMPLE[self.resample]
+        resample = None if self.resample is None else RESAMPLE[self.resample]
         return _augly().scale(image, factor=self.factor, interpolation=resample)
 
 
@@ -378,9 +339,9 @@ class RandomResizedCrop(GeometricEdit):
 
     def __post_init__(self):
         _box_params(self, self.name)
-        _set(self, "height", _int_param(self.name, "height", self.height, 1))
-        _set(self, "width", _int_param(self.name, "width", self.width, 1))
-        _resample_param(self.name, self.resample)
+        set_field(self, "height", int_param(self.name, "height", self.height, 1))
+        set_field(self, "width", int_param(self.name, "width", self.width, 1))
+        resample_param(self.name, self.resample)
 
     @classmethod
     def draw(
@@ -420,11 +381,14 @@ class RandomResizedCrop(GeometricEdit):
         _check_box(self.name, (self.left, self.top, self.right, self.bottom), size)
         box_size = (self.bottom - self.top, self.right - self.left)
         new = (self.height, self.width)
-        return [(_translation(self.left, self.top) @ _resize(box_size, new), new)]
+        return [(translation_matrix(self.left, self.top) @ resize_matrix(box_size, new), new)]
+
+    def canvases(self, stages):
+        return [None] * len(stages)
 
     def render(self, image):
         box = (self.left, self.top, self.right, self.bottom)
-        return image.resize((self.width, self.height), _RESAMPLE[self.resample], box=box)
+        return image.resize((self.width, self.height), RESAMPLE[self.resample], box=box)
 
 
 @register_edit
@@ -436,7 +400,7 @@ class ChangeAspectRatio(GeometricEdit):
     name: ClassVar[str] = "change_aspect_ratio"
 
     def __post_init__(self):
-        _set(self, "ratio", _float_param(self.name, "ratio", self.ratio))
+        set_field(self, "ratio", float_param(self.name, "ratio", self.ratio))
         if not 0.01 <= self.ratio <= 100.0:
             raise EditParameterError(f"{self.name}: parameter ratio={self.ratio!r} outside [0.01, 100]")
 
@@ -449,7 +413,10 @@ class ChangeAspectRatio(GeometricEdit):
                 f"{self.name}: ratio={self.ratio} leaves nothing of a {height}x{width} image"
             )
         new = (int(area / new_width), new_width)
-        return [(_resize(size, new), new)]
+        return [(resize_matrix(size, new), new)]
+
+    def canvases(self, stages):
+        return [None] * len(stages)
 
     def render(self, image):
         return _augly().change_aspect_ratio(image, ratio=self.ratio)
@@ -469,6 +436,9 @@ class HorizontalFlip(GeometricEdit):
         width = size[1]
         return [(np.array([[-1.0, 0.0, width - 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), size)]
 
+    def canvases(self, stages):
+        return [None] * len(stages)
+
     def render(self, image):
         return _augly().hflip(image)
 
@@ -483,6 +453,9 @@ class VerticalFlip(GeometricEdit):
     def stages(self, size):
         height = size[0]
         return [(np.array([[1.0, 0.0, 0.0], [0.0, -1.0, height - 1.0], [0.0, 0.0, 1.0]]), size)]
+
+    def canvases(self, stages):
+        return [None] * len(stages)
 
     def render(self, image):
         return _augly().vflip(image)
@@ -509,9 +482,9 @@ class Rotate(GeometricEdit):
     name: ClassVar[str] = "rotate"
 
     def __post_init__(self):
-        _set(self, "degrees", _float_param(self.name, "degrees", self.degrees))
-        _set(self, "fill", _color_param(self.name, "fill", self.fill))
-        _resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
+        set_field(self, "degrees", float_param(self.name, "degrees", self.degrees))
+        set_field(self, "fill", color_param(self.name, "fill", self.fill))
+        resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
         for key in ("expand", "crop_to_content"):
             if not isinstance(getattr(self, key), bool):
                 raise EditParameterError(
@@ -564,7 +537,10 @@ class Rotate(GeometricEdit):
         if not self.crop_to_content:
             return [rotation]
         left, top, right, bottom = self._content_box(size, rotation[1])
-        return [rotation, (_translation(left, top), (bottom - top, right - left))]
+        return [rotation, (translation_matrix(left, top), (bottom - top, right - left))]
+
+    def canvases(self, stages):
+        return [Canvas(color=self.fill)] + [None] * (len(stages) - 1)
 
     def render(self, image):
         matrix, size = self._rotation((image.height, image.width))
@@ -594,8 +570,8 @@ class Affine(GeometricEdit):
     name: ClassVar[str] = "affine"
 
     def __post_init__(self):
-        _set(self, "angle", _float_param(self.name, "angle", self.angle))
-        _set(self, "scale", _float_param(self.name, "scale", self.scale))
+        set_field(self, "angle", float_param(self.name, "angle", self.angle))
+        set_field(self, "scale", float_param(self.name, "scale", self.scale))
         if not 0.01 <= self.scale <= 100.0:
             raise EditParameterError(f"{self.name}: parameter scale={self.scale!r} outside [0.01, 100]")
         for key in ("translate", "shear"):
@@ -603,19 +579,19 @@ class Affine(GeometricEdit):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = (value, 0.0)  # a single shear angle is the x shear, as in torchvision
             try:
-                pair = tuple(_float_param(self.name, key, v) for v in value)
+                pair = tuple(float_param(self.name, key, v) for v in value)
             except TypeError:
                 pair = ()
             if len(pair) != 2:
                 raise EditParameterError(f"{self.name}: parameter {key}={value!r} must be a pair of numbers")
-            _set(self, key, pair)
+            set_field(self, key, pair)
         for value in self.shear:
             if not -80.0 <= value <= 80.0:
                 raise EditParameterError(
                     f"{self.name}: parameter shear={self.shear!r} outside [-80, 80] degrees"
                 )
-        _set(self, "fill", _color_param(self.name, "fill", self.fill))
-        _resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
+        set_field(self, "fill", color_param(self.name, "fill", self.fill))
+        resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
 
     def forward_matrix(self, size) -> np.ndarray:
         """(3, 3) forward map in pixel-centre coordinates (input position -> output position)."""
@@ -647,25 +623,17 @@ class Affine(GeometricEdit):
         )
         return [(backward, size)]
 
+    def canvases(self, stages):
+        return [Canvas(color=self.fill)]
+
     def render(self, image):
         size = (image.height, image.width)
         return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill)
 
 
-def _homography(source: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """(3, 3) projective map sending the four ``source`` points (4, 2) onto ``target`` (4, 2)."""
-    rows, rhs = [], []
-    for (x, y), (u, v) in zip(source, target):
-        rows.append([x, y, 1.0, 0.0, 0.0, 0.0, -u * x, -u * y])
-        rows.append([0.0, 0.0, 0.0, x, y, 1.0, -v * x, -v * y])
-        rhs += [u, v]
-    solution = np.linalg.solve(np.array(rows), np.array(rhs))
-    return np.append(solution, 1.0).reshape(3, 3)
-
-
 def _quad_param(edit: str, key: str, value: Any) -> tuple[tuple[float, float], ...]:
     try:
-        points = tuple(tuple(_float_param(edit, key, c) for c in point) for point in value)
+        points = tuple(tuple(float_param(edit, key, c) for c in point) for point in value)
     except TypeError:
         points = ()
     if len(points) != 4 or any(len(p) != 2 for p in points):
@@ -702,16 +670,16 @@ class Perspective(GeometricEdit):
         start = _quad_param(self.name, "startpoints", self.startpoints)
         end = _quad_param(self.name, "endpoints", self.endpoints)
         try:
-            backward = _homography(np.array(end), np.array(start))
+            backward = homography(np.array(end), np.array(start))
         except np.linalg.LinAlgError as error:
             raise EditParameterError(f"{self.name}: startpoints/endpoints give a singular map") from error
         backward.setflags(write=False)
-        _set(self, "startpoints", start)
-        _set(self, "endpoints", end)
+        set_field(self, "startpoints", start)
+        set_field(self, "endpoints", end)
         # The backward map depends on the points only: kept from the validation above (not a field).
-        _set(self, "_backward", backward)
-        _set(self, "fill", _color_param(self.name, "fill", self.fill))
-        _resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
+        set_field(self, "_backward", backward)
+        set_field(self, "fill", color_param(self.name, "fill", self.fill))
+        resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
 
     @classmethod
     def augly_like(
@@ -736,6 +704,9 @@ class Perspective(GeometricEdit):
                 )
         return [(matrix, size)]
 
+    def canvases(self, stages):
+        return [Canvas(color=self.fill)]
+
     def render(self, image):
         size = (image.height, image.width)
         return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill)
@@ -757,7 +728,7 @@ class Skew(GeometricEdit):
     name: ClassVar[str] = "skew"
 
     def __post_init__(self):
-        _set(self, "skew_factor", _float_param(self.name, "skew_factor", self.skew_factor))
+        set_field(self, "skew_factor", float_param(self.name, "skew_factor", self.skew_factor))
         if abs(self.skew_factor) > 10.0:
             raise EditParameterError(
                 f"{self.name}: parameter skew_factor={self.skew_factor!r} outside [-10, 10]"
@@ -773,6 +744,9 @@ class Skew(GeometricEdit):
         else:
             area[1, 0], area[1, 2] = self.skew_factor, -self.skew_factor * width / 2
         return [(area_to_centre(area), size)]
+
+    def canvases(self, stages):
+        return [Canvas(color=(0, 0, 0))]
 
     def render(self, image):
         # AugLy's skew is Pillow's 8-bit bilinear ``transform`` with this matrix; resampled
@@ -796,14 +770,17 @@ class Pad(GeometricEdit):
 
     def __post_init__(self):
         for key in ("w_factor", "h_factor"):
-            _set(self, key, _float_param(self.name, key, getattr(self, key)))
+            set_field(self, key, float_param(self.name, key, getattr(self, key)))
             check_range(self.name, key, getattr(self, key), 0.0, 10.0)
-        _set(self, "color", _color_param(self.name, "color", self.color))
+        set_field(self, "color", color_param(self.name, "color", self.color))
 
     def stages(self, size):
         height, width = size
         left, top = int(self.w_factor * width), int(self.h_factor * height)
-        return [(_translation(-left, -top), (height + 2 * top, width + 2 * left))]
+        return [(translation_matrix(-left, -top), (height + 2 * top, width + 2 * left))]
+
+    def canvases(self, stages):
+        return [Canvas(color=self.color)]
 
     def render(self, image):
         return _augly().pad(image, w_factor=self.w_factor, h_factor=self.h_factor, color=self.color)
@@ -826,11 +803,11 @@ class PasteOnCanvas(GeometricEdit):
     name: ClassVar[str] = "paste_on_canvas"
 
     def __post_init__(self):
-        _set(self, "canvas_height", _int_param(self.name, "canvas_height", self.canvas_height, 1))
-        _set(self, "canvas_width", _int_param(self.name, "canvas_width", self.canvas_width, 1))
-        _set(self, "left", _int_param(self.name, "left", self.left))
-        _set(self, "top", _int_param(self.name, "top", self.top))
-        _set(self, "color", _color_param(self.name, "color", self.color))
+        set_field(self, "canvas_height", int_param(self.name, "canvas_height", self.canvas_height, 1))
+        set_field(self, "canvas_width", int_param(self.name, "canvas_width", self.canvas_width, 1))
+        set_field(self, "left", int_param(self.name, "left", self.left))
+        set_field(self, "top", int_param(self.name, "top", self.top))
+        set_field(self, "color", color_param(self.name, "color", self.color))
 
     def stages(self, size):
         height, width = size
@@ -844,26 +821,15 @@ class PasteOnCanvas(GeometricEdit):
                 f"{self.name}: a {height}x{width} image at (left={self.left}, top={self.top}) misses the "
                 f"{self.canvas_height}x{self.canvas_width} canvas"
             )
-        return [(_translation(-self.left, -self.top), (self.canvas_height, self.canvas_width))]
+        return [(translation_matrix(-self.left, -self.top), (self.canvas_height, self.canvas_width))]
+
+    def canvases(self, stages):
+        return [Canvas(color=self.color)]
 
     def render(self, image):
         canvas = Image.new("RGB", (self.canvas_width, self.canvas_height), self.color)
         canvas.paste(image, (self.left, self.top))
         return canvas
-
-
-def _spec_param(edit: str, key: str, value: Any) -> Any:
-    if isinstance(value, Image.Image):
-        return value
-    if not isinstance(value, dict) or "kind" not in value:
-        raise EditParameterError(
-            f"{edit}: parameter {key}={value!r} must be an image spec dict or a PIL image"
-        )
-    try:
-        json.dumps(value)
-    except TypeError as error:
-        raise EditParameterError(f"{edit}: parameter {key}={value!r} is not JSON-serialisable") from error
-    return value
 
 
 @register_edit
@@ -887,21 +853,14 @@ class OverlayOntoBackground(GeometricEdit):
     name: ClassVar[str] = "overlay_onto_background"
 
     def __post_init__(self):
-        _set(self, "background", _spec_param(self.name, "background", self.background))
+        set_field(self, "background", image_spec_param(self.name, "background", self.background))
         for key in ("overlay_size", "x_pos", "y_pos"):
-            _set(self, key, _float_param(self.name, key, getattr(self, key)))
+            set_field(self, key, float_param(self.name, key, getattr(self, key)))
         check_range(self.name, "overlay_size", self.overlay_size, 1e-3, 1.0)
         check_range(self.name, "x_pos", self.x_pos, 0.0, 1.0)
         check_range(self.name, "y_pos", self.y_pos, 0.0, 1.0)
         if not isinstance(self.scale_bg, bool):
             raise EditParameterError(f"{self.name}: parameter scale_bg={self.scale_bg!r} must be a bool")
-
-    def _background_size(self) -> tuple[int, int]:
-        spec = self.background
-        if isinstance(spec, dict) and spec.get("kind") != "file" and "size" in spec:
-            return tuple(int(v) for v in spec["size"])
-        image = resolve_image(spec)
-        return image.height, image.width
 
     def _stages(self, size, background_size) -> list[Stage]:
         height, width = size
@@ -915,10 +874,13 @@ class OverlayOntoBackground(GeometricEdit):
                 f"{self.name}: overlay_size={self.overlay_size} shrinks the image to nothing"
             )
         x, y = int(bg_w * self.x_pos), int(bg_h * self.y_pos)
-        return [(_resize(size, (new_h, new_w)), (new_h, new_w)), (_translation(-x, -y), (bg_h, bg_w))]
+        return [(resize_matrix(size, (new_h, new_w)), (new_h, new_w)), (translation_matrix(-x, -y), (bg_h, bg_w))]
 
     def stages(self, size):
-        return self._stages(size, self._background_size())
+        return self._stages(size, image_size(self.background))
+
+    def canvases(self, stages):
+        return [None, Canvas(image=self.background)]
 
     def apply(self, image, table):
         background = resolve_image(self.background)  # resolved once for both table and pixels
@@ -988,10 +950,10 @@ class OverlayOntoScreenshot(GeometricEdit):
                     f"{self.name}: parameter {key}={getattr(self, key)!r} must be a bool"
                 )
         if self.max_image_size_pixels is not None:
-            _set(
+            set_field(
                 self,
                 "max_image_size_pixels",
-                _int_param(self.name, "max_image_size_pixels", self.max_image_size_pixels, 1),
+                int_param(self.name, "max_image_size_pixels", self.max_image_size_pixels, 1),
             )
 
     def stages(self, size):
@@ -1004,7 +966,7 @@ class OverlayOntoScreenshot(GeometricEdit):
             new = (int(height * factor), int(width * factor))
             if min(new) < 1:
                 raise EditParameterError(f"{self.name}: the {height}x{width} image scales to nothing")
-            stages.append((_resize(size, new), new))
+            stages.append((resize_matrix(size, new), new))
             current_h, current_w = new
         else:  # AugLy ``scale_template_image``: the template and its box follow the input
             factor = (min if self.crop_src_to_fit else max)(width / box_w, height / box_h)
@@ -1020,19 +982,19 @@ class OverlayOntoScreenshot(GeometricEdit):
         # AugLy ``resize_and_pad_to_given_size`` into the box.
         if self.crop_src_to_fit:
             dx, dy = (current_w - box_w) // 2, (current_h - box_h) // 2
-            stages.append((_translation(dx, dy), (box_h, box_w)))
+            stages.append((translation_matrix(dx, dy), (box_h, box_w)))
             current_h, current_w = box_h, box_w
         elif current_w > box_w or current_h > box_h:
             factor = min(box_w / current_w, box_h / current_h)
             new = (int(current_h * factor), int(current_w * factor))
             if min(new) < 1:
                 raise EditParameterError(f"{self.name}: the {height}x{width} image shrinks to nothing")
-            stages.append((_resize((current_h, current_w), new), new))
+            stages.append((resize_matrix((current_h, current_w), new), new))
             current_h, current_w = new
         if current_w < box_w or current_h < box_h:
             dx, dy = max(0, (box_w - current_w) // 2), max(0, (box_h - current_h) // 2)
-            stages.append((_translation(-dx, -dy), (box_h, box_w)))
-        stages.append((_translation(-left, -top), (template_h, template_w)))
+            stages.append((translation_matrix(-dx, -dy), (box_h, box_w)))
+        stages.append((translation_matrix(-left, -top), (template_h, template_w)))
         return stages
 
     def render(self, image):
@@ -1074,13 +1036,13 @@ class MemeFormat(GeometricEdit):
     def __post_init__(self):
         if not isinstance(self.text, str):
             raise EditParameterError(f"{self.name}: parameter text={self.text!r} must be a string")
-        _set(self, "caption_height", _int_param(self.name, "caption_height", self.caption_height, 11))
-        _set(self, "text_color", _color_param(self.name, "text_color", self.text_color))
-        _set(self, "bg_color", _color_param(self.name, "bg_color", self.bg_color))
+        set_field(self, "caption_height", int_param(self.name, "caption_height", self.caption_height, 11))
+        set_field(self, "text_color", color_param(self.name, "text_color", self.text_color))
+        set_field(self, "bg_color", color_param(self.name, "bg_color", self.bg_color))
 
     def stages(self, size):
         height, width = size
-        return [(_translation(0, -self.caption_height), (height + self.caption_height, width))]
+        return [(translation_matrix(0, -self.caption_height), (height + self.caption_height, width))]
 
     def render(self, image):
         from augly.utils import MEME_DEFAULT_FONT

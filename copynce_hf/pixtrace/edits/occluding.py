@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import os
 import pickle
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,19 +33,22 @@ from PIL import Image, ImageDraw, ImageFont
 from ...errors import EditParameterError
 from ..table import CoordinateTable
 from .base import Edit, check_range, register_edit
-from .sources import resolve_image
+from .sources import image_size, is_procedural, resolve_image
 
 __all__ = [
     "COVERED_ALPHA",
+    "Layer",
     "OccludingEdit",
     "OverlayEmoji",
     "OverlayText",
     "OverlayImage",
     "OverlayStripes",
     "RandomErasing",
+    "blend_color",
     "emoji_names",
     "font_characters",
     "fraction_box",
+    "opacity_level",
 ]
 
 #: A pixel counts as covered when the overlay's effective opacity is above one half.
@@ -52,8 +56,44 @@ COVERED_ALPHA = 128
 
 
 @dataclasses.dataclass(frozen=True)
+class Layer:
+    """What an occluding edit paints over an image of (H, W), for renderers that blend it in at
+    another resolution (:meth:`OccludingEdit.layer`).
+
+    ``coverage`` is the uint8 (H, W) effective opacity of the overlay (the edit's :meth:`~OccludingEdit.coverage`;
+    the table is occluded where it is at least :data:`COVERED_ALPHA`). What is painted is one of: a
+    flat RGB ``color``; ``pixels``, a uint8 (H, W, 3) image; or the image ``source`` (an image spec or
+    a PIL image) resized into ``box`` = (left, top, width, height), clipped by the image.
+    """
+
+    coverage: np.ndarray
+    color: tuple[int, int, int] | None = None
+    pixels: np.ndarray | None = None
+    source: Any = None
+    box: tuple[int, int, int, int] | None = None
+
+    def colour(self, draw: Callable[[Any, tuple[int, int]], np.ndarray]) -> np.ndarray:
+        """The painted colour: uint8 (3,) for a flat colour, else uint8 (H, W, 3).
+
+        ``draw(source, (h, w))`` returns the source image resized to (h, w) as uint8 (h, w, 3).
+        """
+        if self.color is not None:
+            return np.asarray(self.color, dtype=np.uint8)
+        if self.pixels is not None:
+            return self.pixels
+        left, top, width, height = self.box
+        canvas = np.zeros(self.coverage.shape + (3,), dtype=np.uint8)
+        _place_into(canvas, draw(self.source, (height, width)), left, top)
+        return canvas
+
+
+@dataclasses.dataclass(frozen=True)
 class OccludingEdit(Edit):
-    """Base class: ``apply`` = pixel work + ``table.occlude(coverage >= COVERED_ALPHA)``."""
+    """Base class: ``apply`` = pixel work + ``table.occlude(coverage >= COVERED_ALPHA)``.
+
+    Edits whose ``scaling`` is ``"relative"`` also describe their paint as a :class:`Layer`
+    (:meth:`layer`), which a renderer may blend in at another resolution.
+    """
 
     kind: ClassVar[str] = "occluding"
 
@@ -64,6 +104,10 @@ class OccludingEdit(Edit):
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         """The edited RGB image; ``coverage`` is :meth:`coverage` of the image's size."""
         raise NotImplementedError
+
+    def layer(self, size: tuple[int, int]) -> Layer:
+        """What the edit paints over an image of (H, W) ``size`` (edits of ``scaling`` ``"relative"``)."""
+        raise NotImplementedError(f"{self.name} has no layer form")
 
     def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
         coverage = self.coverage(image.height, image.width)
@@ -161,6 +205,21 @@ class OverlayEmoji(OccludingEdit):
         alpha = (np.asarray(resized.convert("RGBA").getchannel("A")) * self.opacity).astype(np.uint8)
         return _place(alpha, int(width * self.x), int(height * self.y), height, width)
 
+    scaling: ClassVar[str] = "relative"
+
+    def layer(self, size):
+        # AugLy pastes the resized emoji with its alpha times the opacity: that alpha is the coverage.
+        height, width = size
+        coverage = self.coverage(height, width)
+        pixels = np.zeros((height, width, 3), dtype=np.uint8)
+        if coverage.any():
+            emoji = _emoji_image(_emoji_path(self.emoji))
+            new_height = max(1, int(height * self.size))
+            new_width = int(emoji.width * new_height / emoji.height)
+            _place_into(pixels, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
+                        int(width * self.x), int(height * self.y))
+        return Layer(coverage, pixels=pixels)
+
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         if not coverage.any():
             return image.copy()
@@ -242,8 +301,13 @@ class OverlayText(OccludingEdit):
         )
         return _scale_alpha(np.asarray(layer), self.opacity)
 
+    scaling: ClassVar[str] = "relative"
+
+    def layer(self, size):
+        return Layer(self.coverage(*size), color=self.color)
+
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
-        return _blend_color(image, self.color, coverage)
+        return blend_color(image, self.color, coverage)
 
 
 # ---------------------------------------------------------------------- another image
@@ -288,8 +352,19 @@ class OverlayImage(OccludingEdit):
 
     def _coverage(self, height: int, width: int, overlay_size: tuple[int, int]) -> np.ndarray:
         left, top, new_width, new_height = self._geometry(height, width, overlay_size)
-        alpha = np.full((new_height, new_width), _opacity_level(self.opacity), dtype=np.uint8)
+        alpha = np.full((new_height, new_width), opacity_level(self.opacity), dtype=np.uint8)
         return _place(alpha, left, top, height, width)
+
+    scaling: ClassVar[str] = "relative"
+
+    def layer(self, size):
+        # A file is read once here (its size places it, its pixels fill the layer); procedural images
+        # say their size, so that a renderer may draw them straight at the placed size.
+        height, width = size
+        overlay = self.overlay if is_procedural(self.overlay) else resolve_image(self.overlay)
+        native_height, native_width = image_size(overlay)
+        box = self._geometry(height, width, (native_width, native_height))
+        return Layer(self._coverage(height, width, (native_width, native_height)), source=overlay, box=box)
 
     def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
         overlay = resolve_image(self.overlay)  # resolved once for both geometry and pixels
@@ -304,7 +379,7 @@ class OverlayImage(OccludingEdit):
         resized = overlay.resize((new_width, new_height), Image.BILINEAR)
         edited = image.copy()
         # PIL clips the paste at the border exactly as _place clips the coverage.
-        edited.paste(resized, (left, top), mask=Image.new("L", resized.size, _opacity_level(self.opacity)))
+        edited.paste(resized, (left, top), mask=Image.new("L", resized.size, opacity_level(self.opacity)))
         return edited
 
 
@@ -415,6 +490,16 @@ class RandomErasing(OccludingEdit):
         coverage[top:bottom, left:right] = 255
         return coverage
 
+    scaling: ClassVar[str] = "relative"
+
+    def layer(self, size):
+        coverage = self.coverage(*size)
+        if self.noise_seed is None:
+            return Layer(coverage, color=self.fill)
+        # Random values (torchvision's value="random"), drawn at the true size.
+        blank = Image.new("RGB", (size[1], size[0]))
+        return Layer(coverage, pixels=np.asarray(self.render(blank, coverage)))
+
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         pixels = np.array(image)
         covered = coverage == 255
@@ -451,7 +536,7 @@ def _check_color(edit: Edit, key: str, color) -> None:
     object.__setattr__(edit, key, tuple(int(c) for c in color))
 
 
-def _opacity_level(opacity: float) -> int:
+def opacity_level(opacity: float) -> int:
     return int(np.floor(opacity * 255 + 0.5))
 
 
@@ -476,7 +561,7 @@ def _place_into(canvas: np.ndarray, patch: np.ndarray, left: int, top: int) -> N
         canvas[top:bottom, left:right] = patch[: bottom - top, : right - left]
 
 
-def _blend_color(image: Image.Image, color, coverage: np.ndarray) -> Image.Image:
+def blend_color(image: Image.Image, color, coverage: np.ndarray) -> Image.Image:
     """``image`` with ``color`` blended in by ``coverage`` (0 keeps the pixel, 255 replaces it)."""
     edited = image.copy()
     edited.paste(tuple(int(c) for c in color), (0, 0, image.width, image.height), mask=Image.fromarray(coverage, "L"))

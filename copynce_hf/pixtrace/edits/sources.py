@@ -37,19 +37,46 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
     if kind == "solid":
         color = tuple(int(c) for c in spec.get("color", (127, 127, 127)))
         return Image.new("RGB", (width, height), color)
-    rng = np.random.default_rng(int(spec.get("seed", 0)))
     if kind == "noise":
-        coarse = rng.integers(0, 256, size=(max(2, height // 16), max(2, width // 16), 3), dtype=np.uint8)
-        return Image.fromarray(coarse, "RGB").resize((width, height), Image.BICUBIC)
+        return Image.fromarray(noise_grid(spec), "RGB").resize((width, height), Image.BICUBIC)
     if kind == "gradient":
-        start, end = rng.integers(0, 256, size=(2, 3)).astype(np.float32)
-        angle = rng.uniform(0, 2 * np.pi)
+        start, end, angle = gradient_parameters(spec)
+        start, end = start.astype(np.float32), end.astype(np.float32)
         ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
         t = xs * np.cos(angle) + ys * np.sin(angle)
         t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
         pixels = start + t[..., None] * (end - start)
         return Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8), "RGB")
     raise EditParameterError(f"unknown image spec kind {kind!r}; use file, noise, gradient or solid")
+
+
+def is_procedural(spec: Any) -> bool:
+    """Whether ``spec`` is a noise or gradient spec that states its size (an image drawn from a seed)."""
+    return isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise") and "size" in spec
+
+
+def image_size(spec: ImageSpec | Image.Image) -> tuple[int, int]:
+    """(H, W) of the image a spec describes: generated specs state it, files and PIL images are read."""
+    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise", "solid") and "size" in spec:
+        return _spec_size(spec)
+    image = resolve_image(spec)
+    return image.height, image.width
+
+
+def noise_grid(spec: ImageSpec) -> np.ndarray:
+    """The seeded coarse grid (h // 16, w // 16, 3) uint8 (at least 2 x 2) a noise spec's image is a
+    bicubic enlargement of."""
+    height, width = _spec_size(spec)
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    return rng.integers(0, 256, size=(max(2, height // 16), max(2, width // 16), 3), dtype=np.uint8)
+
+
+def gradient_parameters(spec: ImageSpec) -> tuple[np.ndarray, np.ndarray, float]:
+    """The seeded ``(start colour (3,), end colour (3,), angle in radians)`` of a gradient spec: the
+    colour runs linearly from ``start`` to ``end`` along the direction ``(cos angle, sin angle)``."""
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    start, end = rng.integers(0, 256, size=(2, 3))
+    return start, end, float(rng.uniform(0, 2 * np.pi))
 
 
 def _spec_size(spec: ImageSpec) -> tuple[int, int]:
