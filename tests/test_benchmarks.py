@@ -50,8 +50,9 @@ def _config(tmp_path, **changes) -> MiniDiscConfig:
 
 #: A recipe whose queries are the originals themselves (photometric factor 1): every system that works
 #: must find them.
-IDENTITY_RECIPE = EvaluationRecipe(num_structural=(0, 0), photometric_weights=(("brightness", 1.0),),
-                                   num_photometric=(1, 1), brightness=(1.0, 1.0))
+IDENTITY_RECIPE = EvaluationRecipe().updated({"structural": {"count": [0, 0]},
+                                               "photometric": {"weights": [["brightness", 1.0]], "count": [1, 1]},
+                                               "brightness": {"factor": [1.0, 1.0]}})
 
 
 # ---------------------------------------------------------------------------------------------- mini-DISC
@@ -119,7 +120,7 @@ def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
 
 def test_evaluation_recipe_differs_from_training_recipe(tmp_path):
     # Every edit the training recipe can draw (all steps forced on), on a small image.
-    everything = CopyRecipe.from_dict({step: {"p": 1.0} for step in CopyRecipe().to_dict()})
+    everything = CopyRecipe.training().with_probability(1.0)
     training_names = set()
     for seed in range(3):
         training_names |= {e["name"] for e in CopyEditor(seed=seed, recipe=everything)(Image.open(ASSETS[0])).recipe}

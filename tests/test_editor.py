@@ -36,7 +36,7 @@ def textured_image(height: int = 150, width: int = 200, seed: int = 0) -> Image.
 
 def all_steps_on() -> CopyRecipe:
     recipe = CopyRecipe.training()
-    return CopyRecipe(**{f.name: dataclasses.replace(getattr(recipe, f.name), p=1.0) for f in dataclasses.fields(recipe)})
+    return recipe.with_probability(1.0)
 
 
 def assert_same_result(first, second):
@@ -120,10 +120,9 @@ def test_image_pool_files_serve_as_backgrounds_and_overlays(tmp_path):
         path = tmp_path / f"pool{i}.png"
         textured_image(120, 180, seed=10 + i).save(path)
         pool.append(path)
-    recipe = dataclasses.replace(
-        CopyRecipe.off(),
-        onto_background=dataclasses.replace(CopyRecipe().onto_background, p=1.0),
-        overlay_image=dataclasses.replace(CopyRecipe().overlay_image, p=1.0),
+    recipe = CopyRecipe.off().replace(
+        onto_background=dataclasses.replace(CopyRecipe.training().onto_background, p=1.0),
+        overlay_image=dataclasses.replace(CopyRecipe.training().overlay_image, p=1.0),
     )
     result = CopyEditor(seed=2, recipe=recipe, image_pool=pool)(textured_image())
     specs = [d["params"].get("background") or d["params"].get("overlay") for d in result.recipe]
@@ -138,7 +137,7 @@ def test_image_pool_files_serve_as_backgrounds_and_overlays(tmp_path):
 def test_changing_one_step_leaves_the_other_draws_alone():
     image = textured_image()
     base = CopyRecipe.training()
-    changed = dataclasses.replace(base, grayscale=dataclasses.replace(base.grayscale, p=1.0))
+    changed = base.replace(grayscale=dataclasses.replace(base.grayscale, p=1.0))
     for k in range(5):
         first = [d for d in CopyEditor(seed=9, recipe=base)(image, seed=k).recipe if d["name"] != "grayscale"]
         second = [d for d in CopyEditor(seed=9, recipe=changed)(image, seed=k).recipe if d["name"] != "grayscale"]
@@ -152,11 +151,11 @@ def test_recipe_round_trips_through_json_and_users_can_change_it():
     recipe = CopyRecipe.training()
     data = json.loads(json.dumps(recipe.to_dict()))
     assert CopyRecipe.from_dict(data) == recipe
-    data["blur"]["p"] = 0.9
-    data["overlay_text"]["fonts"] = ["Ubuntu-B.ttf"]
+    data["steps"]["blur"]["p"] = 0.9
+    data["steps"]["overlay_text"]["fonts"] = ["Ubuntu-B.ttf"]
     changed = CopyRecipe.from_dict(data)
     assert changed.blur.p == 0.9 and changed.overlay_text.fonts == ("Ubuntu-B.ttf",)
-    assert CopyRecipe.from_dict({"jpeg": {"p": 1.0}}).jpeg.quality == recipe.jpeg.quality
+    assert CopyRecipe.training().updated({"jpeg": {"p": 1.0}}).jpeg.quality == recipe.jpeg.quality
     assert CopyEditor(recipe=data).recipe == changed
 
 
@@ -175,7 +174,7 @@ def test_recipe_round_trips_through_json_and_users_can_change_it():
 )
 def test_bad_recipe_values_are_refused_naming_the_key(data, key):
     with pytest.raises(ConfigError, match=key):
-        CopyRecipe.from_dict(data)
+        CopyRecipe.training().updated(data)
 
 
 def test_bad_editor_arguments_are_refused():
@@ -189,11 +188,11 @@ def test_bad_editor_arguments_are_refused():
 
 def test_light_recipe_is_only_the_resize():
     image = textured_image()
-    result = CopyEditor(seed=0, recipe=CopyRecipe.light(), output_size=MODEL_SIZE)(image)
+    result = CopyEditor(seed=0, recipe=CopyRecipe.off(), output_size=MODEL_SIZE)(image)
     assert [d["name"] for d in result.recipe] == ["resize"]
     expected = CoordinateTable.identity(150, 200).resize(*MODEL_SIZE)
     np.testing.assert_allclose(result.table.coords, expected.coords, atol=1e-5)
-    assert CopyEditor(seed=0, recipe=CopyRecipe.light())(image).recipe == []
+    assert CopyEditor(seed=0, recipe=CopyRecipe.off())(image).recipe == []
 
 
 # ---------------------------------------------------------------------- density of the pair priors
@@ -201,7 +200,7 @@ def test_light_recipe_is_only_the_resize():
 
 def test_unedited_query_overlap_rows_sum_to_one():
     original = textured_image(375, 500)
-    light = CopyEditor(seed=0, recipe=CopyRecipe.light(), output_size=MODEL_SIZE)
+    light = CopyEditor(seed=0, recipe=CopyRecipe.off(), output_size=MODEL_SIZE)
     query, reference = light(original), light(original)
     overlap_qr, overlap_rq = pair_overlaps(query.table, reference.table, PATCH)
     assert overlap_qr.shape == (196, 196)
@@ -214,9 +213,9 @@ def test_unedited_query_overlap_rows_sum_to_one():
 def test_cropped_query_traces_about_its_area_fraction_of_the_reference(area):
     original = textured_image(375, 500)
     crop = dataclasses.replace(CopyRecipe.off().random_resized_crop, p=1.0, scale=(area, area), ratio=(4 / 3, 4 / 3))
-    query = CopyEditor(seed=1, recipe=dataclasses.replace(CopyRecipe.off(), random_resized_crop=crop),
+    query = CopyEditor(seed=1, recipe=CopyRecipe.off().replace(random_resized_crop=crop),
                        output_size=MODEL_SIZE)(original)
-    reference = CopyEditor(recipe=CopyRecipe.light(), output_size=MODEL_SIZE)(original)
+    reference = CopyEditor(recipe=CopyRecipe.off(), output_size=MODEL_SIZE)(original)
     table_qr, table_rq = pair_tables(query.table, reference.table)
     # Every query pixel shows the original, so all are traced into the reference ...
     assert table_qr.traced_fraction > 0.99
@@ -230,7 +229,7 @@ def test_cropped_query_traces_about_its_area_fraction_of_the_reference(area):
 def test_training_pairs_have_priors_consistent_with_their_tables():
     original = textured_image(375, 500)
     editor = CopyEditor(seed=5, output_size=MODEL_SIZE)
-    reference = CopyEditor(recipe=CopyRecipe.light(), output_size=MODEL_SIZE)(original)
+    reference = CopyEditor(recipe=CopyRecipe.off(), output_size=MODEL_SIZE)(original)
     for k in range(4):
         query = editor(original, seed=k)
         table_qr, _ = pair_tables(query.table, reference.table)

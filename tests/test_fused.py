@@ -37,9 +37,8 @@ def originals(side: int = 160) -> list[Image.Image]:
 def presets() -> dict[str, CopyRecipe]:
     """The recipes the data pipeline uses, plus one with every step on (every edit of the catalogue)."""
     training = CopyRecipe.training()
-    everything = CopyRecipe(**{f.name: dataclasses.replace(getattr(training, f.name), p=1.0)
-                               for f in dataclasses.fields(training)})
-    found = {"training": training, "light": CopyRecipe.light(), "every step": everything}
+    everything = training.with_probability(1.0)
+    found = {"training": training, "light": CopyRecipe.off(), "every step": everything}
     for name in ("paper_descriptor", "paper_matcher"):  # the paper's presets, where the package has them
         if hasattr(CopyRecipe, name):
             found[name] = getattr(CopyRecipe, name)()
@@ -53,13 +52,7 @@ GEOMETRIC_STEPS = {"random_resized_crop", "horizontal_flip", "vertical_flip", "a
 
 def geometric_only(recipe):
     """``recipe`` with every step that draws a non-geometric edit switched off."""
-    values = {}
-    for f in dataclasses.fields(recipe):
-        value = getattr(recipe, f.name)
-        if dataclasses.is_dataclass(value) and f.name not in GEOMETRIC_STEPS:
-            value = dataclasses.replace(value, p=0.0)
-        values[f.name] = value
-    return type(recipe)(**values)
+    return recipe.with_probability(0.0, [name for name in recipe.step_names() if name not in GEOMETRIC_STEPS])
 
 
 def both(recipe: CopyRecipe, image: Image.Image, seed: int, output_size=OUTPUT):
@@ -88,7 +81,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 def test_fused_and_edit_by_edit_copies_have_the_same_table(name):
     recipe = presets()[name]
     images = originals(128)
-    reference = CopyEditor(seed=0, recipe=CopyRecipe.light(), output_size=OUTPUT)
+    reference = CopyEditor(seed=0, recipe=CopyRecipe.off(), output_size=OUTPUT)
     for seed in range(8):
         image = images[seed % len(images)]
         fused, slow = both(recipe, image, seed)
@@ -187,8 +180,7 @@ def test_occlusions_land_on_the_same_pixels():
     """An erased box, after flips, affine and perspective warps and the final resize, covers the same
     output pixels in both paths (up to the one-pixel band resampling blends)."""
     base = geometric_only(CopyRecipe.training())
-    recipe = dataclasses.replace(base, random_erasing=dataclasses.replace(base.random_erasing, p=1.0,
-                                                                          scale=(0.1, 0.3)))
+    recipe = base.replace(random_erasing=dataclasses.replace(base.random_erasing, p=1.0, scale=(0.1, 0.3)))
     images = originals(160)
     checked = 0
     for seed in range(16):

@@ -23,7 +23,7 @@ from copynce_hf.pixtrace.edits import (
     PasteIntoBox,
     Smear,
 )
-from copynce_hf.pixtrace.paper_recipe import PaperCopyRecipe, snap_angle
+from copynce_hf.pixtrace.steps import snap_angle
 
 PRESETS = {"descriptor": CopyRecipe.paper_descriptor, "matcher": CopyRecipe.paper_matcher}
 SIZE = (64, 64)
@@ -104,10 +104,11 @@ def test_rotations_beyond_45_degrees_occur_at_the_expected_rate(preset, group_p)
 
 def test_groups_are_shuffled_and_erasing_comes_after_the_resize():
     image = textured_image(48, 64)
-    recipe = dataclasses.replace(
-        PaperCopyRecipe.descriptor(), crop_p=1.0, linear_p=1.0,
-        random_erasing=dataclasses.replace(PaperCopyRecipe().random_erasing, p=1.0),
-        padding=dataclasses.replace(PaperCopyRecipe().padding, p=1.0))
+    base = CopyRecipe.paper_descriptor()
+    recipe = base.replace(
+        crop=dataclasses.replace(base.crop, p=1.0), linear=dataclasses.replace(base.linear, p=1.0),
+        random_erasing=dataclasses.replace(base.random_erasing, p=1.0),
+        padding=dataclasses.replace(base.padding, p=1.0))
     editor = CopyEditor(seed=0, recipe=recipe, output_size=(32, 32))
     crop_first, geometry_first = 0, 0
     for k in range(40):
@@ -122,10 +123,8 @@ def test_groups_are_shuffled_and_erasing_comes_after_the_resize():
 
 def test_every_paper_step_draws_a_working_replayable_edit():
     image = textured_image(60, 80)
-    base = PaperCopyRecipe.matcher()
-    always = {f.name: dataclasses.replace(getattr(base, f.name), p=1.0) for f in dataclasses.fields(base)
-              if f.name not in ("crop_p", "linear_p")}
-    recipe = dataclasses.replace(base, crop_p=1.0, linear_p=1.0, **always)
+    base = CopyRecipe.paper_matcher().with_probability(1.0)
+    recipe = base.replace(crop=dataclasses.replace(base.crop, p=1.0), linear=dataclasses.replace(base.linear, p=1.0))
     editor = CopyEditor(seed=5, recipe=recipe, output_size=SIZE)
     seen = set()
     for k in range(12):
@@ -140,22 +139,22 @@ def test_every_paper_step_draws_a_working_replayable_edit():
 
 def test_presets_differ_where_the_authors_configs_differ_and_round_trip():
     descriptor, matcher = CopyRecipe.paper_descriptor(), CopyRecipe.paper_matcher()
-    assert (descriptor.crop_p, matcher.crop_p) == (0.3, 0.5)
-    assert (descriptor.linear_p, matcher.linear_p) == (0.25, 0.35)
+    assert (descriptor.crop.p, matcher.crop.p) == (0.3, 0.5)
+    assert (descriptor.linear.p, matcher.linear.p) == (0.25, 0.35)
     assert (descriptor.color_jitter.brightness, matcher.color_jitter.hue) == (0.5, 0.2)
     assert (descriptor.other_image_onto.scale, matcher.other_image_onto.scale) == ((0.3, 0.7), (0.5, 0.8))
     assert (descriptor.random_erasing.p, matcher.random_erasing.p) == (0.15, 0.25)
     assert descriptor.additional.p == matcher.additional.p == 0.15 and len(ALBUMENTATIONS_OPS) == 24
     for recipe in (descriptor, matcher):
         data = json.loads(json.dumps(recipe.to_dict()))
-        assert PaperCopyRecipe.from_dict(data) == recipe
+        assert CopyRecipe.from_dict(data) == recipe
         assert CopyEditor(recipe=data).recipe == recipe
     with pytest.raises(ConfigError, match="affine.degree"):
-        PaperCopyRecipe.from_dict({"layout": "paper", "affine": {"degree": [0, 10]}})
-    with pytest.raises(ConfigError, match="crop_p"):
-        PaperCopyRecipe.from_dict({"layout": "paper", "crop_p": 1.5})
+        descriptor.updated({"affine": {"degree": [0, 10]}})
+    with pytest.raises(ConfigError, match="'crop'.*p=1.5"):
+        descriptor.updated({"crop": {"p": 1.5}})
     with pytest.raises(ConfigError, match="ops"):
-        PaperCopyRecipe.from_dict({"layout": "paper", "additional": {"ops": ["Emboss"]}})
+        descriptor.updated({"additional": {"ops": ["Emboss"]}})
 
 
 # ---------------------------------------------------------------------- the new edits

@@ -34,7 +34,6 @@ def _query_draws(recipe) -> list:
 
 def _presets() -> dict:
     """Preset name -> a function drawing its edit lists."""
-    from copynce_hf.evaluation.recipes import QueryRecipe
     from copynce_hf.pixtrace import CopyRecipe
 
     return {
@@ -44,8 +43,8 @@ def _presets() -> dict:
         "paper_descriptor@224": lambda: _editor_draws(CopyRecipe.paper_descriptor(), (224, 224)),
         "paper_descriptor@edited_size": lambda: _editor_draws(CopyRecipe.paper_descriptor(), None),
         "paper_matcher@224": lambda: _editor_draws(CopyRecipe.paper_matcher(), (224, 224)),
-        "demo_queries": lambda: _query_draws(QueryRecipe.demo()),
-        "minidisc_queries": lambda: _query_draws(QueryRecipe.minidisc()),
+        "demo_queries": lambda: _query_draws(CopyRecipe.demo_queries()),
+        "minidisc_queries": lambda: _query_draws(CopyRecipe.minidisc_queries()),
     }
 
 

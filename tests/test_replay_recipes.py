@@ -46,7 +46,7 @@ def test_pairs_replay_from_the_shrunk_original():
         _assert_replays(source, image, table, pair.recipes[side])
 
 
-@pytest.mark.parametrize("preset", ["training", "paper_descriptor", "paper_matcher", "light", "off"])
+@pytest.mark.parametrize("preset", ["training", "paper_descriptor", "paper_matcher", "off"])
 def test_copy_recipe_presets_replay(preset):
     editor = CopyEditor(seed=0, recipe=getattr(CopyRecipe, preset)(), output_size=(40, 40))
     source = _original()

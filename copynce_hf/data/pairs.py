@@ -38,7 +38,8 @@ __all__ = ["RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDatase
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
 #: ``CopyRecipe.training()``), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
-#: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``light`` (the reference's light edits),
+#: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``light`` (no random edit, ``CopyRecipe.off()``:
+#: the reference resized to the model input),
 #: ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
 RECIPES = ("training", "paper_descriptor", "paper_matcher", "light", "resize")
 
@@ -102,10 +103,9 @@ class CopyPairMaker:
             raise ConfigError(f"recipe={recipe!r} has no editor; use one of {[r for r in RECIPES if r != 'resize']}")
         editor = self._editors.get(recipe)
         if editor is None:
-            from ..pixtrace.editor import CopyEditor, CopyRecipe
+            from ..pixtrace import CopyEditor, CopyRecipe
 
-            spec = {"training": CopyRecipe.training, "paper_descriptor": CopyRecipe.paper_descriptor,
-                    "paper_matcher": CopyRecipe.paper_matcher}.get(recipe, CopyRecipe.light)()
+            spec = CopyRecipe.preset("off" if recipe == "light" else recipe)  # "light": no random edit
             editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size), fuse=self.fuse)
             self._editors[recipe] = editor
         return editor

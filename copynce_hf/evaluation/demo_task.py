@@ -8,10 +8,10 @@ queries are edited copies of some references, plus distractors, edited images wh
 * distractor sources: :data:`DEFAULT_DISTRACTOR_SOURCES` (4 images held out of the references);
 * references: the other 8 images;
 * queries: ``copies_per_reference`` edited copies of every reference and ``copies_per_distractor``
-  edited versions of every distractor source, made with :meth:`QueryRecipe.demo` (:mod:`.recipes`);
+  edited versions of every distractor source, made with the copy recipe preset ``CopyRecipe.demo_queries()``;
 * ground truth: ``{query_id: [reference_id]}``, ``[]`` for distractors.
 
-Query edits are the evaluation recipe's demo preset (:meth:`QueryRecipe.demo`), built from the
+Query edits are the copy recipe's demo preset (``CopyRecipe.demo_queries()``), built from the
 PixTrace catalogue (:mod:`copynce_hf.pixtrace.edits`), harsher than and different from the training recipe
 (``CopyRecipe.training()``): heavy crops covered with text and an emoji, rotations cropped to
 their content, skew, changes of aspect ratio, meme captions, screenshots, then photometric
@@ -31,9 +31,8 @@ from PIL import Image
 
 from ..errors import ConfigError
 from ..images import load_image
-from ..pixtrace import CoordinateTable, pair_overlaps
+from ..pixtrace import CoordinateTable, CopyRecipe, pair_overlaps
 from ..retrieval.sources import ImageListSource
-from .recipes import QueryRecipe
 
 __all__ = [
     "BUNDLED_IMAGES",
@@ -61,8 +60,8 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 # ---------------------------------------------------------------------------------------------- recipe
 
 
-#: The demo's query recipe: :meth:`QueryRecipe.demo` (``DemoRecipe(**overrides)`` returns the preset).
-DemoRecipe = QueryRecipe.demo
+#: The demo's query recipe: the preset :meth:`CopyRecipe.demo_queries <copynce_hf.pixtrace.CopyRecipe.demo_queries>`.
+DemoRecipe = CopyRecipe.demo_queries
 
 
 # ---------------------------------------------------------------------------------------------- task
@@ -92,7 +91,7 @@ class DemoTaskConfig:
     copies_per_reference: int = 2
     copies_per_distractor: int = 2
     seed: int = 2025
-    recipe: QueryRecipe = dataclasses.field(default_factory=QueryRecipe.demo)
+    recipe: CopyRecipe = dataclasses.field(default_factory=CopyRecipe.demo_queries)
 
     def __post_init__(self):
         object.__setattr__(self, "image_folder", Path(self.image_folder))

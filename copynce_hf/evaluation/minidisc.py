@@ -10,8 +10,8 @@ distractors with no original among the references. The mini version:
   every ``distractor`` image (100); their originals are never references, so they must not match;
 * ground truth: ``{query_id: [reference_id]}``, distractors mapping to ``[]``.
 
-The queries are made by :meth:`QueryRecipe.minidisc` (:mod:`.recipes`), a recipe *different from the training
-recipe* (:class:`copynce_hf.pixtrace.CopyRecipe`): it uses catalogue edits the training
+The queries are made by the preset :meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`,
+*different from the training preset* (:meth:`~copynce_hf.pixtrace.CopyRecipe.training`): it uses catalogue edits the training
 recipe never draws (meme format, overlay onto a screenshot template, skew, rotation cropped
 to its content, change of aspect ratio, brightness/contrast/saturation, sharpen, solarise,
 posterise, edge enhancement) and heavy crops covered with text and emoji in fonts the
@@ -39,15 +39,14 @@ from PIL import Image
 
 from ..errors import ConfigError, ImageLoadError
 from ..images import load_image
-from ..pixtrace import replay
+from ..pixtrace import CopyRecipe, replay
 from ..retrieval.sources import ImageListSource
-from .recipes import QueryRecipe
 
-__all__ = ["EvaluationRecipe", "QueryRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
+__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
 
 
-#: The mini-DISC query recipe: :meth:`QueryRecipe.minidisc` (``EvaluationRecipe(**overrides)`` returns the preset).
-EvaluationRecipe = QueryRecipe.minidisc
+#: The mini-DISC query recipe: the preset :meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`.
+EvaluationRecipe = CopyRecipe.minidisc_queries
 
 
 # ---------------------------------------------------------------------------------------------- task
@@ -73,7 +72,7 @@ class MiniDiscConfig:
     query_every: int = 2
     num_distractors: int | None = None
     seed: int = 20250806
-    recipe: QueryRecipe = dataclasses.field(default_factory=QueryRecipe.minidisc)
+    recipe: CopyRecipe = dataclasses.field(default_factory=CopyRecipe.minidisc_queries)
 
     def __post_init__(self):
         if self.image_folder is None or self.splits_csv is None:

@@ -2,12 +2,14 @@
 
 * :class:`CoordinateTable`: where every pixel of an edited image came from in the source.
 * :mod:`copynce_hf.pixtrace.edits`: the traced edit catalogue (geometric, occluding, photometric).
-* :class:`CopyEditor` / :class:`CopyRecipe`: random, replayable chains of edits like the paper's.
+* :class:`CopyRecipe` (one recipe type, its presets) and :class:`CopyEditor`: random, replayable
+  chains of edits like the paper's (:mod:`.steps`: the step vocabulary).
 * :func:`patch_overlap` / :func:`pair_overlaps`: the patch overlap priors CopyNCE follows.
 """
 
-from .editor import CopyEditor, CopyRecipe, CopyResult, replay
+from .editor import CopyEditor, CopyResult, replay
 from .overlap import pair_overlaps, pair_tables, patch_overlap
+from .recipes import CopyRecipe
 from .table import CoordinateTable
 
 __all__ = [

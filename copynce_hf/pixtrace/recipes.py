@@ -1,0 +1,517 @@
+"""One copy recipe type; training, paper, demo and mini-DISC recipes are presets of it.
+
+A :class:`CopyRecipe` is data: named steps of the step vocabulary (:mod:`.steps`) and the
+order they are scheduled in,
+
+* ``before_resize`` and ``after_resize``: schedule nodes on either side of the editor's resize to
+  the model input. A node is a step name (applied with its ``p``; a :class:`~.steps.OneOf` or
+  :class:`~.steps.SomeOf` name schedules its chosen members there), a :class:`Group` (its nodes in
+  order) or a :class:`Shuffled` (its nodes in a random order);
+* ``shared_generator``: every draw from the copy's one generator (the evaluation queries), or, by
+  default, each drawing step from its own child generator, so that changing one step's
+  probability or ranges leaves the draws of every other step as they were (the random order and
+  the choices then come from one more child, spawned first);
+* ``max_side``: finally shrink the copy so that its longer side is at most this many pixels.
+
+Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS`):
+
+* :meth:`CopyRecipe.training`: the package's training augmentation (paper, supplementary table
+  "All detailed settings in our training pipeline": colour jitter, greyscale, blur, text, emoji,
+  flips, affine, perspective, random resized crop, overlay image, random erasing, "etc."; plus
+  pasting onto another image, padding, stripes, JPEG, pixelisation, pixel shuffling and noise);
+* :meth:`CopyRecipe.off`: no random edit (with the editor's output size only the resize remains:
+  the paper's references and fine-tuning input);
+* :meth:`CopyRecipe.paper_descriptor` / :meth:`CopyRecipe.paper_matcher`: the CopyNCE authors'
+  recipes (their ``lyakaap`` recipe, values of ``descriptor_default_config.yaml`` and
+  ``matching_default_config.yaml``): four groups in a random order per copy (crop: one of a
+  random resized crop to the model input, the copy pasted onto another image, another image
+  pasted onto it; geometric: flips then one of perspective or a snapped affine; appearance: ten
+  edits in a random order; additional: one albumentations operation), padding, the resize, then
+  random erasing. A partly transparent paste keeps a pixel traced where the copy's weight is at
+  least one half (:mod:`.edits.compositing`); sizes the authors give in pixels are fractions of the
+  shorter side here (those pixels at 224), and geometric resampling is bicubic as theirs;
+* :meth:`CopyRecipe.demo_queries` / :meth:`CopyRecipe.minidisc_queries`: DISC21-style evaluation
+  queries (paper, section "Experiments" and supplementary "Evaluation Protocols"): one or two
+  structural families (applied in the order listed), one or two photometric ones (in the order
+  drawn), then a downscale to a web-sized query; all from one generator, so that a task is the
+  same on every machine (the mini-DISC fingerprint pins it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..errors import ConfigError
+from .edits import Edit, Resize, Scale
+from .steps import (
+    AT_224,
+    DEMO_WORDS,
+    STEP_TYPES,
+    AffineStep,
+    AlbumentationsStep,
+    AspectRatioStep,
+    BlurStep,
+    BrightnessStep,
+    ColorJitterStep,
+    ContrastStep,
+    DrawContext,
+    EdgeEnhanceStep,
+    GrayscaleStep,
+    HeavyCropOverlaysStep,
+    HorizontalFlipStep,
+    JpegStep,
+    MemeFormatStep,
+    NoiseStep,
+    OneOf,
+    OntoBackgroundStep,
+    OntoOtherImageStep,
+    OtherImageOntoStep,
+    OverlayEmojiStep,
+    OverlayImageStep,
+    OverlayStripesStep,
+    OverlayTextStep,
+    PadStep,
+    PerspectiveStep,
+    PixelizationStep,
+    PosterizeStep,
+    RandomErasingStep,
+    RandomResizedCropStep,
+    RotateStep,
+    SaturationStep,
+    ScreenshotStep,
+    SharpenStep,
+    ShufflePixelsStep,
+    SkewStep,
+    SmearingStep,
+    SolarizeStep,
+    SomeOf,
+    Step,
+    VerticalFlipStep,
+)
+
+__all__ = ["PRESETS", "CopyRecipe", "Group", "Shuffled"]
+
+Size = tuple[int, int]
+Scheduled = tuple[Step, np.random.Generator]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Schedule nodes applied in order (a unit inside a :class:`Shuffled`)."""
+
+    nodes: tuple[Node, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shuffled:
+    """Schedule nodes applied in a random order per copy."""
+
+    nodes: tuple[Node, ...]
+
+
+Node = str | Group | Shuffled
+
+
+def _node_to_json(node: Node):
+    if isinstance(node, str):
+        return node
+    return {"group" if isinstance(node, Group) else "shuffled": [_node_to_json(n) for n in node.nodes]}
+
+
+def _node_from_json(data) -> Node:
+    if isinstance(data, str):
+        return data
+    if isinstance(data, dict) and len(data) == 1 and set(data) <= {"group", "shuffled"} and isinstance(
+            next(iter(data.values())), list):
+        kind, nodes = next(iter(data.items()))
+        return (Group if kind == "group" else Shuffled)(tuple(_node_from_json(n) for n in nodes))
+    raise ConfigError(f"a recipe schedule node must be a step name, {{'group': [...]}} or {{'shuffled': [...]}}, "
+                      f"got {data!r}")
+
+
+def _names_in(nodes: Sequence[Node]) -> list[str]:
+    names = []
+    for node in nodes:
+        names += [node] if isinstance(node, str) else _names_in(node.nodes)
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyRecipe:
+    """Named steps and their schedule (module docstring); build one with a preset.
+
+    ``recipe.blur`` is the step named ``blur``; :meth:`replace` changes steps by name, e.g.
+    ``recipe.replace(blur=dataclasses.replace(recipe.blur, p=0.5))``, :meth:`updated` changes
+    fields from a mapping ``{step: {field: value}}``; :meth:`to_dict` / :meth:`from_dict` store it.
+    """
+
+    steps: tuple[tuple[str, Any], ...]
+    before_resize: tuple[Node, ...]
+    after_resize: tuple[Node, ...] = ()
+    shared_generator: bool = False
+    max_side: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps", tuple((str(name), step) for name, step in self.steps))
+        object.__setattr__(self, "before_resize", tuple(self.before_resize))
+        object.__setattr__(self, "after_resize", tuple(self.after_resize))
+        named = dict(self.steps)
+        if len(named) != len(self.steps):
+            raise ConfigError(f"recipe steps must have distinct names, got {[name for name, _ in self.steps]}")
+        for name, step in self.steps:
+            if not isinstance(step, (Step, OneOf, SomeOf)):
+                raise ConfigError(f"recipe step {name} must be a step of the vocabulary, got {step!r}")
+        for name in _names_in(self.before_resize + self.after_resize):
+            if name not in named:
+                raise ConfigError(f"recipe schedule names unknown step {name!r}; steps: {list(named)}")
+        for name, step in self.steps:
+            if not isinstance(step, (OneOf, SomeOf)):
+                continue
+            for member in step.members:
+                if not isinstance(named.get(member), Step):
+                    raise ConfigError(f"recipe step {name}: member {member!r} is not a drawing step of the recipe")
+            if isinstance(step, OneOf) and step.p > 0 and not any(named[m].p > 0 for m in step.members):
+                raise ConfigError(f"recipe step {name}: p={step.p} but every member of {list(step.members)} has p 0")
+        if self.max_side is not None and (isinstance(self.max_side, bool) or not isinstance(self.max_side, int)
+                                          or self.max_side < 32):
+            raise ConfigError(f"recipe max_side={self.max_side!r} must be None or an integer of at least 32")
+
+    # ------------------------------------------------------------------ access
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("steps",):
+            raise AttributeError(name)
+        for step_name, step in object.__getattribute__(self, "steps"):
+            if step_name == name:
+                return step
+        raise AttributeError(f"CopyRecipe has no step {name!r}")
+
+    def step_names(self) -> list[str]:
+        """The names of the recipe's steps, in the order listed."""
+        return [name for name, _ in self.steps]
+
+    def replace(self, **steps) -> CopyRecipe:
+        """This recipe with the named steps replaced (``name=step``)."""
+        unknown = sorted(set(steps) - set(self.step_names()))
+        if unknown:
+            raise ConfigError(f"unknown recipe step {unknown[0]!r}; known steps: {sorted(self.step_names())}")
+        return dataclasses.replace(self, steps=tuple((name, steps.get(name, step)) for name, step in self.steps))
+
+    def updated(self, values: dict[str, dict[str, Any]]) -> CopyRecipe:
+        """This recipe with the fields of ``{step: {field: value}}`` changed; raises :class:`ConfigError`
+        naming an unknown step or field, or a bad value."""
+        if not isinstance(values, dict):
+            raise ConfigError(f"recipe values must be a mapping of steps, got {type(values).__name__}")
+        changed = {}
+        for name, fields in values.items():
+            if name not in self.step_names():
+                raise ConfigError(f"unknown recipe step {name!r}; known steps: {sorted(self.step_names())}")
+            if not isinstance(fields, dict):
+                raise ConfigError(f"recipe step {name} must be a mapping of fields, got {fields!r}")
+            step = getattr(self, name)
+            known = {f.name for f in dataclasses.fields(step)}
+            for key in fields:
+                if key not in known:
+                    raise ConfigError(f"unknown field {name}.{key}; known fields: {sorted(known)}")
+            try:
+                changed[name] = dataclasses.replace(step, **fields)
+            except ConfigError as error:
+                raise ConfigError(f"recipe step {name!r}: {error}") from error
+        return self.replace(**changed)
+
+    def with_probability(self, p: float, names: Sequence[str] | None = None) -> CopyRecipe:
+        """This recipe with the drawing steps ``names`` (default: all) applied with probability ``p``."""
+        names = set(self.step_names() if names is None else names)
+        return self.replace(**{name: dataclasses.replace(step, p=p) for name, step in self.steps
+                               if name in names and isinstance(step, Step)})
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def training(cls) -> CopyRecipe:
+        """The heavy default for training queries (the paper's augmentation list, with ranges in the
+        spirit of torchvision's and AugLy's defaults), applied in this order: geometric steps, colour,
+        pasting or padding, overlays, compression-like degradations."""
+        steps = (
+            ("random_resized_crop", RandomResizedCropStep()),
+            ("horizontal_flip", HorizontalFlipStep()),
+            ("vertical_flip", VerticalFlipStep()),
+            ("affine", AffineStep()),
+            ("perspective", PerspectiveStep()),
+            ("color_jitter", ColorJitterStep()),
+            ("grayscale", GrayscaleStep()),
+            ("blur", BlurStep()),
+            ("onto_background", OntoBackgroundStep()),
+            ("pad", PadStep()),
+            ("overlay_text", OverlayTextStep()),
+            ("overlay_emoji", OverlayEmojiStep()),
+            ("overlay_image", OverlayImageStep()),
+            ("overlay_stripes", OverlayStripesStep()),
+            ("random_erasing", RandomErasingStep()),
+            ("jpeg", JpegStep()),
+            ("pixelization", PixelizationStep()),
+            ("shuffle_pixels", ShufflePixelsStep()),
+            ("noise", NoiseStep()),
+        )
+        return cls(steps=steps, before_resize=tuple(name for name, _ in steps))
+
+    @classmethod
+    def off(cls) -> CopyRecipe:
+        """No random edit: :meth:`training` with every step at probability 0 (with the editor's
+        ``output_size`` only the resize remains: the paper's references and fine-tuning input)."""
+        return cls.training().with_probability(0.0)
+
+    @classmethod
+    def paper_descriptor(cls) -> CopyRecipe:
+        """The authors' descriptor recipe (``descriptor_default_config.yaml``; module docstring)."""
+        appearance = ("color_jitter", "pixelization", "shuffle_pixels", "jpeg", "grayscale", "blur", "overlay_text",
+                      "overlay_emoji", "edge_enhance", "smearing")
+        steps = (
+            ("crop", OneOf(p=0.3, members=("random_resized_crop", "onto_other_image", "other_image_onto"))),
+            ("random_resized_crop", RandomResizedCropStep(p=1.0, scale=(0.25, 0.5), ratio=(0.33, 3.0), to_output=True,
+                                                          resample="bicubic")),
+            ("onto_other_image", OntoOtherImageStep()),
+            ("other_image_onto", OtherImageOntoStep()),
+            ("horizontal_flip", HorizontalFlipStep(p=0.5)),
+            ("vertical_flip", VerticalFlipStep(p=0.1)),
+            ("linear", OneOf(p=0.25, members=("perspective", "affine"))),
+            ("perspective", PerspectiveStep(p=1.0, distortion=0.5, fill=(0, 0, 0), resample="bicubic")),
+            ("affine", AffineStep(p=1.0, degrees=(0.0, 360.0), translate=None, scale=None, shear=(-45.0, 45.0),
+                                  fill=(0, 0, 0), rotation_affinity=22.5, resample="bicubic")),
+            ("color_jitter", ColorJitterStep(p=1.0, brightness=0.5, contrast=0.5, saturation=0.5, hue=0.1)),
+            ("pixelization", PixelizationStep(p=0.15, ratio=(0.1, 1.0))),
+            ("shuffle_pixels", ShufflePixelsStep(p=0.15, factor=(0.1, 0.1))),
+            ("jpeg", JpegStep(p=0.25, qualities=(10, 20, 30, 50))),
+            ("grayscale", GrayscaleStep(p=0.25)),
+            ("blur", BlurStep(p=0.2, radius=(2 * AT_224, 10 * AT_224))),
+            ("overlay_text", OverlayTextStep(p=0.25, length=(1, 12), font_size=(0.1, 0.3), opacity=(0.1, 1.0))),
+            ("overlay_emoji", OverlayEmojiStep(p=0.25, size=(0.1, 0.5), opacity=(0.7, 1.0))),
+            ("edge_enhance", EdgeEnhanceStep(p=0.25, coin="integers")),
+            ("smearing", SmearingStep(p=0.25)),
+            ("additional", AlbumentationsStep(p=0.15)),
+            ("padding", PadStep(p=0.15, fraction=(0.2, 0.2), color=(0, 0, 0))),
+            ("random_erasing", RandomErasingStep(p=0.15, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random")),
+        )
+        groups = Shuffled(("crop", Group(("horizontal_flip", "vertical_flip", "linear")), Shuffled(appearance),
+                           "additional"))
+        return cls(steps=steps, before_resize=(groups, "padding"), after_resize=("random_erasing",))
+
+    @classmethod
+    def paper_matcher(cls) -> CopyRecipe:
+        """The authors' matcher recipe (``matching_default_config.yaml``): stronger and more frequent edits."""
+        base = cls.paper_descriptor()
+        replace = dataclasses.replace
+        return base.replace(
+            crop=replace(base.crop, p=0.5),
+            random_resized_crop=replace(base.random_resized_crop, scale=(0.15, 0.5)),
+            onto_other_image=replace(base.onto_other_image, scale=(0.15, 0.5)),
+            other_image_onto=replace(base.other_image_onto, scale=(0.5, 0.8)),
+            linear=replace(base.linear, p=0.35),
+            color_jitter=replace(base.color_jitter, brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2),
+            pixelization=replace(base.pixelization, p=0.25),
+            jpeg=replace(base.jpeg, p=0.35),
+            overlay_text=replace(base.overlay_text, p=0.35),
+            overlay_emoji=replace(base.overlay_emoji, p=0.35),
+            edge_enhance=replace(base.edge_enhance, p=0.3),
+            smearing=replace(base.smearing, p=0.3),
+            padding=replace(base.padding, p=0.25),
+            random_erasing=replace(base.random_erasing, p=0.25),
+        )
+
+    @classmethod
+    def minidisc_queries(cls) -> CopyRecipe:
+        """The mini-DISC benchmark's queries: one or two of a heavy crop covered with a caption and an
+        emoji, a skew, a rotation, an aspect change, a meme caption or a screenshot; one or two of
+        brightness, contrast, saturation, sharpening, solarisation, posterisation, edge enhancement; at
+        most 512 pixels (DISC21 queries are web-sized)."""
+        structural = (("heavy_crop_overlays", 1.0), ("skew", 1.0), ("rotate", 1.0), ("aspect_ratio", 0.7),
+                      ("meme_format", 1.0), ("screenshot", 1.0))
+        photometric = (("brightness", 1.0), ("contrast", 1.0), ("saturation", 1.0), ("sharpen", 0.5),
+                       ("solarize", 0.3), ("posterize", 0.5), ("edge_enhance", 0.5))
+        steps = (
+            ("structural", SomeOf(count=(1, 2), weights=structural, in_order=True)),
+            ("photometric", SomeOf(count=(1, 2), weights=photometric)),
+            ("heavy_crop_overlays", HeavyCropOverlaysStep()),
+            ("aspect_ratio", AspectRatioStep()),
+            ("skew", SkewStep()),
+            ("rotate", RotateStep()),
+            ("meme_format", MemeFormatStep()),
+            ("screenshot", ScreenshotStep()),
+            ("brightness", BrightnessStep()),
+            ("contrast", ContrastStep()),
+            ("saturation", SaturationStep()),
+            ("sharpen", SharpenStep()),
+            ("solarize", SolarizeStep()),
+            ("posterize", PosterizeStep()),
+            ("edge_enhance", EdgeEnhanceStep()),
+        )
+        return cls(steps=steps, before_resize=("structural", "photometric"), shared_generator=True, max_side=512)
+
+    @classmethod
+    def demo_queries(cls) -> CopyRecipe:
+        """The demo's queries over the bundled images: harsher crops of at least 16 px with one word,
+        flips, greyscale and JPEG, at most 320 pixels (otherwise as :meth:`minidisc_queries`)."""
+        structural = (("heavy_crop_overlays", 1.5), ("flip", 0.5), ("aspect_ratio", 0.7), ("skew", 1.0), ("rotate", 1.0),
+                      ("meme_format", 0.8), ("screenshot", 0.8))
+        photometric = (("brightness", 1.0), ("contrast", 1.0), ("saturation", 1.0), ("grayscale", 0.4), ("jpeg", 1.0))
+        steps = (
+            ("structural", SomeOf(count=(1, 2), weights=structural, in_order=True)),
+            ("photometric", SomeOf(count=(1, 2), weights=photometric)),
+            ("heavy_crop_overlays", HeavyCropOverlaysStep(crop_area=(0.25, 0.6), crop_log_aspect=(-0.4, 0.4),
+                                                          crop_min_side=16, words=DEMO_WORDS, caption_words=1,
+                                                          emoji_size=(0.15, 0.35))),
+            ("flip", HorizontalFlipStep(p=1.0)),
+            ("aspect_ratio", AspectRatioStep(ratio=(0.6, 1.7))),
+            ("skew", SkewStep(factor=(0.15, 0.4))),
+            ("rotate", RotateStep(degrees=(8.0, 30.0))),
+            ("meme_format", MemeFormatStep(caption=(0.15, 0.3), words=DEMO_WORDS, colour_first=True)),
+            ("screenshot", ScreenshotStep()),
+            ("brightness", BrightnessStep(factor=(0.6, 1.5))),
+            ("contrast", ContrastStep(factor=(0.6, 1.6))),
+            ("saturation", SaturationStep(factor=(0.3, 2.0))),
+            ("grayscale", GrayscaleStep(p=1.0)),
+            ("jpeg", JpegStep(p=1.0, quality=(20, 60))),
+        )
+        return cls(steps=steps, before_resize=("structural", "photometric"), shared_generator=True, max_side=320)
+
+    @classmethod
+    def preset(cls, name: str) -> CopyRecipe:
+        """The preset called ``name`` (one of :data:`PRESETS`)."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown copy recipe preset {name!r}; known: {sorted(PRESETS)}")
+        return getattr(cls, name)()
+
+    # ------------------------------------------------------------------ drawing
+    def schedule(self, rng: np.random.Generator) -> tuple[list[Scheduled], list[Scheduled]]:
+        """The steps drawn for one copy, each with the generator it draws from: ``(before_resize, after_resize)``."""
+        drawing = [name for name, step in self.steps if isinstance(step, Step)]
+        if self.shared_generator:
+            order, generators = rng, dict.fromkeys(drawing, rng)
+        else:
+            random_order = any(isinstance(step, (OneOf, SomeOf)) for _, step in self.steps) or any(
+                isinstance(node, Shuffled) for node in _all_nodes(self.before_resize + self.after_resize))
+            children = rng.spawn(len(drawing) + int(random_order))
+            order = children.pop(0) if random_order else None
+            generators = dict(zip(drawing, children))
+        listed = {name: position for position, name in enumerate(self.step_names())}
+
+        def scheduled(node: Node) -> list[Scheduled]:
+            if isinstance(node, Group):
+                return [item for child in node.nodes for item in scheduled(child)]
+            if isinstance(node, Shuffled):
+                parts = [scheduled(child) for child in node.nodes]
+                return [item for i in order.permutation(len(parts)) for item in parts[i]]
+            step = getattr(self, node)
+            if isinstance(step, OneOf):
+                chosen = order.random() < step.p
+                weights = np.array([getattr(self, m).p for m in step.members], dtype=np.float64)
+                pick = (step.members[int(order.choice(len(weights), p=weights / weights.sum()))]
+                        if weights.sum() > 0 else None)
+                return [(getattr(self, pick), generators[pick])] if chosen and pick else []
+            if isinstance(step, SomeOf):
+                count = order.integers(step.count[0], step.count[1] + 1)
+                names = [name for name, weight in step.weights if weight > 0]
+                weights = np.array([weight for _, weight in step.weights if weight > 0], dtype=np.float64)
+                count = min(int(count), len(names))
+                picked = ([names[i] for i in order.choice(len(names), size=count, replace=False,
+                                                          p=weights / weights.sum())] if count else [])
+                if step.in_order:
+                    picked.sort(key=listed.__getitem__)
+                return [(getattr(self, name), generators[name]) for name in picked]
+            return [(step, generators[node])] if generators[node].random() < step.p else []
+
+        before = [item for node in self.before_resize for item in scheduled(node)]
+        after = [item for node in self.after_resize for item in scheduled(node)]
+        return before, after
+
+    def draw(self, rng: np.random.Generator, size: Size, output_size: Size | None = None,
+             image_pool: Sequence[str] = ()) -> list[Edit]:
+        """The explicit edits of one copy of an image of (H, W) ``size``, drawn without pixel work.
+
+        Steps look only at the size of the image so far, which each geometric edit predicts; with
+        ``output_size`` the chain holds the resize to it between the two parts of the schedule, and
+        with :attr:`max_side` it ends with the downscale. ``image_pool``: files for pastes and overlays.
+        """
+        before, after = self.schedule(rng)
+        size, edits = (int(size[0]), int(size[1])), []
+
+        def add(new: list[Edit]) -> None:
+            nonlocal size
+            for edit in new:
+                if edit.kind == "geometric":
+                    size = edit.output_size(size)
+                edits.append(edit)
+
+        pool = tuple(image_pool)
+        for step, generator in before:
+            add(step.draw(DrawContext(generator, size, pool, output_size)))
+        if output_size is not None:
+            add([Resize(*output_size)])
+        for step, generator in after:
+            add(step.draw(DrawContext(generator, size, pool, output_size)))
+        if self.max_side is not None and max(size) > self.max_side:
+            add([Scale(factor=self.max_side / max(size))])
+        return edits
+
+    def apply(self, image: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, Any, list[dict]]:
+        """Edit an RGB ``image`` edit by edit: ``(edited image, table to image, [Edit.to_dict(), ...])``."""
+        from .table import CoordinateTable
+
+        table = CoordinateTable.identity(image.height, image.width)
+        done = []
+        for edit in self.draw(rng, (image.height, image.width)):
+            image, table = edit(image, table)
+            done.append(edit.to_dict())
+        return image, table, done
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable ``{"steps": {name: {"type": ..., field: value}}, "before_resize": [...], ...}``."""
+        return {
+            "steps": {name: step.to_dict() for name, step in self.steps},
+            "before_resize": [_node_to_json(node) for node in self.before_resize],
+            "after_resize": [_node_to_json(node) for node in self.after_resize],
+            "shared_generator": self.shared_generator,
+            "max_side": self.max_side,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CopyRecipe:
+        """Rebuild from :meth:`to_dict` output; raises :class:`ConfigError` naming an unknown step type
+        or field, or a bad value."""
+        known = {"steps", "before_resize", "after_resize", "shared_generator", "max_side"}
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), dict) or not set(data) <= known:
+            raise ConfigError(f"a copy recipe must be a mapping with keys {sorted(known)} ('steps' a mapping), "
+                              f"got {data!r:.200}")
+        steps = []
+        for name, values in data["steps"].items():
+            if not isinstance(values, dict) or values.get("type") not in STEP_TYPES:
+                raise ConfigError(f"recipe step {name}: unknown step type {values.get('type') if isinstance(values, dict) else values!r}; "
+                                  f"known: {sorted(STEP_TYPES)}")
+            step_type = STEP_TYPES[values["type"]]
+            fields = {k: v for k, v in values.items() if k != "type"}
+            unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(step_type)})
+            if unknown:
+                raise ConfigError(f"unknown field {name}.{unknown[0]}; known fields: "
+                                  f"{sorted(f.name for f in dataclasses.fields(step_type))}")
+            steps.append((name, step_type(**fields)))
+        return cls(steps=tuple(steps),
+                   before_resize=tuple(_node_from_json(n) for n in data.get("before_resize", ())),
+                   after_resize=tuple(_node_from_json(n) for n in data.get("after_resize", ())),
+                   shared_generator=bool(data.get("shared_generator", False)), max_side=data.get("max_side"))
+
+
+def _all_nodes(nodes: Sequence[Node]) -> list[Node]:
+    found = []
+    for node in nodes:
+        found.append(node)
+        if not isinstance(node, str):
+            found += _all_nodes(node.nodes)
+    return found
+
+
+#: The preset names, as recipe options name them (``CopyRecipe.preset(name)``).
+PRESETS = ("training", "off", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries")
