@@ -40,6 +40,7 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,12 +184,25 @@ class CopyRecipe:
 
     # ------------------------------------------------------------------ access
     def __getattr__(self, name: str):
-        if name.startswith("__") or name in ("steps",):
+        if name.startswith("_") or name == "steps":  # not a step name (and no recursion while unpickling)
             raise AttributeError(name)
-        for step_name, step in object.__getattribute__(self, "steps"):
-            if step_name == name:
-                return step
-        raise AttributeError(f"CopyRecipe has no step {name!r}")
+        try:
+            return self._named[name]
+        except KeyError:
+            raise AttributeError(f"CopyRecipe has no step {name!r}") from None
+
+    @functools.cached_property
+    def _named(self) -> dict[str, Any]:
+        return dict(self.steps)
+
+    @functools.cached_property
+    def _layout(self) -> tuple[list[str], bool, dict[str, int]]:
+        """(the drawing steps' names, whether a random order or choice needs its own generator, the
+        position of every step in the listing)."""
+        drawing = [name for name, step in self.steps if isinstance(step, Step)]
+        random_order = any(isinstance(step, (OneOf, SomeOf)) for _, step in self.steps) or any(
+            isinstance(node, Shuffled) for node in _all_nodes(self.before_resize + self.after_resize))
+        return drawing, random_order, {name: position for position, name in enumerate(self.step_names())}
 
     def step_names(self) -> list[str]:
         """The names of the recipe's steps, in the order listed."""
@@ -387,16 +401,14 @@ class CopyRecipe:
     # ------------------------------------------------------------------ drawing
     def schedule(self, rng: np.random.Generator) -> tuple[list[Scheduled], list[Scheduled]]:
         """The steps drawn for one copy, each with the generator it draws from: ``(before_resize, after_resize)``."""
-        drawing = [name for name, step in self.steps if isinstance(step, Step)]
+        drawing, random_order, listed = self._layout
+        named = self._named
         if self.shared_generator:
             order, generators = rng, dict.fromkeys(drawing, rng)
         else:
-            random_order = any(isinstance(step, (OneOf, SomeOf)) for _, step in self.steps) or any(
-                isinstance(node, Shuffled) for node in _all_nodes(self.before_resize + self.after_resize))
             children = rng.spawn(len(drawing) + int(random_order))
             order = children.pop(0) if random_order else None
             generators = dict(zip(drawing, children))
-        listed = {name: position for position, name in enumerate(self.step_names())}
 
         def scheduled(node: Node) -> list[Scheduled]:
             if isinstance(node, Group):
@@ -404,13 +416,13 @@ class CopyRecipe:
             if isinstance(node, Shuffled):
                 parts = [scheduled(child) for child in node.nodes]
                 return [item for i in order.permutation(len(parts)) for item in parts[i]]
-            step = getattr(self, node)
+            step = named[node]
             if isinstance(step, OneOf):
                 chosen = order.random() < step.p
-                weights = np.array([getattr(self, m).p for m in step.members], dtype=np.float64)
+                weights = np.array([named[m].p for m in step.members], dtype=np.float64)
                 pick = (step.members[int(order.choice(len(weights), p=weights / weights.sum()))]
                         if weights.sum() > 0 else None)
-                return [(getattr(self, pick), generators[pick])] if chosen and pick else []
+                return [(named[pick], generators[pick])] if chosen and pick else []
             if isinstance(step, SomeOf):
                 count = order.integers(step.count[0], step.count[1] + 1)
                 names = [name for name, weight in step.weights if weight > 0]
@@ -420,7 +432,7 @@ class CopyRecipe:
                                                           p=weights / weights.sum())] if count else [])
                 if step.in_order:
                     picked.sort(key=listed.__getitem__)
-                return [(getattr(self, name), generators[name]) for name in picked]
+                return [(named[name], generators[name]) for name in picked]
             return [(step, generators[node])] if generators[node].random() < step.p else []
 
         before = [item for node in self.before_resize for item in scheduled(node)]
