@@ -94,6 +94,7 @@ from .steps import (
     Step,
     VerticalFlipStep,
 )
+from .table import CoordinateTable
 
 __all__ = ["PRESETS", "CopyRecipe", "Group", "Shuffled"]
 
@@ -468,10 +469,8 @@ class CopyRecipe:
             add([Scale(factor=self.max_side / max(size))])
         return edits
 
-    def apply(self, image: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, Any, list[dict]]:
+    def apply(self, image: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, CoordinateTable, list[dict]]:
         """Edit an RGB ``image`` edit by edit: ``(edited image, table to image, [Edit.to_dict(), ...])``."""
-        from .table import CoordinateTable
-
         table = CoordinateTable.identity(image.height, image.width)
         done = []
         for edit in self.draw(rng, (image.height, image.width)):
