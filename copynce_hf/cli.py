@@ -158,21 +158,15 @@ def cmd_index(args) -> int:
 
 
 def cmd_search(args) -> int:
-    import numpy as np
     from accelerate import Accelerator
 
     from .retrieval import (
         DescriptorIndex,
         DescriptorSet,
         ViewPreset,
-        euclidean_scores,
         export_disc21_hdf5,
         extract_view_descriptors,
-        knn_predictions,
-        normalize_scores,
-        score_normalization_bias,
-        stretch_features,
-        view_predictions,
+        search_references,
         view_preset_of,
         write_predictions,
     )
@@ -220,36 +214,16 @@ def cmd_search(args) -> int:
     if args.save_descriptors:
         with StagedFile(args.save_descriptors) as temporary:
             queries.save(temporary)
-    if with_views:
-        # local crops ensembling: best view pair per (query, reference), then score normalisation
-        auxiliary = None
-        if args.score_norm:
-            aux_path = Path(args.score_norm)
-            auxiliary = (DescriptorIndex.load(aux_path) if (aux_path / "index.json").is_file()
-                         else DescriptorIndex.build(DescriptorSet.load(aux_path)))
-        predictions = view_predictions(index, queries, preset, args.k, auxiliary, args.alpha, args.k_start, args.k_end)
-        count = write_predictions(args.output, predictions)
-        print(f"wrote {count} predictions for {len(source) - len(queries.skipped)} queries to {args.output}")
-        report_counts("search", f"{len(source)} query images", reasons, f"wrote {count} predictions")
-        return 0
     if args.hdf5:
         with StagedFile(args.hdf5) as temporary:
             export_disc21_hdf5(temporary, queries, index.references)
-    vectors = queries.descriptors
-    if args.stretch:
-        # feature stretching (supplementary "Feature Stretching"), then euclidean ranking
-        vectors = stretch_features(vectors, auxiliary.descriptors, beta=args.beta, k=args.stretch_k)
-    scores, indices = index.search(vectors, args.k)
-    if args.stretch:
-        reference_sq_norms = np.square(index.references.descriptors).sum(axis=1)[np.maximum(indices, 0)]
-        scores = euclidean_scores(vectors, scores, reference_sq_norms)
-    if args.score_norm:
-        # score normalisation (supplementary "Score Normalization")
-        bias = score_normalization_bias(vectors, auxiliary.descriptors, k_start=args.k_start, k_end=args.k_end)
-        scores = normalize_scores(scores, bias, alpha=args.alpha)
-    predictions = knn_predictions(queries.ids, scores, indices, index.references.ids)
+    if with_views and args.score_norm and (Path(args.score_norm) / "index.json").is_file():
+        auxiliary = DescriptorIndex.load(args.score_norm)  # an index of auxiliary views
+    predictions = search_references(index, queries, args.k, query_views=preset, auxiliary=auxiliary,
+                                    stretch=bool(args.stretch), alpha=args.alpha, k_start=args.k_start,
+                                    k_end=args.k_end, beta=args.beta, stretch_k=args.stretch_k)
     count = write_predictions(args.output, predictions)
-    print(f"wrote {count} predictions for {len(queries)} queries to {args.output}")
+    print(f"wrote {count} predictions for {len(source) - len(queries.skipped)} queries to {args.output}")
     report_counts("search", f"{len(source)} query images", reasons, f"wrote {count} predictions")
     return 0
 

@@ -352,3 +352,51 @@ def test_rescoring_reads_images_given_in_memory(tiny, tmp_path):
         from_files = rescore_predictions(candidates, model, processor, queries, references, progress=False)
         from_memory = rescore_predictions(candidates, model, processor, *in_memory, progress=False)
         assert from_memory.predictions == from_files.predictions and not from_memory.skipped
+
+
+# --------------------------------------------------------------------------- the one search
+def test_search_references_equals_brute_force_with_each_post_processing():
+    from copynce_hf.retrieval import (
+        DescriptorIndex,
+        DescriptorSet,
+        IndexConfig,
+        ViewPreset,
+        search_references,
+    )
+
+    rng = np.random.default_rng(4)
+
+    def unit(n):
+        vectors = rng.normal(size=(n, 8)).astype(np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    references, queries, auxiliary = unit(20), unit(5), unit(15)
+    index = DescriptorIndex.build(DescriptorSet([f"r{i}" for i in range(20)], references), IndexConfig(kind="flat"))
+    query_set = DescriptorSet([f"q{i}" for i in range(5)], queries)
+    aux_set = DescriptorSet([f"a{i}" for i in range(15)], auxiliary)
+
+    def top(scores, k=3):  # {(query, reference): score} of the k best references per query
+        return {(f"q{i}", f"r{j}"): float(row[j]) for i, row in enumerate(scores) for j in np.argsort(-row)[:k]}
+
+    def found(**options):
+        return {(p.query_id, p.reference_id): p.score for p in search_references(index, query_set, 3, **options)}
+
+    cosines = queries @ references.T
+    expected = top(cosines)
+    assert found().keys() == expected.keys() and list(found().values()) == pytest.approx(list(expected.values()), abs=1e-5)
+    aux_sorted = -np.sort(-(queries @ auxiliary.T), axis=1)
+    bias = aux_sorted[:, 1:5].mean(axis=1)  # neighbours 1..4
+    expected = top(cosines - 0.5 * bias[:, None])
+    normalised = found(auxiliary=aux_set, alpha=0.5, k_start=1, k_end=4)
+    assert normalised.keys() == expected.keys()
+    assert [normalised[key] for key in expected] == pytest.approx(list(expected.values()), abs=1e-5)
+    stretched = queries * (2.0 * aux_sorted[:, :3].mean(axis=1))[:, None]
+    distances = -np.square(stretched[:, None, :] - references[None, :, :]).sum(-1)
+    expected = top(distances)
+    result = found(auxiliary=aux_set, stretch=True, beta=2.0, stretch_k=3)
+    assert result.keys() == expected.keys()
+    assert [result[key] for key in expected] == pytest.approx(list(expected.values()), abs=1e-4)
+    with pytest.raises(ConfigError, match="auxiliary"):
+        search_references(index, query_set, 3, stretch=True)
+    with pytest.raises(ConfigError, match="views"):
+        search_references(index, query_set, 3, query_views=ViewPreset("paper"), auxiliary=aux_set, stretch=True)

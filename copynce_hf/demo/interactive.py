@@ -45,6 +45,7 @@ from ..retrieval import (
     affinity_maps,
     extract_descriptors,
     score_views,
+    search_references,
 )
 from .figures import figure_image, overlap_figure
 from .task import BUNDLED_IMAGES, DemoRecipe, input_overlap, probe_patch
@@ -360,14 +361,9 @@ def search(detector: Detector, gallery: Gallery, query: Image.Image, k: int = 5)
     if len(gallery) == 0:
         raise ConfigError("the gallery is empty")
     index = DescriptorIndex.build(gallery.descriptors, IndexConfig(kind="flat"))
-    scores, indices = index.search(detector.embed([query], ["query"]).descriptors, min(k, len(gallery)))
+    found = search_references(index, detector.embed([query], ["query"]), min(k, len(gallery)))
     position = {key: i for i, key in enumerate(gallery.ids)}
-    hits = []
-    for score, found in zip(scores[0], indices[0]):
-        if found < 0:
-            continue
-        reference_id = gallery.descriptors.ids[found]
-        hits.append(SearchHit(reference_id, gallery.images[position[reference_id]], float(score)))
+    hits = [SearchHit(p.reference_id, gallery.images[position[p.reference_id]], p.score) for p in found]
     best = detector.copy_probability(query, hits[0].image)
     return SearchResult(hits, best)
 

@@ -44,6 +44,7 @@ from ..retrieval import (
     detect,
     extract_descriptors,
     rescore_predictions,
+    search_references,
 )
 from .models import load_model
 
@@ -240,15 +241,8 @@ class DescriptorSystem:
         references = self.embed(task.reference_source(), f"{self.name} references")
         queries = self.embed(task.query_source(), f"{self.name} queries")
         index = DescriptorIndex.build(references, IndexConfig(kind="flat"))
-        scores, indices = index.search(queries.descriptors, k)
-        query_ids, reference_ids, flat_scores = [], [], []
-        for query_id, row_scores, row_indices in zip(queries.ids, scores, indices):
-            for score, index_ in zip(row_scores, row_indices):
-                if index_ >= 0:
-                    query_ids.append(query_id)
-                    reference_ids.append(references.ids[index_])
-                    flat_scores.append(float(score))
-        return Predictions(query_ids, reference_ids, flat_scores, time.perf_counter() - start)
+        found = search_references(index, queries, k)
+        return Predictions.from_rows(found, time.perf_counter() - start)
 
 
 class MatcherRescoring:

@@ -2,8 +2,8 @@
 
 The detection flow (see docs/ARCHITECTURE.md)::
 
-    images -> extract_descriptors -> DescriptorIndex.build / search -> knn_predictions
-      (+ score normalisation / feature stretching) -> rescore_predictions (matcher, local crops)
+    images -> extract_descriptors -> DescriptorIndex.build -> search_references (the one search: views,
+      score normalisation, feature stretching) -> rescore_predictions (matcher, local crops)
       -> write_predictions (DISC21 CSV) -> copy_detection metric
 
 :func:`detect` runs the paper's whole pipeline: LCE views (:mod:`.views`) searched per view
@@ -29,6 +29,7 @@ _SOURCES = {
     **dict.fromkeys(('auxiliary_similarities', 'euclidean_scores', 'normalize_scores', 'score_normalization_bias', 'stretch_features'), 'postprocess'),
     **dict.fromkeys(('PREDICTION_COLUMNS', 'Prediction', 'check_unique', 'read_predictions', 'write_predictions'), 'predictions'),
     **dict.fromkeys(('LocalCrops', 'PairViews', 'RescoreResult', 'grid_boxes', 'model_kind', 'rescore_predictions', 'score_views'), 'rescoring'),
+    **dict.fromkeys(('search_references',), 'search'),
     **dict.fromkeys(('IMAGE_EXTENSIONS', 'DatasetImageSource', 'ImageFolderSource', 'ImageListSource', 'list_image_files'), 'sources'),
     **dict.fromkeys(('ViewSource', 'extract_view_descriptors', 'lce_normalization_bias', 'search_views', 'view_predictions', 'view_preset_of'), 'view_search'),
     **dict.fromkeys(('DESCRIPTOR_LCE_MODES', 'MATCHER_LCE_MODES', 'View', 'ViewPreset', 'matcher_view_pairs', 'ninth_boxes', 'one_third_boxes', 'paper_query_views', 'paper_reference_views', 'quarter_boxes', 'render_view'), 'views'),
@@ -116,6 +117,7 @@ __all__ = [
     "search_views",
     "view_predictions",
     "view_preset_of",
+    "search_references",
     "DEFAULT_CANDIDATES",
     "Descriptor",
     "DetectConfig",

@@ -30,7 +30,8 @@ from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig
 from .matcher_cache import MatcherScorer
 from .predictions import Prediction
-from .view_search import extract_view_descriptors, view_predictions
+from .search import search_references
+from .view_search import extract_view_descriptors
 from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
 
 logger = logging.getLogger(__name__)
@@ -268,8 +269,9 @@ def detect(
         skipped.extend(q for q in query_views.skipped if q not in skipped)
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(queries)} query images could be read")
-        per_model[descriptor.name] = view_predictions(index, query_views, preset, config.candidates, auxiliary_index,
-                                                      config.alpha, config.k_start, config.k_end)
+        per_model[descriptor.name] = search_references(
+            index, query_views, config.candidates, query_views=preset, auxiliary=auxiliary_index, alpha=config.alpha,
+            k_start=config.k_start, k_end=config.k_end)
         seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
         log(f"{descriptor.name}: {len(per_model[descriptor.name])} candidate pairs "
             f"({config.descriptor_lce} views{', score-normalised' if auxiliary is not None else ''})")
