@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from copynce_hf.retrieval import Prediction
 from copynce_hf.training import WITHOUT_EMA_FOLDER
 
 from .common import (
@@ -46,7 +47,7 @@ from .systems import (
     HashSystem,
     MatcherRescoring,
     PipelineSystem,
-    Predictions,
+    SystemOutput,
     score_predictions,
 )
 
@@ -81,12 +82,12 @@ def result_path(output_dir: Path, system: str) -> Path:
 
 def evaluate_system(
     name: str,
-    predictions: Predictions,
+    output: SystemOutput,
     task: MiniDisc,
     output_dir: Path,
     info: dict | None = None,
 ) -> dict:
-    """Score ``predictions`` on ``task`` and write ``<output_dir>/<name>.json`` at once.
+    """Score a system's ``output`` on ``task`` and write ``<output_dir>/<name>.json`` at once.
 
     Returns:
         The written record: ``system``, ``metrics`` (muAP ``micro_ap``, ``recall_at_p90``,
@@ -94,26 +95,28 @@ def evaluate_system(
         ``predictions``, ``wall_seconds``, ``task`` (fingerprint and sizes), ``machine``,
         ``command``, ``created`` and whatever ``info`` adds (family, variant, seed, model folder).
     """
-    metrics, curve = score_predictions(predictions, task.ground_truth)
+    metrics, curve = score_predictions(output.predictions, task.ground_truth)
     record = {
         "kind": "quality",
         "system": name,
         **(info or {}),
         "metrics": metrics,
-        "wall_seconds": predictions.seconds,
-        **({"pipeline": predictions.info} if predictions.info else {}),
+        "wall_seconds": output.seconds,
+        **({"pipeline": output.info} if output.info else {}),
         "task": {"fingerprint": task.fingerprint, "num_references": len(task.reference_ids),
                  "num_queries": len(task.queries), "num_copies": sum(1 for q in task.queries if q.reference_id),
                  "config": task.config.to_dict()},
         "pr_curve": curve,
-        "predictions": predictions.to_dict(),
+        "predictions": {"query_id": [p.query_id for p in output.predictions],
+                        "reference_id": [p.reference_id for p in output.predictions],
+                        "score": [float(p.score) for p in output.predictions]},
         "machine": machine_info(),
         "command": command_line(),
         "created": now(),
     }
     write_json(result_path(output_dir, name), record)
     logger.info("%-28s muAP %.4f  RP90 %.4f  recall@1 %.4f  (%.1f s) -> %s", name, metrics["micro_ap"],
-                metrics["recall_at_p90"], metrics["recall_at_rank1"], predictions.seconds,
+                metrics["recall_at_p90"], metrics["recall_at_rank1"], output.seconds,
                 result_path(output_dir, name))
     return record
 
@@ -157,9 +160,12 @@ def _parse_named(values: list[str], option: str) -> list[tuple[str, str]]:
     return out
 
 
-def _load_predictions(record: dict) -> Predictions:
-    rows = record["predictions"]
-    return Predictions(rows["query_id"], rows["reference_id"], rows["score"], record.get("wall_seconds", 0.0))
+def _load_predictions(record: dict) -> SystemOutput:
+    """A system's output as :func:`evaluate_system` recorded it."""
+    columns = record["predictions"]
+    predictions = [Prediction(q, r, float(s)) for q, r, s in zip(columns["query_id"], columns["reference_id"],
+                                                                  columns["score"])]
+    return SystemOutput(predictions, record.get("wall_seconds", 0.0))
 
 
 def run_quality(
@@ -258,7 +264,7 @@ def run_quality(
         candidates = _load_predictions(candidates_record)
 
         def make(e=entry, c=candidates):
-            rescored = MatcherRescoring.from_folder(e["name"], e["folder"]).predict(task, c, query_files)
+            rescored = MatcherRescoring.from_folder(e["name"], e["folder"]).predict(task, c.predictions, query_files)
             rescored.seconds += c.seconds  # the candidates' retrieval is part of the system's cost
             return rescored
 
@@ -310,9 +316,9 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
             previous = result_path(output_dir, stages[-2][0]) if output_dir is not None else None
             if previous is not None and previous.is_file():
                 kept = set(on.query_ids)
-                rows = [r for r in _load_predictions(read_json(previous)).rows() if r.query_id in kept]
+                rows = [r for r in _load_predictions(read_json(previous)).predictions if r.query_id in kept]
                 info["previous_stage_on_subset"] = {"system": stages[-2][0], "metrics": score_predictions(
-                    Predictions.from_rows(rows), on.ground_truth)[0]}
+                    rows, on.ground_truth)[0]}
         run(name, lambda s=system, on=on: s.predict(on, query_files), info, on)
 
 

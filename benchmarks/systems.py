@@ -5,11 +5,11 @@ from copynce_hf.evaluation.systems import (
     HashSystem,
     MatcherRescoring,
     PipelineSystem,
-    Predictions,
+    SystemOutput,
     pdq_bits,
     phash_bits,
     score_predictions,
 )
 
-__all__ = ["Predictions", "HashSystem", "pdq_bits", "phash_bits", "DescriptorSystem", "MatcherRescoring",
+__all__ = ["SystemOutput", "HashSystem", "pdq_bits", "phash_bits", "DescriptorSystem", "MatcherRescoring",
            "PipelineSystem", "score_predictions"]

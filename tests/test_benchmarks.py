@@ -21,11 +21,12 @@ from benchmarks.minidisc import EvaluationRecipe, MiniDiscConfig, build_minidisc
 from benchmarks.quality import evaluate_system, run_quality
 from benchmarks.report import load_quality, render
 from benchmarks.speed import bench_faiss, bench_pixtrace, pixtrace_chain
-from benchmarks.systems import HashSystem, Predictions, score_predictions
+from benchmarks.systems import HashSystem, SystemOutput, score_predictions
 from benchmarks.training import VARIANTS, plan_runs, prepare_train_split
 from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
 from copynce_hf.pixtrace.edits import Resize
+from copynce_hf.retrieval import Prediction
 
 ASSETS = sorted(ASSET_IMAGES.glob("*.jpg"))
 TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
@@ -157,13 +158,13 @@ def test_materialize_writes_the_replayed_queries_once(tmp_path):
 @pytest.mark.parametrize("system", [HashSystem.pdq(), HashSystem.phash()], ids=["pdq", "phash"])
 def test_hash_systems_find_unedited_copies(tmp_path, system):
     task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
-    predictions = system.predict(task, k=5)
-    per_query = {q: predictions.query_ids.count(q) for q in task.query_ids}
+    predictions = system.predict(task, k=5).predictions
+    per_query = {q: [p.query_id for p in predictions].count(q) for q in task.query_ids}
     assert set(per_query.values()) == {5}
-    assert np.all((predictions.scores >= 0) & (predictions.scores <= 1))
+    assert all(0 <= p.score <= 1 for p in predictions)
     metrics, curve = score_predictions(predictions, task.ground_truth)
     assert metrics["recall_at_rank1"] == 1.0  # an unedited copy is at Hamming distance 0
-    for query_id, reference_id, score in zip(predictions.query_ids, predictions.reference_ids, predictions.scores):
+    for query_id, reference_id, score in predictions:
         if task.ground_truth[query_id] == [reference_id]:
             assert score == 1.0
     assert len(curve["precision"]) == len(predictions)
@@ -172,14 +173,14 @@ def test_hash_systems_find_unedited_copies(tmp_path, system):
 def test_hash_score_is_one_minus_normalised_hamming(tmp_path):
     task = build_minidisc(_config(tmp_path))
     system = HashSystem.phash()
-    predictions = system.predict(task, k=3)
+    predictions = system.predict(task, k=3).predictions
     query_hashes = dict(zip(task.query_ids, system.hashes(task.query_source())))
     reference_hashes = dict(zip(task.reference_ids, system.hashes(task.reference_source())))
-    for q, r, score in zip(predictions.query_ids, predictions.reference_ids, predictions.scores):
+    for q, r, score in predictions:
         assert score == pytest.approx(1 - np.count_nonzero(query_hashes[q] != reference_hashes[r]) / 64)
     # rank order within a query: scores never increase
     for q in task.query_ids:
-        scores = [s for qq, s in zip(predictions.query_ids, predictions.scores) if qq == q]
+        scores = [s for qq, _, s in predictions if qq == q]
         assert scores == sorted(scores, reverse=True)
 
 
@@ -203,9 +204,8 @@ def test_quality_run_writes_each_system_and_report(tmp_path):
     for seed, keep in ((0, 4), (1, 2)):
         rows = results["random-vit"]["predictions"]
         kept = [i for i, _ in enumerate(rows["score"]) if i % 4 < keep]
-        predictions = Predictions([rows["query_id"][i] for i in kept], [rows["reference_id"][i] for i in kept],
-                                  [rows["score"][i] for i in kept])
-        evaluate_system(f"descriptor-copynce-seed{seed}", predictions, task, out,
+        predictions = [Prediction(rows["query_id"][i], rows["reference_id"][i], rows["score"][i]) for i in kept]
+        evaluate_system(f"descriptor-copynce-seed{seed}", SystemOutput(predictions), task, out,
                         {"family": "descriptor", "variant": "copynce", "seed": seed})
     records = {r["system"]: r for r in load_quality(out)}
     markdown = render(out, tmp_path / "B.md", tmp_path / "figures")
@@ -331,10 +331,10 @@ def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path)
                           batch_size=4)
     assert list(results) == ["descriptor-copynce-seed0", "matcher-copynce-seed0"]
     # the saved folder, loaded with AutoModel, ranks exactly like the in-memory model
-    direct = DescriptorSystem("direct", descriptor, processor, batch_size=4).predict(task, k=3)
+    direct = DescriptorSystem("direct", descriptor, processor, batch_size=4).predict(task, k=3).predictions
     saved = results["descriptor-copynce-seed0"]["predictions"]
-    assert saved["reference_id"] == direct.reference_ids
-    assert np.allclose(saved["score"], direct.scores, atol=1e-5)
+    assert saved["reference_id"] == [p.reference_id for p in direct]
+    assert np.allclose(saved["score"], [p.score for p in direct], atol=1e-5)
     # the matcher re-scores the same candidate pairs with probabilities
     rescored = results["matcher-copynce-seed0"]
     assert rescored["candidates"] == "descriptor-copynce-seed0"
@@ -391,9 +391,9 @@ def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
                 **({"ema_decay": 0.998, "eval_without_ema": {"micro_ap": 0.25}} if ema else {})}))
             for system in [name, name + "-without-ema"] if ema else [name]:
                 rng = np.random.default_rng(steps + seed + len(system))
-                predictions = Predictions(queries, [references[int(i)] for i in rng.integers(len(references), size=len(queries))],
-                                          rng.random(len(queries)).tolist())
-                evaluate_system(system, predictions, task, budget / "quality",
+                chosen = [references[int(i)] for i in rng.integers(len(references), size=len(queries))]
+                predictions = [Prediction(*row) for row in zip(queries, chosen, rng.random(len(queries)).tolist())]
+                evaluate_system(system, SystemOutput(predictions), task, budget / "quality",
                                 {"family": "descriptor", "variant": variant, "seed": seed})
     rows = load_rows(folders)
     assert len(rows) == 6
@@ -447,7 +447,7 @@ def test_scaling_rows_count_accumulated_pairs_and_name_a_probed_warm_up(tmp_path
         (run / "training_summary.json").write_text(json.dumps({
             "steps": steps, "warmup_steps": warmup, "pairs_per_process": 10368, "num_processes": 1,
             "mixed_precision": "bf16", "eval": {"micro_ap": 0.5}}))
-        evaluate_system(run.name, Predictions(queries, references[:len(queries)], [0.5] * len(queries)), task,
+        evaluate_system(run.name, SystemOutput([Prediction(q, r, 0.5) for q, r in zip(queries, references)]), task,
                         budget / "quality", {"family": "descriptor", "variant": "copynce", "seed": 0})
     rows = {row.steps: row for row in load_rows(folders)}
     assert rows[162].pairs == rows[324].pairs == 10368

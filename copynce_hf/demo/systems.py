@@ -24,7 +24,6 @@ from ..evaluation.systems import (
     DescriptorSystem,
     HashSystem,
     MatcherRescoring,
-    Predictions,
     pdq_bits,
     phash_bits,
     score_predictions,
@@ -70,7 +69,7 @@ class SystemResult:
 def score_system(name: str, predictions: list[Prediction], seconds: float,
                  ground_truth: dict[str, list[str]]) -> SystemResult:
     """Score predictions with the copy-detection metric (µAP, RP90, recall@1, ...) and its PR curve."""
-    metrics, curve = score_predictions(Predictions.from_rows(predictions), ground_truth)
+    metrics, curve = score_predictions(predictions, ground_truth)
     return SystemResult(name, predictions, seconds, metrics,
                         (np.asarray(curve["precision"]), np.asarray(curve["recall"])))
 
@@ -84,19 +83,19 @@ HASHES: dict[str, tuple[str, Callable]] = {
 
 def hash_predictions(hash_function: Callable, task: DemoTask, k: int) -> list[Prediction]:
     """Top-``k`` references per query by Hamming distance of the hashes; score ``1 - distance / bits``."""
-    return HashSystem("hash", hash_function).predict(task, k).rows()
+    return HashSystem("hash", hash_function).predict(task, k).predictions
 
 
 def descriptor_predictions(model, processor, task: DemoTask, k: int) -> list[Prediction]:
     """Cosine k-NN of the queries' descriptors among the references' (exact faiss inner product)."""
-    return DescriptorSystem("descriptor", model, processor).predict(task, k).rows()
+    return DescriptorSystem("descriptor", model, processor).predict(task, k).predictions
 
 
 def matcher_predictions(model, processor, candidates: list[Prediction], query_files: dict[str, Path],
                         reference_files: dict[str, Path], batch_size: int = 32) -> list[Prediction]:
     """The matcher's copy probability ``sigmoid(logit)`` of every candidate pair (descriptor scores dropped)."""
     return MatcherRescoring("matcher", model, processor, batch_size).rescore(
-        Predictions.from_rows(candidates), query_files, reference_files).rows()
+        candidates, query_files, reference_files).predictions
 
 
 def timed(function: Callable, *args, **kwargs):

@@ -16,8 +16,9 @@ A task is anything with ``reference_ids``, ``query_ids``, ``reference_files`` (i
 ``ground_truth``, ``reference_source()`` and ``query_source()`` (:class:`~.minidisc.MiniDisc`,
 :class:`~.demo_task.DemoTask`).
 
-Every system returns :class:`Predictions`; :func:`score_predictions` turns them into the
-project's metrics (muAP, RP90, recall at rank 1/10, mAP) and the precision-recall curve.
+Every system returns a :class:`SystemOutput`: its predictions (the one prediction type,
+:class:`copynce_hf.retrieval.Prediction` rows) and what they cost; :func:`score_predictions` turns
+predictions into the project's metrics (muAP, RP90, recall at rank 1/10, mAP) and the precision-recall curve.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ from ..retrieval import (
     Prediction,
     detect,
     extract_descriptors,
+    knn_predictions,
     rescore_predictions,
     search_references,
 )
@@ -51,7 +53,7 @@ from .models import load_model
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "Predictions",
+    "SystemOutput",
     "HashSystem",
     "pdq_bits",
     "phash_bits",
@@ -63,53 +65,32 @@ __all__ = [
 
 
 @dataclasses.dataclass
-class Predictions:
-    """Scored candidate pairs of one system: P rows, at most k per query.
+class SystemOutput:
+    """What a system gives on a task.
 
     Attributes:
-        query_ids, reference_ids: (P,) ids.
-        scores: (P,) float64, higher means more likely a copy.
+        predictions: scored candidate pairs, at most k per query (higher scores: more likely a copy).
         seconds: wall time the system took (hashing / embedding, search, re-scoring).
+        info: what else the system reports (the pipeline's stage times, candidate recall, ...).
     """
 
-    query_ids: list[str]
-    reference_ids: list[str]
-    scores: np.ndarray
+    predictions: list[Prediction]
     seconds: float = 0.0
     info: dict = dataclasses.field(default_factory=dict)
 
-    def __post_init__(self):
-        self.scores = np.asarray(self.scores, dtype=np.float64).reshape(-1)
-        if not len(self.query_ids) == len(self.reference_ids) == len(self.scores):
-            raise ValueError(f"predictions of unequal lengths: {len(self.query_ids)}, {len(self.reference_ids)}, "
-                             f"{len(self.scores)}")
 
-    def __len__(self) -> int:
-        return len(self.scores)
-
-    @classmethod
-    def from_rows(cls, rows: list[Prediction], seconds: float = 0.0) -> Predictions:
-        return cls([r.query_id for r in rows], [r.reference_id for r in rows], [r.score for r in rows], seconds)
-
-    def rows(self) -> list[Prediction]:
-        return [Prediction(q, r, float(s)) for q, r, s in zip(self.query_ids, self.reference_ids, self.scores)]
-
-    def to_dict(self) -> dict:
-        return {"query_id": list(self.query_ids), "reference_id": list(self.reference_ids),
-                "score": [float(s) for s in self.scores]}
-
-
-def score_predictions(predictions: Predictions, ground_truth: dict[str, list[str]]) -> tuple[dict, dict]:
-    """The project's copy-detection metrics and PR curve of a set of predictions.
+def score_predictions(predictions: Sequence[Prediction], ground_truth: dict[str, list[str]]) -> tuple[dict, dict]:
+    """The project's copy-detection metrics and PR curve of a set of predictions (P pairs).
 
     Returns:
         ``(metrics, curve)``: the dict of :func:`copynce_hf.metrics.core.copy_detection_metrics`
         and ``{"precision": [...], "recall": [...], "thresholds": [...]}`` (P points, rank order).
     """
-    metrics = copy_detection_metrics(predictions.query_ids, predictions.reference_ids, predictions.scores,
-                                     ground_truth)
-    precision, recall, thresholds = precision_recall_curve(predictions.query_ids, predictions.reference_ids,
-                                                           predictions.scores, ground_truth)
+    query_ids = [p.query_id for p in predictions]
+    reference_ids = [p.reference_id for p in predictions]
+    scores = np.array([p.score for p in predictions], dtype=np.float64)
+    metrics = copy_detection_metrics(query_ids, reference_ids, scores, ground_truth)
+    precision, recall, thresholds = precision_recall_curve(query_ids, reference_ids, scores, ground_truth)
     curve = {"precision": precision.tolist(), "recall": recall.tolist(), "thresholds": thresholds.tolist()}
     return metrics, curve
 
@@ -167,7 +148,7 @@ class HashSystem:
             raise ConfigError(f"{self.name}: hashes must all have the same multiple of 8 bits, got {sorted(bits)}")
         return np.stack(rows)
 
-    def predict(self, task, k: int = 10) -> Predictions:
+    def predict(self, task, k: int = 10) -> SystemOutput:
         """Top-``k`` references per query by Hamming distance; score = 1 - distance / bits."""
         import faiss
 
@@ -179,14 +160,9 @@ class HashSystem:
         index.add(np.packbits(references, axis=1))
         k = min(k, len(references))
         distances, indices = index.search(np.packbits(queries, axis=1), k)
-        query_ids, reference_ids, scores = [], [], []
-        for query_id, row_distances, row_indices in zip(task.query_ids, distances, indices):
-            for distance, index_ in zip(row_distances, row_indices):
-                if index_ >= 0:
-                    query_ids.append(query_id)
-                    reference_ids.append(task.reference_ids[index_])
-                    scores.append(1.0 - float(distance) / num_bits)
-        return Predictions(query_ids, reference_ids, scores, time.perf_counter() - start)
+        predictions = knn_predictions(task.query_ids, 1.0 - distances.astype(np.float64) / num_bits, indices,
+                                      task.reference_ids)
+        return SystemOutput(predictions, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -236,13 +212,12 @@ class DescriptorSystem:
         return extract_descriptors(self.model, self.image_processor, source, batch_size=self.batch_size,
                                    accelerator=self.accelerator, progress=False, description=description)
 
-    def predict(self, task, k: int = 10) -> Predictions:
+    def predict(self, task, k: int = 10) -> SystemOutput:
         start = time.perf_counter()
         references = self.embed(task.reference_source(), f"{self.name} references")
         queries = self.embed(task.query_source(), f"{self.name} queries")
         index = DescriptorIndex.build(references, IndexConfig(kind="flat"))
-        found = search_references(index, queries, k)
-        return Predictions.from_rows(found, time.perf_counter() - start)
+        return SystemOutput(search_references(index, queries, k), time.perf_counter() - start)
 
 
 class MatcherRescoring:
@@ -265,21 +240,19 @@ class MatcherRescoring:
     def from_folder(cls, name: str, folder: str | Path, batch_size: int = 32) -> MatcherRescoring:
         return cls(name, *_load_folder(name, folder, "matcher"), batch_size)
 
-    def predict(self, task, candidates: Predictions, query_files: dict[str, Path]) -> Predictions:
+    def predict(self, task, candidates: list[Prediction], query_files: dict[str, Path]) -> SystemOutput:
         """Re-score ``candidates``; ``query_files`` are the task's materialised queries (id -> path)."""
         return self.rescore(candidates, query_files, task.reference_files)
 
-    def rescore(self, candidates: Predictions, query_files: dict, reference_files: dict) -> Predictions:
+    def rescore(self, candidates: list[Prediction], query_files: dict, reference_files: dict) -> SystemOutput:
         """Re-score ``candidates`` with images looked up by id (path or PIL image) in the two mappings."""
         start = time.perf_counter()
-        result = rescore_predictions(candidates.rows(), self.model, self.image_processor, query_files,
+        result = rescore_predictions(candidates, self.model, self.image_processor, query_files,
                                      reference_files, batch_size=self.batch_size, progress=False)
         if result.skipped:
             raise ConfigError(f"{self.name}: {len(result.skipped)} candidate pairs could not be scored, "
                               f"e.g. {result.skipped[0]}")
-        rescored = Predictions.from_rows(result.predictions)
-        rescored.seconds = time.perf_counter() - start
-        return rescored
+        return SystemOutput(result.predictions, time.perf_counter() - start)
 
 
 class PipelineSystem:
@@ -300,7 +273,7 @@ class PipelineSystem:
         self.config = config or DetectConfig()
         self.auxiliary, self.index_folder, self.progress = auxiliary, index_folder, progress
 
-    def predict(self, task, query_files: dict[str, Path] | None = None) -> Predictions:
+    def predict(self, task, query_files: dict[str, Path] | None = None) -> SystemOutput:
         """Run the pipeline on ``task``; ``query_files`` (id -> path) are read instead of rebuilding the queries.
 
         ``seconds`` is the whole wall time (reference indexes included unless reused); ``info`` holds
@@ -320,6 +293,4 @@ class PipelineSystem:
                 "num_candidates": self.config.candidates, "matcher_cost": result.matcher_cost,
                 "pipeline": dataclasses.asdict(self.config), "descriptors": [d.name for d in self.descriptors],
                 "skipped": result.skipped, "reused": result.reused}
-        predictions = Predictions.from_rows(result.predictions, seconds)
-        predictions.info = info
-        return predictions
+        return SystemOutput(result.predictions, seconds, info)

@@ -20,8 +20,8 @@ from PIL import Image
 
 from ..data.loading import ImageDecoder
 from ..data.pairs import CopyPairMaker
-from ..evaluation.systems import DescriptorSystem, MatcherRescoring, Predictions, score_predictions
-from ..retrieval import ImageListSource, model_kind
+from ..evaluation.systems import DescriptorSystem, MatcherRescoring, score_predictions
+from ..retrieval import ImageListSource, Prediction, model_kind
 from .checkpoints import TrainingProgress
 
 logger = logging.getLogger(__name__)
@@ -63,10 +63,9 @@ class CopyDetectionTask:
         """Reference id -> image."""
         return dict(zip(self.reference_ids, self.references))
 
-    def all_pairs(self) -> Predictions:
+    def all_pairs(self) -> list[Prediction]:
         """Every (query, reference) pair, unscored: the candidates a matcher re-scores."""
-        query_ids = [q for q in self.query_ids for _ in self.reference_ids]
-        return Predictions(query_ids, self.reference_ids * len(self.query_ids), [0.0] * len(query_ids))
+        return [Prediction(q, r, 0.0) for q in self.query_ids for r in self.reference_ids]
 
 
 def build_copy_detection_task(rows, image_size: int, seed: int = 12345, query_recipe: str = "training",
@@ -112,10 +111,10 @@ def evaluate_copy_detection(model, image_processor, task: CopyDetectionTask, acc
     try:
         if model_kind(model) == "descriptor":
             system = DescriptorSystem("training", model, image_processor, batch_size, accelerator=accelerator)
-            predictions = system.predict(task, k=len(task.reference_ids))
+            predictions = system.predict(task, k=len(task.reference_ids)).predictions
         else:
             rescoring = MatcherRescoring("training", model, image_processor, batch_size)
-            predictions = rescoring.rescore(task.all_pairs(), task.query_files, task.reference_files)
+            predictions = rescoring.rescore(task.all_pairs(), task.query_files, task.reference_files).predictions
     finally:
         model.train(was_training)
     metrics, _curve = score_predictions(predictions, task.ground_truth)
