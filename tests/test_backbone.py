@@ -31,10 +31,11 @@ def models() -> dict:
     torch.manual_seed(0)
     descriptor = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**TINY, descriptor_dim=16))
     matcher = CopyNCEMatcherModel(CopyNCEMatcherConfig(**TINY, num_fusion_layers=1))
-    with torch.no_grad():  # running statistics and segment embeddings away from their defaults
+    with torch.no_grad():  # running statistics and the matcher's extra LayerNorms away from their defaults
         descriptor.head.batch_norm.running_mean.normal_()
         descriptor.head.batch_norm.running_var.uniform_(0.5, 2.0)
-        matcher.segment_embeddings.normal_()
+        matcher.classifier_norm.weight.normal_()
+        matcher.patch_token_norm.bias.normal_()
     return {"descriptor": descriptor, "matcher": matcher}
 
 
@@ -106,7 +107,8 @@ def test_output_attentions_returns_each_blocks_maps(saved):
         output = matcher(batch["pixel_values"], batch["reference_pixel_values"], output_attentions=True,
                          output_hidden_states=True)
     assert [weights.shape for weights in output.encoder_attentions] == [(6, 2, 1 + LENGTH, 1 + LENGTH)] * 2
-    assert [weights.shape for weights in output.attentions] == [(3, 2, 1 + 2 * LENGTH, 1 + 2 * LENGTH)]
+    fused = 1 + 2 * (1 + LENGTH)  # [CLS; query CLS; query patches; reference CLS; reference patches]
+    assert [weights.shape for weights in output.attentions] == [(3, 2, fused, fused)]
     assert len(output.encoder_hidden_states) == 3 and len(output.hidden_states) == 2
 
 
@@ -133,18 +135,27 @@ def test_descriptor_loss_and_batch_norm_statistics_ignore_output_options():
         if options.get("output_hidden_states"):
             assert len(output.hidden_states) == 4 and output.hidden_states[0].shape == (4, 1 + LENGTH, 32)
     for loss, mean, var in results[1:]:
-        torch.testing.assert_close(loss, results[0][0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(loss, results[0][0], atol=1e-5, rtol=1e-6)
         torch.testing.assert_close(mean, results[0][1], atol=1e-6, rtol=0)
         torch.testing.assert_close(var, results[0][2], atol=1e-6, rtol=0)
-    # References of another size take a second backbone pass; the batch norm still sees all 2B descriptors.
-    model = models()["descriptor"].train()
+    # References of another size take a second backbone pass; the batch norm normalises each side with its
+    # own statistics (head_batch_norm="per_side", the authors) or all 2B descriptors together ("joint").
     large = torch.randn(4, 3, 48, 48, generator=torch.Generator().manual_seed(2))
-    output = model(batch["pixel_values"], reference_pixel_values=large)
-    descriptors = torch.cat([output.descriptors, output.reference_descriptors])
-    cls_tokens = torch.cat([model.encode(batch["pixel_values"])[:, 0], model.encode(large)[:, 0]])
-    projected = model.head.projection(cls_tokens)
-    normalised = (projected - projected.mean(0)) / torch.sqrt(projected.var(0, unbiased=False) + 1e-5)
-    torch.testing.assert_close(descriptors, torch.nn.functional.normalize(normalised, dim=-1), atol=1e-5, rtol=0)
+
+    def batch_normed(projected):
+        normalised = (projected - projected.mean(0)) / torch.sqrt(projected.var(0, unbiased=False) + 1e-5)
+        return torch.nn.functional.normalize(normalised, dim=-1)
+
+    for mode in ("per_side", "joint"):
+        model = models()["descriptor"].train()
+        model.config.head_batch_norm = mode
+        output = model(batch["pixel_values"], reference_pixel_values=large)
+        descriptors = torch.cat([output.descriptors, output.reference_descriptors])
+        projected = model.head.projection(torch.cat([model.encode(batch["pixel_values"])[:, 0],
+                                                     model.encode(large)[:, 0]]))
+        expected = (torch.cat([batch_normed(projected[:4]), batch_normed(projected[4:])]) if mode == "per_side"
+                    else batch_normed(projected))
+        torch.testing.assert_close(descriptors, expected, atol=1e-5, rtol=0)
 
 
 def test_backbone_is_an_auto_model_held_under_base_model_prefix(tmp_path):
@@ -153,7 +164,7 @@ def test_backbone_is_an_auto_model_held_under_base_model_prefix(tmp_path):
         assert model.base_model_prefix == "vit" and model.base_model is model.vit
         assert isinstance(model.vit, CopyNCEViTModel)
     descriptor, matcher = built["descriptor"].eval(), built["matcher"].eval()
-    standalone = CopyNCEViTModel(CopyNCEViTConfig(**TINY))
+    standalone = CopyNCEViTModel(CopyNCEViTConfig(**TINY, final_layer_norm=False, layer_norm_eps=1e-4))
     standalone.load_state_dict(descriptor.vit.state_dict())
     standalone.save_pretrained(tmp_path / "vit")
     assert AutoConfig.from_pretrained(tmp_path / "vit").model_type == "copynce-vit"
@@ -169,8 +180,7 @@ def test_backbone_is_an_auto_model_held_under_base_model_prefix(tmp_path):
         assert matcher.encode(pixels).shape == (3, 1 + LENGTH, 32)
         # The matcher's per-image encoder pass and per-pair fusion reproduce its forward.
         references = pair_batch()["reference_pixel_values"]
-        logits, query_tokens, reference_tokens = matcher.fuse(matcher.encode(pixels)[:, 1:],
-                                                              matcher.encode(references)[:, 1:])
+        logits, query_tokens, reference_tokens = matcher.fuse(matcher.encode(pixels), matcher.encode(references))
         full = matcher(pixels, references)
     torch.testing.assert_close(logits, full.logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(query_tokens, full.query_patch_tokens, atol=1e-6, rtol=0)

@@ -123,10 +123,11 @@ def saved(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     descriptor = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**TINY, descriptor_dim=16))
     matcher = CopyNCEMatcherModel(CopyNCEMatcherConfig(**TINY, num_fusion_layers=1))
-    with torch.no_grad():  # running statistics and segment embeddings away from their defaults
+    with torch.no_grad():  # running statistics and the matcher's extra LayerNorms away from their defaults
         descriptor.head.batch_norm.running_mean.normal_()
         descriptor.head.batch_norm.running_var.uniform_(0.5, 2.0)
-        matcher.segment_embeddings.normal_()
+        matcher.classifier_norm.weight.normal_()
+        matcher.patch_token_norm.bias.normal_()
     processor = CopyNCEImageProcessor(size={"height": 32, "width": 32})
     Image.new("RGBA", (50, 37), (10, 200, 90, 128)).save(root / "image.png")
     descriptor_batch, matcher_batch = batch(), batch(labels=[1, 0, 1])

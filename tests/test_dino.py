@@ -74,8 +74,12 @@ def pixels(size: int = 32, batch: int = 2) -> torch.Tensor:
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(3))
 
 
+#: The DINO form of the descriptor (final LayerNorm kept), whose tokens are the ViT's outputs.
+DINO_FORM = {"final_layer_norm": True, "layer_norm_eps": 1e-6}
+
+
 def test_descriptor_from_transformers_folder_reproduces_the_vit(vit, vit_folder):
-    model = CopyNCEDescriptorModel.from_dino(vit_folder, descriptor_dim=8).eval()
+    model = CopyNCEDescriptorModel.from_dino(vit_folder, descriptor_dim=8, **DINO_FORM).eval()
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == LAYERS
     assert model.config.layer_norm_eps == 1e-6 and model.config.descriptor_dim == 8
     with torch.no_grad():
@@ -101,7 +105,7 @@ def test_descriptor_from_original_dino_pth_and_training_checkpoint(vit, tmp_path
     model = CopyNCEDescriptorModel.from_dino(path, strict=True).eval()
     assert (model.config.num_attention_heads, model.config.intermediate_size, model.config.image_size) == (1, 64, 32)
     # DINO's heads have 64 channels; this tiny ViT has 16 per head, so pass the head count.
-    model = CopyNCEDescriptorModel.from_dino(path, num_attention_heads=2, strict=True).eval()
+    model = CopyNCEDescriptorModel.from_dino(path, num_attention_heads=2, strict=True, **DINO_FORM).eval()
     with torch.no_grad():
         torch.testing.assert_close(model(pixels()).last_hidden_state, expected, atol=1e-5, rtol=0)
     assert model.dino_load_report.missing == [] and model.dino_load_report.unexpected == []
@@ -115,7 +119,7 @@ def test_descriptor_from_original_dino_pth_and_training_checkpoint(vit, tmp_path
     }
     checkpoint_path = tmp_path / "checkpoint.pth"
     torch.save(checkpoint, checkpoint_path)
-    teacher = CopyNCEDescriptorModel.from_dino(checkpoint_path, num_attention_heads=2).eval()
+    teacher = CopyNCEDescriptorModel.from_dino(checkpoint_path, num_attention_heads=2, **DINO_FORM).eval()
     with torch.no_grad():
         torch.testing.assert_close(teacher(pixels()).last_hidden_state, expected, atol=1e-5, rtol=0)
     assert teacher.dino_load_report.unexpected == ["head.last_layer.weight_g"]
@@ -124,7 +128,7 @@ def test_descriptor_from_original_dino_pth_and_training_checkpoint(vit, tmp_path
 
 
 def test_matcher_from_dino_splits_encoder_and_fusion(vit, vit_folder):
-    model = CopyNCEMatcherModel.from_dino(vit_folder, num_fusion_layers=1).eval()
+    model = CopyNCEMatcherModel.from_dino(vit_folder, num_fusion_layers=1, layer_norm_eps=1e-6).eval()
     assert len(model.vit.blocks) == 3 and model.config.num_encoder_layers == 2
     with torch.no_grad():
         hidden_states = vit(pixels(), output_hidden_states=True).hidden_states
@@ -137,13 +141,28 @@ def test_matcher_from_dino_splits_encoder_and_fusion(vit, vit_folder):
     torch.testing.assert_close(model.fusion_cls_token,
                                source["embeddings.cls_token"] + source["embeddings.position_embeddings"][:, :1])
     report = model.dino_load_report
-    assert report.missing == [] and sorted(report.initialised) == ["classifier.bias", "classifier.weight",
-                                                                   "segment_embeddings"]
+    assert report.missing == [] and sorted(report.initialised) == [
+        "classifier.bias", "classifier.weight", "classifier_norm.bias", "classifier_norm.weight",
+        "patch_token_norm.bias", "patch_token_norm.weight"]
+
+
+def test_authors_descriptor_from_dino_reads_the_last_block_without_the_final_norm(vit, tmp_path):
+    """Their descriptor has no final LayerNorm: DINO's is left out (not an unexpected key) and the
+    head reads the last block's raw output."""
+    path = tmp_path / "dino_tiny_pretrain.pth"
+    torch.save(dino_state_dict(vit), path)
+    model = CopyNCEDescriptorModel.from_dino(path, num_attention_heads=2, strict=True).eval()
+    assert not hasattr(model.vit.norm, "weight") and model.dino_load_report.unexpected == []
+    assert model.config.layer_norm_eps == 1e-4  # the authors' epsilon around DINO's weights
+    with torch.no_grad():
+        last_block = vit(pixels(), output_hidden_states=True).hidden_states[-1]
+        # atol: the authors' LayerNorm epsilon (1e-4, the ViT's is 1e-6) moves the tokens by ~3e-4.
+        torch.testing.assert_close(model(pixels()).last_hidden_state, last_block, atol=2e-3, rtol=0)
 
 
 def test_position_embeddings_interpolated_for_a_larger_input(vit, vit_folder):
     # The tiny analogue of 224 -> 336: a 2x2 patch grid becomes 3x3.
-    model = CopyNCEDescriptorModel.from_dino(vit_folder, image_size=48).eval()
+    model = CopyNCEDescriptorModel.from_dino(vit_folder, image_size=48, **DINO_FORM).eval()
     assert model.dino_load_report.interpolated == (2, 3)
     assert model.vit.embeddings.position_embeddings.shape == (1, 10, 32)
     large = pixels(48)

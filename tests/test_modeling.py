@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -18,8 +19,10 @@ from copynce_hf import (
     CopyNCEImageProcessor,
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
+    CopyNCEViTConfig,
 )
 from copynce_hf.losses import copy_bce_loss, copynce_loss
+from copynce_hf.modeling.configuration_copynce import EARLIER_MATCHER_ARCHITECTURE
 
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=16)
@@ -67,7 +70,7 @@ def test_config_defaults_are_the_papers():
     # ViT-S/16 as DINO, 224 input
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size) == (
         384, 12, 6, 1536)
-    assert (config.image_size, config.patch_size, config.layer_norm_eps, config.qkv_bias) == (224, 16, 1e-6, True)
+    assert (config.image_size, config.patch_size, config.layer_norm_eps, config.qkv_bias) == (224, 16, 1e-4, True)
     assert config.descriptor_dim == 512
     assert (config.copynce_temperature, config.copynce_weight, config.copynce_gamma) == (1 / 16, 5, 3)
     assert config.copynce_block_index == 11 and config.copynce_weighting == "paper"
@@ -78,9 +81,47 @@ def test_config_defaults_are_the_papers():
             matcher_config.bce_weight) == (1 / 16, 3, 1, 1)
 
 
+def test_default_configs_build_the_authors_architecture():
+    """The authors' descriptor_default_config.yaml / matching_default_config.yaml and build_encoder."""
+    descriptor = CopyNCEDescriptorConfig()
+    assert (descriptor.final_layer_norm, descriptor.freeze_patch_embeddings) == (False, True)
+    assert (descriptor.head_batch_norm, descriptor.sync_batch_norm) == ("per_side", True)
+    matcher = CopyNCEMatcherConfig()
+    assert (matcher.final_layer_norm, matcher.freeze_patch_embeddings, matcher.layer_norm_eps) == (True, False, 1e-4)
+    assert (matcher.keep_image_cls_tokens, matcher.segment_embeddings) == (True, False)
+    assert (matcher.classifier_layer_norm, matcher.patch_token_layer_norm) == (True, True)
+    # The bare backbone stays DINO's.
+    assert (CopyNCEViTConfig().layer_norm_eps, CopyNCEViTConfig().final_layer_norm) == (1e-6, True)
+
+
+def test_configs_saved_before_the_options_keep_their_form(tmp_path):
+    """A config.json without the architecture options (written before them) reads as the old form."""
+    saved = CopyNCEDescriptorConfig(layer_norm_eps=1e-6).to_dict()
+    for key in ("final_layer_norm", "freeze_patch_embeddings", "head_batch_norm", "sync_batch_norm"):
+        del saved[key]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    old = CopyNCEDescriptorConfig.from_pretrained(tmp_path)
+    assert (old.final_layer_norm, old.freeze_patch_embeddings, old.head_batch_norm, old.sync_batch_norm) == (
+        True, False, "joint", False)
+    saved = CopyNCEMatcherConfig().to_dict()
+    for key in ("keep_image_cls_tokens", "segment_embeddings", "classifier_layer_norm", "patch_token_layer_norm"):
+        del saved[key]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    old = CopyNCEMatcherConfig.from_pretrained(tmp_path)
+    assert (old.keep_image_cls_tokens, old.segment_embeddings, old.classifier_layer_norm,
+            old.patch_token_layer_norm) == (False, True, False, False)
+    # Saved again, the options are written out and read back unchanged.
+    old.save_pretrained(tmp_path / "again")
+    assert CopyNCEMatcherConfig.from_pretrained(tmp_path / "again").segment_embeddings is True
+
+
 @pytest.mark.parametrize(
     ("config_class", "values", "key"),
     [
+        (CopyNCEDescriptorConfig, {"head_batch_norm": "sync"}, "head_batch_norm"),
+        (CopyNCEDescriptorConfig, {"final_layer_norm": "no"}, "final_layer_norm"),
+        (CopyNCEMatcherConfig, {"final_layer_norm": False}, "final_layer_norm"),
+        (CopyNCEMatcherConfig, {"keep_image_cls_tokens": 1}, "keep_image_cls_tokens"),
         (CopyNCEDescriptorConfig, {"image_size": 230}, "image_size"),
         (CopyNCEDescriptorConfig, {"num_attention_heads": 5}, "num_attention_heads"),
         (CopyNCEDescriptorConfig, {"koleo_weight": -1.0}, "koleo_weight"),
@@ -227,8 +268,8 @@ def test_matcher_shapes_and_loss_on_positive_pairs_only():
     torch.testing.assert_close(output.copynce_loss, expected)
     torch.testing.assert_close(output.loss, output.bce_loss + 3 * output.copynce_loss)
     output.loss.backward()
-    for name in ("fusion_cls_token", "segment_embeddings", "classifier.weight", "vit.blocks.0.mlp.fc1.weight",
-                 "vit.blocks.2.attn.qkv.weight"):
+    for name in ("fusion_cls_token", "classifier_norm.weight", "classifier.weight", "patch_token_norm.weight",
+                 "vit.blocks.0.mlp.fc1.weight", "vit.blocks.2.attn.qkv.weight"):
         gradient = dict(model.named_parameters())[name].grad
         assert gradient is not None and gradient.abs().sum() > 0, name
 
@@ -250,7 +291,7 @@ def test_matcher_inference_without_labels_and_structure():
 
 
 def test_matcher_segment_embeddings_tell_query_from_reference():
-    model = matcher().eval()
+    model = matcher(**EARLIER_MATCHER_ARCHITECTURE).eval()  # the authors' matcher has none
     query, reference = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         # Zero segments: the fused CLS sees a set of tokens, so swapping the images changes nothing.
@@ -304,3 +345,48 @@ def test_save_and_load_with_auto_classes_in_process(tmp_path):
     pixels = processor(Image.new("RGB", (64, 48), (200, 30, 90)), return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         torch.testing.assert_close(loaded(pixels).descriptors, model(pixels).descriptors)
+
+
+# ----------------------------------------------------------------------------- the authors' architecture
+
+
+def test_authors_descriptor_has_no_final_norm_and_a_frozen_patch_embedding():
+    model = descriptor()
+    assert isinstance(model.vit.norm, torch.nn.Identity) and "vit.norm.weight" not in model.state_dict()
+    frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
+    assert frozen == {"vit.embeddings.patch_embeddings.projection.weight",
+                      "vit.embeddings.patch_embeddings.projection.bias"}
+    output = model.eval()(torch.randn(2, 3, 32, 32), output_hidden_states=True)
+    # The head and CopyNCE read the last block's raw output.
+    torch.testing.assert_close(output.last_hidden_state, output.hidden_states[-1])
+    torch.testing.assert_close(output.patch_tokens, output.hidden_states[-1][:, 1:])
+    assert all(parameter.requires_grad for parameter in descriptor(freeze_patch_embeddings=False).parameters())
+
+
+def test_authors_matcher_keeps_the_image_cls_tokens_and_norms_twice():
+    model = matcher().eval()
+    assert not hasattr(model, "segment_embeddings")
+    query, reference = torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        output = model(query, reference, output_hidden_states=True)
+        fused = model.vit.norm(output.hidden_states[-1])  # (B, 1 + 2 (1 + L), C)
+    assert fused.shape[1] == 1 + 2 * (1 + LENGTH)
+    torch.testing.assert_close(output.logits, model.classifier(model.classifier_norm(fused[:, 0])).squeeze(-1))
+    torch.testing.assert_close(output.query_patch_tokens, model.patch_token_norm(fused[:, 2 : 2 + LENGTH]))
+    torch.testing.assert_close(output.reference_patch_tokens, model.patch_token_norm(fused[:, 3 + LENGTH :]))
+
+
+def test_synced_batch_norm_only_for_several_gpu_processes(caplog):
+    model = descriptor()
+    assert model.with_synced_batch_norm(1, "cuda") is model
+    assert model.with_synced_batch_norm(2, "cpu") is model and "GPUs only" in caplog.text
+    assert isinstance(model.with_synced_batch_norm(2, "cuda").head.batch_norm, torch.nn.SyncBatchNorm)
+    joint = descriptor(sync_batch_norm=False)
+    assert isinstance(joint.with_synced_batch_norm(2, "cuda").head.batch_norm, torch.nn.BatchNorm1d)
+
+
+def test_per_side_batch_norm_needs_two_pairs_in_training():
+    batch = {"pixel_values": torch.randn(1, 3, 32, 32), "reference_pixel_values": torch.randn(1, 3, 32, 32)}
+    with pytest.raises(CopyNCEError, match="head_batch_norm"):
+        descriptor().train()(**batch)
+    assert descriptor(head_batch_norm="joint").train()(**batch).loss is not None

@@ -38,11 +38,11 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
     """The matcher's two stages, the only place that names the model's methods.
 
     Returns:
-        ``encode(pixel_values (B, 3, H, W)) -> patch tokens (B, L, C)`` (the shared encoder blocks,
-        the per-image CLS dropped) and ``fuse(query tokens (B, Lq, C), reference tokens (B, Lr, C))
-        -> logits (B,)`` (the fusion blocks and the classifier).
+        ``encode(pixel_values (B, 3, H, W)) -> tokens (B, 1 + L, C)`` (the shared encoder blocks,
+        CLS first) and ``fuse(query tokens (B, 1 + Lq, C), reference tokens (B, 1 + Lr, C)) ->
+        logits (B,)`` (the fusion blocks and the classifier).
     """
-    return (lambda pixels: model.encode(pixels)[:, 1:]), (lambda query, reference: model.fuse(query, reference)[0])
+    return model.encode, (lambda query, reference: model.fuse(query, reference)[0])
 
 
 class _ViewImages(Dataset):

@@ -188,6 +188,7 @@ def set_up(config: TrainingConfig) -> TrainingRun:
     scheduler = build_scheduler(optimizer, total_steps, warmup, config.min_learning_rate)
     # The weight average copies the plain model, before Accelerate wraps its forward (mixed precision).
     ema = build_weight_ema(model, config.ema_decay).to(accelerator.device) if config.ema_decay else None
+    model = model.with_synced_batch_norm(accelerator.num_processes, accelerator.device.type)
     model, optimizer = accelerator.prepare(model, optimizer)
     # The scheduler is stepped once per optimiser step by the loop (not prepared: Accelerate would
     # step it once per process).
