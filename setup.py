@@ -64,6 +64,10 @@ setup(
         "train": ["albumentations>=2.0"],
         # the Space (spaces/copynce/app.py) and its browser test (Playwright drives the system's chromium)
         "space": ["gradio>=6,<7", "playwright>=1.40"],
+        # scripts/check_against_authors.py imports the authors' model and loss code (GitHub eddielyc/CopyNCE):
+        # what it needs beyond this package, none of which pulls torch (timm, torchvision and kornia get
+        # stand-ins from copynce_hf.fidelity.standins).
+        "authors": ["loguru>=0.7", "einops>=0.6", "omegaconf>=2.3", "opencv-python-headless>=4.8"],
     },
     entry_points={"console_scripts": ["copynce=copynce_hf.cli:main"]},
     classifiers=[

@@ -1,4 +1,4 @@
-"""Folders saved before the authors' architecture became the default (issue #22) give the same outputs.
+"""Folders saved before the authors' architecture became the default give the same outputs.
 
 ``fixtures/saved_model_outputs.json`` was recorded by ``fixtures/record_saved_outputs.py`` before
 that change; each folder's config records the variant it was trained with.

@@ -47,7 +47,7 @@ EARLIER_MATCHER_ARCHITECTURE = {"keep_image_cls_tokens": False, "segment_embeddi
 
 
 def _architecture_field(kwargs: dict, value, authors, before):
-    """Value of an architecture option added with the authors' architecture (issue #22).
+    """Value of an architecture option added with the authors' architecture.
 
     An explicit ``value`` wins. Otherwise a new configuration gets the authors' form
     (``authors``), and a configuration read from a folder saved before the option existed (its

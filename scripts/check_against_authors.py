@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Prove this package equal to the authors' own CopyNCE code (GitHub eddielyc/CopyNCE).
+
+    git clone https://github.com/eddielyc/CopyNCE /tmp/CopyNCE
+    pip install -e ".[authors]"
+    python scripts/check_against_authors.py --authors-code /tmp/CopyNCE
+
+Their descriptor and matcher are built from their default configurations (ViT-S/16, 224) with
+seeded random weights, saved in their checkpoint format, converted with ``copynce convert-original``
+and compared with this package on the bundled images, in float32 (outputs: max abs difference <=
+1e-5; losses: relative difference <= 1e-5). Prints one table; exits 0 only when every row holds.
+
+Their code imports timm 0.9.2, which imports torchvision; torchvision cannot be imported beside this
+package's CPU torch, so the few names their model and loss files take from timm, torchvision and
+kornia are given by stand-ins (``copynce_hf.fidelity.standins``, each tested against the behaviour
+those libraries document) installed under those module names when the real library is absent. See
+``copynce_hf.fidelity.oracle`` for the details and docs/FIDELITY.md for the last table.
+
+``--write-layout FILE`` also writes every tensor name and shape of both checkpoints as JSON (the CI
+fixture ``tests/fixtures/authors_checkpoint_layout.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.errors import CopyNCEError
+from copynce_hf.fidelity.oracle import format_table, run_checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--authors-code", required=True, help="a checkout of GitHub eddielyc/CopyNCE")
+    parser.add_argument("--images", nargs="+", type=Path, help="image files (default: the bundled images)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--write-layout", type=Path, help="write the checkpoints' tensor names and shapes here")
+    args = parser.parse_args(argv)
+    images = args.images or sorted(ASSET_IMAGES.glob("*.jpg"))
+    try:
+        rows, layout = run_checks(args.authors_code, images, seed=args.seed)
+    except CopyNCEError as error:
+        print(f"check_against_authors: error: {error}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    if args.write_layout:
+        args.write_layout.write_text(json.dumps(layout, indent=1) + "\n")
+        print(f"wrote {args.write_layout}")
+    failed = [row.check for row in rows if not row.holds]
+    print(f"{len(rows) - len(failed)} of {len(rows)} rows hold" + (f"; failed: {failed}" if failed else ""))
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
