@@ -18,7 +18,13 @@ from transformers import PretrainedConfig
 
 from .errors import ConfigError
 
-__all__ = ["CopyNCEDescriptorConfig", "CopyNCEMatcherConfig", "CopyNCEViTConfig"]
+__all__ = [
+    "EARLIER_DESCRIPTOR_ARCHITECTURE",
+    "EARLIER_MATCHER_ARCHITECTURE",
+    "CopyNCEDescriptorConfig",
+    "CopyNCEMatcherConfig",
+    "CopyNCEViTConfig",
+]
 
 COPYNCE_WEIGHTINGS = ("paper", "reference")
 #: InfoNCE negatives (``copynce_hf.losses.info_nce_loss``) and KoLeo scopes of the descriptor.
@@ -26,6 +32,31 @@ INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
 KOLEO_SCOPES = ("per_view", "all_embeddings")
 #: Pairs CopyNCE's batch loss is averaged over (``copynce_hf.losses.copynce_loss``).
 COPYNCE_AVERAGES = ("overlap_pairs", "all_pairs")
+#: How the descriptor head's batch norm sees a training batch of copy pairs.
+HEAD_BATCH_NORMS = ("joint", "per_side")
+
+#: LayerNorm epsilon of the authors' descriptor and matcher (``norm_layer`` of their ``build_encoder``).
+AUTHORS_LAYER_NORM_EPS = 1e-4
+
+
+#: The architecture options of folders saved before the authors' architecture became the default.
+EARLIER_DESCRIPTOR_ARCHITECTURE = {"final_layer_norm": True, "freeze_patch_embeddings": False,
+                                   "head_batch_norm": "joint", "sync_batch_norm": False, "layer_norm_eps": 1e-6}
+EARLIER_MATCHER_ARCHITECTURE = {"keep_image_cls_tokens": False, "segment_embeddings": True,
+                                "classifier_layer_norm": False, "patch_token_layer_norm": False, "layer_norm_eps": 1e-6}
+
+
+def _architecture_field(kwargs: dict, value, authors, before):
+    """Value of an architecture option added with the authors' architecture.
+
+    An explicit ``value`` wins. Otherwise a new configuration gets the authors' form
+    (``authors``), and a configuration read from a folder saved before the option existed (its
+    ``config.json`` has ``transformers_version`` but not the option) gets ``before``, the form it
+    was trained with, so such folders keep giving the same outputs.
+    """
+    if value is not None:
+        return value
+    return before if "transformers_version" in kwargs else authors
 
 
 def _check(condition: bool, key: str, value, requirement: str) -> None:
@@ -59,11 +90,17 @@ class CopyNCEViTConfig(PretrainedConfig):
         hidden_dropout_prob: dropout after attention and MLP.
         attention_probs_dropout_prob: dropout on attention weights.
         initializer_range: std of the truncated-normal initialisation of new weights.
-        layer_norm_eps: LayerNorm epsilon (1e-6 as in DINO).
+        layer_norm_eps: LayerNorm epsilon (1e-6 as in DINO for the bare backbone; the descriptor and
+            the matcher default to the authors' 1e-4).
         image_size: square input side in pixels; a multiple of ``patch_size``.
         patch_size: side of a patch in pixels (16).
         num_channels: input channels (3).
         qkv_bias: bias in the query/key/value projection.
+        final_layer_norm: the backbone's output goes through a final LayerNorm (DINO, the matcher's
+            fusion output); the authors' descriptor has none (their ``VisionTransformer`` with
+            ``last_norm=False``), so its head and CopyNCE read the last block's raw output.
+        freeze_patch_embeddings: the patch embedding takes no gradient (the authors' ``freeze_patch``,
+            on for their descriptor, off for their matcher).
 
     The attention backend is chosen as for ``transformers`` models, with
     ``from_pretrained(..., attn_implementation="sdpa" | "eager")`` (default "sdpa").
@@ -86,8 +123,12 @@ class CopyNCEViTConfig(PretrainedConfig):
         patch_size: int = 16,
         num_channels: int = 3,
         qkv_bias: bool = True,
+        final_layer_norm: bool = True,
+        freeze_patch_embeddings: bool = False,
         **kwargs,
     ):
+        self.final_layer_norm = final_layer_norm
+        self.freeze_patch_embeddings = freeze_patch_embeddings
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
@@ -121,6 +162,8 @@ class CopyNCEViTConfig(PretrainedConfig):
         _check(isinstance(self.initializer_range, (int, float)) and self.initializer_range > 0,
                "initializer_range", self.initializer_range, "must be > 0")
         _check(isinstance(self.hidden_act, str), "hidden_act", self.hidden_act, "must be an activation name")
+        for key in ("qkv_bias", "final_layer_norm", "freeze_patch_embeddings"):
+            _check(isinstance(getattr(self, key), bool), key, getattr(self, key), "must be true or false")
 
     @property
     def grid_size(self) -> int:
@@ -148,7 +191,10 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
     """Configuration of :class:`CopyNCEDescriptorModel` (paper supplementary, "Model Arch").
 
     ViT encoder, then a head on the CLS token: linear (no bias) to ``descriptor_dim``, batch
-    norm, L2 normalisation. Training loss (paper "Overall Objective" and "Implementation
+    norm, L2 normalisation. The defaults build the authors' descriptor (their
+    ``descriptor_default_config.yaml``): no final LayerNorm, LayerNorm epsilon 1e-4, batch norm
+    run on the queries and the references separately (synchronised over processes), frozen patch
+    embedding. Folders saved before these options existed keep the form they were trained with. Training loss (paper "Overall Objective" and "Implementation
     details"): ``infonce_weight * InfoNCE + koleo_weight * KoLeo + copynce_weight * CopyNCE``.
 
     Args (besides the ViT ones of ``ViTConfig``):
@@ -171,6 +217,12 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         koleo_scope: "per_view" (KoLeo of the local queries and of the local references, averaged)
             or "all_embeddings" (the authors' code: over the 2N descriptors of all processes, each
             one's partner excluded from its neighbours), see :func:`copynce_hf.losses.paired_koleo_loss`.
+        head_batch_norm: "per_side" (the authors: the head's batch norm normalises the queries and
+            the references of a training batch in two passes) or "joint" (one pass over both).
+        sync_batch_norm: training on several GPUs synchronises the head's batch-norm statistics
+            over the processes (the authors' ``SyncBatchNorm``).
+        final_layer_norm, freeze_patch_embeddings: see :class:`CopyNCEViTConfig` (False and True
+            for the authors' descriptor).
     """
 
     model_type = "copynce-descriptor"
@@ -189,8 +241,19 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         koleo_weight: float = 5.0,
         infonce_negatives: str = "cross_view",
         koleo_scope: str = "per_view",
+        head_batch_norm: str | None = None,
+        sync_batch_norm: bool | None = None,
+        final_layer_norm: bool | None = None,
+        freeze_patch_embeddings: bool | None = None,
         **kwargs,
     ):
+        before = EARLIER_DESCRIPTOR_ARCHITECTURE
+        self.head_batch_norm = _architecture_field(kwargs, head_batch_norm, "per_side", before["head_batch_norm"])
+        self.sync_batch_norm = _architecture_field(kwargs, sync_batch_norm, True, before["sync_batch_norm"])
+        kwargs["final_layer_norm"] = _architecture_field(kwargs, final_layer_norm, False, before["final_layer_norm"])
+        kwargs["freeze_patch_embeddings"] = _architecture_field(kwargs, freeze_patch_embeddings, True,
+                                                                before["freeze_patch_embeddings"])
+        kwargs.setdefault("layer_norm_eps", AUTHORS_LAYER_NORM_EPS)
         self.descriptor_dim = descriptor_dim
         self.infonce_negatives = infonce_negatives
         self.koleo_scope = koleo_scope
@@ -217,6 +280,9 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         _check(infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", infonce_negatives,
                f"must be one of {INFONCE_NEGATIVES}")
         _check(koleo_scope in KOLEO_SCOPES, "koleo_scope", koleo_scope, f"must be one of {KOLEO_SCOPES}")
+        _check(self.head_batch_norm in HEAD_BATCH_NORMS, "head_batch_norm", self.head_batch_norm,
+               f"must be one of {HEAD_BATCH_NORMS}")
+        _check(isinstance(self.sync_batch_norm, bool), "sync_batch_norm", self.sync_batch_norm, "must be true or false")
 
     @property
     def copynce_block_index(self) -> int:
@@ -229,8 +295,10 @@ class CopyNCEMatcherConfig(CopyNCEViTConfig):
 
     The first ``num_hidden_layers - num_fusion_layers`` blocks encode query and reference
     separately (shared weights); the last ``num_fusion_layers`` blocks fuse
-    ``[CLS; query patches; reference patches]``; a linear head on the fused CLS gives one copy
-    logit. Training loss: ``bce_weight * BCE + copynce_weight * CopyNCE`` on the fused patch
+    ``[CLS; query CLS; query patches; reference CLS; reference patches]`` (the authors' form;
+    without the per-image CLS tokens and with segment embeddings in folders saved before these
+    options existed); a linear head on the fused CLS gives one copy logit. The defaults build
+    the authors' matcher (their ``matching_default_config.yaml``). Training loss: ``bce_weight * BCE + copynce_weight * CopyNCE`` on the fused patch
     tokens of positive pairs.
 
     Args (besides the ViT ones of ``ViTConfig``):
@@ -242,6 +310,15 @@ class CopyNCEMatcherConfig(CopyNCEViTConfig):
         copynce_average: "overlap_pairs" or "all_pairs" (the authors' code: negatives count too),
             see :func:`copynce_hf.losses.copynce_loss`.
         bce_weight: weight of the binary cross-entropy (1).
+        keep_image_cls_tokens: each image's CLS token from the encoder stays in the fused sequence
+            (the authors) instead of being dropped.
+        segment_embeddings: a learnable embedding per image is added to its tokens before fusion
+            (not in the authors' matcher).
+        classifier_layer_norm: the fused CLS goes through one more LayerNorm before the
+            classifier (the authors' ``cls_head.norm``).
+        patch_token_layer_norm: the fused patch tokens go through one more LayerNorm before
+            CopyNCE reads them (the authors' ``fusion_head.norm``).
+        freeze_patch_embeddings: see :class:`CopyNCEViTConfig` (False for the authors' matcher).
     """
 
     model_type = "copynce-matcher"
@@ -255,8 +332,21 @@ class CopyNCEMatcherConfig(CopyNCEViTConfig):
         copynce_weighting: str = "paper",
         copynce_average: str = "overlap_pairs",
         bce_weight: float = 1.0,
+        keep_image_cls_tokens: bool | None = None,
+        segment_embeddings: bool | None = None,
+        classifier_layer_norm: bool | None = None,
+        patch_token_layer_norm: bool | None = None,
         **kwargs,
     ):
+        before = EARLIER_MATCHER_ARCHITECTURE
+        self.keep_image_cls_tokens = _architecture_field(kwargs, keep_image_cls_tokens, True,
+                                                         before["keep_image_cls_tokens"])
+        self.segment_embeddings = _architecture_field(kwargs, segment_embeddings, False, before["segment_embeddings"])
+        self.classifier_layer_norm = _architecture_field(kwargs, classifier_layer_norm, True,
+                                                         before["classifier_layer_norm"])
+        self.patch_token_layer_norm = _architecture_field(kwargs, patch_token_layer_norm, True,
+                                                          before["patch_token_layer_norm"])
+        kwargs.setdefault("layer_norm_eps", AUTHORS_LAYER_NORM_EPS)
         self.num_fusion_layers = num_fusion_layers
         self.copynce_temperature = copynce_temperature
         self.copynce_weight = copynce_weight
@@ -270,6 +360,10 @@ class CopyNCEMatcherConfig(CopyNCEViTConfig):
                f"must be <= num_hidden_layers={self.num_hidden_layers}")
         self._validate_copynce()
         _check_non_negative("bce_weight", bce_weight)
+        for key in ("keep_image_cls_tokens", "segment_embeddings", "classifier_layer_norm", "patch_token_layer_norm"):
+            _check(isinstance(getattr(self, key), bool), key, getattr(self, key), "must be true or false")
+        _check(self.final_layer_norm, "final_layer_norm", self.final_layer_norm,
+               "must be true for the matcher (its fused tokens end with the backbone's final LayerNorm)")
 
     @property
     def num_encoder_layers(self) -> int:

@@ -213,6 +213,9 @@ def load_dino_weights(model, backbone: dict, source: str = "state dict") -> Dino
             positions = interpolate_position_embeddings(positions, (grid, grid))
             backbone = {**backbone, "embeddings.position_embeddings": positions}
             report.interpolated = (source_grid, grid)
+    if not getattr(model.config, "final_layer_norm", True):
+        # The authors' descriptor has no final LayerNorm: DINO's is left out, as their loader does.
+        backbone = {key: value for key, value in backbone.items() if not key.startswith("norm.")}
     own = vit.state_dict()
     for key in sorted(set(backbone) & set(own)):
         if own[key].shape != backbone[key].shape:
@@ -243,6 +246,10 @@ def build_from_dino(model_class, source, config=None, strict: bool = False, chec
             architecture = {key: source_config[key] for key in VIT_CONFIG_KEYS if key in source_config}
         else:
             architecture = infer_vit_config(backbone)
+        if model_class.config_class.model_type != "copynce-vit":
+            # The authors build their descriptor and matcher around DINO's weights with their own
+            # LayerNorm epsilon (1e-4), the config's default; the bare backbone keeps DINO's.
+            architecture.pop("layer_norm_eps", None)
         config = model_class.config_class(**{**architecture, **overrides})
     elif overrides:
         config = model_class.config_class(**{**config.to_dict(), **overrides})

@@ -9,9 +9,14 @@ Paper: "CopyNCE" (ICCV 2025), supplementary "More about Model Arch":
   descriptor; loss ``InfoNCE + KoLeo`` (baseline) ``+ w_NCE * CopyNCE`` on the last layer's
   patch tokens;
 * matcher: the first ``num_hidden_layers - num_fusion_layers`` backbone blocks encode query
-  and reference with shared weights; the remaining blocks fuse ``[CLS; query patches;
-  reference patches]``; a linear head on the fused CLS gives a copy logit; loss ``BCE + w_NCE
-  * CopyNCE`` on the fused patch tokens of positive pairs.
+  and reference with shared weights; the remaining blocks fuse ``[CLS; query CLS; query patches;
+  reference CLS; reference patches]``; a linear head on the fused CLS gives a copy logit; loss
+  ``BCE + w_NCE * CopyNCE`` on the fused patch tokens of positive pairs.
+
+The configuration options of :mod:`.configuration_copynce` select between the authors' released
+architecture (the default for new models: no final LayerNorm in the descriptor, extra LayerNorms
+before the matcher's classifier and CopyNCE, per-image CLS tokens kept in the fused sequence,
+batch norm per side) and the form of folders saved before these options existed.
 
 Attention runs through ``transformers``' attention interface: "sdpa" (default) or "eager",
 chosen with ``attn_implementation=``; ``output_attentions=True`` computes that forward with
@@ -245,7 +250,8 @@ class CopyNCELayer(GradientCheckpointingLayer):
 class CopyNCEDescriptorHead(nn.Module):
     """Descriptor head on the CLS token: linear (no bias) -> BatchNorm1d -> L2 normalisation.
 
-    In eval mode batch norm uses its running statistics, so any batch size (also 1) works.
+    In eval mode batch norm uses its running statistics, so any batch size (also 1) works; in
+    training mode a call needs at least two rows (the batch statistics of one row are undefined).
     """
 
     def __init__(self, config):
@@ -255,6 +261,12 @@ class CopyNCEDescriptorHead(nn.Module):
 
     def forward(self, cls_tokens: torch.Tensor) -> torch.Tensor:
         """(B, C) -> (B, D), unit L2 norm."""
+        if self.training and cls_tokens.shape[0] < 2:
+            raise CopyNCEError(
+                "the descriptor head's batch norm needs at least 2 rows per call in training mode; with "
+                "head_batch_norm='per_side' each side of a batch of copy pairs is one call, so train on "
+                ">= 2 pairs per batch (or per process)"
+            )
         return F.normalize(self.batch_norm(self.projection(cls_tokens)), dim=-1)
 
 
@@ -267,7 +279,8 @@ class CopyNCEDescriptorOutput(ModelOutput):
             CopyNCE``, when ``reference_pixel_values`` is given.
         descriptors: (B, D) unit-norm descriptors of ``pixel_values``.
         patch_tokens: (B, L, C) patch tokens of the layer CopyNCE supervises (``copynce_layer``).
-        last_hidden_state: (B, 1 + L, C) output of the final LayerNorm (CLS first).
+        last_hidden_state: (B, 1 + L, C) output of the backbone (after the final LayerNorm when
+            ``final_layer_norm``; CLS first).
         reference_descriptors: (B, D) for ``reference_pixel_values``.
         reference_patch_tokens: (B, Lr, C) for ``reference_pixel_values``.
         infonce_loss, koleo_loss, copynce_loss: the unweighted parts of ``loss`` (CopyNCE only
@@ -299,13 +312,15 @@ class CopyNCEMatcherOutput(ModelOutput):
         loss: scalar, ``bce_weight * BCE + copynce_weight * CopyNCE`` (BCE when ``labels`` are
             given, CopyNCE when the overlap priors are given and ``copynce_weight > 0``).
         logits: (B,) copy logits; ``sigmoid(logits)`` is the copy probability.
-        query_patch_tokens: (B, Lq, C) fused query patch tokens (after the final LayerNorm).
+        query_patch_tokens: (B, Lq, C) fused query patch tokens (after the final LayerNorm and
+            ``patch_token_norm``), the tokens CopyNCE reads.
         reference_patch_tokens: (B, Lr, C) fused reference patch tokens.
         bce_loss, copynce_loss: the unweighted parts of ``loss``.
         hidden_states: with ``output_hidden_states``, the fusion input and each fusion block's
-            output, each (B, 1 + Lq + Lr, C).
+            output, each (B, N, C) with ``N = 1 + Lq + Lr`` (``3 + Lq + Lr`` with the per-image
+            CLS tokens kept).
         attentions: with ``output_attentions``, each fusion block's attention weights, each
-            (B, heads, 1 + Lq + Lr, 1 + Lq + Lr).
+            (B, heads, N, N).
         encoder_hidden_states, encoder_attentions: the same for the per-image encoder blocks,
             run on the queries and the references stacked along the batch (2B, 1 + L, C) when
             both have one size (queries first); otherwise the query pass's entries followed by
@@ -435,6 +450,19 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
         return build_from_dino(cls, source, config=config, strict=strict, checkpoint_key=checkpoint_key,
                                **overrides)
 
+    def with_synced_batch_norm(self, num_processes: int, device_type: str) -> CopyNCEPreTrainedModel:
+        """This model with ``nn.SyncBatchNorm`` in place of its batch norms when ``config.sync_batch_norm``
+        asks for it and training runs in several GPU processes (the authors convert their model so
+        under DDP); otherwise the model unchanged. PyTorch synchronises batch norm on GPUs only, so
+        several CPU processes keep per-process statistics (logged as a warning)."""
+        if not getattr(self.config, "sync_batch_norm", False) or num_processes < 2:
+            return self
+        if device_type == "cpu":
+            logger.warning("sync_batch_norm: SyncBatchNorm runs on GPUs only; the %d CPU processes keep "
+                           "per-process batch-norm statistics", num_processes)
+            return self
+        return nn.SyncBatchNorm.convert_sync_batchnorm(self)
+
     def set_image_size(self, image_size: int) -> None:
         """Change the configured input size, interpolating the position embeddings (e.g. 224 -> 336)."""
         if image_size % self.config.patch_size:
@@ -448,7 +476,8 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
 
 
 class CopyNCEViTModel(CopyNCEPreTrainedModel):
-    """The ViT backbone: embeddings, ``num_hidden_layers`` blocks and the final LayerNorm.
+    """The ViT backbone: embeddings, ``num_hidden_layers`` blocks and the final LayerNorm (an
+    identity when ``config.final_layer_norm`` is False).
 
     ``model(pixel_values).last_hidden_state`` is (B, 1 + L, C) (CLS first, ``L = (H / p) * (W /
     p)`` patches in row-major order) and ``pooler_output`` the (B, C) CLS token. The descriptor
@@ -460,8 +489,12 @@ class CopyNCEViTModel(CopyNCEPreTrainedModel):
         super().__init__(config)
         self.embeddings = CopyNCEEmbeddings(config)
         self.blocks = nn.ModuleList([CopyNCELayer(config) for _ in range(config.num_hidden_layers)])
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # The authors' descriptor has no final LayerNorm (``final_layer_norm=False``): no parameters.
+        self.norm = (nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+                     if getattr(config, "final_layer_norm", True) else nn.Identity())
         self.post_init()
+        if getattr(config, "freeze_patch_embeddings", False):  # the authors' ``freeze_patch``
+            self.embeddings.patch_embeddings.requires_grad_(False)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.patch_embeddings
@@ -540,9 +573,10 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
       overlap priors ``overlap_qr`` (B, Lq, Lr) and ``overlap_rq`` (B, Lr, Lq), over the
       pairs selected by ``pair_mask`` (and ``labels == 1`` when labels are given).
 
-    The batch-norm head always sees the query and reference descriptors of a batch together,
-    whatever output options are asked for, so they never change the loss or the running
-    statistics.
+    In training, the batch-norm head normalises the query and the reference descriptors of a
+    batch in two passes (``head_batch_norm="per_side"``, the authors) or in one
+    (``"joint"``), whatever output options are asked for, so they never change the loss or the
+    running statistics. In eval mode it uses the running statistics and the two forms agree.
     """
 
     config_class = CopyNCEDescriptorConfig
@@ -559,8 +593,8 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
         init.constant_(self.logit_scale, float(self.config.logit_scale_init))
 
     def encode(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
-        """The per-image token pass: (B, 3, H, W) -> (B, 1 + L, C), the backbone's final-normed
-        tokens (CLS first; the descriptor is ``head`` of the CLS)."""
+        """The per-image token pass: (B, 3, H, W) -> (B, 1 + L, C), the backbone's output tokens
+        (CLS first, after the final LayerNorm if there is one; the descriptor is ``head`` of the CLS)."""
         return self.vit(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding).last_hidden_state
 
     def get_image_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None
@@ -630,12 +664,13 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
                 reference_last, reference_patch_tokens, _, _ = self._backbone(
                     reference_pixel_values, interpolate_pos_encoding, False, False
                 )
-        # The head (batch norm) sees every descriptor of the batch at once, queries then references.
-        cls_tokens = last_hidden_state[:, 0] if not pair_mode else torch.cat([last_hidden_state[:, 0],
-                                                                              reference_last[:, 0]])
-        descriptors_all = self.head(cls_tokens)
-        descriptors = descriptors_all[:batch]
-        reference_descriptors = descriptors_all[batch:] if pair_mode else None
+        if not pair_mode:
+            descriptors, reference_descriptors = self.head(last_hidden_state[:, 0]), None
+        elif self.config.head_batch_norm == "per_side":  # the authors: two batch-norm passes
+            descriptors, reference_descriptors = self.head(last_hidden_state[:, 0]), self.head(reference_last[:, 0])
+        else:  # one batch-norm pass over every descriptor of the batch, queries then references
+            descriptors_all = self.head(torch.cat([last_hidden_state[:, 0], reference_last[:, 0]]))
+            descriptors, reference_descriptors = descriptors_all[:batch], descriptors_all[batch:]
 
         loss = infonce = koleo = copynce = None
         if pair_mode:
@@ -712,14 +747,17 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
     """CopyNCE matcher: the ViT backbone split into a shared per-image encoder and fusion blocks.
 
     Query and reference each pass through the first ``num_hidden_layers - num_fusion_layers``
-    backbone blocks (shared weights; each image keeps its own CLS token there, as in the
-    pretrained ViT, and it is dropped afterwards): :meth:`encode`. The fusion sequence is
-    ``[CLS; query patches + segment_0; reference patches + segment_1]``: a learnable fusion
-    CLS token and a learnable segment embedding per image (zero at initialisation, so a
-    DINO-initialised matcher starts from the pretrained blocks' behaviour) that tells the
-    fusion blocks which image a token comes from. After the remaining blocks and the final
-    LayerNorm, ``classifier`` maps the fused CLS to one logit: :meth:`fuse`. An encoded image
-    can be fused with many others (its :meth:`encode` output may be cached).
+    backbone blocks (shared weights, each image with its own CLS token): :meth:`encode`. The
+    fusion sequence starts with a learnable fusion CLS token, then each image's tokens:
+    ``[CLS; query CLS; query patches; reference CLS; reference patches]`` in the authors' form
+    (``keep_image_cls_tokens``); folders saved before that option drop the per-image CLS tokens
+    and add a learnable segment embedding per image (``segment_embeddings``, zero at
+    initialisation) that tells the fusion blocks which image a token comes from. After the
+    remaining blocks and the final LayerNorm, ``classifier`` maps the fused CLS to one logit
+    (through one more LayerNorm, ``classifier_norm``, in the authors' form) and the fused patch
+    tokens go through ``patch_token_norm`` (the authors' second LayerNorm, an identity
+    otherwise): :meth:`fuse`. An encoded image can be fused with many others (its
+    :meth:`encode` output may be cached).
 
     Loss (paper eq. "Overall Objective" for the matcher): ``bce_weight * BCE(logits, labels) +
     copynce_weight * CopyNCE`` on the fused patch tokens, CopyNCE only over positive pairs
@@ -732,13 +770,20 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         super().__init__(config)
         self.vit = CopyNCEViTModel(config)
         self.fusion_cls_token = nn.Parameter(torch.zeros(1, 1, config.hidden_size))
-        self.segment_embeddings = nn.Parameter(torch.zeros(2, config.hidden_size))
+        if config.segment_embeddings:
+            self.segment_embeddings = nn.Parameter(torch.zeros(2, config.hidden_size))
+        self.classifier_norm = self._optional_layer_norm(config.classifier_layer_norm)
         self.classifier = nn.Linear(config.hidden_size, 1)
+        self.patch_token_norm = self._optional_layer_norm(config.patch_token_layer_norm)
         self.post_init()
+
+    def _optional_layer_norm(self, present: bool) -> nn.Module:
+        return nn.LayerNorm(self.config.hidden_size, eps=self.config.layer_norm_eps) if present else nn.Identity()
 
     def _init_extra(self) -> None:
         init.trunc_normal_(self.fusion_cls_token, mean=0.0, std=self.config.initializer_range)
-        init.zeros_(self.segment_embeddings)
+        if self.config.segment_embeddings:
+            init.zeros_(self.segment_embeddings)
 
     def _encode(self, pixel_values, interpolate_pos_encoding=None, output_attentions=False,
                 output_hidden_states=False):
@@ -748,33 +793,38 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
 
     def encode(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
         """The per-image encoder pass: (B, 3, H, W) -> (B, 1 + L, C), the output of the last
-        encoder block (CLS first, not normed); :meth:`fuse` takes its patch tokens ``[:, 1:]``."""
+        encoder block (CLS first, not normed), as :meth:`fuse` takes it."""
         return self._encode(pixel_values, interpolate_pos_encoding)[0]
 
-    def _fuse(self, query_tokens, reference_tokens, output_attentions=False, output_hidden_states=False):
-        batch, query_length = query_tokens.shape[:2]
-        sequence = torch.cat(
-            [
-                self.fusion_cls_token.expand(batch, -1, -1),
-                query_tokens + self.segment_embeddings[0],
-                reference_tokens + self.segment_embeddings[1],
-            ],
-            dim=1,
-        )
+    def _image_tokens(self, encoded: torch.Tensor, segment: int) -> torch.Tensor:
+        """An image's part of the fusion sequence from its (B, 1 + L, C) encoder output."""
+        tokens = encoded if self.config.keep_image_cls_tokens else encoded[:, 1:]
+        return tokens + self.segment_embeddings[segment] if self.config.segment_embeddings else tokens
+
+    def _fuse(self, query_encoded, reference_encoded, output_attentions=False, output_hidden_states=False):
+        batch = query_encoded.shape[0]
+        query_tokens = self._image_tokens(query_encoded, 0)
+        sequence = torch.cat([self.fusion_cls_token.expand(batch, -1, -1), query_tokens,
+                              self._image_tokens(reference_encoded, 1)], dim=1)
         sequence, states, attentions = self.vit.run_blocks(sequence, self.config.num_encoder_layers, None,
                                                            output_attentions, output_hidden_states)
         sequence = self.vit.norm(sequence)
-        logits = self.classifier(sequence[:, 0]).squeeze(-1)
-        return logits, sequence[:, 1 : 1 + query_length], sequence[:, 1 + query_length :], states, attentions
+        logits = self.classifier(self.classifier_norm(sequence[:, 0])).squeeze(-1)
+        # Patch tokens only: the fused per-image CLS tokens (when kept) are left out.
+        image_cls = 1 if self.config.keep_image_cls_tokens else 0
+        query_end = 1 + query_tokens.shape[1]
+        query_patches = self.patch_token_norm(sequence[:, 1 + image_cls : query_end])
+        reference_patches = self.patch_token_norm(sequence[:, query_end + image_cls :])
+        return logits, query_patches, reference_patches, states, attentions
 
-    def fuse(self, query_tokens: torch.Tensor, reference_tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The per-pair fusion of encoded patch tokens (B, Lq, C) and (B, Lr, C) (from :meth:`encode`,
-        without the CLS): fusion blocks, final LayerNorm and classifier.
+    def fuse(self, query_encoded: torch.Tensor, reference_encoded: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The per-pair fusion of encoded images (B, 1 + Lq, C) and (B, 1 + Lr, C), each the
+        :meth:`encode` output (CLS first): fusion blocks, final LayerNorm and classifier.
 
         Returns:
             ``(logits (B,), query_patch_tokens (B, Lq, C), reference_patch_tokens (B, Lr, C))``.
         """
-        return self._fuse(query_tokens, reference_tokens)[:3]
+        return self._fuse(query_encoded, reference_encoded)[:3]
 
     def forward(
         self,
@@ -818,9 +868,8 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
             reference_encoded, reference_states, reference_attentions = self._encode(reference_pixel_values, *options)
             encoder_states = query_states + reference_states if output_hidden_states else None
             encoder_attentions = query_attentions + reference_attentions if output_attentions else None
-        # The per-image CLS tokens of the encoder are dropped; fusion has its own CLS.
         logits, query_patch_tokens, reference_patch_tokens, states, attentions = self._fuse(
-            query_encoded[:, 1:], reference_encoded[:, 1:], output_attentions, output_hidden_states
+            query_encoded, reference_encoded, output_attentions, output_hidden_states
         )
 
         loss = bce = copynce = None
