@@ -114,15 +114,22 @@ def _architecture_rows(config, kind: str) -> list[tuple[str, str]]:
         ("Input", f"{config.image_size}x{config.image_size} RGB, {config.patch_size}x{config.patch_size} "
                   f"patches ({(config.image_size // config.patch_size) ** 2} tokens + CLS)"),
     ]
+    rows.append(("LayerNorm epsilon", _format_value(config.layer_norm_eps)))
     if kind == "descriptor":
-        rows.append(("Head", f"linear (no bias) -> batch norm -> L2 normalisation on the CLS token, "
+        final_norm = "after the final LayerNorm" if getattr(config, "final_layer_norm", True) else (
+            "the last block's output (no final LayerNorm)")
+        rows.append(("Head", f"linear (no bias) -> batch norm -> L2 normalisation on the CLS token ({final_norm}), "
                              f"{config.descriptor_dim}-d descriptor"))
     else:
         encoder = config.num_hidden_layers - config.num_fusion_layers
+        kept = getattr(config, "keep_image_cls_tokens", False)
+        sequence = ("[CLS; query CLS; query patches; reference CLS; reference patches]" if kept
+                    else "[CLS; query patches; reference patches] (with segment embeddings)")
         rows.append(("Encoder / fusion", f"enc-{encoder}-fus-{config.num_fusion_layers}: the first {encoder} "
                                          "blocks encode each image (shared weights), the last "
-                                         f"{config.num_fusion_layers} fuse [CLS; query patches; reference patches]"))
-        rows.append(("Head", "linear on the fused CLS token: one copy logit per pair"))
+                                         f"{config.num_fusion_layers} fuse {sequence}"))
+        extra_norm = " (after one more LayerNorm)" if getattr(config, "classifier_layer_norm", False) else ""
+        rows.append(("Head", f"linear on the fused CLS token{extra_norm}: one copy logit per pair"))
     return rows
 
 
