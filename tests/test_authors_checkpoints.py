@@ -289,3 +289,18 @@ def test_standins_are_installed_only_for_absent_libraries(tmp_path):
         pytest.skip(f"{real} installed here")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[:3] == ["['kornia',", "'timm',", "'torchvision']"]
+
+
+def test_oracle_rows_and_refusal_of_a_folder_that_is_not_their_code(tmp_path, capsys):
+    from copynce_hf.fidelity.oracle import Row, _loss_row, format_table
+
+    rows = [Row("a", "max abs", 0.0, 1e-5, 1.0), Row("b", "max abs", float("nan"), 1e-5, 1.0),
+            _loss_row("c", torch.tensor(0.0), torch.tensor(0.0))]
+    assert [row.holds for row in rows] == [True, False, False]  # NaN and a zero loss of theirs fail
+    assert format_table(rows).count("| NO |") == 2
+    spec = importlib.util.spec_from_file_location("check_against_authors",
+                                                  REPO_ROOT / "scripts" / "check_against_authors.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--authors-code", str(tmp_path)]) == 2
+    assert "not a checkout of eddielyc/CopyNCE" in capsys.readouterr().err

@@ -20,8 +20,8 @@ Their code imports timm, torchvision and kornia: where those are absent (a torch
 another torch cannot be imported beside this CPU torch) :mod:`.standins` provides the few names it
 takes from them. Their ``core.data`` packages are registered without running their ``__init__``
 (which import the whole training data pipeline), so only the one data file the CopyNCE loss needs
-(``mask_mapper.py``) is loaded. Their ``MaskMapper`` moves tensors with ``.cuda()``; on a machine
-without a GPU that call is the identity while their loss runs. Their InfoNCE and KoLeo gather over
+(``mask_mapper.py``) is loaded. Everything runs on the CPU: their ``MaskMapper`` moves tensors
+with ``.cuda()``, which is the identity while their loss runs. Their InfoNCE and KoLeo gather over
 ``torch.distributed``, so a one-process gloo group is started.
 """
 
@@ -198,10 +198,7 @@ def _pixel_maps(batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @contextlib.contextmanager
 def _cuda_is_identity():
-    """Their MaskMapper calls ``.cuda()``; without a GPU it leaves tensors where they are."""
-    if torch.cuda.is_available():
-        yield
-        return
+    """Their MaskMapper calls ``.cuda()``; the checks run on the CPU (GPU or not), where it leaves tensors."""
     original = torch.Tensor.cuda
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     try:
