@@ -48,7 +48,7 @@ from .standins import install_standins
 
 __all__ = ["Row", "checkpoint_layout", "format_table", "run_checks"]
 
-#: Limits of the issue: outputs within 1e-5 (max abs), losses within 1e-5 (relative).
+#: The limits: outputs within 1e-5 (max abs), losses within 1e-5 (relative).
 OUTPUT_LIMIT = 1e-5
 LOSS_LIMIT = 1e-5
 
