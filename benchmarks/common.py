@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Default folder of every benchmark output (git-ignored ``outputs/``).
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "outputs" / "benchmarks"
 
-__all__ = ["REPO_ROOT", "DEFAULT_OUTPUT_DIR", "machine_info", "command_line", "command_option", "write_json", "read_json",
+__all__ = ["REPO_ROOT", "DEFAULT_OUTPUT_DIR", "machine_info", "command_line", "write_json", "read_json",
            "limit_threads", "now"]
 
 
@@ -67,17 +67,6 @@ def command_line() -> str:
     else:
         argv = ["python"] + argv
     return shlex.join(argv)
-
-
-def command_option(command: str, name: str) -> str | None:
-    """The value of ``--name`` in a recorded shell command line (the last one wins, as argparse
-    does), or None where the command does not set it."""
-    words = shlex.split(command)
-    value = None
-    for index, word in enumerate(words[:-1]):
-        if word == f"--{name}":
-            value = words[index + 1]
-    return value
 
 
 def limit_threads(threads: int | None) -> None:

@@ -165,7 +165,7 @@ def data_section(d: dict) -> str:
                         for size, e in d["sizes"].items())
     return ("### Training data pipeline\n\n"
             f"{d['source']}; {d['split_pairs']} pairs per round, {d['rounds']} alternated rounds of fused and "
-            f"edit-by-edit rendering on the same pairs ({d['timing']}); `scripts/bench_dataloader.py` functions. "
+            f"edit-by-edit rendering on the same pairs ({d['timing']}); `benchmarks/dataloader.py` functions. "
             "Stages per pair: decode (JPEG in draft mode to the maker's max_source_side), edit (source shrink, "
             "query recipe, reference resize, tables; of which the chains' random draws, timed alone with "
             "`CopyEditor.draw`, are the same work in both paths), trace (both overlap priors), collate (uint8 batch "

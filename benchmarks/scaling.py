@@ -31,7 +31,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import command_option, read_json
+from copynce_hf.training.options import command_option
+
+from .common import read_json
 from .quality import WITHOUT_EMA_SUFFIX
 from .report import save_png
 

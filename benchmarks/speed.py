@@ -12,7 +12,7 @@ Parts (``--parts``):
   (``edit.trace`` + ``pair_overlaps``) against :mod:`benchmarks.dense_tables` (full-resolution
   tables warped at every step, scatter inverse at the reference's resolution, as the paper's
   reference code). CPU time of this process, one thread. Also the two implementations' agreement.
-* ``data``: pairs per second of the training data pipeline (``scripts/bench_dataloader.py``'s
+* ``data``: pairs per second of the training data pipeline (:mod:`benchmarks.dataloader`'s
   ``loader_throughput`` and per-stage ``compare_paths``) on the ``train`` split, at 224 and 112:
   for the training recipe and the paper's two, fused rendering against edit by edit on the same
   pairs in alternated rounds (CPU time, one thread, fastest round of each).
@@ -32,7 +32,6 @@ The results go to ``<output-dir>/speed.json`` (updated after every part).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import math
 import statistics
@@ -43,7 +42,6 @@ import numpy as np
 
 from .common import (
     DEFAULT_OUTPUT_DIR,
-    REPO_ROOT,
     command_line,
     limit_threads,
     machine_info,
@@ -159,20 +157,10 @@ def bench_pixtrace(pairs: int = 200, seed: int = 0, rounds: int = 10) -> dict:
 # ---------------------------------------------------------------------------------------------- data
 
 
-def _load_bench_dataloader():
-    path = REPO_ROOT / "scripts" / "bench_dataloader.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the data pipeline part needs it")
-    spec = importlib.util.spec_from_file_location("bench_dataloader", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def bench_data(train_folder: Path, sizes=((224, 16), (112, 8)), workers=(0, 1, 2), batch_size: int = 32,
                batches: int = 4, split_pairs: int = 32, rounds: int = 3,
                recipes=("training", "paper_descriptor", "paper_matcher")) -> dict:
-    """Pairs per second of the training data pipeline (functions of ``scripts/bench_dataloader.py``):
+    """Pairs per second of the training data pipeline (functions of :mod:`benchmarks.dataloader`):
     per query recipe, the per-stage split with fused rendering and edit by edit (same pairs, alternated
     rounds, fastest round each, one thread), then the DataLoader with 0..N workers."""
     import cv2
@@ -180,7 +168,8 @@ def bench_data(train_folder: Path, sizes=((224, 16), (112, 8)), workers=(0, 1, 2
 
     from copynce_hf.data import load_image_dataset
 
-    module = _load_bench_dataloader()
+    from . import dataloader
+
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     images = load_image_dataset(train_folder)
@@ -188,8 +177,8 @@ def bench_data(train_folder: Path, sizes=((224, 16), (112, 8)), workers=(0, 1, 2
               "rounds": rounds, "timing": "CPU time of one process, 1 torch/OpenCV thread, fastest of the "
                                          "alternated rounds", "sizes": {}}
     for size, patch in sizes:
-        split = module.compare_paths(images, size, patch, split_pairs, recipes, rounds)
-        rates = {str(w): module.loader_throughput(images, size, patch, w, batch_size, batches) for w in workers}
+        split = dataloader.compare_paths(images, size, patch, split_pairs, recipes, rounds)
+        rates = {str(w): dataloader.loader_throughput(images, size, patch, w, batch_size, batches) for w in workers}
         result["sizes"][f"{size}/{patch}"] = {"split": split, "loader_pairs_per_second": rates}
         for recipe, entry in split.items():
             logger.info("data %dx%d %s: fused %.1f pairs/s (edit %.2f ms), edit by edit %.1f pairs/s (edit %.2f ms)",

@@ -24,12 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from copynce_hf.data import ImageDecoder, build_knn_graph, load_image_dataset
-from copynce_hf.errors import ConfigError
+from copynce_hf.data.hard_negatives import build_knn_graph
+from copynce_hf.data.knn_features import extract_knn_features, load_feature_model
+from copynce_hf.data.loading import load_image_dataset
+from copynce_hf.modeling.errors import ConfigError
 
 logger = logging.getLogger("copynce_hf.build_knn")
 
@@ -52,83 +52,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_feature_model(name: str, image_size: int):
-    """``(model, processor, kind)``; ``kind`` is ``descriptors`` (CopyNCE descriptor) or ``cls``."""
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel
-
-    import copynce_hf  # noqa: F401  (registers the CopyNCE Auto classes)
-    from copynce_hf.modeling import CopyNCEDescriptorModel, CopyNCEImageProcessor
-
-    default_processor = CopyNCEImageProcessor(size={"height": image_size, "width": image_size})
-    if name.endswith((".pth", ".pt")):
-        if not Path(name).is_file():
-            raise ConfigError(f"--model {name!r}: no such DINO checkpoint file")
-        model = CopyNCEDescriptorModel.from_dino(name, image_size=image_size)
-        return model, default_processor, "cls"
-    try:
-        config = AutoConfig.from_pretrained(name)
-        model = AutoModel.from_pretrained(name, dtype=torch.float32)  # float32 features, as the evaluation's
-    except (OSError, ValueError) as error:
-        raise ConfigError(
-            f"cannot load --model {name!r}: {error.__class__.__name__}: {str(error).splitlines()[0]}. "
-            "Without network access, pass a local model folder (e.g. a ViT saved with save_pretrained) "
-            "or a DINO .pth checkpoint."
-        ) from error
-    try:
-        processor = AutoImageProcessor.from_pretrained(name)
-    except (OSError, ValueError):
-        processor = default_processor
-    kind = "descriptors" if getattr(config, "model_type", "") == "copynce-descriptor" else "cls"
-    return model, processor, kind
-
-
-class _Images(torch.utils.data.Dataset):
-    """Decoded, pre-processed images; unreadable ones yield ``None`` (counted by the decoder)."""
-
-    def __init__(self, rows, processor):
-        self.rows, self.processor, self.decoder = rows, processor, ImageDecoder()
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, index):
-        row = self.rows[index]
-        image = self.decoder(row["image"], row["image_id"])
-        if image is None:
-            return index, None
-        return index, self.processor(image, return_tensors="pt")["pixel_values"][0]
-
-
-def _collate(items):
-    good = [(i, x) for i, x in items if x is not None]
-    indices = torch.tensor([i for i, _ in good], dtype=torch.long)
-    pixels = torch.stack([x for _, x in good]) if good else None
-    return indices, pixels, len(items) - len(good)
-
-
-@torch.inference_mode()
-def extract(model, processor, kind: str, rows, batch_size: int, num_workers: int, device: str):
-    """float32 (N, D) features and bool (N,) readable mask, in the order of ``rows``."""
-    model.to(device).eval()
-    loader = torch.utils.data.DataLoader(_Images(rows, processor), batch_size=batch_size, num_workers=num_workers,
-                                         collate_fn=_collate)
-    features, valid, skipped = None, np.zeros(len(rows), dtype=bool), 0
-    for indices, pixels, bad in tqdm(loader, desc="descriptors", unit="batch"):
-        skipped += bad
-        if pixels is None:
-            continue
-        outputs = model(pixel_values=pixels.to(device))
-        vectors = outputs.descriptors if kind == "descriptors" else outputs.last_hidden_state[:, 0]
-        vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).cpu().numpy()
-        if features is None:
-            features = np.zeros((len(rows), vectors.shape[1]), dtype=np.float32)
-        features[indices.numpy()] = vectors
-        valid[indices.numpy()] = True
-    if features is None:
-        raise ConfigError("no image of the dataset could be read")
-    return features, valid, skipped
-
-
 def main(argv=None) -> Path:
     args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
@@ -138,7 +61,7 @@ def main(argv=None) -> Path:
     images = load_image_dataset(args.dataset, args.split, image_column=args.image_column, id_column=args.id_column)
     model, processor, kind = load_feature_model(args.model, args.image_size)
     started = time.perf_counter()
-    features, valid, skipped = extract(model, processor, kind, images, args.batch_size, args.num_workers, device)
+    features, valid, skipped = extract_knn_features(model, processor, kind, images, args.batch_size, args.num_workers, device)
     graph = build_knn_graph(features, images["image_id"], args.k, valid=valid)
     path = graph.save(args.output, model=args.model, features=kind, k=str(args.k))
     logger.info("k-NN graph of %d images (k=%d, %d unreadable skipped) written to %s in %.1f s",

@@ -456,11 +456,10 @@ def test_scaling_rows_count_accumulated_pairs_and_name_a_probed_warm_up(tmp_path
 
 
 def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_path):
-    """``scripts/bench_dataloader.py --config``: the paper configs' pairs per step (slots count twice),
+    """``python -m benchmarks.dataloader --config``: the paper configs' pairs per step (slots count twice),
     a step of each model type timed under bf16 autocast, and the loader/model comparison written out."""
-    from benchmarks.speed import _load_bench_dataloader
+    from benchmarks import dataloader as bench
 
-    bench = _load_bench_dataloader()
     descriptor, matcher = bench.training_config("descriptor_vits16_224.yaml"), bench.training_config("matcher_vits16_224.yaml")
     assert (descriptor.pairs_per_batch, matcher.pairs_per_batch) == (192, 32)
     tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
@@ -480,13 +479,12 @@ def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_pa
 def test_bench_dataloader_selects_large_originals_and_times_the_draws_in_both_paths(tmp_path):
     """``--min_long_side`` keeps only the larger originals; the stage split of each path carries the
     chains' draws (timed alone) and the fused / edit-by-edit ratios with and without them."""
-    from benchmarks.speed import _load_bench_dataloader
+    from benchmarks import dataloader as bench
 
-    bench = _load_bench_dataloader()
     rng = np.random.default_rng(0)
     for name, (width, height) in {"small.png": (40, 30), "wide.png": (100, 60), "tall.png": (50, 80)}.items():
         Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(tmp_path / name)
-    images, _ = bench._images(10, str(tmp_path), min_long_side=64)
+    images, _ = bench.load_originals(10, str(tmp_path), min_long_side=64)
     assert sorted(Path(row["image"]["path"]).name for row in images) == ["tall.png", "wide.png"]
     split = bench.compare_paths(images, 32, 16, 2, ("training",), rounds=1)["training"]
     for path in ("fused", "edit_by_edit"):

@@ -1,7 +1,7 @@
-"""The embedded-model export (scripts/export_embedded.py) and the demo (python -m copynce_hf.demo).
+"""The embedded-model export (copynce_hf.export, scripts/export_embedded.py) and the demo (python -m copynce_hf.demo).
 
 Tiny randomly initialised models are trained by nobody: they are saved into a temporary folder,
-exported to float16 by the export script, and the demo runs on a reduced task with them.
+exported to float16 by the export, and the demo runs on a reduced task with them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import copynce_hf  # noqa: F401  (registers the Auto classes)
 from copynce_hf.demo import DemoTaskConfig, build_demo_task, main
 from copynce_hf.demo.task import DEFAULT_DISTRACTOR_SOURCES, true_pair_overlap
 from copynce_hf.errors import ConfigError, CopyNCEError
+from copynce_hf.export import MAX_BYTES, Export, card_training_rows, export_model, training_settings
 from copynce_hf.model_code import stale_model_code
 from copynce_hf.modeling import (
     CopyNCEDescriptorConfig,
@@ -39,14 +39,12 @@ SMALL_TASK = ["--num-references", "3", "--num-distractor-sources", "1", "--copie
               "--top-k", "2"]
 
 
-@pytest.fixture(scope="module")
-def export_script():
-    spec = importlib.util.spec_from_file_location("copynce_script_export_embedded", REPO / "scripts" / "export_embedded.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being created
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def seed0_export(part: str, source: Path, target: Path) -> Export:
+    """The export of ``part`` as ``scripts/export_embedded.py`` configures it for seed 0, between other folders."""
+    if part == "matcher":
+        return Export("matcher", source, target, "matcher", "matcher-copynce-seed0", "copynce-vit-tiny112-matcher",
+                      candidates="descriptor-copynce-seed0")
+    return Export(part, source, target, "descriptor", "descriptor-copynce-seed0", "copynce-vit-tiny112-descriptor")
 
 
 @pytest.fixture(scope="module")
@@ -75,26 +73,24 @@ def trained(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def exported(export_script, trained, tmp_path_factory):
-    """The tiny models exported by the export script: {kind: (folder, ExportReport)}."""
+def exported(trained, tmp_path_factory):
+    """The tiny models exported: {kind: (folder, ExportReport)}."""
     root, _ = trained
     target = tmp_path_factory.mktemp("embedded")
-    defaults = export_script.default_exports()
     out = {}
     for kind in ("descriptor", "matcher"):
-        export = defaults[kind]
-        export.source, export.target = root / kind, target / kind
-        out[kind] = (target / kind, export_script.export_model(export, results_dir=root / "results"))
+        out[kind] = (target / kind, export_model(seed0_export(kind, root / kind, target / kind),
+                                                 results_dir=root / "results"))
     return out
 
 
 # ---------------------------------------------------------------------------------------------- export
 
 
-def test_export_writes_fp16_safetensors_within_the_size_limit(exported, export_script):
+def test_export_writes_fp16_safetensors_within_the_size_limit(exported):
     for kind, (folder, report) in exported.items():
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-        assert size == report.total_bytes <= export_script.MAX_BYTES
+        assert size == report.total_bytes <= MAX_BYTES
         assert json.loads((folder / "config.json").read_text())["dtype"] == "float16"
         with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
             dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
@@ -140,24 +136,22 @@ def test_export_card_carries_benchmark_numbers_and_research_licence(exported):
     assert "model-index" not in (exported["matcher"][0] / "README.md").read_text()
 
 
-def test_export_refuses_an_oversized_folder_and_leaves_no_target(export_script, trained, tmp_path):
+def test_export_refuses_an_oversized_folder_and_leaves_no_target(trained, tmp_path):
     root, _ = trained
-    export = export_script.default_exports()["descriptor"]
-    export.source, export.target = root / "descriptor", tmp_path / "descriptor"
+    export = seed0_export("descriptor", root / "descriptor", tmp_path / "descriptor")
     with pytest.raises(CopyNCEError, match="above the limit"):
-        export_script.export_model(export, results_dir=root / "results", max_bytes=10_000)
+        export_model(export, results_dir=root / "results", max_bytes=10_000)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_export_refuses_the_wrong_kind_and_missing_runs(export_script, trained, tmp_path):
+def test_export_refuses_the_wrong_kind_and_missing_runs(trained, tmp_path):
     root, _ = trained
-    export = export_script.default_exports()["descriptor"]
-    export.source, export.target = root / "matcher", tmp_path / "descriptor"
+    export = seed0_export("descriptor", root / "matcher", tmp_path / "descriptor")
     with pytest.raises(ConfigError, match="holds a matcher"):
-        export_script.export_model(export, results_dir=root / "results")
+        export_model(export, results_dir=root / "results")
     export.source = tmp_path / "not-trained-yet"
     with pytest.raises(ConfigError, match="no config.json"):
-        export_script.export_model(export, results_dir=root / "results")
+        export_model(export, results_dir=root / "results")
 
 
 # ---------------------------------------------------------------------------------------------- task
@@ -241,34 +235,33 @@ def test_demo_without_models_fails_with_a_clear_message(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_exporting_an_exported_folder_keeps_its_training_rows(export_script, exported, tmp_path):
+def test_exporting_an_exported_folder_keeps_its_training_rows(exported, tmp_path):
     """Re-exporting a shipped folder (e.g. the matcher, to score it on a new descriptor's candidates)
     carries the training rows of its card, since the run folder itself may be gone."""
-    export = export_script.default_exports()["matcher"]
-    export.source, export.target = exported["descriptor"][0], tmp_path / "again"
+    export = seed0_export("matcher", exported["descriptor"][0], tmp_path / "again")
     export.kind, export.candidates = "descriptor", None
-    export_script.export_model(export, results_dir=tmp_path / "no-results")
+    export_model(export, results_dir=tmp_path / "no-results")
     card = (tmp_path / "again" / "README.md").read_text()
     assert "| optimiser steps | 123 |" in card and "| mixed precision | bf16 |" in card
     assert card.count("| export |") == 1
-    assert export_script.card_training_rows(tmp_path / "no-card-here") == {}
+    assert card_training_rows(tmp_path / "no-card-here") == {}
 
 
-def test_export_cards_say_whether_a_run_s_weights_are_its_moving_average(export_script, tmp_path):
+def test_export_cards_say_whether_a_run_s_weights_are_its_moving_average(tmp_path):
     """A run trained with ``ema_decay`` saves the average as its folder and the trained weights in
     ``without_ema/``: either exports with the run's training rows and a row naming its weights."""
     run = tmp_path / "descriptor-copynce-seed0"
     (run / "without_ema").mkdir(parents=True)
     (run / "training_summary.json").write_text(json.dumps({"steps": 77, "ema_decay": 0.998}))
     (run / "run.json").write_text(json.dumps({"command": "python scripts/train.py --ema_decay 0.998"}))
-    averaged, trained = export_script.training_settings(run), export_script.training_settings(run / "without_ema")
+    averaged, trained = training_settings(run), training_settings(run / "without_ema")
     assert averaged["optimiser steps"] == trained["optimiser steps"] == 77
     assert averaged["weights"] == "the moving average of the trained weights (decay 0.998)"
     assert trained["weights"].startswith("the trained weights")
     assert averaged["benchmark run"] == trained["benchmark run"] == f"{tmp_path.parent.name}/descriptor-copynce-seed0"
 
 
-def test_export_cards_name_the_model_a_continued_run_started_from(export_script, tmp_path):
+def test_export_cards_name_the_model_a_continued_run_started_from(tmp_path):
     """A run started from a saved model (``model_name_or_path``) names it, with the budget its card gave,
     so the card's steps are not read as the model's whole training; a DINO start is named too."""
     start = tmp_path / "earlier"
@@ -278,10 +271,24 @@ def test_export_cards_name_the_model_a_continued_run_started_from(export_script,
     run = tmp_path / "continued"
     run.mkdir()
     (run / "training_summary.json").write_text(json.dumps({"steps": 1600, "model_name_or_path": str(start)}))
-    settings = export_script.training_settings(run)
+    settings = training_settings(run)
     assert settings["optimiser steps"] == 1600
     assert settings["started from"] == (f"`{start}` as saved before this run (3600 optimiser steps, 6.2 min "
                                         "training wall time)")
     (run / "training_summary.json").write_text(json.dumps({"steps": 5, "init_from_dino": "dino.pth"}))
-    settings = export_script.training_settings(run)
+    settings = training_settings(run)
     assert settings["initialised from"] == "`dino.pth`" and "started from" not in settings
+
+
+def test_the_export_script_parses_and_calls_the_export(trained, tmp_path):
+    """``scripts/export_embedded.py`` only parses its options and calls :func:`copynce_hf.export.export_model`."""
+    import runpy
+
+    script = runpy.run_path(str(REPO / "scripts" / "export_embedded.py"))
+    root, _ = trained
+    reports = script["main"](["--parts", "descriptor", "--descriptor", str(root / "descriptor"),
+                              "--descriptor-out", str(tmp_path / "d"), "--results-dir", str(root / "results")])
+    assert [(report.kind, report.target) for report in reports] == [("descriptor", tmp_path / "d")]
+    card = (tmp_path / "d" / "README.md").read_text()
+    assert "copynce-vit-tiny112-descriptor" in card and "0.4321" in card
+    assert script["default_exports"]()["matcher"].target == REPO / "copynce_hf" / "pretrained" / "matcher"

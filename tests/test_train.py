@@ -22,6 +22,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from copynce_hf import CopyNCEMatcherModel
+from copynce_hf.data.knn_features import load_feature_model
 from copynce_hf.errors import ConfigError
 from copynce_hf.training import TrainingConfig, load_config, parse_overrides
 
@@ -416,7 +417,7 @@ def test_build_knn_computes_float32_features_from_a_float16_folder(tmp_path):
     vit = tmp_path / "vit16"
     ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                        image_size=32, patch_size=16), add_pooling_layer=False).half().save_pretrained(vit)
-    model, _, kind = _load_script("build_knn").load_feature_model(str(vit), 32)
+    model, _, kind = load_feature_model(str(vit), 32)
     assert kind == "cls" and {p.dtype for p in model.parameters()} == {torch.float32}
 
 
@@ -424,9 +425,8 @@ def test_build_knn_default_model_offline_is_a_clear_error(monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    knn = _load_script("build_knn")
     with pytest.raises(ConfigError, match="local model folder"):
-        knn.load_feature_model("facebook/dino-vits16", 224)
+        load_feature_model("facebook/dino-vits16", 224)
 
 
 def test_streaming_training_run(train_script, tmp_path, images):

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from .config import CONFIG_DIR, DEFAULT_CONFIG, TrainingConfig, load_config, parse_value
 
-__all__ = ["build_parser", "parse_args", "parse_overrides", "resolve_config_path"]
+__all__ = ["build_parser", "command_option", "parse_args", "parse_overrides", "resolve_config_path"]
 
 _USAGE_EXAMPLES = """\
 examples:
@@ -144,3 +145,14 @@ def parse_args(argv: list[str]) -> TrainingConfig:
     """The checked configuration of a command line: ``--config`` (default :data:`DEFAULT_CONFIG`) and overrides."""
     config, overrides = _parse(argv)
     return load_config(DEFAULT_CONFIG if config is None else resolve_config_path(config), overrides)
+
+
+def command_option(command: str, name: str) -> str | None:
+    """The value of ``--name`` in a recorded training command line (``run.json`` of ``python -m
+    benchmarks.training``; the last one wins, as argparse does), or None where the command does not set it."""
+    words = shlex.split(command)
+    value = None
+    for index, word in enumerate(words[:-1]):
+        if word == f"--{name}":
+            value = words[index + 1]
+    return value
