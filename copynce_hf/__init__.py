@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 
 from . import _registration
-from .errors import ConfigError, CopyNCEError, EditParameterError, ImageLoadError, TableError
+from .modeling.errors import ConfigError, CopyNCEError, EditParameterError, ImageLoadError, TableError
 
 __version__ = "0.1.0.dev0"
 

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from .errors import CopyNCEError
 from .modeling import (
     CopyNCEDescriptorConfig,
     CopyNCEDescriptorModel,
@@ -37,6 +36,7 @@ from .modeling import (
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
 )
+from .modeling.errors import CopyNCEError
 
 __all__ = [
     "AUTHORS_REPOSITORY",
@@ -70,9 +70,9 @@ MODEL_TYPES = ("descriptor", "matcher")
 #: The authors' loss settings (their ``*_default_config.yaml`` and loss code), kept in the converted
 #: configuration so that fine-tuning a converted model trains as they did.
 _AUTHORS_OBJECTIVE = {
-    "descriptor": {"copynce_weighting": "reference", "copynce_average": "all_pairs",
+    "descriptor": {"copynce_weighting": "authors_code", "copynce_average": "all_pairs",
                    "infonce_negatives": "all_embeddings", "koleo_scope": "all_embeddings"},
-    "matcher": {"copynce_weighting": "reference", "copynce_average": "all_pairs"},
+    "matcher": {"copynce_weighting": "authors_code", "copynce_average": "all_pairs"},
 }
 
 _BLOCK_PART = r"(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.(weight|bias)"

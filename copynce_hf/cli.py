@@ -35,8 +35,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import __version__
-from .errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
+from .modeling.errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
 from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
@@ -277,7 +277,11 @@ METRIC_NAMES = ("micro_ap", "recall_at_p90", "threshold_at_p90", "recall_at_rank
 
 
 def cmd_evaluate(args) -> int:
-    from .metrics.core import copy_detection_metrics, precision_recall_curve, read_ground_truth_csv
+    from .metrics.copy_detection.formulas import (
+        copy_detection_metrics,
+        precision_recall_curve,
+        read_ground_truth_csv,
+    )
     from .metrics.plots import save_pr_curves
     from .retrieval import read_predictions
 
@@ -339,7 +343,7 @@ def _model_names(paths: list[str | None]) -> list[str]:
 def cmd_detect(args) -> int:
     import time
 
-    from .metrics.core import copy_detection_metrics, read_ground_truth_csv
+    from .metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
     from .retrieval import Descriptor, DetectConfig, detect, write_predictions
     from .retrieval.gallery import write_gallery
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
-from .errors import ConfigError, CopyNCEError
+from .modeling.errors import ConfigError, CopyNCEError
 
 __all__ = [
     "CITATION",
@@ -371,8 +371,10 @@ def save_for_hub(
         card = build_model_card(model, model_id=model_id or folder.resolve().name)
     validate_model_card(card)
     if image_processor is not None:
-        from .pipelines import ImageCopyDetectionPipeline
+        from .modeling.pipeline_copynce import ImageCopyDetectionPipeline
+        from .pipelines import register_pipeline
 
+        register_pipeline()
         ImageCopyDetectionPipeline(model=model, image_processor=image_processor).save_pretrained(folder)
     else:
         model.save_pretrained(folder)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
-from .errors import ImageLoadError
+from .modeling.errors import ImageLoadError
 from .modeling.rgb_conversion import pil_to_rgb as to_rgb  # the image processor's own conversion
 
 #: Default size limit in pixels (268 megapixels, 16384 x 16384): above every camera photograph

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import ConfigError
+from .modeling.errors import ConfigError
 
 __all__ = [
     "MODEL_CODE_DIR",

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import CopyNCEError
+from .modeling.errors import CopyNCEError
 
 
 class OutputPathError(CopyNCEError):

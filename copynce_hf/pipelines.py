@@ -13,7 +13,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 
 from .modeling.pipeline_copynce import TASK, ImageCopyDetectionPipeline
 
-__all__ = ["TASK", "ImageCopyDetectionPipeline", "register_pipeline"]
+__all__ = ["register_pipeline"]
 
 
 def register_pipeline() -> None:

@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from copynce_hf.data import ASSET_IMAGES
-from copynce_hf.errors import CopyNCEError
 from copynce_hf.fidelity.oracle import format_table, run_checks
+from copynce_hf.modeling.errors import CopyNCEError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from copynce_hf.cli import add_convert_original_arguments, cmd_convert_original
-from copynce_hf.errors import CopyNCEError
+from copynce_hf.modeling.errors import CopyNCEError
 
 
 def main(argv: list[str] | None = None) -> int:

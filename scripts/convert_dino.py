@@ -19,8 +19,8 @@ import argparse
 import json
 import sys
 
-from copynce_hf.errors import ConfigError, CopyNCEError
 from copynce_hf.modeling import CopyNCEDescriptorModel, CopyNCEImageProcessor, CopyNCEMatcherModel
+from copynce_hf.modeling.errors import ConfigError, CopyNCEError
 
 MODEL_CLASSES = {"descriptor": CopyNCEDescriptorModel, "matcher": CopyNCEMatcherModel}
 

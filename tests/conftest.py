@@ -87,9 +87,21 @@ def ramp() -> Image.Image:
     return ramp_image()
 
 
-#: ViT hyper-parameters of the tiny random models the retrieval, CLI and pipeline tests save.
+#: The tiny ViT every test builds its models from (the only place the tests' model sizes are written):
+#: 2 blocks of width 32 on 32x32 inputs in 16-pixel patches (the retrieval, CLI, pipeline and hub tests).
 TINY_VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                 image_size=32, patch_size=16)
+#: The same with 3 blocks: a matcher of 2 encoder blocks and 1 fusion block, an intermediate layer to supervise
+#: (the backbone, modelling, DINO and custom-code tests).
+TINY_VIT_3_BLOCKS = {**TINY_VIT, "num_hidden_layers": 3}
+#: The same with 8-pixel patches, a 4x4 patch grid (the exported models of the demo tests).
+TINY_VIT_8_PIXEL_PATCHES = {**TINY_VIT, "patch_size": 8}
+
+
+def tiny_model_options(**overrides) -> list[str]:
+    """``--model.<key> <value>`` training options of :data:`TINY_VIT` (its patch size is the configs' own)."""
+    values = {key: value for key, value in TINY_VIT.items() if key != "patch_size"} | overrides
+    return [word for key, value in values.items() for word in (f"--model.{key}", str(value))]
 
 
 def tiny_models(seed: int):

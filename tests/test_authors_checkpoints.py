@@ -101,7 +101,7 @@ def test_synthetic_checkpoint_converts_every_tensor(kind, converted):
     config = model.config
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.image_size,
             config.patch_size, config.layer_norm_eps) == (384, 12, 6, 224, 16, 1e-4)
-    assert config.copynce_weighting == "reference" and config.copynce_average == "all_pairs"
+    assert config.copynce_weighting == "authors_code" and config.copynce_average == "all_pairs"
     ours = model.state_dict()
     assert len(ours) == len(state)  # one of ours for each of theirs, nothing dropped
     pairs = {"encoder.blocks.5.attn.qkv.weight": "vit.blocks.5.attn.qkv.weight",

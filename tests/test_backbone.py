@@ -1,4 +1,4 @@
-"""The ViT backbone and the heads around it: attention backends, output options, legacy checkpoints.
+"""The ViT backbone and the heads around it: attention backends, output options.
 
 Tiny configs; every model is built or saved in a temporary folder and loaded back the way a
 ``transformers`` user loads it (``from_pretrained`` with ``attn_implementation=``, ``AutoModel``).
@@ -6,11 +6,9 @@ Tiny configs; every model is built or saved in a temporary folder and loaded bac
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import TINY_VIT_3_BLOCKS
 from transformers import AutoConfig, AutoModel
 
 from copynce_hf import (
@@ -22,8 +20,7 @@ from copynce_hf import (
     CopyNCEViTModel,
 )
 
-TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, image_size=32,
-            patch_size=16)
+TINY = TINY_VIT_3_BLOCKS
 LENGTH = 4  # patches per 32 x 32 image
 
 
@@ -175,52 +172,15 @@ def test_backbone_is_an_auto_model_held_under_base_model_prefix(tmp_path):
         output = backbone(pixels)
         torch.testing.assert_close(output.last_hidden_state, descriptor(pixels).last_hidden_state, atol=0, rtol=0)
         torch.testing.assert_close(output.pooler_output, output.last_hidden_state[:, 0])
-        # One encode signature: (pixel_values, interpolate_pos_encoding) -> (B, 1 + L, C).
+        # The backbone's final tokens and the matcher's per-image tokens: (pixel_values, interpolate_pos_encoding) -> (B, 1 + L, C).
         torch.testing.assert_close(descriptor.encode(pixels), output.last_hidden_state)
-        assert matcher.encode(pixels).shape == (3, 1 + LENGTH, 32)
+        assert matcher.pre_fusion_tokens(pixels).shape == (3, 1 + LENGTH, 32)
         # The matcher's per-image encoder pass and per-pair fusion reproduce its forward.
         references = pair_batch()["reference_pixel_values"]
-        logits, query_tokens, reference_tokens = matcher.fuse(matcher.encode(pixels), matcher.encode(references))
+        logits, query_tokens, reference_tokens = matcher.fuse(matcher.pre_fusion_tokens(pixels),
+                                                                matcher.pre_fusion_tokens(references))
         full = matcher(pixels, references)
     torch.testing.assert_close(logits, full.logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(query_tokens, full.query_patch_tokens, atol=1e-6, rtol=0)
 
 
-def legacy_state_dict(model) -> dict:
-    """The keys the descriptor and matcher had before the backbone existed."""
-    config, legacy = model.config, {}
-    for key, value in model.state_dict().items():
-        if key.startswith("vit.blocks."):
-            index, rest = key[len("vit.blocks."):].split(".", 1)
-            index = int(index)
-            if isinstance(config, CopyNCEMatcherConfig):
-                encoder = index < config.num_encoder_layers
-                key = (f"encoder_blocks.{index}." if encoder else f"fusion_blocks.{index - config.num_encoder_layers}.")
-                key += rest
-            else:
-                key = f"blocks.{index}.{rest}"
-        legacy[key.removeprefix("vit.")] = value.clone().contiguous()
-    return legacy
-
-
-@pytest.mark.parametrize("kind", ["descriptor", "matcher"])
-def test_checkpoints_of_the_earlier_layout_load_and_are_saved_in_the_current_one(tmp_path, kind):
-    model = models()[kind].eval()
-    folder = tmp_path / "legacy"
-    model.config.save_pretrained(folder)
-    legacy = legacy_state_dict(model)
-    assert not any(key.startswith("vit.") for key in legacy)
-    save_file(legacy, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    batch = pair_batch()
-    inputs = {"pixel_values": batch["pixel_values"]}
-    if kind == "matcher":
-        inputs["reference_pixel_values"] = batch["reference_pixel_values"]
-    with torch.no_grad():
-        expected = main_output(kind, model(**inputs))
-    for loader in (AutoModel, type(model)):
-        loaded = loader.from_pretrained(folder).eval()
-        with torch.no_grad():
-            torch.testing.assert_close(main_output(kind, loaded(**inputs)), expected, atol=1e-6, rtol=0)
-    loaded.save_pretrained(tmp_path / "again")
-    assert set(load_file(str(tmp_path / "again" / "model.safetensors"))) == set(model.state_dict())
-    assert json.loads((tmp_path / "again" / "config.json").read_text())["model_type"] == f"copynce-{kind}"

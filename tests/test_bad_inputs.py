@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models
+from conftest import save_tiny_models, tiny_model_options
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -382,9 +382,7 @@ def test_training_summary_counts_skipped_images(tmp_path):
     try:
         summary = run_module.main([
             "--config", str(REPO / "configs" / "tiny_cpu.yaml"), "--dataset", str(folder), "--output_dir",
-            str(tmp_path / "out"), "--model.hidden_size", "32", "--model.num_hidden_layers", "1",
-            "--model.num_attention_heads", "2", "--model.intermediate_size", "32", "--model.image_size", "32",
-            "--model.descriptor_dim", "16", "--dataloader_num_workers", "0", "--num_eval_images", "4",
+            str(tmp_path / "out"), *tiny_model_options(num_hidden_layers=1, intermediate_size=32, descriptor_dim=16), "--dataloader_num_workers", "0", "--num_eval_images", "4",
             "--per_device_train_batch_size", "4", "--report_to", "none", "--max_steps", "6", "--logging_steps", "4",
             "--eval_steps", "1000"])
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import TINY_VIT
 from PIL import Image
 
 from benchmarks import dense_tables
@@ -29,8 +30,7 @@ from copynce_hf.pixtrace.edits import Resize
 from copynce_hf.retrieval import Prediction
 
 ASSETS = sorted(ASSET_IMAGES.glob("*.jpg"))
-TINY_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-              "image_size": 32, "patch_size": 16, "descriptor_dim": 16}
+TINY_MODEL = {**TINY_VIT, "descriptor_dim": 16}
 
 
 def _splits(tmp_path, references: int = 8, distractors: int = 3):
@@ -79,7 +79,7 @@ def test_minidisc_structure_and_determinism(tmp_path):
 
 
 def test_minidisc_export_lays_out_folders_for_detect(tmp_path):
-    from copynce_hf.metrics.core import read_ground_truth_csv
+    from copynce_hf.metrics.copy_detection.formulas import read_ground_truth_csv
     from copynce_hf.retrieval import ImageFolderSource
 
     task = build_minidisc(_config(tmp_path))
@@ -107,16 +107,15 @@ def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
     import benchmarks.minidisc
     import benchmarks.systems
     import copynce_hf.cli
+    import copynce_hf.demo.run
     import copynce_hf.demo.systems
-    import copynce_hf.demo.task
     from copynce_hf import evaluation
     from copynce_hf.evaluation import demo_task, minidisc, systems
 
     assert benchmarks.systems.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
     assert benchmarks.minidisc.EvaluationRecipe is minidisc.EvaluationRecipe
-    assert copynce_hf.demo.task.DemoTask is demo_task.DemoTask
-    assert copynce_hf.cli.load_model is evaluation.load_model is copynce_hf.demo.systems.load_model
-    assert not hasattr(copynce_hf.cli, "PRETRAINED_DIR")
+    assert copynce_hf.demo.run.DemoTask is demo_task.DemoTask
+    assert copynce_hf.cli.load_model is evaluation.load_model is copynce_hf.demo.run.load_model
 
 
 def test_evaluation_recipe_differs_from_training_recipe(tmp_path):
@@ -462,10 +461,8 @@ def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_pa
 
     descriptor, matcher = bench.training_config("descriptor_vits16_224.yaml"), bench.training_config("matcher_vits16_224.yaml")
     assert (descriptor.pairs_per_batch, matcher.pairs_per_batch) == (192, 32)
-    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-            "image_size": 32, "patch_size": 16}
     for config, extra in ((descriptor, {"descriptor_dim": 16}), (matcher, {"num_fusion_layers": 1})):
-        small = dataclasses.replace(config, model={**config.model, **tiny, **extra})
+        small = dataclasses.replace(config, model={**config.model, **TINY_VIT, **extra})
         assert bench.model_step_throughput(small, batch_size=4, steps=1, precision="bf16") > 0
     out = tmp_path / "bench.json"
     result = bench.main(["--config", "tiny_cpu.yaml", "--skip_split", "--workers", "0", "--batches", "1",

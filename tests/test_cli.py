@@ -133,7 +133,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
     assert {"micro_ap", "recall_at_p90", "threshold_at_p90", "recall_at_rank1", "recall_at_rank10", "mean_ap"} <= set(
         metrics["scored"]
     )
-    from copynce_hf.metrics.core import copy_detection_metrics
+    from copynce_hf.metrics.copy_detection.formulas import copy_detection_metrics
 
     for name, path in (("scored", scored), ("candidates", candidates)):
         preds = read_predictions(path)

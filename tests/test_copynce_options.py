@@ -11,8 +11,8 @@ from test_editor import textured_image
 
 from copynce_hf.data import PixTraceCollator
 from copynce_hf.data.collator import CopyPair
-from copynce_hf.errors import CopyNCEError
-from copynce_hf.losses import copynce_loss
+from copynce_hf.modeling.errors import CopyNCEError
+from copynce_hf.modeling.losses_copynce import copynce_loss
 from copynce_hf.pixtrace import replay
 from copynce_hf.pixtrace.edits import PasteIntoBox, Resize
 
@@ -101,7 +101,7 @@ def _brute_direction(logits: np.ndarray, prior: np.ndarray, gamma: float, weight
     for i in range(prior.shape[0]):
         row = prior[i].astype(np.float64)
         log_p = logits[i] - np.log(np.exp(logits[i]).sum())
-        if weighting == "reference":
+        if weighting == "authors_code":
             nowhere = 1.0 - row.sum()
             full = np.append(row, nowhere if nowhere > 1e-5 else 0.0)
             weights = np.where(full > 0, full**gamma, 0.0)
@@ -128,7 +128,7 @@ def _brute_loss(q_tokens, r_tokens, priors, labels, gamma, weighting, average, t
     return total / (len(priors) if average == "all_pairs" else count)
 
 
-@pytest.mark.parametrize("weighting", ["paper", "reference"])
+@pytest.mark.parametrize("weighting", ["paper", "authors_code"])
 @pytest.mark.parametrize("average", ["overlap_pairs", "all_pairs"])
 @pytest.mark.parametrize("reverse", ["exact", "scatter"])
 def test_copynce_option_combinations_match_brute_force(reverse, average, weighting):

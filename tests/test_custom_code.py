@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_without_copynce_hf
+from conftest import TINY_VIT_3_BLOCKS, run_without_copynce_hf
 from PIL import Image
 
 import copynce_hf
@@ -27,8 +27,7 @@ from copynce_hf import (
     CopyNCEMatcherModel,
 )
 
-TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, image_size=32,
-            patch_size=16)
+TINY = TINY_VIT_3_BLOCKS
 PACKAGE = Path(copynce_hf.__file__).resolve().parent
 
 # Loads both folders, compares with the references saved by the test, and re-saves the

@@ -25,7 +25,7 @@ from copynce_hf.data import (
     load_disc21_ground_truth,
     load_image_dataset,
 )
-from copynce_hf.errors import ConfigError
+from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.pixtrace import pair_overlaps
 
 SIZE, PATCH = 64, 16

@@ -14,14 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_VIT_8_PIXEL_PATCHES
 from PIL import Image
 from safetensors import safe_open
 from transformers import AutoModel
 
 import copynce_hf  # noqa: F401  (registers the Auto classes)
-from copynce_hf.demo import DemoTaskConfig, build_demo_task, main
-from copynce_hf.demo.task import DEFAULT_DISTRACTOR_SOURCES, true_pair_overlap
-from copynce_hf.errors import ConfigError, CopyNCEError
+from copynce_hf.demo import main
+from copynce_hf.evaluation.demo_task import (
+    DEFAULT_DISTRACTOR_SOURCES,
+    DemoTaskConfig,
+    build_demo_task,
+    true_pair_overlap,
+)
 from copynce_hf.export import MAX_BYTES, Export, card_training_rows, export_model, training_settings
 from copynce_hf.model_code import stale_model_code
 from copynce_hf.modeling import (
@@ -31,10 +36,10 @@ from copynce_hf.modeling import (
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
 )
+from copynce_hf.modeling.errors import ConfigError, CopyNCEError
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-            patch_size=8)
+TINY = TINY_VIT_8_PIXEL_PATCHES
 SMALL_TASK = ["--num-references", "3", "--num-distractor-sources", "1", "--copies", "1", "--distractor-copies", "1",
               "--top-k", "2"]
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY_VIT, tiny_models
 from PIL import Image
 
-from copynce_hf.errors import ConfigError
+from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import (
     Descriptor,
     DetectConfig,

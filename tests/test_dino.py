@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_VIT_3_BLOCKS
 from transformers import AutoModel, ViTConfig, ViTModel
 
 from copynce_hf import (
@@ -20,9 +21,8 @@ from copynce_hf import (
 from copynce_hf.modeling import interpolate_position_embeddings
 from copynce_hf.modeling.convert_dino import backbone_state_dict
 
-LAYERS = 3
-ARCHITECTURE = dict(hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=2, intermediate_size=64,
-                    image_size=32, patch_size=16, layer_norm_eps=1e-6)
+LAYERS = TINY_VIT_3_BLOCKS["num_hidden_layers"]
+ARCHITECTURE = {**TINY_VIT_3_BLOCKS, "layer_norm_eps": 1e-6}  # DINO's epsilon
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -132,7 +132,7 @@ def test_matcher_from_dino_splits_encoder_and_fusion(vit, vit_folder):
     assert len(model.vit.blocks) == 3 and model.config.num_encoder_layers == 2
     with torch.no_grad():
         hidden_states = vit(pixels(), output_hidden_states=True).hidden_states
-        torch.testing.assert_close(model.encode(pixels()), hidden_states[2], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.pre_fusion_tokens(pixels()), hidden_states[2], atol=1e-5, rtol=0)
     source = vit.state_dict()
     torch.testing.assert_close(model.vit.blocks[2].mlp.fc1.weight, source["layers.2.mlp.fc1.weight"])
     torch.testing.assert_close(model.vit.blocks[2].attn.qkv.bias, torch.cat(

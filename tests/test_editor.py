@@ -11,8 +11,8 @@ from _oracles import bilinear
 from conftest import shared_split
 from PIL import Image
 
-from copynce_hf.errors import ConfigError
 from copynce_hf.images import load_image
+from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.pixtrace import (
     CoordinateTable,
     CopyEditor,

@@ -17,7 +17,7 @@ from _oracles import nan_equal, ramp_check
 from conftest import ramp_image
 from PIL import Image
 
-from copynce_hf.errors import EditParameterError
+from copynce_hf.modeling.errors import EditParameterError
 from copynce_hf.pixtrace import CoordinateTable
 from copynce_hf.pixtrace.edits import (
     EDIT_REGISTRY,

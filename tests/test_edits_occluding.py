@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from copynce_hf.errors import EditParameterError
+from copynce_hf.modeling.errors import EditParameterError
 from copynce_hf.pixtrace import CoordinateTable
 from copynce_hf.pixtrace.edits import (
     COVERED_ALPHA,

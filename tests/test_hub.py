@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import TINY_VIT
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 from PIL import Image
@@ -22,11 +23,10 @@ from copynce_hf import (
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
 )
-from copynce_hf.errors import ConfigError, CopyNCEError
 from copynce_hf.hub import CITATION, build_model_card, push_to_hub, save_for_hub, validate_model_card
+from copynce_hf.modeling.errors import ConfigError, CopyNCEError
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-            patch_size=16, descriptor_dim=16)
+TINY = {**TINY_VIT, "descriptor_dim": 16}
 RESULTS = [
     {"dataset_name": "DISC21 dev", "dataset_type": "disc21", "dataset_split": "dev", "micro_ap": 0.705,
      "recall_at_p90": 0.636, "recall_at_rank1": 0.81},

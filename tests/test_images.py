@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from copynce_hf.errors import CopyNCEError, ImageLoadError
 from copynce_hf.images import load_image, to_rgb
+from copynce_hf.modeling.errors import CopyNCEError, ImageLoadError
 
 
 def save(image: Image.Image, path, **kwargs):

@@ -1,4 +1,4 @@
-"""Tests of copynce_hf.losses against brute-force loops written from the paper's definitions."""
+"""Tests of copynce_hf.modeling.losses_copynce against brute-force loops written from the paper's definitions."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from copynce_hf.errors import CopyNCEError
-from copynce_hf.losses import (
+from copynce_hf.modeling.errors import CopyNCEError
+from copynce_hf.modeling.losses_copynce import (
     affinity_entropy,
     copy_bce_loss,
     copynce_loss,
@@ -49,13 +49,13 @@ def _direction(za, zb, overlap, tau, gamma, weighting):
         logits = [_cos(za[i], zb[j]) / tau for j in range(zb.shape[0])]
         log_z = math.log(sum(math.exp(s) for s in logits))
         row = [float(v) for v in overlap[i]]
-        if weighting == "reference":
+        if weighting == "authors_code":
             nowhere = 1.0 - sum(row)
             columns = row + [nowhere if nowhere > 1e-5 else 0.0]
         else:
             columns = row
         if not any(v > 0 for v in row):
-            if weighting == "reference":
+            if weighting == "authors_code":
                 count += 1  # contributes zero, but counts in the mean over all patches
             continue
         any_overlap = True
@@ -109,7 +109,7 @@ def case():
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("weighting", ["paper", "reference"])
+@pytest.mark.parametrize("weighting", ["paper", "authors_code"])
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0, 3.0, INF])
 def test_copynce_matches_brute_force(case, gamma, weighting):
     q, r, oqr, orq = case
@@ -119,17 +119,17 @@ def test_copynce_matches_brute_force(case, gamma, weighting):
     assert got.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
 
 
-def test_reference_weighting_differs_from_paper_on_partly_traced_patches(case):
+def test_authors_code_weighting_differs_from_paper_on_partly_traced_patches(case):
     q, r, oqr, orq = case
     paper = copynce_loss(q, r, oqr, orq, gamma=1.0)
-    reference = copynce_loss(q, r, oqr, orq, gamma=1.0, weighting="reference")
+    authors_code = copynce_loss(q, r, oqr, orq, gamma=1.0, weighting="authors_code")
     # Partly traced rows lose their untraced share and empty rows count as zeros.
-    assert reference.item() < paper.item()
+    assert authors_code.item() < paper.item()
     # With fully traced rows and no empty rows, the nowhere column is empty and the two agree.
     full_qr = torch.eye(5, 6, dtype=torch.float64).expand(3, 5, 6).clone()
     full_rq = torch.eye(6, 5, dtype=torch.float64).expand(3, 6, 5).clone()
     full_rq[:, 5, 4] = 1.0
-    assert copynce_loss(q, r, full_qr, full_rq, weighting="reference").item() == pytest.approx(
+    assert copynce_loss(q, r, full_qr, full_rq, weighting="authors_code").item() == pytest.approx(
         copynce_loss(q, r, full_qr, full_rq).item(), rel=1e-12
     )
 
@@ -141,7 +141,7 @@ def test_copynce_gradcheck(gamma):
     r = torch.randn(2, 4, 4, generator=g, dtype=torch.float64, requires_grad=True)
     oqr = random_prior(g, 2, 3, 4, density=0.7)
     orq = random_prior(g, 2, 4, 3, density=0.7)
-    for weighting in ("paper", "reference"):
+    for weighting in ("paper", "authors_code"):
         assert torch.autograd.gradcheck(
             lambda a, b, w=weighting: copynce_loss(a, b, oqr, orq, temperature=0.5, gamma=gamma, weighting=w),
             (q, r),
@@ -154,7 +154,7 @@ def test_copynce_invariant_to_permuting_reference_patches(case):
     perm = torch.randperm(r.shape[1], generator=torch.Generator().manual_seed(3))
     assert not torch.equal(perm, torch.arange(r.shape[1]))
     for gamma in (0.0, 1.0, 3.0, INF):
-        for weighting in ("paper", "reference"):
+        for weighting in ("paper", "authors_code"):
             base = copynce_loss(q, r, oqr, orq, gamma=gamma, weighting=weighting)
             permuted = copynce_loss(q, r[:, perm], oqr[:, :, perm], orq[:, perm], gamma=gamma, weighting=weighting)
             assert permuted.item() == pytest.approx(base.item(), rel=1e-12)

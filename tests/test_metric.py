@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from copynce_hf.metrics import core
-from copynce_hf.metrics.core import (
-    COPY_DETECTION_METRIC_PATH,
+from copynce_hf.metrics import COPY_DETECTION_METRIC_PATH
+from copynce_hf.metrics.copy_detection import formulas
+from copynce_hf.metrics.copy_detection.formulas import (
     NOT_FOUND,
     copy_detection_metrics,
     precision_recall_curve,
@@ -172,7 +172,7 @@ def test_precision_never_reaching_090_gives_no_threshold():
 def test_recall_at_rank_counts_other_true_matches_and_ties_against_a_pair():
     gt = {"q": ["a", "b"], "p": ["c"], "t": ["d", "e"]}
     rows = [("q", "a", 0.9), ("q", "b", 0.8), ("q", "z", 0.8), ("p", "c", 0.5), ("p", "y", 0.5)]
-    ranks = dict(zip(core.ground_truth_pairs(gt), true_match_ranks(*_columns(rows), gt)))
+    ranks = dict(zip(formulas.ground_truth_pairs(gt), true_match_ranks(*_columns(rows), gt)))
     assert ranks == {
         ("p", "c"): 1,
         ("q", "a"): 0,

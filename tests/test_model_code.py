@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import TINY_VIT
 
-from copynce_hf.errors import ConfigError
 from copynce_hf.model_code import (
     MODEL_CODE_DIR,
     main,
@@ -21,6 +21,7 @@ from copynce_hf.model_code import (
     stale_model_code,
     sync_model_code,
 )
+from copynce_hf.modeling.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,9 +83,7 @@ def test_save_for_hub_and_save_pretrained_write_real_files(tmp_path):
     from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel, CopyNCEImageProcessor
     from copynce_hf.hub import save_for_hub
 
-    model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-        patch_size=16, descriptor_dim=16))
+    model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**TINY_VIT, descriptor_dim=16))
     save_for_hub(model, tmp_path / "hub", image_processor=CopyNCEImageProcessor(size={"height": 32, "width": 32}))
     assert stale_model_code(tmp_path / "hub") == []
     assert not any(path.is_symlink() for path in (tmp_path / "hub").iterdir())

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_VIT_3_BLOCKS
 from PIL import Image
 from transformers import AutoConfig, AutoImageProcessor, AutoModel
 
@@ -21,11 +22,10 @@ from copynce_hf import (
     CopyNCEMatcherModel,
     CopyNCEViTConfig,
 )
-from copynce_hf.losses import copy_bce_loss, copynce_loss
 from copynce_hf.modeling.configuration_copynce import EARLIER_MATCHER_ARCHITECTURE
+from copynce_hf.modeling.losses_copynce import copy_bce_loss, copynce_loss
 
-TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, image_size=32,
-            patch_size=16)
+TINY = TINY_VIT_3_BLOCKS
 GRID = 2  # 32 px / 16 px patches per side
 LENGTH = GRID * GRID
 
@@ -73,7 +73,7 @@ def test_config_defaults_are_the_papers():
     assert (config.image_size, config.patch_size, config.layer_norm_eps, config.qkv_bias) == (224, 16, 1e-4, True)
     assert config.descriptor_dim == 512
     assert (config.copynce_temperature, config.copynce_weight, config.copynce_gamma) == (1 / 16, 5, 3)
-    assert config.copynce_block_index == 11 and config.copynce_weighting == "paper"
+    assert config.copynce_layer == -1 and config.copynce_weighting == "paper"
     assert (config.logit_scale_init, config.infonce_weight, config.koleo_weight) == (3.2, 1, 5)
     matcher_config = CopyNCEMatcherConfig()
     assert (matcher_config.num_encoder_layers, matcher_config.num_fusion_layers) == (8, 4)
@@ -145,7 +145,7 @@ def test_config_round_trip_and_auto_config(tmp_path):
     config.save_pretrained(tmp_path)
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert isinstance(loaded, CopyNCEDescriptorConfig)
-    assert loaded.descriptor_dim == 256 and loaded.copynce_block_index == 1 and loaded.hidden_size == 32
+    assert loaded.descriptor_dim == 256 and loaded.copynce_layer == 2 and loaded.hidden_size == 32
 
 
 # ----------------------------------------------------------------------------- descriptor
@@ -218,6 +218,33 @@ def test_descriptor_intermediate_copynce_layer_uses_that_blocks_tokens():
     output = model(torch.randn(2, 3, 32, 32), output_hidden_states=True)
     assert len(output.hidden_states) == 1 + 3
     torch.testing.assert_close(output.patch_tokens, output.hidden_states[2][:, 1:])
+    # copynce_layer numbers layers as hidden_states does: -2 of 3 blocks is layer 2; -1 the backbone's output
+    torch.manual_seed(0)
+    counted_back = descriptor(copynce_layer=-2).eval()
+    counted_back.load_state_dict(model.state_dict())
+    pixels = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(counted_back(pixels).patch_tokens, model(pixels).patch_tokens)
+    last = descriptor(copynce_layer=-1).eval()
+    last.load_state_dict(model.state_dict())
+    torch.testing.assert_close(last(pixels).patch_tokens, last.encode(pixels)[:, 1:])
+
+
+def test_the_authors_code_weighting_is_read_under_its_earlier_name_from_saved_configs_only(tmp_path):
+    """copynce_weighting "reference" (the authors' code's form) is now "authors_code": a saved config.json
+    with the earlier value loads as the new one; a new configuration or a loss call refuses it."""
+    config = CopyNCEDescriptorConfig(**TINY, copynce_weighting="authors_code")
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "copynce_weighting": "reference"}))
+    assert AutoConfig.from_pretrained(tmp_path).copynce_weighting == "authors_code"
+    matcher_config = CopyNCEMatcherConfig.from_dict({**CopyNCEMatcherConfig(**TINY, num_fusion_layers=1).to_dict(),
+                                                     "copynce_weighting": "reference"})
+    assert matcher_config.copynce_weighting == "authors_code"
+    with pytest.raises(ConfigError, match="copynce_weighting='reference'"):
+        CopyNCEDescriptorConfig(**TINY, copynce_weighting="reference")
+    tokens = torch.randn(1, 4, 8)
+    with pytest.raises(CopyNCEError, match="weighting"):
+        copynce_loss(tokens, tokens, torch.eye(4)[None], torch.eye(4)[None], weighting="reference")
 
 
 def test_descriptor_training_steps_reduce_the_loss():

@@ -13,7 +13,7 @@ from conftest import ramp_image, requires_extra, shared_split
 from PIL import Image
 from test_editor import assert_same_result, content_scores, textured_image
 
-from copynce_hf.errors import ConfigError, EditParameterError
+from copynce_hf.modeling.errors import ConfigError, EditParameterError
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, replay
 from copynce_hf.pixtrace.edits import (
     ALBUMENTATIONS_OPS,

@@ -13,8 +13,8 @@ from transformers import pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 import copynce_hf.pipelines  # noqa: F401  (registers the task)
-from copynce_hf.errors import ConfigError
-from copynce_hf.pipelines import ImageCopyDetectionPipeline
+from copynce_hf.modeling.errors import ConfigError
+from copynce_hf.modeling.pipeline_copynce import ImageCopyDetectionPipeline
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from copynce_hf.demo import DemoRecipe
-from copynce_hf.errors import ConfigError
+from copynce_hf.evaluation.demo_task import DemoRecipe
 from copynce_hf.evaluation.minidisc import EvaluationRecipe
+from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.pixtrace import CopyRecipe
 
 

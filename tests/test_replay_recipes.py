@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from copynce_hf.data.pairs import RECIPES, CopyPairMaker
-from copynce_hf.demo.task import DemoRecipe
+from copynce_hf.evaluation.demo_task import DemoRecipe
 from copynce_hf.pixtrace import CopyEditor, CopyRecipe, replay
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import requires_extra, tiny_models
 from PIL import Image
 
-from copynce_hf.errors import ConfigError, ImageLoadError, PredictionsError
+from copynce_hf.modeling.errors import ConfigError, ImageLoadError, PredictionsError
 from copynce_hf.retrieval import (
     DatasetImageSource,
     DescriptorIndex,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from copynce_hf.errors import TableError
+from copynce_hf.modeling.errors import TableError
 from copynce_hf.pixtrace import CoordinateTable, pair_overlaps, pair_tables, patch_overlap
 
 

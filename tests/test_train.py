@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import shrunk_asset_images
+from conftest import TINY_VIT, shrunk_asset_images, tiny_model_options
 from PIL import Image
 from safetensors.torch import load_file
 
 from copynce_hf import CopyNCEMatcherModel
 from copynce_hf.data.knn_features import load_feature_model
-from copynce_hf.errors import ConfigError
+from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.training import TrainingConfig, load_config, parse_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,8 +62,7 @@ def _tiny(images, output_dir, *extra, config="tiny_cpu.yaml") -> list[str]:
     head = ["--model.descriptor_dim", "32"] if config == "tiny_cpu.yaml" else ["--model.num_fusion_layers", "1"]
     return [
         "--config", str(CONFIGS / config), "--dataset", str(images), "--output_dir", str(output_dir),
-        "--model.hidden_size", "32", "--model.num_hidden_layers", "2", "--model.num_attention_heads", "2",
-        "--model.intermediate_size", "64", "--model.image_size", "32", *head,
+        *tiny_model_options(), *head,
         "--dataloader_num_workers", "0", "--num_eval_images", "4", "--per_device_train_batch_size", "8",
         "--report_to", "none", "--logging_steps", "1", "--eval_steps", "1000", *extra,
     ]
@@ -350,7 +349,7 @@ def test_periodic_evaluation_scores_every_pair_as_the_models_do(images):
     from conftest import tiny_models
 
     from copynce_hf.data import load_image_dataset
-    from copynce_hf.metrics.core import copy_detection_metrics
+    from copynce_hf.metrics.copy_detection.formulas import copy_detection_metrics
     from copynce_hf.training import build_copy_detection_task, evaluate_copy_detection
 
     descriptor, matcher, processor = tiny_models(seed=3)
@@ -379,8 +378,7 @@ def test_build_knn_then_ghnm_training(tmp_path, images, train_script, monkeypatc
     from transformers import ViTConfig, ViTModel
 
     vit = tmp_path / "vit"
-    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                       image_size=32, patch_size=16), add_pooling_layer=False).save_pretrained(vit)
+    ViTModel(ViTConfig(**{**TINY_VIT, "num_hidden_layers": 1}), add_pooling_layer=False).save_pretrained(vit)
     knn = _load_script("build_knn")
     path = knn.main(["--dataset", str(images), "--model", str(vit), "--image_size", "32", "--k", "3",
                      "--num_workers", "0", "--output", str(tmp_path / "knn.safetensors")])
@@ -415,8 +413,7 @@ def test_build_knn_computes_float32_features_from_a_float16_folder(tmp_path):
     from transformers import ViTConfig, ViTModel
 
     vit = tmp_path / "vit16"
-    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                       image_size=32, patch_size=16), add_pooling_layer=False).half().save_pretrained(vit)
+    ViTModel(ViTConfig(**{**TINY_VIT, "num_hidden_layers": 1}), add_pooling_layer=False).half().save_pretrained(vit)
     model, _, kind = load_feature_model(str(vit), 32)
     assert kind == "cls" and {p.dtype for p in model.parameters()} == {torch.float32}
 

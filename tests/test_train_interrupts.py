@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import shrunk_asset_images
+from conftest import shrunk_asset_images, tiny_model_options
 from safetensors.torch import load_file
 
 from copynce_hf.training.checkpoints import CHECKPOINT_MARKER
@@ -32,8 +32,7 @@ def images(tmp_path_factory):
 def _options(images, output, *extra) -> list[str]:
     return [
         "--config", str(REPO / "configs" / "tiny_cpu.yaml"), "--dataset", str(images), "--output_dir", str(output),
-        "--model.hidden_size", "32", "--model.num_hidden_layers", "2", "--model.num_attention_heads", "2",
-        "--model.intermediate_size", "64", "--model.image_size", "32", "--model.descriptor_dim", "32",
+        *tiny_model_options(descriptor_dim=32),
         "--dataloader_num_workers", "0", "--num_eval_images", "0", "--per_device_train_batch_size", "4",
         "--report_to", "none", "--logging_steps", "1", "--max_steps", "8", "--warmup_steps", "2",
         "--checkpointing_steps", "2", "--checkpoints_total_limit", "10", *extra,

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from ..pixtrace import CoordinateTable, pair_overlaps
 from ..pixtrace.overlap import REVERSE_PRIORS
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 
 __all__ = ["KNNGraph", "PairKey", "CopyPairBatchSampler", "build_knn_graph"]
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from ..errors import ConfigError, ImageLoadError
 from ..images import load_image
+from ..modeling.errors import ConfigError, ImageLoadError
 
 logger = logging.getLogger(__name__)
 

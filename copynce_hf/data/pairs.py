@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from ..pixtrace import CoordinateTable
 from .collator import CopyPair
 from .hard_negatives import KNNGraph, PairKey

@@ -1,6 +1,7 @@
 """The demo: copy detection on the bundled sample images, run with ``python -m copynce_hf.demo`` (``make demo``).
 
-* :mod:`.task`: the task (references, edited copies, distractors) made from ``copynce_hf/assets/images``;
+* the task (references, edited copies, distractors) made from ``copynce_hf/assets/images`` is
+  :mod:`copynce_hf.evaluation.demo_task` (one evaluation engine for the demo and the benchmarks);
 * :mod:`.systems`: PDQ / pHash, the CopyNCE descriptor, the matcher re-scoring its candidates;
 * :mod:`.figures`, :mod:`.report`: the PixTrace overlap figure and the HTML report;
 * :mod:`.run`: the command (:func:`run_demo`, :func:`main`).
@@ -10,16 +11,10 @@ otherwise, needs no network and no data, and never trains anything.
 """
 
 from .run import DEFAULT_OUTPUT, DemoOutcome, format_table, main, run_demo
-from .task import DemoQuery, DemoRecipe, DemoTask, DemoTaskConfig, build_demo_task
 
 __all__ = [
     "DEFAULT_OUTPUT",
     "DemoOutcome",
-    "DemoQuery",
-    "DemoRecipe",
-    "DemoTask",
-    "DemoTaskConfig",
-    "build_demo_task",
     "format_table",
     "main",
     "run_demo",

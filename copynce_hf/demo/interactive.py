@@ -13,7 +13,7 @@ only lays them out (and tests call them without a browser):
   and a seed, and the PixTrace overlap prior between copy and original (paper, "PixTrace
   Pipeline" and "CopyNCE Loss", q-hat) drawn over both.
 
-Bad input raises :class:`~copynce_hf.errors.CopyNCEError` subclasses whose message is written
+Bad input raises :class:`~copynce_hf.modeling.errors.CopyNCEError` subclasses whose message is written
 for the page: which file, what is wrong, what the limit is.
 """
 
@@ -30,9 +30,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import ConfigError, ImageLoadError
+from ..evaluation.demo_task import BUNDLED_IMAGES, DemoRecipe, input_overlap, probe_patch
 from ..evaluation.models import load_model
 from ..images import load_image
+from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyEditor, CopyRecipe, CopyResult
 from ..retrieval import (
     IMAGE_EXTENSIONS,
@@ -48,7 +49,6 @@ from ..retrieval import (
     search_references,
 )
 from .figures import figure_image, overlap_figure
-from .task import BUNDLED_IMAGES, DemoRecipe, input_overlap, probe_patch
 
 __all__ = [
     "COPY_PRESETS",

@@ -27,10 +27,18 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..errors import CopyNCEError
-from ..evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
+from ..evaluation.demo_task import (
+    DemoTask,
+    DemoTaskConfig,
+    build_demo_task,
+    probe_patch,
+    traced_patches,
+    true_pair_overlap,
+)
+from ..evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, load_model
 from ..images import load_image
 from ..metrics.plots import save_pr_curves
+from ..modeling.errors import CopyNCEError
 from ..retrieval import affinity_maps, save_affinity_figures
 from .figures import save_overlap_figure, save_thumbnail
 from .report import MatchView, QueryView, SystemRow, write_report
@@ -39,12 +47,10 @@ from .systems import (
     SystemResult,
     descriptor_predictions,
     hash_predictions,
-    load_model,
     matcher_predictions,
     score_system,
     timed,
 )
-from .task import DemoTask, DemoTaskConfig, build_demo_task, probe_patch, traced_patches, true_pair_overlap
 
 __all__ = ["DEFAULT_OUTPUT", "DemoOutcome", "build_parser", "format_table", "main", "run_demo"]
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from ..evaluation.demo_task import DemoTask
-from ..evaluation.models import load_model
 from ..evaluation.systems import (
     DescriptorSystem,
     HashSystem,
@@ -35,7 +34,6 @@ __all__ = [
     "SystemResult",
     "descriptor_predictions",
     "hash_predictions",
-    "load_model",
     "matcher_predictions",
     "score_system",
     "timed",

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..errors import ConfigError
 from ..images import load_image
+from ..modeling.errors import ConfigError
 from ..pixtrace import CoordinateTable, CopyRecipe, pair_overlaps
 from ..retrieval.sources import ImageListSource
 

@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..errors import ConfigError, ImageLoadError
 from ..images import load_image
+from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.sources import ImageListSource
 
-__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc"]
+__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "build_minidisc"]
 
 
 #: The mini-DISC query recipe: the preset :meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`.

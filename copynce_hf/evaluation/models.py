@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 
 #: Embedded model folders (float16 safetensors, see ``copynce_hf/pretrained/README.md``), the defaults everywhere.
 PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"

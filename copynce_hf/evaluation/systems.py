@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import ConfigError
-from ..metrics.core import copy_detection_metrics, precision_recall_curve
+from ..metrics.copy_detection.formulas import copy_detection_metrics, precision_recall_curve
+from ..modeling.errors import ConfigError
 from ..retrieval import (
     Descriptor,
     DescriptorIndex,
@@ -83,7 +83,7 @@ def score_predictions(predictions: Sequence[Prediction], ground_truth: dict[str,
     """The project's copy-detection metrics and PR curve of a set of predictions (P pairs).
 
     Returns:
-        ``(metrics, curve)``: the dict of :func:`copynce_hf.metrics.core.copy_detection_metrics`
+        ``(metrics, curve)``: the dict of :func:`copynce_hf.metrics.copy_detection.formulas.copy_detection_metrics`
         and ``{"precision": [...], "recall": [...], "thresholds": [...]}`` (P points, rank order).
     """
     query_ids = [p.query_id for p in predictions]

@@ -41,8 +41,8 @@ import torch
 from PIL import Image
 
 from ..authors_checkpoints import convert_authors_checkpoint
-from ..errors import CopyNCEError
 from ..modeling import CopyNCEDescriptorModel, CopyNCEImageProcessor, CopyNCEMatcherModel
+from ..modeling.errors import CopyNCEError
 from ..pixtrace import CoordinateTable, patch_overlap
 from .standins import install_standins
 

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .core import micro_average_precision
+from .copy_detection.formulas import micro_average_precision
 
 __all__ = ["save_pr_curves"]
 
@@ -46,7 +46,7 @@ def save_pr_curves(
 
     Args:
         curves: system name -> ``(precision, recall)`` (or ``(precision, recall, thresholds)``,
-            as returned by :func:`copynce_hf.metrics.core.precision_recall_curve`), each array of
+            as returned by :func:`copynce_hf.metrics.copy_detection.formulas.precision_recall_curve`), each array of
             shape (P,) in rank order. A system with no prediction (P = 0) is listed in the
             legend without a line.
         path: output PNG path; missing parent folders are created.

@@ -7,7 +7,7 @@ only, so ``save_pretrained`` copies exactly what a model needs (``configuration_
 copynce_hf is not installed.
 
 Names are imported on first access (``copynce_hf.modeling.CopyNCEDescriptorModel``), so that
-``copynce_hf.errors`` and the command line start without ``torch``. :func:`register_auto_classes`
+``copynce_hf.modeling.errors`` and the command line start without ``torch``. :func:`register_auto_classes`
 registers the classes with ``AutoConfig``, ``AutoModel`` and ``AutoImageProcessor`` (model types
 ``copynce-vit``, ``copynce-descriptor`` and ``copynce-matcher``); ``import copynce_hf`` has it
 run as soon as ``transformers``' Auto classes are imported.
@@ -39,10 +39,10 @@ _SOURCES = {
     "CopyNCEViTConfig": "configuration_copynce",
     "CopyNCEImageProcessor": "image_processing_copynce",
     "DinoLoadReport": "convert_dino",
+    "interpolate_position_embeddings": "convert_dino",
     **{name: "modeling_copynce" for name in ("CopyNCEDescriptorModel", "CopyNCEDescriptorOutput",
                                               "CopyNCEMatcherModel", "CopyNCEMatcherOutput",
-                                              "CopyNCEPreTrainedModel", "CopyNCEViTModel",
-                                              "interpolate_position_embeddings")},
+                                              "CopyNCEPreTrainedModel", "CopyNCEViTModel")},
 }
 
 _registered = False

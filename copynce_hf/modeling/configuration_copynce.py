@@ -26,11 +26,14 @@ __all__ = [
     "CopyNCEViTConfig",
 ]
 
-COPYNCE_WEIGHTINGS = ("paper", "reference")
-#: InfoNCE negatives (``copynce_hf.losses.info_nce_loss``) and KoLeo scopes of the descriptor.
+COPYNCE_WEIGHTINGS = ("paper", "authors_code")
+#: Option values renamed since folders were saved, {option: {earlier value: current value}}; read from a saved
+#: ``config.json`` only (a new configuration refuses the earlier value).
+RENAMED_VALUES = {"copynce_weighting": {"reference": "authors_code"}}
+#: InfoNCE negatives (``copynce_hf.modeling.losses_copynce.info_nce_loss``) and KoLeo scopes of the descriptor.
 INFONCE_NEGATIVES = ("cross_view", "all_embeddings")
 KOLEO_SCOPES = ("per_view", "all_embeddings")
-#: Pairs CopyNCE's batch loss is averaged over (``copynce_hf.losses.copynce_loss``).
+#: Pairs CopyNCE's batch loss is averaged over (``copynce_hf.modeling.losses_copynce.copynce_loss``).
 COPYNCE_AVERAGES = ("overlap_pairs", "all_pairs")
 #: How the descriptor head's batch norm sees a training batch of copy pairs.
 HEAD_BATCH_NORMS = ("joint", "per_side")
@@ -57,6 +60,14 @@ def _architecture_field(kwargs: dict, value, authors, before):
     if value is not None:
         return value
     return before if "transformers_version" in kwargs else authors
+
+
+def _saved_value(kwargs: dict, key: str, value):
+    """``value``, or its current name when the configuration is read from a folder saved with an earlier one
+    (its ``config.json`` has ``transformers_version``, as in :func:`_architecture_field`)."""
+    if "transformers_version" in kwargs:
+        return RENAMED_VALUES.get(key, {}).get(value, value)
+    return value
 
 
 def _check(condition: bool, key: str, value, requirement: str) -> None:
@@ -202,10 +213,12 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         copynce_temperature: CopyNCE ``tau`` (1/16).
         copynce_weight: ``w_NCE`` (5 for the descriptor; 0 trains the InfoNCE + KoLeo baseline).
         copynce_gamma: confidence sharpening ``gamma`` of the prior (3 for the descriptor).
-        copynce_layer: block whose patch tokens CopyNCE supervises, 1-based or negative from
-            the end; -1 (the last block, after the final LayerNorm) as in the paper.
-        copynce_weighting: "paper" (the paper's equations) or "reference" (the authors' code),
-            see :func:`copynce_hf.losses.copynce_loss`.
+        copynce_layer: the layer whose patch tokens CopyNCE supervises, numbered as ``hidden_states``
+            (1 = the first block's output, ``num_hidden_layers`` or -1 = the backbone's output, after its
+            final LayerNorm if it has one; negative from the end); -1 as in the paper.
+        copynce_weighting: "paper" (the paper's equations) or "authors_code" (the authors' code's form;
+            "reference" in folders saved before the rename),
+            see :func:`copynce_hf.modeling.losses_copynce.copynce_loss`.
         copynce_average: "overlap_pairs" (the batch loss is the mean over the copy pairs with
             overlap) or "all_pairs" (the authors' code: their sum over all pairs of the batch).
         logit_scale_init: initial value of InfoNCE's learnable log-scale (3.2, i.e. scale 24.5).
@@ -216,7 +229,7 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         koleo_weight: weight of KoLeo (5).
         koleo_scope: "per_view" (KoLeo of the local queries and of the local references, averaged)
             or "all_embeddings" (the authors' code: over the 2N descriptors of all processes, each
-            one's partner excluded from its neighbours), see :func:`copynce_hf.losses.paired_koleo_loss`.
+            one's partner excluded from its neighbours), see :func:`copynce_hf.modeling.losses_copynce.paired_koleo_loss`.
         head_batch_norm: "per_side" (the authors: the head's batch norm normalises the queries and
             the references of a training batch in two passes) or "joint" (one pass over both).
         sync_batch_norm: training on several GPUs synchronises the head's batch-norm statistics
@@ -261,7 +274,7 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         self.copynce_weight = copynce_weight
         self.copynce_gamma = copynce_gamma
         self.copynce_layer = copynce_layer
-        self.copynce_weighting = copynce_weighting
+        self.copynce_weighting = _saved_value(kwargs, "copynce_weighting", copynce_weighting)
         self.copynce_average = copynce_average
         self.logit_scale_init = logit_scale_init
         self.infonce_weight = infonce_weight
@@ -284,11 +297,6 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
                f"must be one of {HEAD_BATCH_NORMS}")
         _check(isinstance(self.sync_batch_norm, bool), "sync_batch_norm", self.sync_batch_norm, "must be true or false")
 
-    @property
-    def copynce_block_index(self) -> int:
-        """0-based index of the block whose output CopyNCE uses."""
-        return self.copynce_layer - 1 if self.copynce_layer > 0 else self.num_hidden_layers + self.copynce_layer
-
 
 class CopyNCEMatcherConfig(CopyNCEViTConfig):
     """Configuration of :class:`CopyNCEMatcherModel` (paper supplementary, "Model Arch").
@@ -306,9 +314,9 @@ class CopyNCEMatcherConfig(CopyNCEViTConfig):
         copynce_temperature: CopyNCE ``tau`` (1/16).
         copynce_weight: ``w_NCE`` (3 for the matcher; 0 trains the BCE baseline).
         copynce_gamma: ``gamma`` (1 for the matcher).
-        copynce_weighting: "paper" or "reference", see :func:`copynce_hf.losses.copynce_loss`.
+        copynce_weighting: "paper" or "authors_code", see :func:`copynce_hf.modeling.losses_copynce.copynce_loss`.
         copynce_average: "overlap_pairs" or "all_pairs" (the authors' code: negatives count too),
-            see :func:`copynce_hf.losses.copynce_loss`.
+            see :func:`copynce_hf.modeling.losses_copynce.copynce_loss`.
         bce_weight: weight of the binary cross-entropy (1).
         keep_image_cls_tokens: each image's CLS token from the encoder stays in the fused sequence
             (the authors) instead of being dropped.
@@ -351,7 +359,7 @@ class CopyNCEMatcherConfig(CopyNCEViTConfig):
         self.copynce_temperature = copynce_temperature
         self.copynce_weight = copynce_weight
         self.copynce_gamma = copynce_gamma
-        self.copynce_weighting = copynce_weighting
+        self.copynce_weighting = _saved_value(kwargs, "copynce_weighting", copynce_weighting)
         self.copynce_average = copynce_average
         self.bce_weight = bce_weight
         super().__init__(**kwargs)

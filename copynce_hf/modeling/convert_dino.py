@@ -15,7 +15,9 @@ loading DINO weights is a renaming, plus fusing ``q``/``k``/``v`` for a ``transf
 The descriptor's backbone takes every block; the matcher's encoder the first
 ``num_hidden_layers - num_fusion_layers`` blocks and its fusion the last ones (they are one
 block list), and its fusion CLS token starts as DINO's CLS token plus its position
-embedding. Position embeddings are interpolated when the target ``image_size`` differs.
+embedding. Position embeddings are interpolated when the target ``image_size`` differs
+(:func:`interpolate_position_embeddings`, DINO's bicubic resizing, which the model's embeddings also
+use for inputs of another size).
 Every key that is missing, unused or newly initialised is reported, never dropped silently.
 """
 
@@ -29,14 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers.utils import logging
 
 from .errors import CopyNCEError
-from .modeling_copynce import interpolate_position_embeddings
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["DinoLoadReport", "backbone_state_dict", "build_from_dino", "read_dino_source"]
+__all__ = ["DinoLoadReport", "backbone_state_dict", "build_from_dino", "interpolate_position_embeddings",
+           "read_dino_source"]
 
 #: ViTConfig keys carried over from a transformers checkpoint's configuration.
 VIT_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -62,6 +65,36 @@ _VIT_BLOCK = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _QKV = {"attention.q_proj": 0, "attention.k_proj": 1, "attention.v_proj": 2}
 _BACKBONE_KEYS = {"embeddings.cls_token", "embeddings.position_embeddings", "norm.weight", "norm.bias",
                   "embeddings.patch_embeddings.projection.weight", "embeddings.patch_embeddings.projection.bias"}
+
+
+def interpolate_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Resize ViT position embeddings to another patch grid (bicubic over the grid, as DINO does; used
+    when DINO weights meet another input size and by the embeddings of an input of another size).
+
+    Args:
+        position_embeddings: (1, 1 + N, C), the CLS position first, then a square grid of
+            ``N = n * n`` patch positions in row-major order.
+        grid: target (rows, columns) of patches.
+
+    Returns:
+        (1, 1 + rows * columns, C); the input itself when the grid is unchanged. The CLS
+        position is kept as is.
+    """
+    num_positions = position_embeddings.shape[1] - 1
+    side = int(round(math.sqrt(num_positions)))
+    if side * side != num_positions:
+        raise CopyNCEError(f"position embeddings of {num_positions} patches are not a square grid")
+    rows, columns = grid
+    if (rows, columns) == (side, side):
+        return position_embeddings
+    cls_position, patch_positions = position_embeddings[:, :1], position_embeddings[:, 1:]
+    dim = position_embeddings.shape[-1]
+    patch_positions = patch_positions.reshape(1, side, side, dim).permute(0, 3, 1, 2)
+    patch_positions = F.interpolate(
+        patch_positions.float(), size=(rows, columns), mode="bicubic", align_corners=False
+    ).to(position_embeddings.dtype)
+    patch_positions = patch_positions.permute(0, 2, 3, 1).reshape(1, rows * columns, dim)
+    return torch.cat([cls_position, patch_positions], dim=1)
 
 
 @dataclass

@@ -35,22 +35,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
+from transformers import initialization as init  # leaves weights loaded from a checkpoint untouched
 from transformers.activations import ACT2FN
-from transformers.core_model_loading import WeightRenaming
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import ModelOutput, logging
 
 from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig, CopyNCEViTConfig
+from .convert_dino import build_from_dino, interpolate_position_embeddings
 from .errors import CopyNCEError
 from .losses_copynce import copy_bce_loss, copynce_loss, info_nce_loss, koleo_loss, paired_koleo_loss
-
-try:  # transformers >= 5: initialisers that leave weights loaded from a checkpoint untouched
-    from transformers import initialization as init
-except ImportError:  # older transformers
-    from torch.nn import init
 
 logger = logging.get_logger(__name__)
 
@@ -61,37 +57,7 @@ __all__ = [
     "CopyNCEMatcherOutput",
     "CopyNCEPreTrainedModel",
     "CopyNCEViTModel",
-    "interpolate_position_embeddings",
 ]
-
-
-def interpolate_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Resize ViT position embeddings to another patch grid (bicubic over the grid, as DINO).
-
-    Args:
-        position_embeddings: (1, 1 + N, C), the CLS position first, then a square grid of
-            ``N = n * n`` patch positions in row-major order.
-        grid: target (rows, columns) of patches.
-
-    Returns:
-        (1, 1 + rows * columns, C); the input itself when the grid is unchanged. The CLS
-        position is kept as is.
-    """
-    num_positions = position_embeddings.shape[1] - 1
-    side = int(round(math.sqrt(num_positions)))
-    if side * side != num_positions:
-        raise CopyNCEError(f"position embeddings of {num_positions} patches are not a square grid")
-    rows, columns = grid
-    if (rows, columns) == (side, side):
-        return position_embeddings
-    cls_position, patch_positions = position_embeddings[:, :1], position_embeddings[:, 1:]
-    dim = position_embeddings.shape[-1]
-    patch_positions = patch_positions.reshape(1, side, side, dim).permute(0, 3, 1, 2)
-    patch_positions = F.interpolate(
-        patch_positions.float(), size=(rows, columns), mode="bicubic", align_corners=False
-    ).to(position_embeddings.dtype)
-    patch_positions = patch_positions.permute(0, 2, 3, 1).reshape(1, rows * columns, dim)
-    return torch.cat([cls_position, patch_positions], dim=1)
 
 
 class CopyNCEPatchEmbeddings(nn.Module):
@@ -339,28 +305,8 @@ class CopyNCEMatcherOutput(ModelOutput):
     encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def legacy_key_mapping(config) -> dict[str, str]:
-    """Regex renamings from the checkpoints written before the backbone existed to today's keys.
-
-    Those checkpoints held the ViT directly in the head model: ``embeddings.*``, ``blocks.N.*``
-    and ``norm.*`` (descriptor), ``encoder_blocks.i.*`` and ``fusion_blocks.j.*`` (matcher).
-    They now live in the backbone under ``vit.``, the matcher's fusion blocks after its
-    ``num_encoder_layers`` encoder blocks. ``from_pretrained`` applies this mapping, so such
-    folders keep loading (and are saved again in the current layout).
-    """
-    mapping = {r"^embeddings\.": "vit.embeddings.", r"^blocks\.": "vit.blocks.", r"^norm\.": "vit.norm."}
-    if isinstance(config, CopyNCEMatcherConfig):
-        mapping[r"^encoder_blocks\.(\d+)\."] = r"vit.blocks.\1."
-        for index in range(config.num_fusion_layers):
-            mapping[rf"^fusion_blocks\.{index}\."] = f"vit.blocks.{config.num_encoder_layers + index}."
-    return mapping
-
-
-_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "trust_remote_code")
-
-
 class CopyNCEPreTrainedModel(PreTrainedModel):
-    """Weight initialisation, attention backends, legacy checkpoints and DINO initialisation."""
+    """Weight initialisation, attention backends and DINO initialisation."""
 
     config_class = CopyNCEViTConfig
     base_model_prefix = "vit"
@@ -401,29 +347,6 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
                 bool(config.return_dict if return_dict is None else return_dict))
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """``PreTrainedModel.from_pretrained``, also reading checkpoints of the earlier layout.
-
-        Unless ``key_mapping`` is given, :func:`legacy_key_mapping` renames the keys of a
-        checkpoint written before the backbone existed; a current checkpoint matches none of
-        its patterns. The renaming is then forgotten, so ``save_pretrained`` writes the current
-        layout.
-        """
-        if "key_mapping" not in kwargs and issubclass(cls.config_class, (CopyNCEDescriptorConfig, CopyNCEMatcherConfig)):
-            config = kwargs.get("config")
-            if not isinstance(config, PretrainedConfig):
-                hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
-                config = cls.config_class.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
-            legacy = legacy_key_mapping(config)
-            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, key_mapping=legacy, **kwargs)
-            conversions = [conversion for conversion in getattr(model, "_weight_conversions", None) or []
-                           if not (isinstance(conversion, WeightRenaming) and conversion.source_patterns
-                                   and conversion.source_patterns[0] in legacy)]
-            model._weight_conversions = conversions or None
-            return model
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-
-    @classmethod
     def from_dino(cls, source, config=None, strict: bool = False, checkpoint_key: str = "teacher", **overrides):
         """Build this model with its backbone initialised from DINO weights.
 
@@ -445,8 +368,6 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
             The model; its ``dino_load_report`` attribute lists the loaded, missing,
             unexpected and newly initialised keys (also logged).
         """
-        from .convert_dino import build_from_dino
-
         return build_from_dino(cls, source, config=config, strict=strict, checkpoint_key=checkpoint_key,
                                **overrides)
 
@@ -593,8 +514,8 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
         init.constant_(self.logit_scale, float(self.config.logit_scale_init))
 
     def encode(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
-        """The per-image token pass: (B, 3, H, W) -> (B, 1 + L, C), the backbone's output tokens
-        (CLS first, after the final LayerNorm if there is one; the descriptor is ``head`` of the CLS)."""
+        """The backbone's final output tokens: (B, 3, H, W) -> (B, 1 + L, C) (CLS first, after the final
+        LayerNorm if there is one; the descriptor is ``head`` of the CLS)."""
         return self.vit(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding).last_hidden_state
 
     def get_image_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None
@@ -604,12 +525,12 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
 
     def _backbone(self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states):
         """``(last_hidden_state, copynce patch tokens (B, L, C), states, attentions)`` of one backbone pass."""
-        block = self.config.copynce_block_index
-        intermediate = block != self.config.num_hidden_layers - 1
+        layer = self.config.copynce_layer  # a hidden_states index: 1..N, or negative from the end
+        intermediate = layer not in (-1, self.config.num_hidden_layers)
         output = self.vit(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding,
                           output_attentions=output_attentions,
                           output_hidden_states=output_hidden_states or intermediate, return_dict=True)
-        tokens = (output.hidden_states[block + 1] if intermediate else output.last_hidden_state)[:, 1:]
+        tokens = (output.hidden_states[layer] if intermediate else output.last_hidden_state)[:, 1:]
         return output.last_hidden_state, tokens, output.hidden_states if output_hidden_states else None, output.attentions
 
     def forward(
@@ -747,7 +668,7 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
     """CopyNCE matcher: the ViT backbone split into a shared per-image encoder and fusion blocks.
 
     Query and reference each pass through the first ``num_hidden_layers - num_fusion_layers``
-    backbone blocks (shared weights, each image with its own CLS token): :meth:`encode`. The
+    backbone blocks (shared weights, each image with its own CLS token): :meth:`pre_fusion_tokens`. The
     fusion sequence starts with a learnable fusion CLS token, then each image's tokens:
     ``[CLS; query CLS; query patches; reference CLS; reference patches]`` in the authors' form
     (``keep_image_cls_tokens``); folders saved before that option drop the per-image CLS tokens
@@ -757,7 +678,7 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
     (through one more LayerNorm, ``classifier_norm``, in the authors' form) and the fused patch
     tokens go through ``patch_token_norm`` (the authors' second LayerNorm, an identity
     otherwise): :meth:`fuse`. An encoded image can be fused with many others (its
-    :meth:`encode` output may be cached).
+    :meth:`pre_fusion_tokens` may be cached).
 
     Loss (paper eq. "Overall Objective" for the matcher): ``bce_weight * BCE(logits, labels) +
     copynce_weight * CopyNCE`` on the fused patch tokens, CopyNCE only over positive pairs
@@ -791,9 +712,11 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         return self.vit.run_blocks(hidden_states, 0, self.config.num_encoder_layers, output_attentions,
                                    output_hidden_states)
 
-    def encode(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None) -> torch.Tensor:
+    def pre_fusion_tokens(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None
+                          ) -> torch.Tensor:
         """The per-image encoder pass: (B, 3, H, W) -> (B, 1 + L, C), the output of the last
-        encoder block (CLS first, not normed), as :meth:`fuse` takes it."""
+        encoder block before the fusion blocks (CLS first, not normed), as :meth:`fuse` takes it.
+        (The descriptor's :meth:`CopyNCEDescriptorModel.encode` is the backbone's final output.)"""
         return self._encode(pixel_values, interpolate_pos_encoding)[0]
 
     def _image_tokens(self, encoded: torch.Tensor, segment: int) -> torch.Tensor:
@@ -819,7 +742,7 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
 
     def fuse(self, query_encoded: torch.Tensor, reference_encoded: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The per-pair fusion of encoded images (B, 1 + Lq, C) and (B, 1 + Lr, C), each the
-        :meth:`encode` output (CLS first): fusion blocks, final LayerNorm and classifier.
+        :meth:`pre_fusion_tokens` output (CLS first): fusion blocks, final LayerNorm and classifier.
 
         Returns:
             ``(logits (B,), query_patch_tokens (B, Lq, C), reference_patch_tokens (B, Lr, C))``.

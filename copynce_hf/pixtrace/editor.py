@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..errors import ConfigError
 from ..images import load_image, to_rgb
+from ..modeling.errors import ConfigError
 from .edits import Edit, edit_from_dict
 from .fused import render_fused
 from .recipes import CopyRecipe

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TableError
+from ..modeling.errors import TableError
 from .projective import apply_matrix
 from .table import CoordinateTable
 

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from .edits import Edit, Resize, Scale
 from .steps import (
     AT_224,

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
-from ..errors import ConfigError, EditParameterError
+from ..modeling.errors import ConfigError, EditParameterError
 from .edits import (
     ALBUMENTATIONS_OPS,
     Affine,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TableError
+from ..modeling.errors import TableError
 from .projective import apply_matrix, resize_matrix
 
 __all__ = ["CoordinateTable"]

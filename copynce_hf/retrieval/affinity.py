@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..errors import ConfigError
 from ..images import load_image
-from ..losses import affinity_entropy, token_affinity_logits
+from ..modeling.errors import ConfigError
+from ..modeling.losses_copynce import affinity_entropy, token_affinity_logits
 from .rescoring import model_kind
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from ..errors import PredictionsError
+from ..modeling.errors import PredictionsError
 
 DESCRIPTORS_FORMAT = "copynce-descriptors"
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import ConfigError, PredictionsError
+from ..modeling.errors import ConfigError, PredictionsError
 from .candidates import candidate_recall, merge_candidates, top_per_query
 from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig

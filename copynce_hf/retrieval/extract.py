@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..errors import SKIP_REASONS, ImageLoadError
+from ..modeling.errors import SKIP_REASONS, ImageLoadError
 from .descriptors import DescriptorSet
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError, PredictionsError
+from ..modeling.errors import ConfigError, PredictionsError
 from .descriptors import DescriptorSet
 from .predictions import Prediction
 

@@ -25,8 +25,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..errors import ImageLoadError
 from ..images import load_image
+from ..modeling.errors import ImageLoadError
 from .views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
 
 logger = logging.getLogger(__name__)
@@ -38,11 +38,11 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
     """The matcher's two stages, the only place that names the model's methods.
 
     Returns:
-        ``encode(pixel_values (B, 3, H, W)) -> tokens (B, 1 + L, C)`` (the shared encoder blocks,
+        ``pre_fusion_tokens(pixel_values (B, 3, H, W)) -> tokens (B, 1 + L, C)`` (the shared encoder blocks,
         CLS first) and ``fuse(query tokens (B, 1 + Lq, C), reference tokens (B, 1 + Lr, C)) ->
         logits (B,)`` (the fusion blocks and the classifier).
     """
-    return model.encode, (lambda query, reference: model.fuse(query, reference)[0])
+    return model.pre_fusion_tokens, (lambda query, reference: model.fuse(query, reference)[0])
 
 
 class _ViewImages(Dataset):
@@ -99,7 +99,7 @@ class MatcherScorer:
         self.query_views = query_views or preset.query_images
         self.reference_views = reference_views or preset.reference_images
         self.view_pairs = view_pairs or (lambda nq, nr: matcher_view_pairs(lce, nq, nr))
-        self.encode, self.fuse = matcher_stages(self.model)
+        self.pre_fusion_tokens, self.fuse = matcher_stages(self.model)
         self.device = next(self.model.parameters()).device
         self._references: OrderedDict[str, torch.Tensor | None] = OrderedDict()
         self._cached_views = 0
@@ -110,7 +110,7 @@ class MatcherScorer:
     @torch.inference_mode()
     def _encode_views(self, views: torch.Tensor) -> torch.Tensor:
         """(V, 3, H, W) -> (V, L, C) patch tokens, in chunks of ``batch_size``."""
-        parts = [self.encode(views[i : i + self.batch_size].to(self.device)) for i in range(0, len(views), self.batch_size)]
+        parts = [self.pre_fusion_tokens(views[i : i + self.batch_size].to(self.device)) for i in range(0, len(views), self.batch_size)]
         self.encoded_views += len(views)
         return torch.cat(parts)
 

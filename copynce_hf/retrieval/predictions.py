@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import PredictionsError
+from ..modeling.errors import PredictionsError
 from ..outputs import StagedFile
 
 #: Column names of the DISC21 matching-track CSV, in order.

@@ -26,8 +26,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..errors import SKIP_REASONS, ConfigError, ImageLoadError, PredictionsError
 from ..images import load_image
+from ..modeling.errors import SKIP_REASONS, ConfigError, ImageLoadError, PredictionsError
 from .predictions import Prediction
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from .descriptors import DescriptorSet
 from .index import DescriptorIndex, knn_predictions
 from .postprocess import euclidean_scores, normalize_scores, score_normalization_bias, stretch_features

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..errors import ImageLoadError
 from ..images import load_image
+from ..modeling.errors import ImageLoadError
 
 #: File extensions treated as images when listing a folder (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")

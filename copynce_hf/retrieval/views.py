@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 
 #: ``--descriptor-lce`` choices: views embedded per image at search time.
 DESCRIPTOR_LCE_MODES = ("none", "paper")

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from .config import TrainingConfig
 
 logger = logging.getLogger(__name__)

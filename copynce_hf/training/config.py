@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 
 __all__ = ["TrainingConfig", "load_config", "parse_value", "CONFIG_DIR", "DEFAULT_CONFIG"]
 

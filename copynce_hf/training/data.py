@@ -37,7 +37,7 @@ from ..data import (
     load_disc21_ground_truth,
     load_image_dataset,
 )
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from .checkpoints import TrainingProgress
 from .config import TrainingConfig
 

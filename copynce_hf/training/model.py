@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
 from ..modeling import (
     CopyNCEDescriptorConfig,
     CopyNCEDescriptorModel,
@@ -12,6 +11,7 @@ from ..modeling import (
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
 )
+from ..modeling.errors import ConfigError
 from .config import TrainingConfig
 
 __all__ = ["build_model"]

@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from .config import CONFIG_DIR, DEFAULT_CONFIG, TrainingConfig, load_config, parse_value
 
 __all__ = ["build_parser", "command_option", "parse_args", "parse_overrides", "resolve_config_path"]

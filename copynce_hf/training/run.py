@@ -41,7 +41,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, broadcast, set_seed
 from tqdm.auto import tqdm
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 from ..outputs import OutputPathError, check_output_folder
 from .checkpoints import (
     TrainingProgress,

@@ -24,9 +24,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from copynce_hf.demo import interactive as core  # noqa: E402
-from copynce_hf.demo.task import BUNDLED_IMAGES  # noqa: E402
-from copynce_hf.errors import ConfigError, CopyNCEError  # noqa: E402
+from copynce_hf.evaluation.demo_task import BUNDLED_IMAGES  # noqa: E402
 from copynce_hf.images import load_image  # noqa: E402
+from copynce_hf.modeling.errors import ConfigError, CopyNCEError  # noqa: E402
 from copynce_hf.retrieval import IMAGE_EXTENSIONS  # noqa: E402
 
 logger = logging.getLogger("copynce_space")

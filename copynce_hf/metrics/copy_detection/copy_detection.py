@@ -3,7 +3,7 @@
 Load it with ``evaluate.load("path/to/copynce_hf/metrics/copy_detection")`` or, once pushed
 as a metric Space, with ``evaluate.load("<user>/copy_detection")``. The formulas live in the
 sibling file ``formulas.py`` (numpy only), which evaluate copies along with this script and
-which ``copynce_hf.metrics.core`` re-exports for code that must not import evaluate.
+which the package imports directly where it must not import evaluate.
 """
 
 import datasets

@@ -3,7 +3,7 @@
 This file is the single implementation of the formulas. It depends on numpy and the
 standard library only, so that it ships unchanged inside the ``copy_detection`` evaluate
 metric Space (``copy_detection.py`` imports it with a relative import, the way evaluate
-modules bundle helper files) and is also importable from ``copynce_hf.metrics.core``
+modules bundle helper files) and is imported by the package (``copynce_hf.metrics``)
 without the slow ``evaluate`` import.
 
 Definitions (paper, supplementary "More about Evaluation Protocols"; DISC21, Douze et al.

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from ...errors import EditParameterError, TableError
+from ...modeling.errors import EditParameterError, TableError
 from ..table import CoordinateTable
 
 #: name -> edit class, filled by :func:`register_edit`.

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ...errors import EditParameterError
+from ...modeling.errors import EditParameterError
 from ..projective import resize_matrix, translation_matrix
 from ..table import CoordinateTable
 from .base import check_range, register_edit

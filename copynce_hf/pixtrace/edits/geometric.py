@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from ...errors import EditParameterError
+from ...modeling.errors import EditParameterError
 from ..projective import area_to_centre, centre_to_area, homography, resize_matrix, translation_matrix
 from ..table import CoordinateTable
 from .base import Edit, check_range, register_edit

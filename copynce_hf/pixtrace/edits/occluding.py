@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from ...errors import EditParameterError
+from ...modeling.errors import EditParameterError
 from ..table import CoordinateTable
 from .base import Edit, check_range, register_edit
 from .sources import image_size, is_procedural, resolve_image

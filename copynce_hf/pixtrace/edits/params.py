@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ...errors import EditParameterError
+from ...modeling.errors import EditParameterError
 from .base import check_finite
 
 __all__ = ["RESAMPLE", "color_param", "float_param", "image_spec_param", "int_param", "resample_param", "set_field"]

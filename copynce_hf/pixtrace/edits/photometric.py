@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
 
-from ...errors import EditParameterError
+from ...modeling.errors import EditParameterError
 from ..table import CoordinateTable
 from .base import Edit, check_range, register_edit
 

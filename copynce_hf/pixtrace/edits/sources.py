@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ...errors import EditParameterError
 from ...images import load_image
+from ...modeling.errors import EditParameterError
 
 ImageSpec = dict[str, Any]
 

@@ -18,7 +18,7 @@ from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from .rgb_conversion import pil_to_rgb
 
-__all__ = ["CopyNCEImageProcessor", "pil_to_rgb"]
+__all__ = ["CopyNCEImageProcessor"]
 
 class CopyNCEImageProcessor(PilBackend):
     """Pre-processing for :class:`CopyNCEDescriptorModel` and :class:`CopyNCEMatcherModel`.

@@ -47,7 +47,7 @@ __all__ = [
 # treated as zero below this value (float rounding of sums of multiples of 1/patch_size**2).
 _NOWHERE_TOLERANCE = 1e-5
 
-WEIGHTINGS = ("paper", "reference")
+WEIGHTINGS = ("paper", "authors_code")
 #: Pairs the batch loss of CopyNCE is averaged over.
 AVERAGES = ("overlap_pairs", "all_pairs")
 #: InfoNCE negatives: the other view's descriptors only, or every other descriptor of the batch (SSCD).
@@ -120,7 +120,7 @@ def overlap_target(overlap: torch.Tensor, gamma: float = 1.0, weighting: str = "
         overlap: (B, Lq, Lr) prior ``q-hat`` from PixTrace; rows sum to at most 1.
         gamma: confidence sharpening exponent, ``>= 0``; ``float('inf')`` for the one-hot limit.
         weighting: ``"paper"``: ``w_ij = q-hat_ij^gamma / sum_k q-hat_ik^gamma`` on rows with
-            some overlap (rows without any are all zero). ``"reference"``: the reference code's
+            some overlap (rows without any are all zero). ``"authors_code"``: the authors' code's
             variant, where the untraced share of the patch, ``1 - sum_k q-hat_ik``, is an extra
             "nowhere" column that takes part in the normalisation; its weight is then dropped
             (that column has no token), so such a row sums to less than 1 and a row without
@@ -138,13 +138,13 @@ def overlap_target(overlap: torch.Tensor, gamma: float = 1.0, weighting: str = "
         raise CopyNCEError(f"overlap prior must be (B, L_a, L_b), got shape {tuple(overlap.shape)}")
     overlap = overlap.detach()
     rows = (overlap > 0).any(dim=-1)
-    if weighting == "reference":
+    if weighting == "authors_code":
         nowhere = 1.0 - overlap.sum(dim=-1, keepdim=True)
         nowhere = torch.where(nowhere > _NOWHERE_TOLERANCE, nowhere, 0.0)
         overlap = torch.cat([overlap, nowhere], dim=-1)
     weights = _sharpen(overlap, gamma)
     weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
-    if weighting == "reference":
+    if weighting == "authors_code":
         weights = weights[..., :-1]
     return weights, rows
 
@@ -161,7 +161,7 @@ def _directional_copynce(
     Returns:
         ``(loss, has_overlap)``, both (B,): the mean over query patches of
         ``-sum_j w_ij log p_ij`` (over patches with overlap for ``"paper"``, over all for
-        ``"reference"``), and whether any patch of the pair overlaps.
+        ``"authors_code"``), and whether any patch of the pair overlaps.
     """
     if overlap.shape != logits.shape:
         raise CopyNCEError(f"overlap prior of shape {tuple(overlap.shape)} does not match the token grid "
@@ -204,7 +204,7 @@ def copynce_loss(
     ``gamma = 0`` (uniform over overlapping patches) and ``gamma = inf`` (uniform over the
     patches of maximal overlap, normally one-hot) are computed exactly, not as limits.
 
-    ``weighting="reference"`` reproduces the authors' released code instead: the untraced
+    ``weighting="authors_code"`` reproduces the authors' released code instead: the untraced
     share ``1 - sum_j q-hat_ij`` of a patch is an extra "nowhere" column in the target's
     normalisation (it has no token, so its share of the target is dropped from the
     cross-entropy rather than given a logit), and ``L_qr`` is the mean over ALL query
@@ -218,7 +218,7 @@ def copynce_loss(
         overlap_rq: (B, Lr, Lq) PixTrace prior of the other direction.
         temperature: ``tau``, 1/16 in the paper.
         gamma: confidence sharpening, ``>= 0`` or ``float('inf')`` (descriptor 3, matcher 1).
-        weighting: ``"paper"`` or ``"reference"`` (see above).
+        weighting: ``"paper"`` or ``"authors_code"`` (see above).
         pair_mask: optional (B,) bool, pairs allowed to contribute (e.g. only positive pairs).
         average: ``"overlap_pairs"``: the mean over the contributing pairs (above);
             ``"all_pairs"`` (the authors' code): their sum divided by ``B``, every pair of the

@@ -1,0 +1,167 @@
+"""The modules of copynce_hf: no module imports another's private name, their imports form no cycle
+(function-level and lazy imports included), and no module only re-exports names defined elsewhere
+(one import path per name; a package's ``__init__`` is its public face and may gather its modules' names).
+
+The checks read the source with ``ast`` (nothing is imported); each is first run on a small package
+written here with the fault it must find.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "copynce_hf"
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    return {_module_name(root, path): path for path in sorted(root.rglob("*.py"))}
+
+
+def _imports(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """module -> [(imported module, imported name)] for every import of ``root``'s package anywhere in a module
+    (top level, functions, ``importlib.import_module`` of a literal or of a package's lazy name map)."""
+    modules = _modules(root)
+    found = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found[name] = []
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        lazy = any(isinstance(node, ast.Attribute) and node.attr == "import_module" for node in ast.walk(tree))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                if base != root.name and not base.startswith(root.name + "."):
+                    continue
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    found[name].append((target, alias.name))
+            elif isinstance(node, ast.Import):
+                found[name] += [(alias.name, "") for alias in node.names if alias.name.split(".")[0] == root.name]
+            elif lazy and isinstance(node, ast.Constant) and isinstance(node.value, str):
+                # a module imported by name: "pkg.mod", ".mod" (relative to the package) or "mod" in a name map
+                text = node.value
+                for candidate in (text, f"{package}.{text.lstrip('.')}"):
+                    if candidate in modules and candidate != name:
+                        found[name].append((candidate, ""))
+                        break
+    return found
+
+
+def private_crossings(root: Path) -> list[tuple[str, str, str]]:
+    """(module, imported module, name) for each private name one module takes from another; a private
+    module (``_registration``) may be imported inside the package that holds it."""
+    modules = _modules(root)
+    crossings = []
+    for module, imports in _imports(root).items():
+        for target, name in imports:
+            if not name.startswith("_") or name.startswith("__") or target == module:
+                continue
+            is_module = target in modules and target.endswith(f".{name}")
+            own_private_module = is_module and target.rsplit(".", 1)[0] in (module, module.rsplit(".", 1)[0])
+            if not own_private_module:
+                crossings.append((module, target, name))
+    return crossings
+
+
+def import_cycles(root: Path) -> list[str]:
+    """The modules that reach themselves through imports."""
+    graph = {module: {target for target, _ in imports} for module, imports in _imports(root).items()}
+
+    def reaches(start, goal, seen):
+        for nxt in graph.get(start, ()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    return sorted(module for module in graph if reaches(module, module, {module}))
+
+
+def re_exports(root: Path) -> list[tuple[str, str]]:
+    """(module, name) for each name a module lists in ``__all__`` without defining it, (module, "") for a
+    module whose top level holds nothing but imports (a shim); a package ``__init__`` may list the names of
+    its own modules, not those of another package (the names of a lazy package, one with ``__getattr__``, come
+    from its name map)."""
+    found = []
+    for module, path in _modules(root).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package = path.name == "__init__.py"
+        defined, exported, only_imports = set(), [], True
+        lazy = package and any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body)
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and package:
+                parts = module.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                if base == module or base.startswith(module + "."):
+                    defined |= {alias.asname or alias.name for alias in node.names}
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue  # the docstring
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {target.id for target in targets if isinstance(target, ast.Name)}
+                if names == {"__all__"} and isinstance(node.value, (ast.List, ast.Tuple)):
+                    exported = [element.value for element in node.value.elts if isinstance(element, ast.Constant)]
+                    continue
+                defined |= names
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            only_imports = False
+        if only_imports and not package:
+            found.append((module, ""))
+        if not lazy:  # a lazy package's names come from the modules its name map lists
+            found += [(module, name) for name in exported if name not in defined]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- the checks
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    return root / "pkg"
+
+
+def test_the_checks_find_a_crossing_a_cycle_and_a_shim(tmp_path):
+    package = _write(tmp_path, {
+        "pkg/__init__.py": "from .a import public\nfrom .sub.c import later\n\n__all__ = ['later', 'public']\n",
+        "pkg/_private.py": "VALUE = 1\n",
+        "pkg/a.py": "from . import _private\nfrom .b import _helper\n\ndef public():\n    return _helper()\n",
+        "pkg/b.py": "def _helper():\n    from .sub.c import later\n    return later\n",
+        "pkg/sub/__init__.py": "import importlib\n\n_SOURCES = {'later': 'c'}\n\n"
+                               "def __getattr__(name):\n    return importlib.import_module(f'.{_SOURCES[name]}', __name__)\n",
+        "pkg/sub/c.py": "later = 1\n\ndef loop():\n    from pkg.sub import later\n    return later\n",
+        "pkg/shim.py": '"""Old name."""\n\nfrom .a import public\n\n__all__ = ["public"]\n',
+        "pkg/facade.py": "from .a import public\n\nNAME = 'x'\n__all__ = ['NAME', 'public']\n",
+        "pkg/sub/other.py": "from ..a import public\n\nVALUE = public\n",
+        "pkg/sub/deeper/__init__.py": "from ...a import public\nfrom .d import own\n\n__all__ = ['own', 'public']\n",
+        "pkg/sub/deeper/d.py": "own = 1\n",
+    })
+    assert private_crossings(package) == [("pkg.a", "pkg.b", "_helper")]
+    assert import_cycles(package) == ["pkg.sub", "pkg.sub.c"]  # through the lazy name map of pkg.sub
+    assert re_exports(package) == [("pkg.facade", "public"), ("pkg.shim", ""), ("pkg.shim", "public"),
+                                   ("pkg.sub.deeper", "public")]
+
+
+def test_no_private_names_cross_modules():
+    assert private_crossings(PACKAGE) == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(PACKAGE) == []
+
+
+def test_no_module_only_re_exports():
+    assert re_exports(PACKAGE) == []
