@@ -13,7 +13,7 @@ Two measurements:
 1. Time split, in one process and one thread, per pair (CPU time of this process): ``decode``
    (reading the original with ``load_image``, JPEGs in draft mode down to the maker's
    ``max_source_side``), ``edit`` (shrinking the original to at most 4x the model size, the query's
-   recipe chain and the reference's light recipe, both ending with the resize to the model size,
+   recipe chain and the reference's off recipe (no random edit), both ending with the resize to the model size,
    tables included; ``draw`` beside it: the chains' random draws alone, ``CopyEditor.draw``, the
    part of editing that fused rendering cannot shorten), ``trace`` (both overlap priors,
    ``pair_overlaps``), ``collate`` (the collator's uint8 batch tensors; ``collate_float`` beside
@@ -111,14 +111,14 @@ def time_split(images, size: int, patch: int, count: int, seed: int = 0, recipe:
         decoded = time.process_time()
         original = maker.source(original)  # shrunk to 4 x the model size if larger
         query, query_table, _ = maker.copy(original, recipe, seed + 2 * position)
-        reference, reference_table, _ = maker.copy(original, "light", seed + 2 * position + 1)
+        reference, reference_table, _ = maker.copy(original, "off", seed + 2 * position + 1)
         edited = time.process_time()
         pair_overlaps(query_table, reference_table, patch)
         traced = time.process_time()
         # The random draws of both chains again, alone (no pixel work): the part of "edit" that
         # both paths do alike, which fused rendering cannot shorten.
         maker.editor(recipe).draw(original.size[::-1], seed + 2 * position)
-        maker.editor("light").draw(original.size[::-1], seed + 2 * position + 1)
+        maker.editor("off").draw(original.size[::-1], seed + 2 * position + 1)
         totals["draw"] += time.process_time() - traced
         totals["decode"] += decoded - start
         totals["edit"] += edited - decoded
@@ -174,7 +174,7 @@ def compare_paths(images, size: int, patch: int, count: int, recipes=("training"
 
 
 def loader_throughput(images, size: int, patch: int, workers: int, batch_size: int, batches: int,
-                      query_recipe: str = "training", reference_recipe: str = "light") -> float:
+                      query_recipe: str = "training", reference_recipe: str = "off") -> float:
     """Pairs per second delivered by the DataLoader (after one warm-up batch per worker)."""
     dataset = CopyPairDataset(images, CopyPairMaker(size, query_recipe, reference_recipe), seed=0, positive_rate=1.0)
     sampler = CopyPairBatchSampler(len(images), batch_size, seed=0, num_batches=batches + max(1, workers))
@@ -274,7 +274,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     config = training_config(args.config)
-    query_recipe, reference_recipe = "training", "light"
+    query_recipe, reference_recipe = "training", "off"
     if args.config:
         args.image_size = config.model.get("image_size", 224)
         args.patch_size = config.model.get("patch_size", 16)

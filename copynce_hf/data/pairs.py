@@ -38,10 +38,10 @@ __all__ = ["RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDatase
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
 #: ``CopyRecipe.training()``), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
-#: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``light`` (no random edit, ``CopyRecipe.off()``:
+#: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``off`` (no random edit, ``CopyRecipe.off()``:
 #: the reference resized to the model input),
 #: ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
-RECIPES = ("training", "paper_descriptor", "paper_matcher", "light", "resize")
+RECIPES = ("training", "paper_descriptor", "paper_matcher", "off", "resize")
 
 _SEED_SPACE = 2**31 - 1
 
@@ -52,7 +52,7 @@ class CopyPairMaker:
     Args:
         image_size: side ``S`` of the square model input.
         query_recipe: recipe of the query (``training`` by default).
-        reference_recipe: recipe of the reference (``light`` by default; ``resize`` when finetuning).
+        reference_recipe: recipe of the reference (``off`` by default; ``resize`` when finetuning).
         max_source_side: originals whose longer side exceeds this are first shrunk to it (default
             ``4 * S``; 0 keeps them as they are). The copies are only ``S`` pixels wide and the recipes'
             parameters are relative to the image size, so a larger original only costs time (editing a
@@ -62,17 +62,24 @@ class CopyPairMaker:
             ``CopyEditor(fuse=True)``, the default; the shrink to ``max_source_side`` then uses the
             same resampler) or edit by edit (``False``, the reference); the tables are the same
             either way.
+        negative_query_resize_prob: for a negative pair (``label`` 0), the probability that the query is
+            only resized (the ``off`` recipe) instead of edited with ``query_recipe``: the authors' code
+            (``copy_dataset.py``) resizes their negative's query with probability 0.5; 0.0 (the default)
+            always edits it. The choice is drawn from the pair's ``query_seed``, so the pair replays.
 
     ``maker(query_original, reference_original, label, query_seed, reference_seed)`` returns a
     :class:`CopyPair` whose tables map each copy to its own original (for a positive pair both
     originals are the same image, so the tables share a source and give the overlap priors).
     """
 
-    def __init__(self, image_size: int, query_recipe: str = "training", reference_recipe: str = "light",
-                 max_source_side: int | None = None, fuse: bool = True):
+    def __init__(self, image_size: int, query_recipe: str = "training", reference_recipe: str = "off",
+                 max_source_side: int | None = None, fuse: bool = True, negative_query_resize_prob: float = 0.0):
         for key, value in (("query_recipe", query_recipe), ("reference_recipe", reference_recipe)):
             if value not in RECIPES:
                 raise ConfigError(f"{key}={value!r} is not a recipe; use one of {RECIPES}")
+        if not 0.0 <= negative_query_resize_prob <= 1.0:
+            raise ConfigError(f"negative_query_resize_prob={negative_query_resize_prob} must be in [0, 1]")
+        self.negative_query_resize_prob = float(negative_query_resize_prob)
         self.image_size = int(image_size)
         self.query_recipe = query_recipe
         self.reference_recipe = reference_recipe
@@ -105,7 +112,7 @@ class CopyPairMaker:
         if editor is None:
             from ..pixtrace import CopyEditor, CopyRecipe
 
-            spec = CopyRecipe.preset("off" if recipe == "light" else recipe)  # "light": no random edit
+            spec = CopyRecipe.preset(recipe)
             editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size), fuse=self.fuse)
             self._editors[recipe] = editor
         return editor
@@ -136,6 +143,14 @@ class CopyPairMaker:
             recipe_log.append(resize.to_dict())
         return edited, table, recipe_log
 
+    def query_recipe_for(self, label: int, query_seed: int) -> str:
+        """The recipe of a pair's query: ``query_recipe``, or ``off`` for a negative pair drawn to be only
+        resized (probability ``negative_query_resize_prob``, from ``query_seed``)."""
+        if label or not self.negative_query_resize_prob:
+            return self.query_recipe
+        draw = np.random.default_rng([int(query_seed), 0x0FF]).random()
+        return "off" if draw < self.negative_query_resize_prob else self.query_recipe
+
     def __call__(
         self,
         query_original: Image.Image,
@@ -150,7 +165,7 @@ class CopyPairMaker:
         same = reference_original is query_original
         query_original = self.source(query_original)
         reference_original = query_original if same else self.source(reference_original)
-        query, query_table, query_log = self.copy(query_original, self.query_recipe, query_seed)
+        query, query_table, query_log = self.copy(query_original, self.query_recipe_for(label, query_seed), query_seed)
         reference, reference_table, reference_log = self.copy(reference_original, self.reference_recipe, reference_seed)
         return CopyPair(
             query=query,

@@ -50,6 +50,8 @@ _MODEL_TYPES = ("descriptor", "matcher")
 _PAIR_SOURCES = ("edits", "ground_truth")
 _MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 _HNM = ("ghnm", "pairs", "off")
+#: Recipe names that older saved configurations used, and their current names.
+_OLD_RECIPE_NAMES = {"light": "off"}
 
 _MODEL_DEFAULTS = {
     "descriptor": {"positive_rate": 1.0, "hard_negative_k": 8, "hard_negative_prob": 1.0, "hard_negative_mining": "ghnm"},
@@ -103,9 +105,9 @@ class TrainingConfig:
         "references from ground_truth)."))
     ground_truth: str | None = _option(None, "The DISC21 ground-truth CSV (pair_source ground_truth).")
     query_recipe: str = _option("training", (
-        "The edit recipe of the queries: training, paper_descriptor, paper_matcher, light or resize "
-        "(copynce_hf.data.pairs.RECIPES)."))
-    reference_recipe: str = _option("light", "The edit recipe of the references (same names as query_recipe).")
+        "The edit recipe of the queries: training, paper_descriptor, paper_matcher, off (no random edit: resized to "
+        "the model input; quote it in YAML) or resize (copynce_hf.data.pairs.RECIPES)."))
+    reference_recipe: str = _option("off", "The edit recipe of the references (same names as query_recipe).")
     max_source_side: int | None = _option(None, (
         "Originals are shrunk to this longer side before editing (null: 4 x the model's image size; 0: never)."))
     positive_rate: float | None = _option(None, (
@@ -116,6 +118,9 @@ class TrainingConfig:
     hard_negative_k: int | None = _option(None, "Neighbours a hard negative is drawn from (null: 8 / 128).")
     hard_negative_prob: float | None = _option(None, (
         "The probability that a negative is a hard one (null: 1.0 for the descriptor, 0.5 for the matcher)."))
+    negative_query_resize_prob: float = _option(0.0, (
+        "The matcher's negative pairs: the probability that the query is only resized to the model input instead of "
+        "copy-edited with query_recipe (the authors' code: 0.5; the paper states none: 0.0)."))
     knn_graph: str | None = _option(None, "The k-NN graph of the training images (from scripts/build_knn.py).")
     hard_negative_slots: bool = _option(False, (
         "The descriptor's batch structure: false, per_device_train_batch_size pairs per process (half anchors, half "
@@ -146,6 +151,12 @@ class TrainingConfig:
     adam_beta2: float = _option(0.999, "AdamW beta2.")
     adam_epsilon: float = _option(1e-8, "AdamW epsilon.")
     warmup_epochs: float = _option(1.0, "Epochs of linear warm-up (capped at a fifth of the run).")
+    warmup_start_factor: float = _option(0.0, (
+        "The warm-up starts at this fraction of the learning rate (0.0: from zero; the authors' code: 0.01)."))
+    cosine_span: str = _option("after_warmup", (
+        "The length of the cosine that follows the warm-up: after_warmup (it ends at min_learning_rate at the last "
+        "step) or run (the authors' code, timm's warmup_prefix: the cosine lasts as long as the whole run, so the run "
+        "stops when (run - warm-up) / run of it has passed, 29/30 for 30 epochs with one of warm-up)."))
     warmup_steps: int | None = _option(None, "Optimiser steps of linear warm-up (null: warmup_epochs decides).")
     max_grad_norm: float = _option(3.0, "Gradient clipping (the global norm).")
     ema_decay: float | None = _option(None, (
@@ -234,13 +245,20 @@ class TrainingConfig:
 
         for key in ("query_recipe", "reference_recipe"):
             if getattr(self, key) not in RECIPES:
-                fail(key, f"must be one of {RECIPES}")
+                fail(key, f"must be one of {RECIPES}" + (" (in YAML, write \"off\" in quotes: bare off is false)"
+                                                          if getattr(self, key) is False else ""))
         if self.hard_negative_mining is not None and self.hard_negative_mining not in _HNM:
             fail("hard_negative_mining", f"must be one of {_HNM}")
         if self.mixed_precision is not None and self.mixed_precision not in _MIXED_PRECISION:
             fail("mixed_precision", f"must be null (accelerate launch / accelerate config decides) or one of "
                  f"{_MIXED_PRECISION}")
+        from .optim import COSINE_SPANS
+
+        if self.cosine_span not in COSINE_SPANS:
+            fail("cosine_span", f"must be one of {COSINE_SPANS}")
         number("positive_rate", allow_none=True, low=0, high=1)
+        number("negative_query_resize_prob", low=0, high=1)
+        number("warmup_start_factor", low=0, high=1)
         number("hard_negative_prob", allow_none=True, low=0, high=1)
         number("hard_negative_k", allow_none=True, integer=True, positive=True)
         number("shuffle_buffer_size", integer=True, low=0)
@@ -362,4 +380,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
         raise ConfigError(f"unknown configuration key(s) {unknown} in {str(path) if path else 'overrides'}")
     if values.get("model") is None:
         values["model"] = {}
+    for key in ("query_recipe", "reference_recipe"):  # a configuration saved before a recipe was renamed
+        if isinstance(values.get(key), str) and values[key] in _OLD_RECIPE_NAMES:
+            values[key] = _OLD_RECIPE_NAMES[values[key]]
     return TrainingConfig(**values)

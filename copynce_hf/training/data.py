@@ -145,7 +145,8 @@ def build_training_data(config: TrainingConfig, accelerator: Accelerator, image_
     """The training data of ``config``: ground-truth pairs, or copies of an indexed or a streamed dataset
     (``streaming: null``: Hub ids stream, local sources are indexed and read lazily)."""
     collator = PixTraceCollator(image_size, patch_size, reverse_prior=config.copynce_reverse_prior)
-    maker = CopyPairMaker(image_size, config.query_recipe, config.reference_recipe, config.max_source_side)
+    maker = CopyPairMaker(image_size, config.query_recipe, config.reference_recipe, config.max_source_side,
+                          negative_query_resize_prob=config.negative_query_resize_prob)
     if config.pair_source == "ground_truth":
         return ground_truth_pairs(config, accelerator, collator, maker)
     streaming = config.streaming

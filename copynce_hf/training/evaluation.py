@@ -1,8 +1,8 @@
 """Periodic evaluation during training: a small copy-detection task scored by the evaluation engine.
 
 Images held out of the training set become a miniature DISC21: every held-out image gets one query
-(a training-recipe copy with a fixed seed); the first three quarters also give a reference (a
-``light``-recipe copy), so the queries of the last quarter are distractors. The task has the shape of
+(a training-recipe copy with a fixed seed); the first three quarters also give a reference (an
+``off``-recipe copy), so the queries of the last quarter are distractors. The task has the shape of
 the engine's tasks (:mod:`copynce_hf.evaluation`: ids, ground truth, image sources), and the engine's
 systems score it: a descriptor ranks every reference for every query by cosine similarity
 (:class:`~copynce_hf.evaluation.systems.DescriptorSystem`, exact search), a matcher re-scores every
@@ -75,7 +75,7 @@ def build_copy_detection_task(rows, image_size: int, seed: int = 12345, query_re
     ``decoder`` reads the images (its ``skipped`` count grows by the unreadable ones, which the task
     also records in ``skipped_images``).
     """
-    maker = CopyPairMaker(image_size, query_recipe=query_recipe, reference_recipe="light")
+    maker = CopyPairMaker(image_size, query_recipe=query_recipe, reference_recipe="off")
     decoder = decoder or ImageDecoder(max_side=maker.max_source_side)
     skipped_before = decoder.skipped
     originals = decoder.decode_all(rows)
@@ -91,7 +91,7 @@ def build_copy_detection_task(rows, image_size: int, seed: int = 12345, query_re
         task.queries.append(query)
         task.ground_truth[query_id] = []
         if position < num_references:
-            reference, _, _ = maker.copy(image, "light", seed + 100_003 + position)
+            reference, _, _ = maker.copy(image, "off", seed + 100_003 + position)
             task.reference_ids.append(f"r:{image_id}")
             task.references.append(reference)
             task.ground_truth[query_id] = [f"r:{image_id}"]

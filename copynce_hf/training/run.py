@@ -185,7 +185,8 @@ def set_up(config: TrainingConfig) -> TrainingRun:
     optimizer = build_optimizer(model, learning_rate, config.weight_decay, (config.adam_beta1, config.adam_beta2),
                                 config.adam_epsilon)
     warmup = warmup_steps_for(total_steps, data.steps_per_epoch, config.warmup_epochs, config.warmup_steps)
-    scheduler = build_scheduler(optimizer, total_steps, warmup, config.min_learning_rate)
+    scheduler = build_scheduler(optimizer, total_steps, warmup, config.min_learning_rate,
+                                config.warmup_start_factor, config.cosine_span)
     # The weight average copies the plain model, before Accelerate wraps its forward (mixed precision).
     ema = build_weight_ema(model, config.ema_decay).to(accelerator.device) if config.ema_decay else None
     model = model.with_synced_batch_norm(accelerator.num_processes, accelerator.device.type)

@@ -1,0 +1,234 @@
+"""The authors' training choices beside the paper's, each a configuration key (issue #24).
+
+Each test compares the code with a computation of its own: the neighbour lists with a brute-force
+ranking that keeps the image itself in column 0 (as the authors' ``knns`` do), the schedule with the
+formulas of timm's ``CosineLRScheduler`` (``warmup_prefix=True``) and of ``transformers``, the recipe
+probabilities with counts over many draws.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from copynce_hf.data import CopyPairBatchSampler, CopyPairDataset, CopyPairMaker, PairKey, build_knn_graph
+from copynce_hf.errors import ConfigError
+from copynce_hf.training import build_scheduler, load_config
+from copynce_hf.training.optim import learning_rate_factor
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PAPER_CONFIGS = sorted(CONFIGS.glob("*vit*16*.yaml"))
+
+
+# ---------------------------------------------------------------------------------------------- neighbours
+def _authors_knns(vectors: np.ndarray) -> np.ndarray:
+    """Every image's images by decreasing cosine similarity, itself first (the authors' ``knns`` file)."""
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    order = np.argsort(-(unit @ unit.T), axis=1, kind="stable")
+    assert (order[:, 0] == np.arange(len(vectors))).all()  # column 0 is the image itself
+    return order
+
+
+@pytest.fixture
+def images(tmp_path):
+    from test_data import _small_images
+
+    from copynce_hf.data import load_image_dataset
+
+    _small_images(tmp_path / "imgs", 24, side=40)
+    return load_image_dataset(tmp_path / "imgs")
+
+
+def test_matcher_negatives_are_the_authors_neighbours_1_to_127(images):
+    vectors = np.random.default_rng(3).normal(size=(len(images), 16)).astype(np.float32)
+    graph = build_knn_graph(vectors, images["image_id"], k=12)
+    knns = _authors_knns(vectors)[:, 1:8]  # knn_l = 1, knn_r = 8: the image itself skipped, 7 neighbours
+    dataset = CopyPairDataset(images, CopyPairMaker(32, "resize", "resize"), seed=0, positive_rate=0.0,
+                              knn=graph, hard_negative_k=7, hard_negative_prob=1.0)
+    rows = {image_id: row for row, image_id in enumerate(images["image_id"])}
+    partners = collections.defaultdict(set)
+    for slot in range(240):
+        pair = dataset[PairKey(0, slot, slot % len(images))]
+        partners[rows[pair.query_id]].add(rows[pair.reference_id])
+    for query, drawn in partners.items():
+        assert drawn <= set(knns[query].tolist()), query
+    assert sum(len(drawn) for drawn in partners.values()) > 4 * len(partners)  # not always the first one
+
+
+def test_ghnm_partners_are_the_authors_neighbours_1_to_7():
+    vectors = np.random.default_rng(4).normal(size=(40, 8)).astype(np.float32)
+    ids = [f"T{i:03d}" for i in range(40)]
+    knns = _authors_knns(vectors)[:, 1:8]
+    sampler = CopyPairBatchSampler(40, 8, seed=1, knn=build_knn_graph(vectors, ids, k=8), hard_negative_k=7,
+                                   hard_negative_prob=1.0, num_batches=20)
+    checked = 0
+    for batch in range(20):
+        chosen = sampler.global_batch(batch)
+        for anchor, partner in zip(chosen[::2], chosen[1::2]):
+            if partner in knns[anchor]:
+                checked += 1
+            else:  # only when every one of the 7 is already in the batch
+                assert set(knns[anchor].tolist()) <= set(chosen), (batch, anchor)
+    assert checked > 60  # of 80 anchors
+
+
+def test_negative_query_only_resized_with_the_configured_probability(images):
+    maker = CopyPairMaker(32, "paper_matcher", "off", negative_query_resize_prob=0.5)
+    drawn = [maker.query_recipe_for(0, seed) for seed in range(2000)]
+    assert set(drawn) == {"off", "paper_matcher"}
+    assert drawn.count("off") / len(drawn) == pytest.approx(0.5, abs=0.035)
+    assert {maker.query_recipe_for(1, seed) for seed in range(200)} == {"paper_matcher"}  # positives: edited
+    always_edited = CopyPairMaker(32, "paper_matcher", "off")
+    assert {always_edited.query_recipe_for(0, seed) for seed in range(200)} == {"paper_matcher"}
+    # A pair whose query was drawn plain is the query original resized, as the reference is.
+    dataset = CopyPairDataset(images, maker, seed=0, positive_rate=0.0)
+    pairs = [dataset[PairKey(0, slot, slot)] for slot in range(12)]
+    plain = [pair for pair in pairs if [edit["name"] for edit in pair.recipes["query"]] == ["resize"]]
+    assert 0 < len(plain) < len(pairs)
+    for pair in plain:
+        row = list(images["image_id"]).index(pair.query_id)
+        original = maker.source(dataset.decoder(images[row]["image"], pair.query_id))
+        expected, _, _ = maker.copy(original, "off", 0)
+        assert np.array_equal(np.asarray(pair.query), np.asarray(expected))
+    with pytest.raises(ConfigError, match="negative_query_resize_prob"):
+        CopyPairMaker(32, negative_query_resize_prob=1.5)
+
+
+# ---------------------------------------------------------------------------------------------- schedule
+def _timm_cosine_with_warmup_prefix(step, lr, min_lr, warmup, total, warmup_lr_init):
+    """timm ``CosineLRScheduler(t_initial=total, lr_min=min_lr, warmup_t=warmup, warmup_lr_init=...,
+    warmup_prefix=True, cycle_limit=1)._get_lr(step)``, written out."""
+    if step < warmup:
+        return warmup_lr_init + step * (lr - warmup_lr_init) / warmup
+    t = step - warmup
+    if t >= total:  # past the one cycle
+        return min_lr
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t / total))
+
+
+def _scheduled(total, warmup, lr, min_lr, **options) -> list[float]:
+    parameter = torch.nn.Parameter(torch.zeros(2, 2))
+    optimizer = torch.optim.AdamW([parameter], lr=lr)
+    scheduler = build_scheduler(optimizer, total, warmup, min_lr, **options)
+    values = []
+    for _ in range(total):
+        values.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return values
+
+
+def test_authors_schedule_matches_timm_warmup_prefix_cosine():
+    epochs, steps_per_epoch, lr, min_lr = 30, 10, 1e-3, 2e-6
+    total, warmup = epochs * steps_per_epoch, steps_per_epoch
+    values = _scheduled(total, warmup, lr, min_lr, warmup_start_factor=0.01, cosine_span="run")
+    for step in (0, 1, 5, 9, 10, 11, 150, 290, 299):
+        expected = _timm_cosine_with_warmup_prefix(step, lr, min_lr, warmup, total, 0.01 * lr)
+        assert values[step] == pytest.approx(expected, rel=1e-9), step
+    assert values[0] == pytest.approx(1e-5)
+    # The run stops 29/30 of the way through the cosine: the last rate is well above min_lr.
+    last = min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * 289 / 300))
+    assert values[-1] == pytest.approx(last) and values[-1] > 2.5 * min_lr
+
+
+def test_default_schedule_is_transformers_full_anneal():
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    total, warmup, lr, min_lr = 50, 7, 5e-4, 2e-6
+    parameter = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([parameter], lr=lr)
+    reference = get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, total, min_lr=min_lr)
+    expected = []
+    for _ in range(total):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        reference.step()
+    assert _scheduled(total, warmup, lr, min_lr) == pytest.approx(expected, rel=1e-12)
+    assert expected[0] == 0.0
+    assert learning_rate_factor(total, total, warmup, min_lr / lr) == pytest.approx(min_lr / lr)
+
+
+def test_scheduler_state_round_trips():
+    parameter = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.AdamW([parameter], lr=1.0)
+    scheduler = build_scheduler(optimizer, 20, 4, 0.0, warmup_start_factor=0.01, cosine_span="run")
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+    other_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    other = build_scheduler(other_optimizer, 20, 4, 0.0, warmup_start_factor=0.01, cosine_span="run")
+    other.load_state_dict(scheduler.state_dict())
+    optimizer.step(), scheduler.step(), other_optimizer.step(), other.step()
+    assert other.get_last_lr() == scheduler.get_last_lr()
+
+
+# ---------------------------------------------------------------------------------------------- recipes
+def _step_rates(recipe, draws: int) -> dict[str, float]:
+    from copynce_hf.pixtrace import CopyEditor
+
+    editor = CopyEditor(seed=0, recipe=recipe, output_size=(224, 224))
+    counts = collections.Counter()
+    for seed in range(draws):
+        counts.update({edit.to_dict()["name"] for edit in editor.draw((300, 400), seed=seed)})
+    return {name: count / draws for name, count in counts.items()}
+
+
+def test_matcher_recipe_shuffles_pixels_and_blurs_a_quarter_of_the_time():
+    from copynce_hf.pixtrace import CopyRecipe
+
+    matcher = _step_rates(CopyRecipe.paper_matcher(), 2500)
+    descriptor = _step_rates(CopyRecipe.paper_descriptor(), 2500)
+    # matching_default_config.yaml: shuffle_pixels p 0.25, random_blur p 0.25 (the descriptor's: 0.15, 0.2).
+    assert matcher["shuffle_pixels"] == pytest.approx(0.25, abs=0.03)
+    assert matcher["blur"] == pytest.approx(0.25, abs=0.03)
+    assert descriptor["shuffle_pixels"] == pytest.approx(0.15, abs=0.03)
+    assert descriptor["blur"] == pytest.approx(0.20, abs=0.03)
+
+
+# ---------------------------------------------------------------------------------------------- configurations
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
+def test_paper_configs_select_the_authors_training(path):
+    config = load_config(path, {"knn_graph": "knn.safetensors"})
+    descriptor = config.model_type == "descriptor"
+    assert config.resolved("hard_negative_k") == (7 if descriptor else 127)
+    assert config.negative_query_resize_prob == (0.0 if descriptor else 0.5)
+    assert (config.warmup_start_factor, config.cosine_span) == (0.01, "run")
+    assert config.mixed_precision == "no"  # their fp16: false
+    assert config.reference_recipe == "off"
+
+
+def test_defaults_keep_the_paper_form():
+    config = load_config(CONFIGS / "tiny_cpu.yaml")
+    assert (config.warmup_start_factor, config.cosine_span, config.negative_query_resize_prob) == (
+        0.0, "after_warmup", 0.0)
+
+
+def test_old_recipe_name_light_loads_as_off(tmp_path):
+    saved = yaml.safe_load((CONFIGS / "tiny_cpu.yaml").read_text())
+    saved.update(reference_recipe="light", query_recipe="light")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    config = load_config(path)
+    assert (config.query_recipe, config.reference_recipe) == ("off", "off")
+    with pytest.raises(ConfigError, match="reference_recipe"):
+        CopyPairMaker(32, reference_recipe="light")  # the code knows only the new name
+
+
+def test_bare_off_in_yaml_is_named(tmp_path):
+    path = tmp_path / "bare.yaml"
+    path.write_text((CONFIGS / "tiny_cpu.yaml").read_text().replace('reference_recipe: "off"', "reference_recipe: off"))
+    with pytest.raises(ConfigError, match='reference_recipe=False.*quotes'):
+        load_config(path)
+
+
+@pytest.mark.parametrize("key, value", [("cosine_span", "forever"), ("warmup_start_factor", 1.5),
+                                        ("negative_query_resize_prob", -0.1)])
+def test_bad_schedule_and_negative_values_are_named(key, value):
+    with pytest.raises(ConfigError, match=key):
+        load_config(CONFIGS / "tiny_cpu.yaml", {key: value})
