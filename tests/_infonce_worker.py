@@ -29,8 +29,10 @@ def load_losses():
     return importlib.import_module("_copynce_losses_only.losses_copynce")
 
 
-#: The gathered losses the worker computes: InfoNCE of both forms, then the paired KoLeo.
+#: The gathered losses the worker computes: InfoNCE of both forms, then the paired KoLeo, gathered with
+#: gradients; then the authors' forms, gathered as constants (``gather_gradients=False``).
 FORMS = ("cross_view", "all_embeddings", "paired_koleo")
+CONSTANT_GATHER_FORMS = ("all_embeddings_constant_gather", "paired_koleo_constant_gather")
 
 
 def distributed_worker(rank: int, world: int, port: int, q: torch.Tensor, r: torch.Tensor, folder: str) -> None:
@@ -43,13 +45,15 @@ def distributed_worker(rank: int, world: int, port: int, q: torch.Tensor, r: tor
     try:
         batch = q.shape[0] // world
         results = {}
-        for form in FORMS:
+        for form in FORMS + CONSTANT_GATHER_FORMS:
             local_q = q[rank * batch:(rank + 1) * batch].clone().requires_grad_()
             local_r = r[rank * batch:(rank + 1) * batch].clone().requires_grad_()
-            if form == "paired_koleo":
-                loss = losses.paired_koleo_loss(local_q, local_r)
+            gradients = form in FORMS
+            if form.startswith("paired_koleo"):
+                loss = losses.paired_koleo_loss(local_q, local_r, gather_gradients=gradients)
             else:
-                loss = losses.info_nce_loss(local_q, local_r, 3.2, negatives=form)
+                loss = losses.info_nce_loss(local_q, local_r, 3.2, max_scale=None if not gradients else 100.0,
+                                            negatives=form.split("_constant")[0], gather_gradients=gradients)
             loss.backward()
             results[form] = (loss.detach(), local_q.grad, local_r.grad)
         torch.save(results, os.path.join(folder, f"rank{rank}.pt"))

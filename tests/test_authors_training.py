@@ -232,3 +232,36 @@ def test_bare_off_in_yaml_is_named(tmp_path):
 def test_bad_schedule_and_negative_values_are_named(key, value):
     with pytest.raises(ConfigError, match=key):
         load_config(CONFIGS / "tiny_cpu.yaml", {key: value})
+
+
+# ---------------------------------------------------------------------------------------------- losses
+def test_paper_descriptor_configs_gather_as_constants_with_an_unbounded_scale():
+    from copynce_hf import CopyNCEDescriptorConfig
+
+    for path in (CONFIGS / "descriptor_vits16_224.yaml", CONFIGS / "descriptor_vitb16_224.yaml"):
+        model = load_config(path, {"knn_graph": "knn.safetensors"}).model
+        config = CopyNCEDescriptorConfig(**model)
+        assert (config.gather_gradients, config.infonce_max_scale, config.logit_scale_init) == (False, None, 3.2)
+    default = CopyNCEDescriptorConfig()
+    assert (default.gather_gradients, default.infonce_max_scale) == (True, 100.0)
+    for key, value in (("gather_gradients", "no"), ("infonce_max_scale", 0), ("infonce_max_scale", True)):
+        with pytest.raises(ConfigError, match=key):
+            CopyNCEDescriptorConfig(**{key: value})
+
+
+def test_descriptor_loss_uses_the_configured_scale_bound():
+    from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
+    from copynce_hf.losses import info_nce_loss
+
+    tiny = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
+                patch_size=16, descriptor_dim=8, copynce_weight=0.0, koleo_weight=0.0)
+    generator = torch.Generator().manual_seed(0)
+    query, reference = torch.randn(3, 3, 32, 32, generator=generator), torch.randn(3, 3, 32, 32, generator=generator)
+    for bound in (None, 100.0):
+        torch.manual_seed(0)
+        model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(**tiny, infonce_max_scale=bound)).train()
+        with torch.no_grad():
+            model.logit_scale.fill_(6.0)  # exp(6) = 403, above CLIP's bound
+        output = model(pixel_values=query, reference_pixel_values=reference)
+        expected = info_nce_loss(output.descriptors, output.reference_descriptors, 6.0, max_scale=bound)
+        assert output.infonce_loss.item() == pytest.approx(expected.item(), rel=1e-5)

@@ -291,6 +291,12 @@ def test_info_nce_matches_hand_formula():
     assert logit_scale.grad is not None and logit_scale.grad != 0
     # The scale is clamped at 100: beyond it the loss no longer changes.
     assert info_nce_loss(q, r, 6.0).item() == pytest.approx(info_nce_loss(q, r, math.log(100.0)).item())
+    # max_scale=None (the authors' code): unbounded, exp(6) = 403 is used as it is.
+    scale = math.exp(6.0)
+    unbounded = sum(
+        -(scale * float(a[b] @ c[b]) - math.log(sum(math.exp(scale * float(a[b] @ c[k])) for k in range(5))))
+        for a, c in ((q, r), (r, q)) for b in range(5)) / 10
+    assert info_nce_loss(q, r, 6.0, max_scale=None).item() == pytest.approx(unbounded, rel=1e-10)
 
 
 def test_sscd_info_nce_over_all_embeddings_matches_brute_force():
@@ -392,7 +398,7 @@ def _free_port() -> int:
 def test_info_nce_gathers_negatives_across_processes(tmp_path):
     """Both InfoNCE forms and the paired KoLeo over two gloo processes equal the single-process global values."""
     import torch.multiprocessing as mp
-    from _infonce_worker import FORMS, distributed_worker
+    from _infonce_worker import CONSTANT_GATHER_FORMS, FORMS, distributed_worker
 
     g = torch.Generator().manual_seed(7)
     q, r = _unit(g, 6, 4), _unit(g, 6, 4)
@@ -401,6 +407,66 @@ def test_info_nce_gathers_negatives_across_processes(tmp_path):
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     for form in FORMS:
         _check_gathered(q, r, form, [ranks[form] for ranks in saved])
+    for form in CONSTANT_GATHER_FORMS:
+        plain = {"all_embeddings_constant_gather": "all_embeddings"}.get(form, "paired_koleo")
+        _check_constant_gather(q, r, form, [ranks[form] for ranks in saved], [ranks[plain] for ranks in saved])
+
+
+def _authors_infonce(local: torch.Tensor, others: torch.Tensor, scale: float) -> torch.Tensor:
+    """The authors' ``infonce_loss(features, positive_indices, scale, gather=True)`` written out: the
+    local ``2B`` features (queries then references) first, the other process's after, as constants;
+    the diagonal's cosine set to -1; each local row's positive is its partner."""
+    features = F.normalize(torch.cat([local, others.detach()]), dim=1)
+    cosines = features @ features.T
+    cosines = cosines - torch.diag(torch.diagonal(cosines) + 1)  # diagonal -> -1
+    n = local.shape[0]
+    positives = torch.cat([torch.arange(n // 2, n), torch.arange(n // 2)])
+    probabilities = F.softmax(scale * cosines[:n], dim=-1)
+    return -torch.log(probabilities[torch.arange(n), positives]).mean()
+
+
+def _authors_koleo(local: torch.Tensor, others: torch.Tensor) -> torch.Tensor:
+    """The authors' ``koleo_loss(features, labels, gather=True)`` written out (partner excluded)."""
+    n = local.shape[0]
+    features = F.normalize(local, dim=1)
+    everything = F.normalize(torch.cat([local, others.detach()]), dim=1)
+    cosines = features @ everything.T
+    partner = torch.cat([torch.arange(n // 2, n), torch.arange(n // 2)])
+    excluded = torch.zeros_like(cosines, dtype=torch.bool)
+    excluded[torch.arange(n), torch.arange(n)] = True
+    excluded[torch.arange(n), partner] = True
+    closest = cosines.masked_fill(excluded, -1).max(dim=1).values
+    return -(2 - 2 * closest).clamp(min=1e-6).sqrt().log().mean()
+
+
+def _check_constant_gather(q, r, form, results, full):
+    # Gathered as constants (the authors' all_gather): each process's loss is their formula on its own
+    # rows with the other process's rows as constants, so its gradient holds only its own loss's terms.
+    batch = q.shape[0] // 2
+    global_loss = (info_nce_loss(q, r, 3.2, negatives="all_embeddings") if form.startswith("all_embeddings")
+                   else paired_koleo_loss(q, r))
+    assert ((results[0][0] + results[1][0]) / 2).item() == pytest.approx(global_loss.item(), rel=1e-6)
+    for rank in range(2):
+        own = slice(rank * batch, (rank + 1) * batch)
+        other = slice((1 - rank) * batch, (2 - rank) * batch)
+        local = torch.cat([q[own], r[own]]).clone().requires_grad_()
+        others = torch.cat([q[other], r[other]])
+        expected = (_authors_infonce(local, others, math.exp(3.2)) if form.startswith("all_embeddings")
+                    else _authors_koleo(local, others))
+        expected.backward()
+        assert results[rank][0].item() == pytest.approx(expected.item(), rel=1e-6)
+        # Their formula normalises its unit-norm inputs again, which removes the gradient's radial part
+        # (the model's descriptors are normalised before the loss, so only the tangent part reaches it).
+        ours = torch.cat([results[rank][1], results[rank][2]])
+        assert torch.allclose(_tangent(ours, local.detach()), _tangent(local.grad, local.detach()), atol=1e-8)
+        # The other process's terms are missing: the gradient differs from the one gathered with gradients.
+        with_gradients = torch.cat([full[rank][1], full[rank][2]])
+        assert not torch.allclose(_tangent(ours, local.detach()), _tangent(with_gradients, local.detach()), atol=1e-4)
+
+
+def _tangent(gradient: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """The part of ``gradient`` (rows) orthogonal to the unit rows ``unit``."""
+    return gradient - (gradient * unit).sum(dim=1, keepdim=True) * unit
 
 
 def _check_gathered(q, r, form, results):

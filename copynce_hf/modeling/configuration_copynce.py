@@ -222,6 +222,11 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         copynce_average: "overlap_pairs" (the batch loss is the mean over the copy pairs with
             overlap) or "all_pairs" (the authors' code: their sum over all pairs of the batch).
         logit_scale_init: initial value of InfoNCE's learnable log-scale (3.2, i.e. scale 24.5).
+        infonce_max_scale: upper bound of InfoNCE's scale ``exp(logit_scale)`` (100, as CLIP), or
+            ``None`` (the authors' code: unbounded).
+        gather_gradients: on several processes, InfoNCE and the ``all_embeddings`` KoLeo gather the
+            other processes' descriptors with gradients (``True``) or as constants (``False``, the
+            authors' code: their ``all_gather``).
         infonce_weight: weight of InfoNCE (1).
         infonce_negatives: "cross_view" (each query against the batch's references and each
             reference against its queries) or "all_embeddings" (SSCD's form, the authors' code: each
@@ -250,6 +255,8 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         copynce_weighting: str = "paper",
         copynce_average: str = "overlap_pairs",
         logit_scale_init: float = 3.2,
+        infonce_max_scale: float | None = 100.0,
+        gather_gradients: bool = True,
         infonce_weight: float = 1.0,
         koleo_weight: float = 5.0,
         infonce_negatives: str = "cross_view",
@@ -277,6 +284,8 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         self.copynce_weighting = _saved_value(kwargs, "copynce_weighting", copynce_weighting)
         self.copynce_average = copynce_average
         self.logit_scale_init = logit_scale_init
+        self.infonce_max_scale = infonce_max_scale
+        self.gather_gradients = gather_gradients
         self.infonce_weight = infonce_weight
         self.koleo_weight = koleo_weight
         super().__init__(**kwargs)
@@ -288,6 +297,10 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
                f"must be a block index in 1..{self.num_hidden_layers} or -{self.num_hidden_layers}..-1")
         _check(isinstance(logit_scale_init, (int, float)) and math.isfinite(logit_scale_init),
                "logit_scale_init", logit_scale_init, "must be a finite number")
+        _check(infonce_max_scale is None or (isinstance(infonce_max_scale, (int, float)) and not isinstance(
+            infonce_max_scale, bool) and math.isfinite(infonce_max_scale) and infonce_max_scale > 0),
+               "infonce_max_scale", infonce_max_scale, "must be a positive number or null (unbounded)")
+        _check(isinstance(gather_gradients, bool), "gather_gradients", gather_gradients, "must be true or false")
         _check_non_negative("infonce_weight", infonce_weight)
         _check_non_negative("koleo_weight", koleo_weight)
         _check(infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", infonce_negatives,

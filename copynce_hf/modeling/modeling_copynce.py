@@ -486,7 +486,8 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
 
     * InfoNCE (symmetric) between the query and reference descriptors, row ``b`` of each being
       the copy pair and every other row a negative, with the learnable log-scale
-      ``logit_scale`` (initialised at ``logit_scale_init`` = 3.2);
+      ``logit_scale`` (initialised at ``logit_scale_init`` = 3.2; its scale bounded by ``infonce_max_scale``,
+      other processes' descriptors gathered with or without gradients by ``gather_gradients``);
     * KoLeo computed on the query descriptors and on the reference descriptors separately and
       averaged (each set holds one view per image, so a descriptor's nearest neighbour is
       another image, never its own copy); it needs B >= 2 and is 0 for a single pair;
@@ -601,9 +602,11 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
                     "positive of query b), but labels contain non-copy pairs; use the matcher for labelled pairs"
                 )
             infonce = info_nce_loss(descriptors, reference_descriptors, self.logit_scale,
-                                    negatives=self.config.infonce_negatives)
+                                    max_scale=self.config.infonce_max_scale, negatives=self.config.infonce_negatives,
+                                    gather_gradients=self.config.gather_gradients)
             if self.config.koleo_scope == "all_embeddings":
-                koleo = paired_koleo_loss(descriptors, reference_descriptors)
+                koleo = paired_koleo_loss(descriptors, reference_descriptors,
+                                          gather_gradients=self.config.gather_gradients)
             elif batch >= 2:
                 koleo = 0.5 * (koleo_loss(descriptors) + koleo_loss(reference_descriptors))
             else:

@@ -281,25 +281,38 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _gathered(rows: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``(rows of every process (B * world, D), offset of this process's rows)``, differentiable."""
-    if _distributed():
-        return _GatherRows.apply(rows), dist.get_rank() * rows.shape[0]
-    return rows, 0
+def _gathered(rows: torch.Tensor, gradients: bool = True) -> tuple[torch.Tensor, int]:
+    """``(rows of every process (B * world, D), offset of this process's rows)``.
+
+    ``gradients=True``: differentiable for every row (the backward all-reduces, :class:`_GatherRows`);
+    ``False`` (the authors' code): the other processes' rows are constants, only this process's rows
+    (put back in place) carry gradient.
+    """
+    if not _distributed():
+        return rows, 0
+    offset = dist.get_rank() * rows.shape[0]
+    if gradients:
+        return _GatherRows.apply(rows), offset
+    gathered = [torch.empty_like(rows) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, rows.detach().contiguous())
+    gathered[dist.get_rank()] = rows
+    return torch.cat(gathered, dim=0), offset
 
 
 def info_nce_loss(
     query_descriptors: torch.Tensor,
     reference_descriptors: torch.Tensor,
     logit_scale: torch.Tensor | float,
-    max_scale: float = 100.0,
+    max_scale: float | None = 100.0,
     negatives: str = "cross_view",
+    gather_gradients: bool = True,
 ) -> torch.Tensor:
     """Symmetric InfoNCE between the query and reference descriptors of a batch of copy pairs.
 
     ``logits = min(exp(logit_scale), max_scale) * cosine similarity`` (paper eq. "InfoNCE", used as
     the descriptor baseline with a learnable log-scale initialised at 3.2, so ``exp = 24.5``; the
-    clamp at 100 follows CLIP and stops its gradient when reached). Two forms:
+    clamp at 100 follows CLIP and stops its gradient when reached; the authors' code has none:
+    ``max_scale=None``). Two forms:
 
     * ``negatives="cross_view"``: row ``b`` of the queries has its own reference as the positive
       and every other reference as a negative, and likewise for the references against the
@@ -312,14 +325,18 @@ def info_nce_loss(
     When ``torch.distributed`` is initialised with more than one process, the descriptors of
     all processes are gathered with gradients (an all-gather whose backward all-reduces), the
     local rows are scored against the global batch (``N`` = pairs of all processes) and the loss
-    is the mean over the local rows; every process must pass the same ``B``.
+    is the mean over the local rows; every process must pass the same ``B``. With
+    ``gather_gradients=False`` (the authors' code) the other processes' descriptors are gathered as
+    constants: a process's rows get no gradient from the other processes' losses.
 
     Args:
         query_descriptors: (B, D), unit norm.
         reference_descriptors: (B, D), unit norm; row ``b`` is the copy pair of query ``b``.
         logit_scale: scalar tensor (learnable log of the inverse temperature) or float.
-        max_scale: upper bound of ``exp(logit_scale)``.
+        max_scale: upper bound of ``exp(logit_scale)``, or ``None`` for none.
         negatives: ``"cross_view"`` or ``"all_embeddings"``.
+        gather_gradients: gather the other processes' descriptors with gradients (``True``) or as
+            constants (``False``).
 
     Returns:
         Scalar tensor.
@@ -335,9 +352,11 @@ def info_nce_loss(
     dtype = _compute_dtype(query_descriptors)
     queries = query_descriptors.to(dtype)
     references = reference_descriptors.to(dtype)
-    scale = torch.as_tensor(logit_scale, dtype=dtype, device=queries.device).exp().clamp(max=max_scale)
-    all_queries, offset = _gathered(queries)  # (N, D)
-    all_references, _ = _gathered(references)
+    scale = torch.as_tensor(logit_scale, dtype=dtype, device=queries.device).exp()
+    if max_scale is not None:
+        scale = scale.clamp(max=max_scale)
+    all_queries, offset = _gathered(queries, gather_gradients)  # (N, D)
+    all_references, _ = _gathered(references, gather_gradients)
     targets = torch.arange(batch, device=queries.device) + offset
     if negatives == "cross_view":
         logits_qr = scale * queries @ all_references.T  # (B, N)
@@ -381,11 +400,12 @@ def koleo_loss(descriptors: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 
 def paired_koleo_loss(
-    query_descriptors: torch.Tensor, reference_descriptors: torch.Tensor, eps: float = 1e-8
+    query_descriptors: torch.Tensor, reference_descriptors: torch.Tensor, eps: float = 1e-8,
+    gather_gradients: bool = True,
 ) -> torch.Tensor:
     """KoLeo over all ``2N`` descriptors of the batch, each descriptor's partner excluded.
 
-    The queries and references of every process (gathered with gradients, as in
+    The queries and references of every process (gathered as in
     :func:`info_nce_loss`) form one set of ``2N`` L2-normalised descriptors; for each local
     descriptor ``x_b`` the nearest other descriptor is searched among them, excluding ``x_b``
     itself and its partner (the other view of its copy pair, which it should be close to), and
@@ -397,6 +417,8 @@ def paired_koleo_loss(
         query_descriptors: (B, D).
         reference_descriptors: (B, D); row ``b`` is the partner of query ``b``.
         eps: added to the distance inside the log.
+        gather_gradients: gather the other processes' descriptors with gradients (``True``) or as
+            constants (``False``, the authors' code).
 
     Returns:
         Scalar tensor.
@@ -408,8 +430,8 @@ def paired_koleo_loss(
     queries = F.normalize(query_descriptors.to(dtype), dim=-1)
     references = F.normalize(reference_descriptors.to(dtype), dim=-1)
     batch = queries.shape[0]
-    all_queries, offset = _gathered(queries)
-    all_references, _ = _gathered(references)
+    all_queries, offset = _gathered(queries, gather_gradients)
+    all_references, _ = _gathered(references, gather_gradients)
     total = all_queries.shape[0]
     rows = torch.cat([queries, references])  # (2B, D)
     if total < 2:
