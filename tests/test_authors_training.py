@@ -265,3 +265,90 @@ def test_descriptor_loss_uses_the_configured_scale_bound():
         output = model(pixel_values=query, reference_pixel_values=reference)
         expected = info_nce_loss(output.descriptors, output.reference_descriptors, 6.0, max_scale=bound)
         assert output.infonce_loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- other-image pool
+def _pool_specs(recipe: list[dict]) -> list[tuple[str, str, str]]:
+    """``(edit name, field, image id)`` of every pool image a recipe names."""
+    return [(edit["name"], key, value["id"]) for edit in recipe for key, value in edit["params"].items()
+            if isinstance(value, dict) and value.get("kind") == "pool"]
+
+
+def test_crop_group_pastes_take_training_images_recorded_by_id_and_replay(images):
+    from copynce_hf.pixtrace import bind_pool_images, replay
+
+    maker = CopyPairMaker(32, "paper_matcher", "off")
+    pooled = CopyPairDataset(images, maker, seed=0, positive_rate=1.0)
+    procedural = CopyPairDataset(images, maker, seed=0, positive_rate=1.0, other_images="procedural")
+    rows = {image_id: row for row, image_id in enumerate(images["image_id"])}
+    found = 0
+    for slot in range(36):
+        key = PairKey(0, slot, slot % len(images))
+        pair, plain = pooled[key], procedural[key]
+        specs = _pool_specs(pair.recipes["query"])
+        assert not _pool_specs(plain.recipes["query"])
+        pastes = [edit for edit in plain.recipes["query"] if edit["name"] in ("paste_into_box", "overlay_image_box")]
+        assert [name for name, _, _ in specs] == [edit["name"] for edit in pastes]  # every crop-group paste
+        for (_, field, image_id), edit in zip(specs, pastes):
+            assert image_id in rows and image_id != pair.query_id  # another training image
+            assert edit["params"][field]["kind"] in ("noise", "gradient")  # the same draw, procedural
+        if not specs:
+            assert pair.recipes == plain.recipes
+            continue
+        found += 1
+        # Replay from the recorded recipe and the images its ids name.
+        decode = pooled.decoder
+        original = maker.source(decode(images[rows[pair.query_id]]["image"], pair.query_id))
+        others = {image_id: decode(images[rows[image_id]]["image"], image_id) for _, _, image_id in specs}
+        again = replay(original, bind_pool_images(pair.recipes["query"], others))
+        assert np.array_equal(np.asarray(again.image), np.asarray(pair.query))
+        assert np.array_equal(again.table.coords, pair.query_table.coords, equal_nan=True)
+        assert not np.array_equal(np.asarray(pair.query), np.asarray(plain.query))
+    assert 4 <= found <= 24  # about a third of the matcher's queries (crop group p 0.5, two of three members)
+
+
+def test_pool_images_must_be_bound_before_rendering():
+    from copynce_hf.errors import EditParameterError
+    from copynce_hf.pixtrace import bind_pool_images, replay
+
+    recipe = [{"name": "overlay_image_box", "params": {"overlay": {"kind": "pool", "id": "T7"}, "x": 0.1, "y": 0.1,
+                                                       "width": 0.5, "height": 0.5, "opacity": 0.4}}]
+    from PIL import Image
+
+    image = Image.new("RGB", (40, 30), (10, 200, 30))
+    with pytest.raises(EditParameterError, match="bind_pool_images"):
+        replay(image, recipe)
+    with pytest.raises(EditParameterError, match="'T7'"):
+        bind_pool_images(recipe, {"T8": image})
+    other = Image.new("RGB", (8, 8), (250, 0, 0))
+    edited = replay(image, bind_pool_images(recipe, {"T7": other})).image
+    assert edited.getpixel((10, 10)) != (10, 200, 30) and edited.getpixel((39, 29)) == (10, 200, 30)
+
+
+def test_streamed_pastes_take_recent_images_of_the_stream(tmp_path):
+    from test_data import _image_table, _small_images
+
+    from copynce_hf.data import StreamingCopyPairDataset, load_image_dataset
+
+    files = _small_images(tmp_path / "imgs", 16, side=40)
+    (tmp_path / "parquet").mkdir()
+    _image_table(files, [path.stem for path in files]).to_parquet(str(tmp_path / "parquet" / "train-0.parquet"))
+    stream = load_image_dataset(tmp_path / "parquet", streaming=True)
+    dataset = StreamingCopyPairDataset(stream, CopyPairMaker(32, "paper_matcher", "off"), batch_size=2, seed=1,
+                                       shuffle_buffer_size=1, negative_pool=3)
+    seen: list[str] = []
+    found = 0
+    for pair in dataset:
+        for _, _, image_id in _pool_specs(pair.recipes["query"]):
+            assert image_id in seen[-3:] and image_id != pair.query_id  # the bounded pool of recent images
+            found += 1
+        seen.append(pair.query_id)
+    assert len(seen) == 16 and found >= 2
+
+
+def test_other_images_key_is_checked():
+    assert load_config(CONFIGS / "tiny_cpu.yaml").other_images == "training_images"
+    with pytest.raises(ConfigError, match="other_images"):
+        load_config(CONFIGS / "tiny_cpu.yaml", {"other_images": "files"})
+    with pytest.raises(ConfigError, match="other_images"):
+        CopyPairDataset(["a", "b"], CopyPairMaker(32), other_images="files")

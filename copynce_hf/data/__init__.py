@@ -18,12 +18,20 @@ from .loading import (
     load_disc21_ground_truth,
     load_image_dataset,
 )
-from .pairs import RECIPES, CopyPairDataset, CopyPairMaker, GroundTruthPairDataset, StreamingCopyPairDataset
+from .pairs import (
+    OTHER_IMAGES,
+    RECIPES,
+    CopyPairDataset,
+    CopyPairMaker,
+    GroundTruthPairDataset,
+    StreamingCopyPairDataset,
+)
 
 __all__ = [
     "ASSET_IMAGES",
     "DISC21_SPLITS",
     "PIXEL_KEYS",
+    "OTHER_IMAGES",
     "RECIPES",
     "CopyPair",
     "CopyPairBatchSampler",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import datasets
 import numpy as np
@@ -34,7 +34,7 @@ from .loading import ImageDecoder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDataset", "StreamingCopyPairDataset"]
+__all__ = ["OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDataset", "StreamingCopyPairDataset"]
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
 #: ``CopyRecipe.training()``), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
@@ -42,6 +42,17 @@ __all__ = ["RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDatase
 #: the reference resized to the model input),
 #: ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
 RECIPES = ("training", "paper_descriptor", "paper_matcher", "off", "resize")
+
+#: Where the crop group's "another image" comes from (``TrainingConfig.other_images``): ``training_images``
+#: (another image of the training data, as the authors' ``background_paths``; recorded in the copy's recipe
+#: as ``{"kind": "pool", "id": ...}``) or ``procedural`` (noise or gradient images drawn from the seed).
+OTHER_IMAGES = ("training_images", "procedural")
+
+#: The edits whose other image comes from the pool (the crop group's pastes) and the field holding it.
+_POOL_FIELDS = {"paste_into_box": "background", "overlay_image_box": "overlay"}
+
+#: ``pick(rng) -> (image id, image)``: another image of the training data (None: none available).
+OtherImagePicker = Callable[[np.random.Generator], "tuple[str, Image.Image] | None"]
 
 _SEED_SPACE = 2**31 - 1
 
@@ -117,11 +128,16 @@ class CopyPairMaker:
             self._editors[recipe] = editor
         return editor
 
-    def copy(self, image: Image.Image, recipe: str, seed: int) -> tuple[Image.Image, CoordinateTable, list]:
+    def copy(self, image: Image.Image, recipe: str, seed: int,
+             other_images: OtherImagePicker | None = None) -> tuple[Image.Image, CoordinateTable, list]:
         """One traced copy of ``image`` at ``S x S``: ``(copy, table to image, replayable recipe)``.
 
         The recipe is a list of ``Edit.to_dict()``: ``pixtrace.replay(image, recipe)`` rebuilds the
         same copy and table from the same ``image`` (for a pair, the original after :meth:`source`).
+        With ``other_images``, the crop group's pastes (``paste_into_box``, ``overlay_image_box``) take
+        another image of the training data instead of a procedural one, drawn with a generator seeded
+        by ``seed``; the recipe names it ``{"kind": "pool", "id": ...}`` and replays after
+        ``pixtrace.bind_pool_images(recipe, {id: image})``.
         """
         from ..pixtrace.edits.geometric import Resize
 
@@ -134,9 +150,16 @@ class CopyPairMaker:
 
                 edited, table = render_fused(image, [Resize(size, size)])
                 recipe_log.append(Resize(size, size).to_dict())
-        else:
+        elif other_images is None:
             result = self.editor(recipe)(image, seed=int(seed))
             edited, table, recipe_log = result.image, result.table, list(result.recipe)
+        else:
+            from ..pixtrace import replay
+
+            drawn = [edit.to_dict() for edit in self.editor(recipe).draw((image.height, image.width), seed=int(seed))]
+            recipe_log, bound = _with_pool_images(drawn, other_images, np.random.default_rng([int(seed), 0x0A11]))
+            result = replay(image, bound, fuse=self.fuse)  # the editor's own rendering of the same chain
+            edited, table = result.image, result.table
         if edited.size != (size, size):  # the model input size: both the pixels and the table
             resize = Resize(size, size)
             edited, table = resize(edited, table)
@@ -161,12 +184,15 @@ class CopyPairMaker:
         query_id: str = "",
         reference_id: str = "",
         skipped_images: int = 0,
+        other_images: OtherImagePicker | None = None,
     ) -> CopyPair:
         same = reference_original is query_original
         query_original = self.source(query_original)
         reference_original = query_original if same else self.source(reference_original)
-        query, query_table, query_log = self.copy(query_original, self.query_recipe_for(label, query_seed), query_seed)
-        reference, reference_table, reference_log = self.copy(reference_original, self.reference_recipe, reference_seed)
+        query, query_table, query_log = self.copy(query_original, self.query_recipe_for(label, query_seed), query_seed,
+                                                  other_images)
+        reference, reference_table, reference_log = self.copy(reference_original, self.reference_recipe, reference_seed,
+                                                              other_images)
         return CopyPair(
             query=query,
             reference=reference,
@@ -178,6 +204,30 @@ class CopyPairMaker:
             skipped_images=skipped_images,
             recipes={"query": query_log, "reference": reference_log},
         )
+
+
+def _with_pool_images(recipe: list[dict], other_images: OtherImagePicker,
+                      rng: np.random.Generator) -> tuple[list[dict], list[dict]]:
+    """``(recipe naming the pool images by id, the same recipe holding the images)`` of a drawn chain whose
+    crop-group pastes take other images of the training data (procedural ones stay where none is available)."""
+    logged, bound = [], []
+    for description in recipe:
+        field = _POOL_FIELDS.get(description["name"])
+        picked = other_images(rng) if field is not None else None
+        if picked is None:
+            logged.append(description)
+            bound.append(description)
+            continue
+        image_id, image = picked
+        params = description["params"]
+        logged.append({**description, "params": {**params, field: {"kind": "pool", "id": str(image_id)}}})
+        bound.append({**description, "params": {**params, field: image}})
+    return logged, bound
+
+
+def _check_other_images(other_images: str) -> None:
+    if other_images not in OTHER_IMAGES:
+        raise ConfigError(f"other_images={other_images!r} must be one of {OTHER_IMAGES}")
 
 
 def _check_rates(positive_rate: float, hard_negative_prob: float, hard_negative_k: int) -> None:
@@ -206,6 +256,9 @@ class CopyPairDataset(torch.utils.data.Dataset):
             (matcher: 128 and 0.5), else a random other image.
         decoder: the :class:`ImageDecoder` (counts unreadable images).
         max_retries: unreadable images replaced by random others before giving up on a pair.
+        other_images: ``training_images`` (default): the crop group's pastes take a random other image of
+            ``images`` (drawn from the pair's seed, named by id in the recipe); ``procedural``: noise or
+            gradient images (see :data:`OTHER_IMAGES`).
     """
 
     def __init__(
@@ -219,8 +272,10 @@ class CopyPairDataset(torch.utils.data.Dataset):
         hard_negative_prob: float = 0.5,
         decoder: ImageDecoder | None = None,
         max_retries: int = 16,
+        other_images: str = "training_images",
     ):
         _check_rates(positive_rate, hard_negative_prob, hard_negative_k)
+        _check_other_images(other_images)
         if len(images) < 2:
             raise ConfigError(f"the training set needs at least 2 images, got {len(images)}")
         self.images = images
@@ -232,6 +287,7 @@ class CopyPairDataset(torch.utils.data.Dataset):
         self.hard_negative_prob = hard_negative_prob
         self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
         self.max_retries = max_retries
+        self.other_images = other_images
 
     def __len__(self) -> int:
         return len(self.images)
@@ -264,6 +320,18 @@ class CopyPairDataset(torch.utils.data.Dataset):
         partner = int(rng.integers(len(self.images) - 1))
         return partner + (partner >= index)  # uniform over the other images
 
+    def _other_image_picker(self, index: int) -> OtherImagePicker | None:
+        """Another image of the dataset than row ``index``, uniformly (None with ``procedural``)."""
+        if self.other_images != "training_images":
+            return None
+
+        def pick(rng: np.random.Generator) -> tuple[str, Image.Image]:
+            other = int(rng.integers(len(self.images) - 1))
+            row, image, _ = self._decode(other + (other >= index), rng, avoid=index)
+            return self.images[row]["image_id"], image
+
+        return pick
+
     def __getitem__(self, key: PairKey | int) -> CopyPair:
         if not isinstance(key, PairKey):
             key = PairKey(0, int(key), int(key))
@@ -279,7 +347,8 @@ class CopyPairDataset(torch.utils.data.Dataset):
             skipped += more
             reference_id = self.images[partner]["image_id"]
         return self.maker(query_original, reference_original, label, query_seed, reference_seed,
-                          query_id=query_id, reference_id=reference_id, skipped_images=skipped)
+                          query_id=query_id, reference_id=reference_id, skipped_images=skipped,
+                          other_images=self._other_image_picker(index))
 
 
 class GroundTruthPairDataset(torch.utils.data.Dataset):
@@ -369,7 +438,9 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
     data-loader worker its shards in order; rows are drawn at random from a buffer of
     ``shuffle_buffer_size`` rows, with a random state that changes with the epoch (``set_epoch``).
     Negative references come from a pool of the last ``negative_pool`` readable images of the
-    worker's stream (GHNM needs random access: use :class:`CopyPairDataset` for it).
+    worker's stream (GHNM needs random access: use :class:`CopyPairDataset` for it); with
+    ``other_images="training_images"`` (the default) the crop group's pastes take their other image
+    from the same bounded pool (the current image excluded), named by id in the recipe.
 
     Iterating returns a :class:`StreamingPairIterator`, whose ``state_dict()`` is exactly where the
     worker is (``datasets``' own position in its shards, the buffered rows, the negative pool, the
@@ -389,8 +460,11 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         shuffle_buffer_size: int = 1000,
         negative_pool: int = 256,
         decoder: ImageDecoder | None = None,
+        other_images: str = "training_images",
     ):
         _check_rates(positive_rate, 0.0, 1)
+        _check_other_images(other_images)
+        self.other_images = other_images
         self.images = images
         self.maker = maker
         self.batch_size = batch_size
@@ -502,6 +576,7 @@ class StreamingPairIterator:
             label = int(rng.random() < data.positive_rate or not self._pool)
             query_seed, reference_seed = (int(s) for s in rng.integers(_SEED_SPACE, size=2))
             partner = None if label else self._pool[int(rng.integers(len(self._pool)))]
+            others = self._other_image_picker(list(self._pool))
             self._pool.append(row)
             skipped, reported = data.decoder.skipped - reported, data.decoder.skipped
             if partner is None:
@@ -510,4 +585,19 @@ class StreamingPairIterator:
                 reference_original = data.decoder(partner["image"], partner["image_id"])
                 reference_id = partner["image_id"]
             yield data.maker(image, reference_original, label, query_seed, reference_seed,
-                             query_id=row["image_id"], reference_id=reference_id, skipped_images=skipped)
+                             query_id=row["image_id"], reference_id=reference_id, skipped_images=skipped,
+                             other_images=others)
+
+    def _other_image_picker(self, rows: list[dict]) -> OtherImagePicker | None:
+        """One of ``rows`` (the recent images before the current one), uniformly; None with ``procedural``
+        or an empty pool (the pastes then stay procedural; an unreadable row too)."""
+        if self.dataset.other_images != "training_images" or not rows:
+            return None
+        decoder = self.dataset.decoder
+
+        def pick(rng: np.random.Generator) -> tuple[str, Image.Image] | None:
+            row = rows[int(rng.integers(len(rows)))]
+            image = decoder(row["image"], row["image_id"])
+            return None if image is None else (row["image_id"], image)
+
+        return pick

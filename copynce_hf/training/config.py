@@ -108,6 +108,10 @@ class TrainingConfig:
         "The edit recipe of the queries: training, paper_descriptor, paper_matcher, off (no random edit: resized to "
         "the model input; quote it in YAML) or resize (copynce_hf.data.pairs.RECIPES)."))
     reference_recipe: str = _option("off", "The edit recipe of the references (same names as query_recipe).")
+    other_images: str = _option("training_images", (
+        "The other image of the crop group's pastes (paper recipes): training_images (another image of the training "
+        "data, as the authors' code; a streamed dataset draws it from its last 256 images; the copy's recipe names it "
+        "by id) or procedural (noise or gradient images, no second image read)."))
     max_source_side: int | None = _option(None, (
         "Originals are shrunk to this longer side before editing (null: 4 x the model's image size; 0: never)."))
     positive_rate: float | None = _option(None, (
@@ -241,7 +245,7 @@ class TrainingConfig:
             fail("pair_source", f"must be one of {_PAIR_SOURCES}")
         if self.pair_source == "ground_truth" and not self.ground_truth:
             fail("ground_truth", "must name the ground-truth CSV when pair_source is ground_truth")
-        from ..data.pairs import RECIPES
+        from ..data.pairs import OTHER_IMAGES, RECIPES
 
         for key in ("query_recipe", "reference_recipe"):
             if getattr(self, key) not in RECIPES:
@@ -254,6 +258,8 @@ class TrainingConfig:
                  f"{_MIXED_PRECISION}")
         from .optim import COSINE_SPANS
 
+        if self.other_images not in OTHER_IMAGES:
+            fail("other_images", f"must be one of {OTHER_IMAGES}")
         if self.cosine_span not in COSINE_SPANS:
             fail("cosine_span", f"must be one of {COSINE_SPANS}")
         number("positive_rate", allow_none=True, low=0, high=1)

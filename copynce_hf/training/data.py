@@ -187,7 +187,8 @@ def indexed_copies(config: TrainingConfig, accelerator: Accelerator, collator: P
     dataset = CopyPairDataset(
         images, maker, seed=config.seed, positive_rate=config.resolved("positive_rate"),
         knn=knn if mining == "pairs" else None, hard_negative_k=config.resolved("hard_negative_k"),
-        hard_negative_prob=config.resolved("hard_negative_prob"), decoder=_decoder(config))
+        hard_negative_prob=config.resolved("hard_negative_prob"), decoder=_decoder(config),
+        other_images=config.other_images)
     return _map_style(config, accelerator, collator, dataset, len(images), knn=knn, eval_rows=eval_rows)
 
 
@@ -206,7 +207,7 @@ def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: 
     dataset = StreamingCopyPairDataset(
         images, maker, per_process, seed=config.seed, positive_rate=config.resolved("positive_rate"),
         process_index=accelerator.process_index, num_processes=processes,
-        shuffle_buffer_size=config.shuffle_buffer_size, decoder=_decoder(config))
+        shuffle_buffer_size=config.shuffle_buffer_size, decoder=_decoder(config), other_images=config.other_images)
     splits = getattr(getattr(images, "info", None), "splits", None) or {}
     split = splits.get(config.dataset_split) if hasattr(splits, "get") else None
     num_rows = getattr(split, "num_examples", None)

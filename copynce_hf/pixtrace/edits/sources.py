@@ -6,13 +6,17 @@ that image as a JSON-serialisable *spec*, so that recipes stay replayable:
 * ``{"kind": "file", "path": "..."}``: an image file (read with :func:`load_image`);
 * ``{"kind": "noise", "seed": 3, "size": [h, w]}``: smooth random colour noise;
 * ``{"kind": "gradient", "seed": 3, "size": [h, w]}``: a random two-colour linear gradient;
-* ``{"kind": "solid", "color": [r, g, b], "size": [h, w]}``: a flat colour.
+* ``{"kind": "solid", "color": [r, g, b], "size": [h, w]}``: a flat colour;
+* ``{"kind": "pool", "id": "T000123"}``: an image of a dataset named by its id (the training pairs'
+  other-image pool, :class:`~copynce_hf.data.CopyPairMaker`); the image itself is not in the spec, so
+  a recipe holding one is rendered after :func:`bind_pool_images` puts the images in.
 
 Callers that already hold a PIL image can pass it directly; it is then not serialisable.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +37,10 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
     kind = spec["kind"]
     if kind == "file":
         return load_image(spec["path"])
+    if kind == "pool":
+        raise EditParameterError(
+            f"the image spec {spec!r} names an image of the training data by id; put the image in first with "
+            "copynce_hf.pixtrace.bind_pool_images(recipe, {id: image or path})")
     height, width = _spec_size(spec)
     if kind == "solid":
         color = tuple(int(c) for c in spec.get("color", (127, 127, 127)))
@@ -48,6 +56,26 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
         pixels = start + t[..., None] * (end - start)
         return Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8), "RGB")
     raise EditParameterError(f"unknown image spec kind {kind!r}; use file, noise, gradient or solid")
+
+
+def bind_pool_images(recipe: Sequence[dict[str, Any]], images: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``recipe`` (a list of ``Edit.to_dict()``) with every ``{"kind": "pool", "id": ...}`` image spec
+    replaced by ``images[id]`` (a PIL image or a path), ready for ``replay``.
+
+    Raises :class:`EditParameterError` naming an id that ``images`` lacks.
+    """
+    bound = []
+    for description in recipe:
+        params = dict(description.get("params", {}))
+        for key, value in params.items():
+            if isinstance(value, dict) and value.get("kind") == "pool":
+                if value.get("id") not in images:
+                    raise EditParameterError(f"{description.get('name')}: {key} names pool image {value.get('id')!r}, "
+                                             f"which the images given ({len(images)}) do not hold")
+                image = images[value["id"]]
+                params[key] = image if isinstance(image, Image.Image) else {"kind": "file", "path": str(image)}
+        bound.append({**description, "params": params})
+    return bound
 
 
 def is_procedural(spec: Any) -> bool:
