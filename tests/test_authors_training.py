@@ -1,4 +1,4 @@
-"""The authors' training choices beside the paper's, each a configuration key (issue #24).
+"""The authors' training choices beside the paper's, each a configuration key.
 
 Each test compares the code with a computation of its own: the neighbour lists with a brute-force
 ranking that keeps the image itself in column 0 (as the authors' ``knns`` do), the schedule with the
