@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from copynce_hf.data import CopyPairBatchSampler, CopyPairDataset, CopyPairMaker, PairKey, build_knn_graph
-from copynce_hf.errors import ConfigError
+from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.training import build_scheduler, load_config
 from copynce_hf.training.optim import learning_rate_factor
 
@@ -251,7 +251,7 @@ def test_paper_descriptor_configs_gather_as_constants_with_an_unbounded_scale():
 
 def test_descriptor_loss_uses_the_configured_scale_bound():
     from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
-    from copynce_hf.losses import info_nce_loss
+    from copynce_hf.modeling.losses_copynce import info_nce_loss
 
     tiny = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
                 patch_size=16, descriptor_dim=8, copynce_weight=0.0, koleo_weight=0.0)
@@ -308,7 +308,7 @@ def test_crop_group_pastes_take_training_images_recorded_by_id_and_replay(images
 
 
 def test_pool_images_must_be_bound_before_rendering():
-    from copynce_hf.errors import EditParameterError
+    from copynce_hf.modeling.errors import EditParameterError
     from copynce_hf.pixtrace import bind_pool_images, replay
 
     recipe = [{"name": "overlay_image_box", "params": {"overlay": {"kind": "pool", "id": "T7"}, "x": 0.1, "y": 0.1,

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..errors import ConfigError
+from ..modeling.errors import ConfigError
 
 __all__ = ["COSINE_SPANS", "build_optimizer", "build_scheduler", "learning_rate_factor", "warmup_steps_for"]
 
