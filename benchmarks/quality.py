@@ -62,9 +62,9 @@ SYSTEM_CHOICES = ("pdq", "phash", "random", "descriptors", "matchers", "pipeline
 PIPELINE_STAGES = (
     ("pipeline-1-descriptor", ("copynce",), False, "none", None, "k"),
     ("pipeline-2-score-norm", ("copynce",), True, "none", None, "k"),
-    ("pipeline-3-descriptor-lce", ("copynce",), True, "paper", None, "k"),
-    ("pipeline-4-matcher-top10", ("copynce",), True, "paper", "none", "k"),
-    ("pipeline-5-matcher-lce", ("copynce",), True, "paper", "paper", "merged"),
+    ("pipeline-3-descriptor-lce", ("copynce",), True, "matcher-views", None, "k"),
+    ("pipeline-4-matcher-top10", ("copynce",), True, "matcher-views", "none", "k"),
+    ("pipeline-5-matcher-lce", ("copynce",), True, "matcher-views", "paper", "merged"),
 )
 DEFAULT_BASELINE_DESCRIPTOR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseline-descriptor"
 #: Run folder names written by ``benchmarks.training``: ``descriptor-copynce-seed0`` etc.

@@ -38,12 +38,10 @@ from . import __version__
 from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 from .modeling.errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
+from .retrieval.presets import DEFAULT_CANDIDATES, DETECT_PRESET_FIELDS, DETECT_PRESETS
 from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
 logger = logging.getLogger("copynce_hf.cli")
-
-#: Merged candidates per query that ``copynce detect`` hands to the matcher (see :mod:`copynce_hf.retrieval.detect`).
-DETECT_CANDIDATES = 50
 
 
 # --------------------------------------------------------------------------- helpers
@@ -102,6 +100,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -363,9 +368,9 @@ def cmd_detect(args) -> int:
             ground_truth = read_ground_truth_csv(args.ground_truth)
         except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
             raise PredictionsError(str(error)) from error
-    config = DetectConfig(k=args.k, candidates=args.candidates, descriptor_lce=args.descriptor_lce,
-                          matcher_lce=args.matcher_lce, alpha=args.alpha, batch_size=args.batch_size,
-                          num_workers=args.num_workers)
+    explicit = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
+    config = DetectConfig.from_preset(args.preset, batch_size=args.batch_size, num_workers=args.num_workers,
+                                      **explicit)
     paths = args.models or [None]
     descriptors = [Descriptor(name, *_descriptor_model(path, "--models"), source=str(path or DEFAULT_DESCRIPTOR))
                    for name, path in zip(_model_names(paths), paths)]
@@ -381,6 +386,11 @@ def cmd_detect(args) -> int:
 
     say(f"{len(queries)} queries, {len(references)} references, descriptors: {', '.join(d.name for d in descriptors)}, "
         f"matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}")
+    say(f"preset {args.preset}" + (f" with {', '.join(sorted(explicit))} given" if explicit else "")
+        + f": descriptor LCE {config.descriptor_lce}, {config.candidates} candidates, matcher LCE "
+        f"{config.matcher_lce}, top {config.k}, score normalisation "
+        + (f"over auxiliary ranks {config.k_start}-{config.k_end}" if auxiliary is not None
+           else "off (no --aux folder given)"))
     result = detect(queries, references, descriptors, matcher, auxiliary, config, index_folder=output / "indexes",
                     progress=not args.quiet, log=say)
     count = write_predictions(output / "predictions.csv", result.predictions)
@@ -401,8 +411,10 @@ def cmd_detect(args) -> int:
         "queries": str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
         "descriptors": ", ".join(d.source for d in descriptors),
         "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER),
+        "preset": args.preset + (f" ({', '.join(sorted(explicit))} given)" if explicit else ""),
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
-        "score normalisation": f"alpha {config.alpha} over {args.aux}" if args.aux else "off",
+        "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
+                                if args.aux else "off"),
         "candidates per query": config.candidates, "predictions per query": config.k,
     }
     lookup_q, lookup_r = queries.lookup(), references.lookup()
@@ -529,9 +541,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(optionally with local crops ensembling) and write OUTPUT/predictions.csv (query_id,reference_id,score), "
         "OUTPUT/report.html (a gallery of the top and borderline matches with heatmaps) and, with --ground-truth, "
         "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run.",
-        epilog="Cost per query on one CPU core with the embedded 112-px models: about 40-60 ms per descriptor "
-        "view, 40-60 ms per matcher encoder view and per matcher fusion pair. --matcher-lce none: 1 fusion per "
-        "candidate; paper: 26 query views encoded once, then 35 fusions per candidate; all: 260 per candidate.",
+        epilog="Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
+        "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 3 s per query with "
+        "the embedded 112-px models on one core. paper (the authors' inference: --descriptor-lce authors, "
+        "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "
+        "costs about 45 descriptor passes + 26 encoder passes + 400 x 35 fusion passes per query, i.e. roughly "
+        "9-14 minutes per query, and 9 descriptor passes per reference (see README 'Cost per query'). Cost per pass on one CPU core with the embedded "
+        "112-px models: about 40-60 ms per descriptor view, 40-60 ms per matcher encoder view and per matcher "
+        "fusion pair. --matcher-lce none: 1 fusion per candidate; paper: 26 query views encoded once, then 35 "
+        "fusions per candidate; all: 260 per candidate.",
     )
     p.add_argument("queries", help="folder of query images")
     p.add_argument("--references", required=True, help="folder of reference images")
@@ -540,18 +558,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
     p.add_argument("--matcher", default=None,
                    help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+    p.add_argument("--preset", choices=tuple(DETECT_PRESETS), default="fast",
+                   help="whole settings: fast (CPU-sized, default) or paper (the authors' inference, for GPUs); "
+                   "see below")
     p.add_argument("--aux", metavar="FOLDER",
                    help="images without copies of the queries (e.g. training images) for score normalisation")
-    p.add_argument("--alpha", type=float, default=1.0, help="score normalisation weight (default 1)")
-    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
-                   help="descriptor views: none (whole images) or paper (26 query x 10 reference views, best pair; "
-                   "the reference index is 10x larger) (default none)")
-    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default="none",
-                   help="matcher view pairs per candidate: none (1), paper (35), all (260) (default none)")
-    p.add_argument("--candidates", type=_positive_int, default=DETECT_CANDIDATES,
-                   help=f"merged candidates per query verified by the matcher (default {DETECT_CANDIDATES}, practical "
-                   "on a CPU: about 3 s per query with --matcher-lce none; the paper uses 400 on GPUs)")
-    p.add_argument("--k", type=_positive_int, default=10, help="predictions kept per query (default 10)")
+    p.add_argument("--alpha", type=float, help="score normalisation weight (presets: 1)")
+    p.add_argument("--k-start", type=_non_negative_int,
+                   help="first auxiliary rank of score normalisation, from 0 (fast: 0, paper: 1)")
+    p.add_argument("--k-end", type=_non_negative_int,
+                   help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES,
+                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, best "
+                   "pair, top --candidates) or authors (45 query views in 4 groups x 9 reference views, each query "
+                   "view keeps its top 100/10/10/4 references by group: up to 390 per query) (fast: none, "
+                   "paper: authors)")
+    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES,
+                   help="matcher view pairs per candidate: none (1), paper (35), all (260) (fast: none, paper: paper)")
+    p.add_argument("--candidates", type=_positive_int,
+                   help=f"merged candidates per query verified by the matcher (fast: {DEFAULT_CANDIDATES}, about 3 s "
+                   "per query on a CPU with --matcher-lce none; paper: 400, as the authors on GPUs)")
+    p.add_argument("--k", type=_positive_int, help="predictions kept per query (presets: 10)")
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
@@ -575,8 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nlist", type=_positive_int, help="IVF-PQ: number of inverted lists (default 4*sqrt(N))")
     p.add_argument("--pq-m", type=_positive_int, help="IVF-PQ: sub-quantisers (default D/2)")
     p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
-                   help="index views: none (whole images) or paper (10 views per reference: whole, five one-third "
-                   "crops, four quarters) (default none)")
+                   help="index views: none (whole images), matcher-views (10 views per reference: whole, five "
+                   "one-third crops, four quarters) or authors (9 views: whole, five crops, three rotations) "
+                   "(default none)")
     _add_search_knobs(p)
     _add_model_loading(p)
     _add_image_input(p)
@@ -593,7 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_positive_int, default=10, help="neighbours per query (default 10)")
     p.add_argument("--output", required=True, help="predictions CSV to write")
     p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
-                   help="query views: none or paper (26 views; a pair scores its best view pair) (default none)")
+                   help="query views: none, matcher-views (26 views; a pair scores its best view pair) or authors "
+                   "(45 views in 4 groups, each view keeps its top 100/10/10/4 references by group, then the "
+                   "best --k) (default none)")
     post = p.add_argument_group(
         "post-processing (paper supplementary)",
         "Both need descriptors of an auxiliary image set without copies of the queries, e.g. training "

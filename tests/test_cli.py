@@ -149,7 +149,7 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     out_dir = tmp_path / "found"
     args = ["detect", images / "queries", "--references", images / "refs", "--output", out_dir,
             "--models", models["descriptor"], models["descriptor"], "--matcher", models["matcher"],
-            "--aux", images / "aux", "--descriptor-lce", "paper", "--matcher-lce", "paper", "--candidates", 3,
+            "--aux", images / "aux", "--descriptor-lce", "matcher-views", "--matcher-lce", "paper", "--candidates", 3,
             "--k", 2, "--ground-truth", images / "gt.csv", "--gallery", 2]
     code, out, err = run(capsys, *args)
     assert code == 0, err
@@ -183,16 +183,45 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert_one_line_error(code, err, "does not exist")
 
 
-def test_index_and_search_with_paper_views(models, images, tmp_path, capsys):
+def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, capsys):
+    out_dir = tmp_path / "paper"
+    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output", out_dir,
+                       "--models", models["descriptor"], "--matcher", models["matcher"], "--aux", images / "aux",
+                       "--preset", "paper", "--candidates", 2, "--k", 1, "--k-end", 3)
+    assert code == 0, err
+    # the preset's values where no option was given, the options where they were
+    html = (out_dir / "report.html").read_text()
+    for key, value in (("preset", "paper (candidates, k, k_end given)"), ("descriptor LCE", "authors"),
+                       ("matcher LCE", "paper"), ("candidates per query", "2"), ("predictions per query", "1")):
+        assert f"<tr><th>{key}</th><td>{value}</td></tr>" in html
+    assert "alpha 1.0, auxiliary ranks 1-3 of" in html
+    assert len(DescriptorIndex.load(out_dir / "indexes" / "descriptor" / "references")) == 5 * 9  # authors' views
+    assert DescriptorIndex.load(out_dir / "indexes" / "descriptor" / "auxiliary").info["views"] == "authors"
+    predictions = read_predictions(out_dir / "predictions.csv")
+    assert sorted(p.query_id for p in predictions) == ["Q0", "Q1", "Q2"]
+    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
+                       tmp_path / "fast", "--models", models["descriptor"], "--matcher", "none", "--k", 1)
+    assert code == 0, err
+    html = (tmp_path / "fast" / "report.html").read_text()
+    for key, value in (("preset", "fast (k given)"), ("descriptor LCE", "none"), ("matcher LCE", "none"),
+                       ("score normalisation", "off"), ("candidates per query", "50")):
+        assert f"<tr><th>{key}</th><td>{value}</td></tr>" in html
+    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
+                       tmp_path / "bad", "--models", models["descriptor"], "--matcher", "none", "--k-start", 5,
+                       "--k-end", 2)
+    assert_one_line_error(code, err, "k_start=5", "k_end=2")
+
+
+def test_index_and_search_with_matcher_views(models, images, tmp_path, capsys):
     idx = tmp_path / "idx"
     code, out, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx,
-                         "--descriptor-lce", "paper")
+                         "--descriptor-lce", "matcher-views")
     assert code == 0, err
     index = DescriptorIndex.load(idx)
-    assert len(index) == 50 and index.info["views"] == "paper" and index.references.ids[:2] == ["R0#0", "R0#1"]
+    assert len(index) == 50 and index.info["views"] == "matcher-views" and index.references.ids[:2] == ["R0#0", "R0#1"]
     candidates = tmp_path / "c.csv"
     code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 2, "--output", candidates,
-                       "--descriptor-lce", "paper")
+                       "--descriptor-lce", "matcher-views")
     assert code == 0, err
     rows = read_predictions(candidates)
     assert len(rows) == 6 and {p.reference_id for p in rows} <= {f"R{i}" for i in range(5)}

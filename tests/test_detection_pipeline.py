@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -11,7 +13,10 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import (
+    DETECT_PRESETS,
     Descriptor,
+    DescriptorIndex,
+    DescriptorSet,
     DetectConfig,
     ImageFolderSource,
     ImageListSource,
@@ -27,8 +32,11 @@ from copynce_hf.retrieval import (
     paper_query_views,
     paper_reference_views,
     render_view,
+    search_view_groups,
     search_views,
     view_index,
+    view_predictions,
+    view_preset_of,
 )
 
 
@@ -73,7 +81,7 @@ def test_paper_views_are_the_defined_boxes(width, height):
     assert sum((x1 - x0) * (y1 - y0) for x0, y0, x1, y1 in ninths) == w * h
 
     image = noise(w, h, 0)
-    rendered = ViewPreset("paper").query_images(image)
+    rendered = ViewPreset("matcher-views").query_images(image)
     assert rendered[0] is image and rendered[1].size == (thirds[0][2] - thirds[0][0], thirds[0][3] - thirds[0][1])
     assert rendered[20].size[::-1] == pytest.approx(image.size, abs=1)  # 90 degrees (view 20), expanded
     diagonal = rendered[19]  # 45 degrees, expanded: the canvas holds the rotated rectangle
@@ -83,6 +91,53 @@ def test_paper_views_are_the_defined_boxes(width, height):
     assert ViewPreset("none").query_images(image) == [image]
     with pytest.raises(ConfigError, match="unknown LCE view preset"):
         ViewPreset("grid")
+
+
+def _box(image_width: int, image_height: int, x0, y0, x1, y1) -> tuple[int, int, int, int]:
+    """A box given as fractions of the sides, floored to pixels."""
+    return (math.floor(x0 * image_width), math.floor(y0 * image_height), math.floor(x1 * image_width),
+            math.floor(y1 * image_height))
+
+
+@pytest.mark.parametrize("width,height", [(120, 90), (101, 77)])
+def test_authors_views_are_the_defined_boxes(width, height):
+    w, h = width, height
+    F = Fraction
+    preset = ViewPreset("authors")
+    groups = preset.query_view_groups(w, h)
+    assert [len(group) for group in groups] == [1, 10, 9, 25] and preset.group_sizes == (1, 10, 9, 25)
+    assert preset.group_top_k == (100, 10, 10, 4)
+    assert sum(n * k for n, k in zip(preset.group_sizes, preset.group_top_k)) == 390  # the paper's count
+    assert groups[0] == [View("full")]
+    half, quarter = F(1, 2), F(1, 4)
+    corner_near, corner_far = F(707, 1000), F(293, 1000)
+    two = [(0, 0, half, 1), (quarter, 0, F(3, 2), 1), (half, 0, 1, 1),  # vertical halves (centre: to 3w/2)
+           (0, 0, 1, half), (0, quarter, 1, 3 * quarter), (0, half, 1, 1),  # horizontal halves
+           (0, 0, corner_near, corner_near), (corner_far, 0, 1, corner_near),  # corners of 0.707 per side
+           (0, corner_far, corner_near, 1), (corner_far, corner_far, 1, 1)]
+    four = [(i * quarter, j * quarter, i * quarter + half, j * quarter + half) for j in range(3) for i in range(3)]
+    nine = [(F(i, 6), F(j, 6), F(i + 2, 6), F(j + 2, 6)) for j in range(5) for i in range(5)]
+    for group, fractions in zip(groups[1:], (two, four, nine)):
+        assert group == [View("crop", _box(w, h, *f)) for f in fractions]
+    reference = preset.reference_views(w, h)
+    eighths = [(F(1, 8), F(1, 8)), (F(3, 8), F(1, 8)), (F(1, 8), F(3, 8)), (F(3, 8), F(3, 8))]
+    assert reference == [View("full"), View("crop", _box(w, h, F(1, 6), F(1, 6), F(5, 6), F(5, 6))),
+                         *(View("crop", _box(w, h, x, y, x + half, y + half)) for x, y in eighths),
+                         View("rotate", angle=90), View("rotate", angle=180), View("rotate", angle=270)]
+    # the 5 x 5 grid of one-third boxes covers the whole image
+    covered = np.zeros((h, w), dtype=bool)
+    for left, top, right, bottom in (view.box for view in groups[3]):
+        covered[top:bottom, left:right] = True
+    assert covered.all()
+    image = noise(w, h, 1)
+    rendered = preset.query_images(image)
+    assert len(rendered) == 45 and rendered[0] is image
+    centre_vertical = np.asarray(rendered[2])  # (w/4, 0, 3w/2, h): past the right edge, padded with black
+    assert centre_vertical.shape[:2] == (h, 3 * w // 2 - w // 4)
+    assert np.array_equal(centre_vertical[:, : w - w // 4], np.asarray(image)[:, w // 4 :])
+    assert not centre_vertical[:, w - w // 4 :].any()
+    assert [r.size for r in preset.reference_images(image)[6:]] == [(h, w), (w, h), (h, w)]
+    assert ViewPreset("paper") == ViewPreset("matcher-views")  # the earlier name, read from saved indexes
 
 
 def test_matcher_view_pairs_follow_the_authors_rule():
@@ -106,9 +161,9 @@ def test_best_view_scoring_finds_a_query_that_is_a_crop_of_a_reference(tiny):
     query = references[3].crop((96 // 3, 72 // 3, 2 * 96 // 3, 2 * 72 // 3))
     reference_source = ImageListSource([f"r{i}" for i in range(6)], references)
     query_source = ImageListSource(["q"], [query])
-    paper = ViewPreset("paper")
+    paper = ViewPreset("matcher-views")
     index = view_index(Descriptor("tiny", descriptor, processor), reference_source, paper, progress=False)
-    assert len(index) == 60 and index.info["views"] == "paper"
+    assert len(index) == 60 and index.info["views"] == "matcher-views"
     queries = extract_view_descriptors(descriptor, processor, query_source, paper, "query", progress=False)
     assert queries.ids[:2] == ["q#0", "q#1"] and len(queries) == 26
     query_ids, ranked = search_views(index, queries, paper, k=3)
@@ -128,6 +183,85 @@ def test_best_view_scoring_finds_a_query_that_is_a_crop_of_a_reference(tiny):
     plain_queries = extract_view_descriptors(descriptor, processor, query_source, plain, "query", progress=False)
     _, plain_ranked = search_views(plain_index, plain_queries, plain, k=6)
     assert dict(plain_ranked[0])["r3"] < 1.0 - 1e-3
+
+
+def _view_index(rng, images: int, views: int, dim: int, name: str, preset: str) -> DescriptorIndex:
+    vectors = rng.normal(size=(images * views, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = [f"{name}{i}#{v}" for i in range(images) for v in range(views)]
+    return DescriptorIndex.build(DescriptorSet(ids, vectors), info={"views": preset})
+
+
+def _query_views(rng, index: DescriptorIndex, queries: int, dim: int) -> DescriptorSet:
+    """45 views per query, some of them noisy copies of reference views (so that lists overlap)."""
+    vectors = rng.normal(size=(queries * 45, dim)).astype(np.float32)
+    copied = rng.choice(len(index), size=queries * 45 // 3)
+    vectors[: len(copied)] += 3 * index.references.descriptors[copied]
+    vectors = vectors[rng.permutation(len(vectors))]
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return DescriptorSet([f"q{i}#{v}" for i in range(queries) for v in range(45)], vectors)
+
+
+def test_authors_per_group_top_k_equals_a_brute_force_merge():
+    rng = np.random.default_rng(3)
+    index = _view_index(rng, images=130, views=9, dim=16, name="r", preset="authors")
+    queries = _query_views(rng, index, queries=3, dim=16)
+    preset = ViewPreset("authors")
+    assert view_preset_of(index) == preset
+    query_ids, ranked = search_view_groups(index, queries, preset)
+    # brute force: every query view's cosine to every reference (its best view), top k of the view's group,
+    # then the union per query, a reference keeping its best score
+    cosines = queries.descriptors @ index.references.descriptors.T  # (3 * 45, 130 * 9)
+    per_reference = cosines.reshape(3, 45, 130, 9).max(axis=3)  # (query, view, reference)
+    group_k = [100] + [10] * 10 + [10] * 9 + [4] * 25
+    assert query_ids == ["q0", "q1", "q2"]
+    for q in range(3):
+        expected: dict[str, float] = {}
+        for v in range(45):
+            for r in np.argsort(-per_reference[q, v], kind="stable")[: group_k[v]]:
+                expected[f"r{r}"] = max(expected.get(f"r{r}", -np.inf), float(per_reference[q, v, r]))
+        assert 100 <= len(expected) <= 390
+        got = dict(ranked[q])
+        assert got.keys() == expected.keys()
+        assert [got[r] for r in expected] == pytest.approx(list(expected.values()), abs=1e-5)
+        assert [s for _, s in ranked[q]] == sorted((s for _, s in ranked[q]), reverse=True)
+    # view_predictions keeps the best k of that union
+    top = view_predictions(index, queries, preset, k=7)
+    assert [(p.reference_id, p.score) for p in top if p.query_id == "q1"] == ranked[1][:7]
+    with pytest.raises(ConfigError, match="per view group"):
+        search_view_groups(index, queries, ViewPreset("matcher-views"))
+
+
+def test_score_normalisation_uses_the_configured_auxiliary_ranks():
+    rng = np.random.default_rng(4)
+    index = _view_index(rng, images=20, views=9, dim=8, name="r", preset="authors")
+    auxiliary = _view_index(rng, images=12, views=9, dim=8, name="a", preset="authors")
+    queries = _query_views(rng, index, queries=2, dim=8)
+    preset = ViewPreset("authors")
+    plain = {(p.query_id, p.reference_id): p.score for p in view_predictions(index, queries, preset, k=5)}
+    # the bias: the mean of the query's best-view-pair cosines to the auxiliary images of ranks 1..4
+    lce = (queries.descriptors @ auxiliary.references.descriptors.T).reshape(2, 45, 12, 9).max(axis=(1, 3))
+    ranks = -np.sort(-lce, axis=1)
+    for k_start, k_end in ((1, 4), (0, 9)):
+        normalised = view_predictions(index, queries, preset, k=5, auxiliary=auxiliary, alpha=0.5,
+                                      k_start=k_start, k_end=k_end)
+        assert len(normalised) == 10
+        for p in normalised:
+            bias = ranks[int(p.query_id[1:]), k_start : k_end + 1].mean()
+            assert p.score == pytest.approx(plain[(p.query_id, p.reference_id)] - 0.5 * bias, abs=1e-5)
+    assert DetectConfig.from_preset("paper").k_start == 1 and DetectConfig.from_preset("paper").k_end == 4
+    assert (DetectConfig.from_preset("fast").k_start, DetectConfig.from_preset("fast").k_end) == (0, 9)
+
+
+def test_detect_presets():
+    paper = DetectConfig.from_preset("paper", k=3)
+    assert (paper.descriptor_lce, paper.matcher_lce, paper.candidates, paper.k) == ("authors", "paper", 400, 3)
+    assert DetectConfig.from_preset("fast") == DetectConfig()  # fast is the CPU-sized default
+    assert set(DETECT_PRESETS) == {"paper", "fast"}
+    with pytest.raises(ConfigError, match="unknown detect preset 'slow'"):
+        DetectConfig.from_preset("slow")
+    with pytest.raises(ConfigError, match="k_start=3, k_end=2"):
+        DetectConfig(k_start=3, k_end=2)
 
 
 def test_merge_candidates_and_recall():
@@ -155,7 +289,7 @@ def test_cached_matcher_scores_equal_uncached_forwards(tiny, lce):
     pairs = [("q0", "r0"), ("q0", "r1"), ("q1", "r1"), ("q1", "r2"), ("q0", "r2"), ("q1", "r0")]
     scorer = MatcherScorer(matcher, processor, lce=lce, batch_size=5)
     cached = scorer.score(pairs, images, references, progress=False)
-    preset = ViewPreset("paper" if lce == "paper" else "none")
+    preset = ViewPreset("matcher-views" if lce == "paper" else "none")
     views_q, views_r = preset.num_query_views, preset.num_reference_views
     # one encoder pass per view of each distinct image, one fusion pass per scored view pair
     assert scorer.encoded_views == 2 * views_q + 3 * views_r
@@ -197,7 +331,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     other = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=8, **TINY_VIT)).eval()
     descriptors = [Descriptor("one", descriptor, processor), Descriptor("two", other, processor)]
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
-    config = DetectConfig(k=2, candidates=3, descriptor_lce="paper", matcher_lce="paper", batch_size=16)
+    config = DetectConfig(k=2, candidates=3, descriptor_lce="matcher-views", matcher_lce="paper", batch_size=16)
     result = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),
                     config, index_folder=tmp_path / "indexes", progress=False)
     assert set(result.per_model) == {"one", "two"}
@@ -207,7 +341,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     assert result.matcher_cost["fused_pairs"] == 6 * 35
     assert result.candidate_recall({"qa": ["r2"], "qb": []}) in (0.0, 1.0)
     identity = json.loads((tmp_path / "indexes" / "one" / "references" / "identity.json").read_text())
-    assert identity["views"] == "paper" and identity["images"] == ["r0", "r1", "r2", "r3", "r4"]
+    assert identity["views"] == "matcher-views" and identity["images"] == ["r0", "r1", "r2", "r3", "r4"]
     stamp = (tmp_path / "indexes" / "one" / "references" / "index.faiss").stat().st_mtime_ns
     query_stamp = (tmp_path / "indexes" / "one" / "queries" / "descriptors.safetensors").stat().st_mtime_ns
     again = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),

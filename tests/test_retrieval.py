@@ -399,4 +399,5 @@ def test_search_references_equals_brute_force_with_each_post_processing():
     with pytest.raises(ConfigError, match="auxiliary"):
         search_references(index, query_set, 3, stretch=True)
     with pytest.raises(ConfigError, match="views"):
-        search_references(index, query_set, 3, query_views=ViewPreset("paper"), auxiliary=aux_set, stretch=True)
+        search_references(index, query_set, 3, query_views=ViewPreset("matcher-views"), auxiliary=aux_set,
+                          stretch=True)

@@ -4,12 +4,16 @@ candidates, matcher verification (+ LCE).
 Stages (supplementary "More about Candidates List for Matcher"):
 
 1. for every descriptor model: build (or reuse) the index over the reference views, embed the
-   query views, take each query's top ``candidates`` references by best view-pair cosine, and
-   score-normalise with an auxiliary set when one is given (:mod:`.view_search`);
+   query views, take each query's top ``candidates`` references by best view-pair cosine (with the
+   ``authors`` views: each query view's own top-k per view group, then the best ``candidates``),
+   and score-normalise with an auxiliary set when one is given (:mod:`.view_search`);
 2. merge the models' lists per query: union, best score, top ``candidates`` (:mod:`.candidates`);
 3. re-score the merged candidates with the matcher (encoder-token cache, LCE view pairs,
    :mod:`.matcher_cache`) and keep the top ``k`` per query; without a matcher the top ``k`` merged
    candidates are the answer.
+
+:data:`~.presets.DETECT_PRESETS` names two whole settings: ``paper`` (the authors' inference) and ``fast``
+(the CPU-sized defaults of :class:`DetectConfig`).
 
 Used by ``copynce detect``, the demo and the benchmarks (through :mod:`copynce_hf.evaluation`).
 """
@@ -30,14 +34,12 @@ from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig
 from .matcher_cache import MatcherScorer
 from .predictions import Prediction
+from .presets import DEFAULT_CANDIDATES, DETECT_PRESETS
 from .search import search_references
 from .view_search import extract_view_descriptors
 from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
 
 logger = logging.getLogger(__name__)
-
-#: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs).
-DEFAULT_CANDIDATES = 50
 
 
 @dataclasses.dataclass
@@ -48,9 +50,12 @@ class DetectConfig:
         k: predictions kept per query at the end.
         candidates: merged candidates per query re-scored by the matcher (each descriptor also
             retrieves this many).
-        descriptor_lce: ``none`` or ``paper`` (26 query x 10 reference views at search time).
+        descriptor_lce: ``none``, ``matcher-views`` (26 query x 10 reference views at search time, best
+            view pair) or ``authors`` (45 query views in four groups x 9 reference views, top-k per
+            query view and group: :mod:`.view_search`).
         matcher_lce: ``none`` (1 view pair), ``paper`` (35) or ``all`` (260).
-        alpha, k_start, k_end: score normalisation (used when an auxiliary set is given).
+        alpha, k_start, k_end: score normalisation (used when an auxiliary set is given): ``alpha`` times
+            the mean score of the auxiliary neighbours of 0-based ranks ``k_start..k_end`` (inclusive).
         batch_size: images per descriptor pass, views per encoder pass and view pairs per fusion pass.
         num_workers: ``DataLoader`` workers reading images.
         cache_size: reference views whose matcher tokens are kept.
@@ -73,6 +78,18 @@ class DetectConfig:
         for name in ("k", "candidates", "batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.k_start <= self.k_end:
+            raise ConfigError(f"score normalisation needs 0 <= k_start <= k_end, got k_start={self.k_start}, "
+                              f"k_end={self.k_end}")
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides) -> DetectConfig:
+        """The settings of ``preset`` (:data:`~.presets.DETECT_PRESETS`), with ``overrides`` (fields given explicitly)."""
+        if preset not in DETECT_PRESETS:
+            raise ConfigError(f"unknown detect preset {preset!r}; choose one of {', '.join(DETECT_PRESETS)}")
+        return cls(**{**DETECT_PRESETS[preset], **overrides})
+
+
 
 
 @dataclasses.dataclass

@@ -1,0 +1,26 @@
+"""Named whole settings of ``copynce detect`` / :func:`copynce_hf.retrieval.detect` (no heavy imports, so that
+the command line can list them in ``--help``).
+
+``paper`` is the authors' inference (their evaluation code, and supplementary "More about
+Candidates List for Matcher"): descriptor LCE with their 45 query / 9 reference views and per-group
+top-k (up to 390 candidates per query and descriptor), score normalisation over the auxiliary
+neighbours of ranks 1-4 (their ``score_normalization.py --start 1 --end 5``, end exclusive), 400
+merged candidates, matcher LCE (35 view pairs per candidate), top 10 per query. ``fast`` is sized
+for a CPU: whole-image descriptors, 50 candidates, one matcher pass per candidate, ranks 0-9.
+"""
+
+from __future__ import annotations
+
+#: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs).
+DEFAULT_CANDIDATES = 50
+
+#: :class:`~copynce_hf.retrieval.DetectConfig` fields a preset sets.
+DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alpha", "k_start", "k_end")
+
+#: Preset name -> values of :data:`DETECT_PRESET_FIELDS`.
+DETECT_PRESETS: dict[str, dict] = {
+    "fast": {"descriptor_lce": "none", "matcher_lce": "none", "candidates": DEFAULT_CANDIDATES, "k": 10,
+             "alpha": 1.0, "k_start": 0, "k_end": 9},
+    "paper": {"descriptor_lce": "authors", "matcher_lce": "paper", "candidates": 400, "k": 10,
+              "alpha": 1.0, "k_start": 1, "k_end": 4},
+}
