@@ -14,18 +14,11 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from copynce_hf.evaluation.minidisc import (
-    EvaluationRecipe,
-    MiniDisc,
-    QueryEntry,
-    read_splits,
-)
+from copynce_hf.evaluation.minidisc import MiniDisc
 from copynce_hf.evaluation.minidisc import MiniDiscConfig as _MiniDiscConfig
 from copynce_hf.evaluation.minidisc import build_minidisc as _build_minidisc
-from copynce_hf.retrieval import ImageListSource
 
-__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "ImageListSource", "build_minidisc",
-           "read_splits", "SHARED_DATA"]
+__all__ = ["MiniDiscConfig", "build_minidisc", "SHARED_DATA"]
 
 #: ``../shared/data`` next to the repository (absent outside dev sessions and CI).
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

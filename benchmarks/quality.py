@@ -6,7 +6,7 @@
 
     python -m benchmarks.quality --systems pipeline --threads 1   # the detection pipeline, stage by stage
 
-Systems (see :mod:`benchmarks.systems`): ``pdq``, ``phash``, ``random`` (the benchmark ViT with
+Systems (see :mod:`copynce_hf.evaluation.systems`): ``pdq``, ``phash``, ``random`` (the benchmark ViT with
 random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model folder in
 ``--runs-dir``, written by ``python -m benchmarks.training``, plus ``--descriptor`` entries) and
 ``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
@@ -28,6 +28,15 @@ from pathlib import Path
 
 import yaml
 
+from copynce_hf.evaluation.minidisc import MiniDisc
+from copynce_hf.evaluation.systems import (
+    DescriptorSystem,
+    HashSystem,
+    MatcherRescoring,
+    PipelineSystem,
+    SystemOutput,
+    score_predictions,
+)
 from copynce_hf.retrieval import Prediction
 from copynce_hf.training import WITHOUT_EMA_FOLDER
 
@@ -41,15 +50,7 @@ from .common import (
     read_json,
     write_json,
 )
-from .minidisc import SHARED_DATA, MiniDisc, MiniDiscConfig, build_minidisc
-from .systems import (
-    DescriptorSystem,
-    HashSystem,
-    MatcherRescoring,
-    PipelineSystem,
-    SystemOutput,
-    score_predictions,
-)
+from .minidisc import SHARED_DATA, MiniDiscConfig, build_minidisc
 
 logger = logging.getLogger("benchmarks.quality")
 
@@ -286,9 +287,8 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
     bound its cost, and its record also scores the previous stage's predictions on the same queries.
     """
     from copynce_hf.evaluation import load_model
+    from copynce_hf.evaluation.minidisc import read_splits
     from copynce_hf.retrieval import Descriptor, DetectConfig, ImageListSource
-
-    from .minidisc import read_splits
 
     train = read_splits(task.config.splits_csv, task.config.image_folder).get("train", [])
     auxiliary = ImageListSource([path.stem for path in train], train)

@@ -251,7 +251,7 @@ def render(results_dir: Path, output: Path, figures_dir: Path, runs_dir: Path | 
         text.append("## Quality on mini-DISC\n")
         text.append(f"{task['num_references']} references (`reference` split), {task['num_queries']} queries: "
                     f"{task['num_copies']} edited copies of references and {task['num_queries'] - task['num_copies']} "
-                    "edited distractors, evaluation recipe `benchmarks.minidisc.EvaluationRecipe` (task "
+                    "edited distractors, evaluation recipe `CopyRecipe.minidisc_queries()` (task "
                     f"`{task['fingerprint']}`, seed {task['config']['seed']}). Top-10 references per query, scored "
                     "with `copynce_hf.metrics` (muAP, RP90, recall@1).\n")
         text.append(quality_table(records, runs))

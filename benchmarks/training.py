@@ -39,8 +39,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from copynce_hf.evaluation.minidisc import read_splits
+
 from .common import DEFAULT_OUTPUT_DIR, REPO_ROOT, machine_info, now, read_json, write_json
-from .minidisc import SHARED_DATA, read_splits
+from .minidisc import SHARED_DATA
 
 logger = logging.getLogger("benchmarks.training")
 

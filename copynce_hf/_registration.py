@@ -22,7 +22,7 @@ _PIPELINES = "transformers.pipelines"
 #: Modules the registrations import: none may be half-imported when they run.
 _NEEDED = _AUTO + (
     "transformers", _PIPELINES, "transformers.activations", "transformers.configuration_utils",
-    "transformers.core_model_loading", "transformers.image_processing_backends", "transformers.image_processing_utils",
+    "transformers.image_processing_backends", "transformers.image_processing_utils",
     "transformers.image_utils", "transformers.initialization", "transformers.modeling_layers",
     "transformers.modeling_outputs", "transformers.modeling_utils", "copynce_hf.modeling",
     "copynce_hf.modeling.configuration_copynce", "copynce_hf.modeling.convert_dino", "copynce_hf.modeling.errors",

@@ -18,13 +18,14 @@ from conftest import TINY_VIT
 from PIL import Image
 
 from benchmarks import dense_tables
-from benchmarks.minidisc import EvaluationRecipe, MiniDiscConfig, build_minidisc
+from benchmarks.minidisc import MiniDiscConfig, build_minidisc
 from benchmarks.quality import evaluate_system, run_quality
 from benchmarks.report import load_quality, render
 from benchmarks.speed import bench_faiss, bench_pixtrace, pixtrace_chain
-from benchmarks.systems import HashSystem, SystemOutput, score_predictions
 from benchmarks.training import VARIANTS, plan_runs, prepare_train_split
 from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.evaluation.minidisc import EvaluationRecipe
+from copynce_hf.evaluation.systems import HashSystem, SystemOutput, score_predictions
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
 from copynce_hf.pixtrace.edits import Resize
 from copynce_hf.retrieval import Prediction
@@ -104,16 +105,15 @@ def test_minidisc_fingerprint_is_pinned():
 
 
 def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
-    import benchmarks.minidisc
-    import benchmarks.systems
+    import benchmarks.quality
     import copynce_hf.cli
     import copynce_hf.demo.run
     import copynce_hf.demo.systems
     from copynce_hf import evaluation
     from copynce_hf.evaluation import demo_task, minidisc, systems
 
-    assert benchmarks.systems.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
-    assert benchmarks.minidisc.EvaluationRecipe is minidisc.EvaluationRecipe
+    assert benchmarks.quality.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
+    assert benchmarks.quality.MiniDisc is minidisc.MiniDisc
     assert copynce_hf.demo.run.DemoTask is demo_task.DemoTask
     assert copynce_hf.cli.load_model is evaluation.load_model is copynce_hf.demo.run.load_model
 
@@ -303,7 +303,7 @@ def test_train_split_folder_links_only_train_images(tmp_path):
 def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path):
     import torch
 
-    from benchmarks.systems import DescriptorSystem
+    from copynce_hf.evaluation.systems import DescriptorSystem
     from copynce_hf.modeling import (
         CopyNCEDescriptorConfig,
         CopyNCEDescriptorModel,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "copynce_hf"
 
 
@@ -155,13 +157,31 @@ def test_the_checks_find_a_crossing_a_cycle_and_a_shim(tmp_path):
                                    ("pkg.sub.deeper", "public")]
 
 
-def test_no_private_names_cross_modules():
-    assert private_crossings(PACKAGE) == []
+#: The packages checked: the library, and the benchmark drivers beside it.
+ROOTS = [PACKAGE, PACKAGE.parent / "benchmarks"]
 
 
-def test_no_import_cycles():
-    assert import_cycles(PACKAGE) == []
+@pytest.mark.parametrize("root", ROOTS, ids=lambda root: root.name)
+def test_no_private_names_cross_modules(root):
+    assert private_crossings(root) == []
 
 
-def test_no_module_only_re_exports():
-    assert re_exports(PACKAGE) == []
+@pytest.mark.parametrize("root", ROOTS, ids=lambda root: root.name)
+def test_no_import_cycles(root):
+    assert import_cycles(root) == []
+
+
+@pytest.mark.parametrize("root", ROOTS, ids=lambda root: root.name)
+def test_no_module_only_re_exports(root):
+    assert re_exports(root) == []
+
+
+def test_the_package_imports_neither_scripts_nor_benchmarks():
+    """Library code lives in the package; scripts and benchmarks call it, never the reverse."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [(path.name, name) for name in names if name.split(".")[0] in ("scripts", "benchmarks")]
+    assert found == []

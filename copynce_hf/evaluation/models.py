@@ -58,8 +58,6 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
 
     from ..retrieval import model_kind
 
-    if isinstance(kind, Path):  # the former ``cli.load_model(path, default_folder, option)`` call form
-        kind, default = None, kind
     if kind not in (None, "descriptor", "matcher"):
         raise ConfigError(f"model kind must be 'descriptor' or 'matcher', got {kind!r}")
     if path is None:
