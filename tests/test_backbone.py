@@ -80,6 +80,26 @@ def test_sdpa_is_the_default_and_eager_gives_the_same_outputs(saved, kind):
         AutoModel.from_pretrained(saved / kind, attn_implementation="flash_attention_2")
 
 
+@pytest.mark.parametrize("kind", ["descriptor", "matcher"])
+def test_set_attn_implementation_switches_the_backend_of_a_loaded_model(saved, kind, caplog):
+    batch = pair_batch()
+    inputs = {key: batch[key] for key in ("pixel_values", "reference_pixel_values")}
+    if kind == "descriptor":
+        inputs.pop("reference_pixel_values")
+    model = AutoModel.from_pretrained(saved / kind).eval()
+    with torch.no_grad():
+        sdpa = main_output(kind, model(**inputs))
+    with caplog.at_level("WARNING"):
+        model.set_attn_implementation("eager")
+    assert "does not support setting its attention implementation" not in caplog.text
+    assert model.config._attn_implementation == "eager"
+    assert all(block.attn.config._attn_implementation == "eager" for block in model.vit.blocks)
+    with torch.no_grad():
+        torch.testing.assert_close(main_output(kind, model(**inputs)), sdpa, atol=1e-5, rtol=0)
+    model.set_attn_implementation("sdpa")
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_output_attentions_returns_each_blocks_maps(saved):
     batch = pair_batch()
     descriptor = AutoModel.from_pretrained(saved / "descriptor").eval()  # sdpa: the maps come from the eager path

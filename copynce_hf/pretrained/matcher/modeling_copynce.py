@@ -172,8 +172,8 @@ class CopyNCEAttention(nn.Module):
         implementation = self.config._attn_implementation
         if output_attentions or implementation in (None, "eager"):
             attention = eager_attention_forward
-        else:
-            attention = ALL_ATTENTION_FUNCTIONS[implementation]
+        else:  # the lookup transformers looks for before it lets set_attn_implementation switch backends
+            attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
         attended, weights = attention(
             self, query, key, value, None,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
