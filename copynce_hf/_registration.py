@@ -17,7 +17,8 @@ import sys
 import warnings
 
 _AUTO = ("transformers.models.auto", "transformers.models.auto.configuration_auto",
-         "transformers.models.auto.modeling_auto", "transformers.models.auto.image_processing_auto")
+         "transformers.models.auto.modeling_auto", "transformers.models.auto.image_processing_auto",
+         "transformers.models.auto.video_processing_auto")
 _PIPELINES = "transformers.pipelines"
 #: Modules the registrations import: none may be half-imported when they run.
 _NEEDED = _AUTO + (

@@ -11,6 +11,7 @@ from __future__ import annotations
 from transformers import AutoModel
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .modeling.configuration_copynce import CopyNCEViTConfig
 from .modeling.pipeline_copynce import TASK, ImageCopyDetectionPipeline
 
 __all__ = ["register_pipeline"]
@@ -21,6 +22,9 @@ def register_pipeline() -> None:
     :class:`ImageCopyDetectionPipeline` with ``AutoModel``."""
     PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=ImageCopyDetectionPipeline, pt_model=AutoModel,
                                         type="image")
+    # Folders loaded with these classes then leave the task to this registration (their custom_pipelines
+    # entry, for loads without copynce_hf, would make transformers ask for trust_remote_code=True).
+    CopyNCEViTConfig.registered_pipeline_tasks = CopyNCEViTConfig.registered_pipeline_tasks | {TASK}
 
 
 register_pipeline()

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import run_without_copynce_hf, save_tiny_models
+from conftest import REPO_ROOT as REPO
+from conftest import TINY_VIT, run_without_copynce_hf, save_tiny_models
 from PIL import Image
 from transformers import pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
@@ -90,9 +91,12 @@ def test_one_query_against_a_list_of_references_gives_one_score_each(folders, pa
             [detector(q, a)["score"] for q in (b, c)], abs=1e-5)
 
 
-def test_descriptor_works_with_the_stock_image_feature_extraction_pipeline(folders, pair_images):
+def test_descriptor_works_with_the_stock_image_feature_extraction_pipeline(folders, pair_images, monkeypatch):
     _, (a, b, _) = pair_images
+    prompts = []  # transformers asks "Do you wish to run the custom code?" through input()
+    monkeypatch.setattr("builtins.input", lambda text="": prompts.append(text) or "n")
     extractor = pipeline("image-feature-extraction", model=folders["descriptor"])
+    assert prompts == []
     features = torch.tensor(extractor([a, b]))  # (2, 1, D): one descriptor per image
     processor, model = extractor.image_processor, extractor.model
     with torch.no_grad():
@@ -110,6 +114,10 @@ detector = pipeline(model=sys.argv[1], trust_remote_code=True)
 assert type(detector).__module__.startswith("transformers_modules."), type(detector).__module__
 images = sys.argv[2:]
 print("SCORES", json.dumps([r["score"] for r in detector(images[0], images[1:])]))
+# saved from the folder's own code, the pipeline reloads (its code and custom_pipelines travel along)
+detector.save_pretrained("again")
+again = pipeline(model="again", trust_remote_code=True)
+print("AGAIN", json.dumps([r["score"] for r in again(images[0], images[1:])]))
 """
 
 
@@ -127,5 +135,55 @@ def test_saved_pipeline_runs_from_its_folder_without_copynce_hf(folders, pair_im
     assert config["custom_pipelines"]["image-copy-detection"]["impl"] == "pipeline_copynce.ImageCopyDetectionPipeline"
     assert (tmp_path / "saved" / "pipeline_copynce.py").is_file()
     output = run_without_copynce_hf(REMOTE_PIPELINE, [tmp_path / "saved", *images], tmp_path)
-    scores = json.loads(output.split("SCORES", 1)[1].strip().splitlines()[0])
-    assert scores == pytest.approx(expected, abs=1e-6)
+    for label in ("SCORES", "AGAIN"):
+        scores = json.loads(output.split(label, 1)[1].strip().splitlines()[0])
+        assert scores == pytest.approx(expected, abs=1e-6), label
+    assert (tmp_path / "again" / "pipeline_copynce.py").read_text() == (tmp_path / "saved" / "pipeline_copynce.py").read_text()
+
+
+def test_registered_task_runs_on_folders_that_carry_custom_pipelines(tmp_path, monkeypatch):
+    """The shipped folders and those training writes (save_for_hub) record the task in custom_pipelines,
+    for loads without copynce_hf; after ``import copynce_hf`` the registered task runs them as they are."""
+    from copynce_hf import CopyNCEImageProcessor, CopyNCEMatcherConfig, CopyNCEMatcherModel
+    from copynce_hf.hub import save_for_hub
+
+    written = tmp_path / "trained"
+    save_for_hub(CopyNCEMatcherModel(CopyNCEMatcherConfig(**TINY_VIT, num_fusion_layers=1)), written,
+                 image_processor=CopyNCEImageProcessor(size={"height": 32, "width": 32}))
+    image = str(REPO / "copynce_hf" / "assets" / "images" / "chelsea.jpg")
+    prompts = []
+    monkeypatch.setattr("builtins.input", lambda text="": prompts.append(text) or "n")
+    for folder in (REPO / "copynce_hf" / "pretrained" / "matcher", REPO / "copynce_hf" / "pretrained" / "descriptor",
+                   written):
+        assert "image-copy-detection" in json.loads((folder / "config.json").read_text())["custom_pipelines"]
+        detector = pipeline("image-copy-detection", model=str(folder))
+        assert type(detector) is ImageCopyDetectionPipeline
+        assert 0.0 <= detector(image, image)["score"] <= 1.0 + 1e-6
+        assert "image-copy-detection" not in detector.model.config.custom_pipelines  # left to the registration
+        assert list(detector.model.config.custom_pipelines) == ["image-copy-detection"]  # kept for saving
+        assert detector.model.config.to_dict()["custom_pipelines"] == json.loads(
+            (folder / "config.json").read_text())["custom_pipelines"]
+    assert prompts == []
+    # Without a task, the task is still inferred from the folder, with or without trust_remote_code.
+    for trust in (None, True):
+        detector = pipeline(model=str(written), trust_remote_code=trust)
+        assert type(detector) is ImageCopyDetectionPipeline, trust
+    assert prompts == []
+
+
+FEATURES_WITHOUT_COPYNCE_HF = """
+from transformers import pipeline
+
+extractor = pipeline("image-feature-extraction", model=sys.argv[1], trust_remote_code=True)
+assert type(extractor.model).__module__.startswith("transformers_modules."), type(extractor.model).__module__
+print("SHAPE", len(extractor(sys.argv[2])[0]))
+"""
+
+
+@pytest.mark.slow
+def test_stock_feature_extraction_runs_the_shipped_descriptor_without_copynce_hf(tmp_path):
+    folder = REPO / "copynce_hf" / "pretrained" / "descriptor"
+    image = REPO / "copynce_hf" / "assets" / "images" / "chelsea.jpg"
+    output = run_without_copynce_hf(FEATURES_WITHOUT_COPYNCE_HF, [folder, image], tmp_path)
+    assert "Do you wish to run the custom code" not in output
+    assert f"SHAPE {json.loads((folder / 'config.json').read_text())['descriptor_dim']}" in output, output

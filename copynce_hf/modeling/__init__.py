@@ -66,6 +66,7 @@ def register_auto_classes() -> None:
     if _registered:
         return
     from transformers import AutoConfig, AutoImageProcessor, AutoModel
+    from transformers.models.auto.video_processing_auto import AutoVideoProcessor  # needs no torchvision
 
     from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig, CopyNCEViTConfig
     from .image_processing_copynce import CopyNCEImageProcessor
@@ -80,6 +81,10 @@ def register_auto_classes() -> None:
         AutoModel.register(config_class, model_class, exist_ok=True)
         AutoImageProcessor.register(config_class, image_processor_classes={"pil": CopyNCEImageProcessor},
                                     exist_ok=True)
+        # No video processor: said explicitly, or AutoVideoProcessor (which pipelines such as the stock
+        # image-feature-extraction try) reads the image processor's auto_map as remote video code and
+        # stops at an interactive "run the custom code?" prompt.
+        AutoVideoProcessor.register(config_class, video_processor_classes={}, exist_ok=True)
         # save_pretrained then writes auto_map and copies the code into the folder (Hub custom code).
         config_class.register_for_auto_class("AutoConfig")
         model_class.register_for_auto_class("AutoModel")

@@ -111,6 +111,25 @@ class ImageCopyDetectionPipeline(Pipeline):
         if self.image_processor is None:
             raise ConfigError("image-copy-detection needs the model's image processor")
 
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
+        """Write the model, its image processor, this pipeline's code and the config's ``custom_pipelines``
+        entry into ``save_directory``: ``pipeline(model=save_directory, trust_remote_code=True)`` then
+        rebuilds the pipeline where copynce_hf is not installed. Unlike ``Pipeline.save_pretrained``, this
+        also holds for a pipeline built from a folder's own code (``trust_remote_code=True``), which no
+        registry knows. ``kwargs`` go to the model's and processor's ``save_pretrained``."""
+        from transformers.dynamic_module_utils import custom_object_save
+
+        if os.path.isfile(save_directory):
+            raise ConfigError(f"cannot save the pipeline into {save_directory}: it is a file, not a folder")
+        os.makedirs(save_directory, exist_ok=True)
+        module = type(self).__module__.rpartition(".")[2]
+        self.model.config.custom_pipelines = {
+            TASK: {"impl": f"{module}.{type(self).__name__}", "pt": ["AutoModel"], "type": "image"}
+        }
+        custom_object_save(self, save_directory)
+        self.model.save_pretrained(save_directory, **kwargs)
+        self.image_processor.save_pretrained(save_directory, **kwargs)
+
     def __call__(self, query, reference=None, **kwargs):
         """Score one pair (``query``, ``reference``) or several (see the module docstring)."""
         return super().__call__(_as_pairs(query, reference), **kwargs)

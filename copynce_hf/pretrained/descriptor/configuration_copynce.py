@@ -88,6 +88,33 @@ def _check_positive_int(key: str, value) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, value, "must be an integer > 0")
 
 
+class CustomPipelines(dict):
+    """A saved folder's ``custom_pipelines`` (task -> the pipeline code the folder carries) where some
+    tasks are also registered with ``transformers`` from the installed package.
+
+    ``transformers.pipeline`` looks a task up in the folder's entries first and then demands
+    ``trust_remote_code=True``, even for code that is installed and registered. For the registered tasks,
+    membership (``task in entries``) is therefore false, so the registration runs them; the entries
+    themselves are kept (iteration, ``len``, saving), so a pipeline without a task still infers it from
+    the folder and the folder saves unchanged.
+    """
+
+    def __init__(self, entries, registered_tasks):
+        super().__init__(entries)
+        self.registered_tasks = frozenset(registered_tasks)
+
+    def __contains__(self, task) -> bool:
+        return task not in self.registered_tasks and super().__contains__(task)
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        return CustomPipelines(copy.deepcopy(dict(self), memo), self.registered_tasks)
+
+    def __reduce__(self):
+        return CustomPipelines, (dict(self), self.registered_tasks)
+
+
 class CopyNCEViTConfig(PretrainedConfig):
     """Configuration of :class:`CopyNCEViTModel`, the ViT backbone shared by the descriptor and
     the matcher (hyper-parameter names as in ``ViTConfig``, ViT-S/16 defaults as in DINO).
@@ -118,6 +145,10 @@ class CopyNCEViTConfig(PretrainedConfig):
     """
 
     model_type = "copynce-vit"
+    #: Pipeline tasks registered with ``transformers`` from this very code (``import copynce_hf`` adds
+    #: ``image-copy-detection`` when it registers the task, see ``copynce_hf.pipelines``); see
+    #: :class:`CustomPipelines`. Empty in a class loaded from a folder's own code.
+    registered_pipeline_tasks = frozenset()
 
     def __init__(
         self,
@@ -153,6 +184,8 @@ class CopyNCEViTConfig(PretrainedConfig):
         self.patch_size = patch_size
         self.num_channels = num_channels
         self.qkv_bias = qkv_bias
+        if kwargs.get("custom_pipelines") and self.registered_pipeline_tasks:
+            kwargs["custom_pipelines"] = CustomPipelines(kwargs["custom_pipelines"], self.registered_pipeline_tasks)
         super().__init__(**kwargs)
         self._validate_vit()
 
