@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
-from .modeling.errors import ConfigError, CopyNCEError
+from .modeling.errors import TRANSFORMERS_REQUIREMENT, ConfigError, CopyNCEError
 
 __all__ = [
     "CITATION",
@@ -301,6 +301,7 @@ def build_model_card(
         base_models=base_models,
         dataset_ids=dataset_ids,
         descriptor_dim=getattr(config, "descriptor_dim", None),
+        transformers_requirement=TRANSFORMERS_REQUIREMENT,
         citation=CITATION,
     )
 

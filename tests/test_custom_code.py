@@ -210,3 +210,27 @@ def test_shipped_model_folders_load_as_hub_custom_code_without_copynce_hf(tmp_pa
     torch.save(reference, tmp_path / "reference.pt")
     output = run_without_copynce_hf(SHIPPED_RUNNER, [tmp_path / "reference.pt"], tmp_path)
     assert output.count("SHIPPED") == len(SHIPPED_FOLDERS), output
+
+
+@pytest.mark.parametrize("module, missing", [("modeling_copynce", "transformers.initialization"),
+                                             ("image_processing_copynce", "transformers.image_processing_backends")])
+def test_code_on_transformers_4_names_the_version_it_needs(tmp_path, monkeypatch, module, missing):
+    """A folder's code imported where transformers 4.x is installed (its 5.x modules absent) says which
+    transformers it needs, not only "No module named ..."."""
+    import importlib
+    import sys
+
+    import transformers
+
+    package = tmp_path / "folder_code"  # the code as a model folder carries it, imported as its own package
+    shutil.copytree(SHIPPED_FOLDERS[0], package, ignore=shutil.ignore_patterns("*.safetensors"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, missing, None)  # an import of it fails, as on transformers 4.57
+    monkeypatch.delattr(transformers, missing.rpartition(".")[2], raising=False)
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    try:
+        with pytest.raises(ImportError, match=r"needs transformers>=5\.24,<6, but transformers 4\.57\.1 is installed"):
+            importlib.import_module(f"folder_code.{module}")
+    finally:
+        for name in [name for name in sys.modules if name.startswith("folder_code")]:
+            del sys.modules[name]

@@ -24,7 +24,7 @@ from copynce_hf import (
     CopyNCEMatcherModel,
 )
 from copynce_hf.hub import CITATION, build_model_card, push_to_hub, save_for_hub, validate_model_card
-from copynce_hf.modeling.errors import ConfigError, CopyNCEError
+from copynce_hf.modeling.errors import TRANSFORMERS_REQUIREMENT, ConfigError, CopyNCEError
 
 TINY = {**TINY_VIT, "descriptor_dim": 16}
 RESULTS = [
@@ -171,6 +171,7 @@ def test_card_sections_carry_config_settings_results_and_citation(descriptor_car
     usage = section(text, "How to use")
     assert 'AutoModel.from_pretrained("org/copynce-vits-descriptor", trust_remote_code=True)' in usage
     assert "import copynce_hf" in usage
+    assert f"it needs `{TRANSFORMERS_REQUIREMENT}`" in usage  # the remote code needs transformers 5
     training = section(text, "Training settings")
     assert "| learning_rate | 0.0006 |" in training and "| max_steps | 1000 |" in training
     assert "imagenet-1k" in training
@@ -189,6 +190,7 @@ def test_matcher_card_describes_pairs_and_fusion():
     description = section(card.text, "Model description")
     assert "enc-1-fus-1" in description and "| CopyNCE gamma | ∞ |" in description
     assert "reference_pixel_values=reference" in section(card.text, "How to use")
+    assert f"it needs `{TRANSFORMERS_REQUIREMENT}`" in section(card.text, "How to use")
     assert "pairs" in card.text
 
 

@@ -87,3 +87,11 @@ def test_save_for_hub_and_save_pretrained_write_real_files(tmp_path):
     save_for_hub(model, tmp_path / "hub", image_processor=CopyNCEImageProcessor(size={"height": 32, "width": 32}))
     assert stale_model_code(tmp_path / "hub") == []
     assert not any(path.is_symlink() for path in (tmp_path / "hub").iterdir())
+
+
+def test_shipped_cards_name_the_transformers_their_code_needs():
+    from copynce_hf.modeling.errors import TRANSFORMERS_REQUIREMENT
+
+    for folder in shipped_model_folders():
+        assert f"it needs `{TRANSFORMERS_REQUIREMENT}`" in (folder / "README.md").read_text(encoding="utf-8"), folder
+    assert f'"{TRANSFORMERS_REQUIREMENT}"' in (REPO / "setup.py").read_text()  # the package's own requirement

@@ -44,3 +44,17 @@ class ConfigError(CopyNCEError, ValueError):
 
 class PredictionsError(CopyNCEError, ValueError):
     """A predictions or descriptor file is malformed: missing columns, duplicate pairs, bad values."""
+
+
+#: The ``transformers`` this modelling code is written for (as setup.py requires it).
+TRANSFORMERS_REQUIREMENT = "transformers>=5.24,<6"
+
+
+def transformers_too_old(error: ImportError) -> ImportError:
+    """The error to raise when a ``transformers`` 5 module is missing: it names the installed version and
+    the requirement (a model folder's code, loaded with ``trust_remote_code=True``, may meet a 4.x)."""
+    import transformers
+
+    return ImportError(f"the CopyNCE modelling code needs {TRANSFORMERS_REQUIREMENT}, but transformers "
+                       f"{transformers.__version__} is installed ({error}); upgrade it: "
+                       f"pip install '{TRANSFORMERS_REQUIREMENT}'")

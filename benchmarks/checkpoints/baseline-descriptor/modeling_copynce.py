@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init  # leaves weights loaded from a checkpoint untouched
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
@@ -47,6 +46,13 @@ from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig
 from .convert_dino import build_from_dino, interpolate_position_embeddings
 from .errors import CopyNCEError
 from .losses_copynce import copy_bce_loss, copynce_loss, info_nce_loss, koleo_loss, paired_koleo_loss
+
+try:  # a transformers 5 module (4.x has none): say which version is needed rather than "cannot import"
+    from transformers import initialization as init  # leaves weights loaded from a checkpoint untouched
+except ImportError as error:
+    from .errors import transformers_too_old
+
+    raise transformers_too_old(error) from error
 
 logger = logging.get_logger(__name__)
 

@@ -13,10 +13,16 @@ it was trained on. Saved model folders carry this file (Hub custom code).
 from __future__ import annotations
 
 from PIL import Image
-from transformers.image_processing_backends import PilBackend
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, PILImageResampling
 
 from .rgb_conversion import pil_to_rgb
+
+try:  # a transformers 5 module (4.x has none): say which version is needed rather than "no module named"
+    from transformers.image_processing_backends import PilBackend
+except ImportError as error:
+    from .errors import transformers_too_old
+
+    raise transformers_too_old(error) from error
 
 __all__ = ["CopyNCEImageProcessor"]
 
