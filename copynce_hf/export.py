@@ -293,8 +293,8 @@ def export_model(export: Export, results_dir: Path, max_bytes: int = MAX_BYTES) 
 def _write_checked(model, processor, card, staging: Path, target: Path, kind: str, reference, inputs, max_bytes):
     """Write the float16 folder (weights, config, modelling code with ``auto_map``, processor, card) into
     ``staging``, check it, and move it to ``target``; returns (total bytes, max difference, weight bytes)."""
+    (staging / LICENSE_FILE).write_text(LICENSE_TEXT, encoding="utf-8")  # the card's license_link
     hub.save_for_hub(model.to(torch.float16), staging, image_processor=processor, card=card)
-    (staging / LICENSE_FILE).write_text(LICENSE_TEXT, encoding="utf-8")
     total, difference = check_folder(staging, kind, reference, inputs, max_bytes)
     weight_bytes = (staging / "model.safetensors").stat().st_size
     staging.chmod(0o755)  # mkdtemp makes it private; the folder is package data

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from .modeling.errors import TRANSFORMERS_REQUIREMENT, ConfigError, CopyNCEError
 
 __all__ = [
     "CITATION",
+    "DEFAULT_LICENSE",
     "METRICS",
     "METRIC_ID",
     "PIPELINE_TAGS",
@@ -35,6 +37,7 @@ __all__ = [
     "push_to_hub",
     "save_for_hub",
     "validate_model_card",
+    "weights_license",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -211,6 +214,29 @@ def _eval_results(results: list[dict[str, Any]], pipeline_tag: str) -> list[Eval
     return eval_results
 
 
+DEFAULT_LICENSE = "apache-2.0"
+"""Licence of a card whose weights come from no carded folder (trained from scratch or from DINO, both Apache-2.0)."""
+
+
+def weights_license(source: str | Path | None) -> dict[str, str] | None:
+    """The licence of the weights in the local model folder ``source``, from its card's metadata:
+    ``{"license": ..., "license_name": ..., "license_link": ...}`` (the fields present), or None where
+    ``source`` is not a local folder with a card that names a licence (a Hub id is not looked up)."""
+    card_path = Path(source) / "README.md" if source else None
+    if card_path is None or not card_path.is_file():
+        return None
+    data = ModelCard.load(card_path).data
+    if not data.license:
+        return None
+    return {field: getattr(data, field) for field in ("license", "license_name", "license_link")
+            if getattr(data, field, None)}
+
+
+def _weights_source(config) -> str | None:
+    """The folder ``from_pretrained`` loaded the weights from (``config._name_or_path``), if any."""
+    return getattr(config, "_name_or_path", None) or None
+
+
 def build_model_card(
     config_or_model,
     *,
@@ -219,7 +245,7 @@ def build_model_card(
     training_settings: Mapping[str, Any] | None = None,
     datasets: str | Sequence[str] | None = None,
     base_model: str | Sequence[str] | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     license_name: str | None = None,
     license_link: str | None = None,
     template_path: str | Path | None = None,
@@ -244,7 +270,10 @@ def build_model_card(
         base_model: Hub id(s) of the checkpoint the model was initialised from (e.g.
             ``"facebook/dino-vits16"``); None for a model trained from scratch.
         license: SPDX-style Hub license id, or "other" with ``license_name`` (a short id) and
-            ``license_link`` (the licence text: a file of the repository or a URL).
+            ``license_link`` (the licence text: a file of the repository or a URL). Without one, the
+            licence of the weights is kept: that of the card of the local folder the model was loaded
+            from (``config._name_or_path``, e.g. a run continued from the research-only embedded models),
+            else :data:`DEFAULT_LICENSE`.
         template_path: a Jinja template to use instead of ``model_cards/<kind>.md``.
 
     Returns:
@@ -259,6 +288,12 @@ def build_model_card(
     dataset_ids = _as_list(datasets)
     base_models = _as_list(base_model)
     settings = dict(training_settings or {})
+    if license is None and license_name is None and license_link is None:
+        inherited = weights_license(_weights_source(config)) or {"license": DEFAULT_LICENSE}
+        license, license_name, license_link = (inherited.get(key) for key in ("license", "license_name",
+                                                                              "license_link"))
+    elif license is None:
+        raise CopyNCEError("license_name / license_link need license= (e.g. license='other')")
     if license == "other" and not (license_name and license_link):
         raise CopyNCEError("license='other' needs license_name and license_link (where the licence text is)")
 
@@ -370,7 +405,7 @@ def save_for_hub(
     folder.mkdir(parents=True, exist_ok=True)
     if card is None:
         card = build_model_card(model, model_id=model_id or folder.resolve().name)
-    validate_model_card(card)
+    card_data = validate_model_card(card)
     if image_processor is not None:
         from .modeling.pipeline_copynce import ImageCopyDetectionPipeline
         from .pipelines import register_pipeline
@@ -382,7 +417,23 @@ def save_for_hub(
     if not (folder / "model.safetensors").is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CopyNCEError(f"save_pretrained wrote no safetensors weights into {folder}")
     (folder / "README.md").write_text(str(card), encoding="utf-8")
+    _carry_license_file(card_data, folder, _weights_source(model.config))
     return folder
+
+
+def _carry_license_file(card_data: ModelCardData, folder: Path, source: str | None) -> None:
+    """Copy the licence text a card links to as a file of the repository (``license_link: LICENSE``)
+    from the folder the weights came from, unless ``folder`` holds it already."""
+    link = getattr(card_data, "license_link", None)
+    if not link or "://" in link or (folder / link).is_file():
+        return
+    origin = Path(source) / link if source else None
+    if origin is None or not origin.is_file():
+        raise CopyNCEError(f"the model card's license_link {link!r} names a file of the model folder, but neither "
+                           f"{folder} nor the folder the weights came from ({source or 'none'}) holds it; write "
+                           "the licence text there, or link a URL")
+    (folder / link).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(origin, folder / link)
 
 
 def push_to_hub(

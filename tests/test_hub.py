@@ -128,6 +128,35 @@ def test_license_other_needs_a_name_and_a_link():
         validate_model_card(str(card).replace("license_link: LICENSE\n", ""))
 
 
+def test_cards_keep_the_licence_of_the_weights_a_model_was_loaded_from(tmp_path):
+    """A model loaded from the research-only embedded folder (e.g. a continued training run) keeps that
+    licence and its LICENSE file; weights from nowhere carded get DEFAULT_LICENSE."""
+    from copynce_hf.training import TrainingConfig
+    from copynce_hf.training.saving import save_trained_model
+
+    shipped = Path(hub.__file__).resolve().parent / "pretrained" / "matcher"
+    research_only = {"license": "other", "license_name": "research-only", "license_link": "LICENSE"}
+    assert hub.weights_license(shipped) == research_only
+    model = CopyNCEMatcherModel.from_pretrained(shipped, dtype=torch.float32)
+    assert {key: metadata_of(build_model_card(model, model_id="m")).get(key) for key in research_only} == research_only
+    assert metadata_of(build_model_card(matcher_config(), model_id="m"))["license"] == hub.DEFAULT_LICENSE
+    assert metadata_of(build_model_card(model, model_id="m", license="mit"))["license"] == "mit"  # said explicitly
+    with pytest.raises(CopyNCEError, match="need license="):
+        build_model_card(model, model_id="m", license_name="x")
+
+    run = save_trained_model(model, CopyNCEImageProcessor(size={"height": 112, "width": 112}), TrainingConfig(),
+                             tmp_path / "continued")
+    assert metadata_of((run / "README.md").read_text())["license"] == "other"
+    assert (run / "LICENSE").read_bytes() == (shipped / "LICENSE").read_bytes()
+    saved = save_for_hub(model, tmp_path / "upload")  # what push_to_hub uploads
+    assert (saved / "LICENSE").is_file()
+    # a card linking a licence file that no folder holds is refused, not written with a dangling link
+    fresh = CopyNCEMatcherModel(matcher_config())
+    card = build_model_card(fresh, model_id="m", license="other", license_name="x", license_link="TERMS.md")
+    with pytest.raises(CopyNCEError, match="license_link 'TERMS.md'"):
+        save_for_hub(fresh, tmp_path / "dangling", card=card)
+
+
 def test_training_card_keeps_the_periodic_evaluation_out_of_the_model_index():
     from copynce_hf.training.config import TrainingConfig
     from copynce_hf.training.saving import training_card
