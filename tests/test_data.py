@@ -96,6 +96,22 @@ def test_default_folder_and_saved_dataset_with_other_columns(tmp_path):
         load_image_dataset(tmp_path / "empty_dir")
 
 
+def test_image_folder_with_split_folders_gives_the_requested_split_only(tmp_path):
+    """As datasets' imagefolder splits it: test images never leak into a training split."""
+    root = tmp_path / "photos"
+    _small_images(root / "train" / "cats", 3)
+    _small_images(root / "test", 2, names=["t0.jpg", "t1.jpg"])
+    assert load_image_dataset(root, "train")["image_id"] == ["train/cats/img00", "train/cats/img01", "train/cats/img02"]
+    assert load_image_dataset(root, "test")["image_id"] == ["test/t0", "test/t1"]
+    reference = datasets.load_dataset("imagefolder", data_dir=str(root))
+    assert {split: len(rows) for split, rows in reference.items()} == {"train": 3, "test": 2}
+    with pytest.raises(ConfigError, match=r"'validation' is not a split folder .* \['test', 'train'\]"):
+        load_image_dataset(root, "validation")
+    flat = tmp_path / "flat"  # without split folders the split is not used, as before
+    _small_images(flat / "a", 2)
+    assert len(load_image_dataset(flat, "test")) == 2
+
+
 def _image_table(paths, ids):
     """A dataset of embedded image bytes (as Parquet files on the Hub hold them) with an ``id`` column."""
     table = datasets.Dataset.from_dict({"image": [{"bytes": p.read_bytes(), "path": None} for p in paths], "id": ids})

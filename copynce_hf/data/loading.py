@@ -21,7 +21,8 @@ Sources understood by :func:`load_image_dataset`:
   shards, or a Hub dataset snapshot (what ``huggingface_hub.snapshot_download`` leaves: a ``README.md``
   whose YAML names the configurations and splits, ``data/train-00000-of-00004.parquet``, ...), read with
   ``datasets.load_dataset(folder, name=config_name, split=...)``;
-- any other local folder of images (searched recursively);
+- any other local folder of images (searched recursively); one with split sub-folders (``train/``,
+  ``test/``, ...) gives the images of the requested split only, as ``datasets``' imagefolder does;
 - a Hub dataset id with an image column (``datasets.load_dataset(id, name=config_name, split=...,
   revision=..., token=..., streaming=...)``).
 """
@@ -136,10 +137,31 @@ def _disc21_split(root: Path, split: str) -> datasets.Dataset:
     return _from_files(files, [p.stem for p in files])
 
 
-def _image_folder(root: Path) -> datasets.Dataset:
+def _folder_splits(root: Path, files: list[Path]) -> dict[str, list[Path]] | None:
+    """The images of each split of a folder with split sub-folders (``train/``, ``test/``, ``validation/``
+    and the other names ``datasets``' imagefolder recognises, found by its own patterns), or None for a
+    folder without them."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    patterns = get_data_patterns(str(root))
+    if list(patterns) == ["train"] and patterns["train"] == ["**"]:  # datasets' answer for "no split folders"
+        return None
+    images = {os.path.abspath(path): path for path in files}
+    splits = DataFilesDict.from_patterns(patterns, base_path=str(root))
+    return {str(split): [images[name] for name in map(os.path.abspath, found) if name in images]
+            for split, found in splits.items()}
+
+
+def _image_folder(root: Path, split: str) -> datasets.Dataset:
     files = _list_images(root)
     if not files:
         raise ConfigError(f"dataset folder {str(root)!r} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+    splits = _folder_splits(root, files)
+    if splits is not None:
+        if not splits.get(split):
+            raise ConfigError(f"dataset_split {split!r} is not a split folder of {str(root)!r} with images "
+                              f"(its splits: {sorted(name for name, found in splits.items() if found)})")
+        files = splits[split]
     ids = [str(p.relative_to(root).with_suffix("")).replace(os.sep, "/") for p in files]
     return _from_files(files, ids)
 
@@ -199,8 +221,10 @@ def load_image_dataset(
         source: ``None`` for the bundled default images, a local folder (DISC21 layout, ``save_to_disk``
             output, Parquet shards or Hub dataset snapshot, plain image folder), a Parquet file or a Hub
             dataset id.
-        split: DISC21 split (``train``, ``reference``, ``query``) or the Hub/saved dataset's split.
-            Ignored for plain image folders and single Parquet files.
+        split: DISC21 split (``train``, ``reference``, ``query``), the Hub/saved dataset's split, or the
+            split sub-folder of an image folder that has them (``train/``, ``test/``, ... as ``datasets``'
+            imagefolder splits it). Ignored for image folders without split sub-folders and single
+            Parquet files.
         streaming: return a ``datasets.IterableDataset``. Hub ids are then read with
             ``load_dataset(..., streaming=True)`` (nothing is downloaded ahead); local sources are wrapped
             with ``to_iterable_dataset(num_shards)`` (their images are read lazily either way).
@@ -214,7 +238,7 @@ def load_image_dataset(
         ConfigError: the folder holds no images, the split is unknown or there is no image column.
     """
     if source is None or str(source) == "":
-        dataset = _image_folder(ASSET_IMAGES)
+        dataset = _image_folder(ASSET_IMAGES, split)
     else:
         path = Path(source).expanduser()
         if path.is_dir():
@@ -231,7 +255,7 @@ def load_image_dataset(
                 loaded = _load_repository(str(path), split, streaming, config_name)
                 return _standardise(loaded, image_column, id_column, str(path))
             else:
-                dataset = _image_folder(path)
+                dataset = _image_folder(path, split)
         elif path.is_file() and path.suffix.lower() == ".parquet":
             return _standardise(_load_repository(str(path), split, streaming, None), image_column, id_column,
                                 str(path))
