@@ -236,8 +236,24 @@ def test_demo_without_models_fails_with_a_clear_message(tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     assert main(["--descriptor", str(missing), "--output", str(tmp_path / "out"), *SMALL_TASK]) == 2
     error = capsys.readouterr().err
-    assert str(missing) in error and "export_embedded.py" in error and "nothing here trains" in error
+    assert str(missing) in error and "export_embedded.py" in error and "python -m copynce_hf.training" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_name_that_is_neither_a_folder_nor_on_the_hub_says_both(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from copynce_hf.evaluation.models import load_model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError) as raised:
+        load_model("my-descriptor", "descriptor")
+    message = str(raised.value)
+    assert message.startswith("cannot load the model 'my-descriptor' (--model): there is no such folder here, "
+                              "and as a Hub id: "), message
+    assert "written by training, `python -m copynce_hf.training --output_dir DIR`" in message
+    assert "nothing here trains" not in message and "\n" not in message
 
 
 def test_exporting_an_exported_folder_keeps_its_training_rows(exported, tmp_path):

@@ -12,7 +12,8 @@ PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
 DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
 DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
-_MADE_BY = " (the embedded models are made by `python scripts/export_embedded.py`, nothing here trains a model)"
+_MADE_BY = (" (model folders are written by training, `python -m copynce_hf.training --output_dir DIR`, or by "
+            "save_pretrained; the embedded ones by `python scripts/export_embedded.py`)")
 
 
 def check_model_path(path: str | Path | None, option: str = "--model") -> None:
@@ -75,10 +76,10 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         processor = AutoImageProcessor.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        hint = ""
-        if not Path(str(path)).exists():
-            hint = f"; it is neither a model folder here nor a reachable Hub id{_MADE_BY}"
-        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}{hint}") from error
+        if not Path(str(path)).exists():  # read as a Hub id: say first that no such folder exists
+            raise ConfigError(f"cannot load the model {str(path)!r} ({option}): there is no such folder here, and "
+                              f"as a Hub id: {first_line}{_MADE_BY}") from error
+        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}") from error
     if kind is not None and model_kind(model) != kind:
         raise ConfigError(f"{option} {path} holds a {model_kind(model)}; a {kind} is needed here")
     return model, processor
