@@ -4,21 +4,26 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 STAMP := .make-installed
 
-.PHONY: install test lint train bench demo space space-bundle sync-model-code clean
+.PHONY: install browser test lint train bench demo space space-bundle sync-model-code clean
 
 $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
 	$(PYTHON) -m pip install -q "setuptools>=70.1" wheel cython  # cython: pdqhash builds from source without isolation
 	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train,space]"
-	@# the Space's browser test drives Debian's chromium (never a browser download); without it the test skips
+	@touch $(STAMP)
+
+# The Space's browser test drives Debian's chromium (never a browser download); without it the test skips.
+# Only `make test` (and CI) installs it, with apt-get when run as root (about 350 MB, said before it starts);
+# `make install`, `make demo` and the other targets never do.
+browser:
 	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium (apt-get, about 350 MB) for the Space's browser test"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium could not be installed: the Space's browser test will skip"; fi
-	@touch $(STAMP)
 
 install: $(STAMP)
 
-test: install
+test: install browser
 	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces
 	$(PYTHON) -m pytest -q -x --timeout=900 tests
 
