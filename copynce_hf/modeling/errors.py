@@ -7,7 +7,11 @@ Messages name the offending file, field or value.
 
 
 class CopyNCEError(Exception):
-    """Base class of the package's input errors."""
+    """Base class of the package's input errors.
+
+    The errors about values (configuration, shapes, edit parameters, tables, predictions) also
+    derive from :class:`ValueError`, the type ``transformers`` code and its users catch.
+    """
 
 
 #: Reasons an image is skipped, in plain words (``ImageLoadError.reason``), in reporting order.
@@ -36,6 +40,10 @@ class EditParameterError(CopyNCEError, ValueError):
 
 class TableError(CopyNCEError, ValueError):
     """Coordinate tables of incompatible shapes or sources were combined."""
+
+
+class ShapeError(CopyNCEError, ValueError):
+    """Tensors of the wrong shape were passed (the message gives the shapes found and expected)."""
 
 
 class ConfigError(CopyNCEError, ValueError):
