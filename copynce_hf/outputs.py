@@ -12,6 +12,10 @@ leaves the previous output as it was:
    beside the target and move the result into place with :func:`os.replace` (atomic on one
    file system) only when everything was written. Existing outputs are replaced only then;
    files of an output folder that the command does not write are left alone.
+
+Files moved into place get the mode a plain ``open()`` gives (``0o666`` less the umask, 0644
+usually): some writers (safetensors) create theirs readable by the owner only (0600), which
+would make a shared model or index folder unreadable to others.
 """
 
 from __future__ import annotations
@@ -87,6 +91,29 @@ def check_output_folder(path: str | os.PathLike, option: str = "--output") -> Pa
     return path
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where ``/proc`` tells it (no window where it is 0)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_default_mode(path: str | os.PathLike) -> None:
+    """Set the mode of ``path`` (a file, or every file under a folder) to the one ``open()`` gives a new
+    file: ``0o666`` less the umask."""
+    path = Path(path)
+    mode = 0o666 & ~_umask()
+    for file in [path] if path.is_file() else (item for item in path.rglob("*") if item.is_file()):
+        os.chmod(file, mode)
+
+
 def _staging_name(path: Path) -> str:
     return f".{path.name}.partial-{os.getpid()}"
 
@@ -108,6 +135,7 @@ class StagedFile:
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if exc_type is None:
+            give_default_mode(self.temporary)
             os.replace(self.temporary, self.path)
         else:
             self.temporary.unlink(missing_ok=True)
@@ -134,6 +162,7 @@ class StagedFolder:
         try:
             if exc_type is None:
                 self.path.mkdir(parents=True, exist_ok=True)
+                give_default_mode(self.staging)
                 for item in sorted(self.staging.rglob("*")):
                     if item.is_file():
                         target = self.path / item.relative_to(self.staging)

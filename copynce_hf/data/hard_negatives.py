@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..modeling.errors import ConfigError
+from ..outputs import give_default_mode
 
 __all__ = ["KNNGraph", "PairKey", "CopyPairBatchSampler", "build_knn_graph"]
 
@@ -73,6 +74,7 @@ class KNNGraph:
             str(path),
             metadata=meta,
         )
+        give_default_mode(path)  # safetensors writes 0600
         return path
 
     @classmethod

@@ -20,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
 from ..modeling.errors import PredictionsError
+from ..outputs import give_default_mode
 
 DESCRIPTORS_FORMAT = "copynce-descriptors"
 
@@ -71,6 +72,7 @@ class DescriptorSet:
             "skipped": json.dumps(self.skipped),
         }
         save_file({"descriptors": self.descriptors}, str(path), metadata=metadata)
+        give_default_mode(path)  # safetensors writes 0600
         return path
 
     @classmethod

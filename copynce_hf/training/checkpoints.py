@@ -20,6 +20,7 @@ import torch
 from accelerate import Accelerator
 
 from ..modeling.errors import ConfigError
+from ..outputs import give_default_mode
 from .config import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def save_checkpoint(accelerator: Accelerator, config: TrainingConfig, step: int,
         torch.save(loader_state, partial / LOADER_STATE.format(process=accelerator.process_index))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        give_default_mode(partial)  # the weights are written 0600 by safetensors
         mark_complete(partial, step)
         if final.exists():  # a checkpoint of the same step from an earlier attempt: replace it
             shutil.rmtree(final)
