@@ -26,6 +26,7 @@ Descriptor extraction runs distributed when launched with ``accelerate launch -m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -60,6 +61,20 @@ def count_text(reasons: Iterable[str]) -> str:
 def report_counts(command: str, read: str, skipped: Iterable[str], written: str) -> None:
     """The closing line of a command: ``index: read 12 images, skipped 2 (1 empty file, 1 too small), wrote ...``."""
     print(f"{command}: read {read}, skipped {count_text(skipped)}, {written}")
+
+
+@contextlib.contextmanager
+def metric_warnings_logged(source):
+    """Around a metric call: its warnings become one logged line each, its ``ValueError`` a
+    :class:`PredictionsError`; both name ``source``."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    except ValueError as error:  # the metric module is standalone and raises built-in types
+        raise PredictionsError(f"{source}: {error}") from error
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        logger.warning("%s: %s", source, message)
 
 
 def folder_source(folder, args):
@@ -303,15 +318,9 @@ def cmd_evaluate(args) -> int:
     for name, predictions in systems.items():
         columns = ([p.query_id for p in predictions], [p.reference_id for p in predictions],
                    [p.score for p in predictions])
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                results[name] = copy_detection_metrics(*columns, ground_truth)
-                curves[name] = precision_recall_curve(*columns, ground_truth)
-        except ValueError as error:
-            raise PredictionsError(f"{path}: {error}") from error
-        for message in dict.fromkeys(str(w.message) for w in caught):
-            logger.warning("%s: %s", path, message)
+        with metric_warnings_logged(path):
+            results[name] = copy_detection_metrics(*columns, ground_truth)
+            curves[name] = precision_recall_curve(*columns, ground_truth)
     output = Path(args.output)
     with StagedFolder(output) as staging:
         (staging / "metrics.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -398,10 +407,8 @@ def cmd_detect(args) -> int:
     if ground_truth is not None:
         columns = ([p.query_id for p in result.predictions], [p.reference_id for p in result.predictions],
                    [p.score for p in result.predictions])
-        try:
+        with metric_warnings_logged(args.ground_truth):
             metrics = copy_detection_metrics(*columns, ground_truth)
-        except ValueError as error:
-            raise PredictionsError(f"{args.ground_truth}: {error}") from error
         metrics["candidate_recall"] = result.candidate_recall(ground_truth)
         metrics["num_candidates_per_query"] = config.candidates
         with StagedFile(output / "metrics.json") as temporary:

@@ -6,18 +6,22 @@ The command-line side of the same cases is in ``test_bad_inputs.py``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import tiny_models
 
-from copynce_hf.modeling.errors import ConfigError, CopyNCEError, ShapeError
+from copynce_hf.metrics import COPY_DETECTION_METRIC_PATH
+from copynce_hf.metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
+from copynce_hf.modeling.errors import ConfigError, CopyNCEError, PredictionsError, ShapeError
 from copynce_hf.modeling.losses_copynce import copy_bce_loss, info_nce_loss, token_affinity_logits
 from copynce_hf.outputs import StagedFolder
-from copynce_hf.retrieval import DescriptorSet
+from copynce_hf.retrieval import DescriptorSet, Prediction, read_predictions
 
 
 # ------------------------------------------------------------------------------------- error types
@@ -67,3 +71,57 @@ def test_staged_folders_give_their_files_the_mode_of_the_umask(tmp_path, umask_0
         (staging / "config.json").write_text("{}")
     for name in ("model.safetensors", "config.json"):
         assert stat.S_IMODE((tmp_path / "model" / name).stat().st_mode) == umask_027, name
+
+
+# ------------------------------------------------------------------------------------- CSV files
+PREDICTIONS = "query_id,reference_id,score\nQ1,R1,0.9\nQ2,R2,0.4\n"
+GROUND_TRUTH = "query_id,reference_id\nQ1,R1\nQ2,R2\n"
+
+
+def _space_app():
+    spec = importlib.util.spec_from_file_location("copy_detection_space_app",
+                                                  Path(COPY_DETECTION_METRIC_PATH) / "app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    return app
+
+
+def test_excel_csv_with_a_byte_order_mark_is_read(tmp_path):
+    predictions, truth = tmp_path / "predictions.csv", tmp_path / "truth.csv"
+    predictions.write_text(PREDICTIONS, encoding="utf-8-sig")  # what Excel's "CSV UTF-8" writes
+    truth.write_text(GROUND_TRUTH, encoding="utf-8-sig")
+    assert read_predictions(predictions)[0] == Prediction("Q1", "R1", 0.9)
+    assert read_ground_truth_csv(truth) == {"Q1": ["R1"], "Q2": ["R2"]}
+    assert _space_app().compute_from_files(predictions, truth)["micro_ap"] == pytest.approx(1.0)
+
+
+def test_utf16_csv_is_refused_in_one_line(tmp_path):
+    predictions, truth = tmp_path / "predictions.csv", tmp_path / "truth.csv"
+    predictions.write_text(PREDICTIONS, encoding="utf-16")
+    truth.write_text(GROUND_TRUTH, encoding="utf-16")
+    with pytest.raises(PredictionsError, match="predictions file .*predictions.csv is UTF-16 text; save it as UTF-8"):
+        read_predictions(predictions)
+    with pytest.raises(ValueError, match="ground-truth file .*truth.csv is UTF-16 text"):
+        read_ground_truth_csv(truth)
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        _space_app().compute_from_files(predictions, tmp_path / "unused.csv")
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("query_id,reference_id,score\nd\xe9j\xe0,R1,0.5\n".encode("latin-1"))
+    with pytest.raises(PredictionsError, match="is not UTF-8 text"):
+        read_predictions(latin)
+
+
+def test_a_row_with_more_fields_than_the_header_is_refused(tmp_path):
+    path = tmp_path / "predictions.csv"
+    path.write_text("query_id,reference_id,score\nQ1,R1,0,90\n")  # a decimal comma: the score would read 0
+    with pytest.raises(PredictionsError, match=r"line 2: 4 fields, but the header has 3 \(a decimal comma"):
+        read_predictions(path)
+    path.write_text("query_id,reference_id,score\nQ1,R1\n")
+    with pytest.raises(PredictionsError, match="line 2: 2 fields, but the header has 3$"):
+        read_predictions(path)
+
+
+def test_reference_ids_matching_nothing_warn_that_muap_is_zero():
+    with pytest.warns(UserWarning, match="none of the 2 predicted reference ids is in the ground truth.*muAP is 0"):
+        metrics = copy_detection_metrics(["Q1", "Q2"], ["ref-a", "ref-b"], [0.9, 0.4], {"Q1": ["R1"], "Q2": ["R2"]})
+    assert metrics["micro_ap"] == 0.0

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from ..metrics.copy_detection.formulas import read_csv_rows
 from ..modeling.errors import PredictionsError
 from ..outputs import StagedFile
 
@@ -66,34 +67,45 @@ def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction]
 
 
 def read_predictions(path: str | os.PathLike) -> list[Prediction]:
-    """Read a DISC21 matching-track CSV (header ``query_id,reference_id,score``).
+    """Read a DISC21 matching-track CSV (header ``query_id,reference_id,score``, UTF-8; the byte-order
+    mark of Excel's "CSV UTF-8" is accepted).
 
-    Raises :class:`PredictionsError` for a missing file, missing columns, a score that
-    is not a finite number, or a (query, reference) pair that appears twice.
+    Raises :class:`PredictionsError` for a missing file, a file that is not UTF-8 text, missing
+    columns, a row with more or fewer fields than the header (``Q1,R1,0,90``: a decimal comma, which
+    would otherwise turn the score into 0), a score that is not a finite number, or a (query,
+    reference) pair that appears twice.
     """
     path = Path(path)
+    name = f"predictions file {os.fspath(path)!r}"
     if not path.is_file():
-        raise PredictionsError(f"predictions file {os.fspath(path)!r} does not exist")
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        columns = [name.strip() for name in (reader.fieldnames or [])]
-        missing = [name for name in PREDICTION_COLUMNS if name not in columns]
-        if missing:
+        raise PredictionsError(f"{name} does not exist")
+    try:
+        rows = read_csv_rows(path, "predictions file")
+    except ValueError as error:
+        raise PredictionsError(str(error)) from None
+    columns = [column.strip() for column in (rows[0] if rows else [])]
+    missing = [column for column in PREDICTION_COLUMNS if column not in columns]
+    if missing:
+        raise PredictionsError(
+            f"{name} has columns {columns}, expected {list(PREDICTION_COLUMNS)} (missing {missing})"
+        )
+    position = {column: columns.index(column) for column in PREDICTION_COLUMNS}
+    predictions = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(field.strip() for field in row):
+            continue  # a blank line
+        if len(row) != len(columns):
+            comma = " (a decimal comma in the score? write 0.90, not 0,90)" if len(row) > len(columns) else ""
             raise PredictionsError(
-                f"predictions file {os.fspath(path)!r} has columns {columns}, expected "
-                f"{list(PREDICTION_COLUMNS)} (missing {missing})"
+                f"{name} line {line}: {len(row)} fields, but the header has {len(columns)}{comma}"
             )
-        reader.fieldnames = columns
-        predictions = []
-        for line, row in enumerate(reader, start=2):
-            try:
-                score = float(row["score"])
-            except (TypeError, ValueError):
-                score = math.nan
-            if not math.isfinite(score):
-                raise PredictionsError(
-                    f"predictions file {os.fspath(path)!r} line {line}: score {row['score']!r} is not a finite number"
-                )
-            predictions.append(Prediction(row["query_id"].strip(), row["reference_id"].strip(), score))
-    check_unique(predictions, source=f"predictions file {os.fspath(path)!r}")
+        text = row[position["score"]]
+        try:
+            score = float(text)
+        except ValueError:
+            score = math.nan
+        if not math.isfinite(score):
+            raise PredictionsError(f"{name} line {line}: score {text!r} is not a finite number")
+        predictions.append(Prediction(row[position["query_id"]].strip(), row[position["reference_id"]].strip(), score))
+    check_unique(predictions, source=name)
     return predictions

@@ -30,34 +30,39 @@ def read_predictions_csv(path: str | os.PathLike) -> dict[str, list]:
     """``{"query_id": [...], "reference_id": [...], "score": [...]}`` from a predictions CSV file.
 
     Raises:
-        ValueError: missing header columns, a row with the wrong number of fields, or a score that
-            is not a finite number (the message names the file and the line).
+        ValueError: a file that is not UTF-8 text, missing header columns, a row with the wrong number of
+            fields, or a score that is not a finite number (the message names the file and the line).
     """
     columns: dict[str, list] = {name: [] for name in PREDICTION_COLUMNS}
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = [name.strip() for name in next(reader, [])]
-        missing = [name for name in PREDICTION_COLUMNS if name not in header]
-        if missing:
-            raise ValueError(f"predictions file {path}: the header must hold the columns query_id, reference_id "
-                             f"and score; missing {', '.join(missing)}")
-        index = {name: header.index(name) for name in PREDICTION_COLUMNS}
-        for line_number, row in enumerate(reader, start=2):
-            if not row or all(not field.strip() for field in row):
-                continue
-            if len(row) != len(header):
-                raise ValueError(f"predictions file {path}, line {line_number}: expected {len(header)} fields, "
-                                 f"got {len(row)}")
-            try:
-                score = float(row[index["score"]])
-            except ValueError:
-                score = math.nan
-            if not math.isfinite(score):
-                raise ValueError(f"predictions file {path}, line {line_number}: score {row[index['score']]!r} is "
-                                 "not a finite number")
-            columns["query_id"].append(row[index["query_id"]].strip())
-            columns["reference_id"].append(row[index["reference_id"]].strip())
-            columns["score"].append(score)
+    # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        try:
+            rows = list(csv.reader(handle))
+        except UnicodeDecodeError:
+            raise ValueError(f"predictions file {path} is not UTF-8 text (UTF-16?); save it as UTF-8 CSV") from None
+    reader = iter(rows)
+    header = [name.strip() for name in next(reader, [])]
+    missing = [name for name in PREDICTION_COLUMNS if name not in header]
+    if missing:
+        raise ValueError(f"predictions file {path}: the header must hold the columns query_id, reference_id "
+                         f"and score; missing {', '.join(missing)}")
+    index = {name: header.index(name) for name in PREDICTION_COLUMNS}
+    for line_number, row in enumerate(reader, start=2):
+        if not row or all(not field.strip() for field in row):
+            continue
+        if len(row) != len(header):
+            raise ValueError(f"predictions file {path}, line {line_number}: expected {len(header)} fields, "
+                             f"got {len(row)}")
+        try:
+            score = float(row[index["score"]])
+        except ValueError:
+            score = math.nan
+        if not math.isfinite(score):
+            raise ValueError(f"predictions file {path}, line {line_number}: score {row[index['score']]!r} is "
+                             "not a finite number")
+        columns["query_id"].append(row[index["query_id"]].strip())
+        columns["reference_id"].append(row[index["reference_id"]].strip())
+        columns["score"].append(score)
     return columns
 
 

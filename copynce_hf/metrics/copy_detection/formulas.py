@@ -42,6 +42,7 @@ import numpy as np
 __all__ = [
     "NOT_FOUND",
     "GROUND_TRUTH_COLUMNS",
+    "read_csv_rows",
     "read_ground_truth_csv",
     "normalize_ground_truth",
     "ground_truth_pairs",
@@ -66,6 +67,29 @@ GROUND_TRUTH_COLUMNS = ("query_id", "reference_id")
 # --------------------------------------------------------------------------- ground truth
 
 
+def read_csv_rows(path: str | os.PathLike, what: str = "CSV file") -> list[list[str]]:
+    """The rows of a CSV file of UTF-8 text; the byte-order mark that Excel writes ("CSV UTF-8") is dropped.
+
+    Args:
+        what: how the file is named in error messages (``"predictions file"``).
+
+    Raises:
+        ValueError: the file is not UTF-8 text (UTF-16, Latin-1 with accents, a binary file), naming the
+            file and how to fix it.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as handle:
+        start = handle.read(2)
+    if start in (b"\xff\xfe", b"\xfe\xff"):
+        raise ValueError(f"{what} {path} is UTF-16 text; save it as UTF-8 CSV (Excel: 'CSV UTF-8')")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            return list(csv.reader(handle))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {error.start} is {error.object[error.start]:#04x}); "
+                         "save it as UTF-8 CSV (Excel: 'CSV UTF-8')") from None
+
+
 def read_ground_truth_csv(path: str | os.PathLike) -> dict[str, list[str]]:
     """Read a DISC21 ground-truth CSV file into ``{query_id: [reference_id, ...]}``.
 
@@ -75,52 +99,52 @@ def read_ground_truth_csv(path: str | os.PathLike) -> dict[str, list[str]]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the header is missing, names unknown columns or lacks a required one; a
-            row has the wrong number of fields or an empty ``query_id``; a pair is repeated.
+        ValueError: the file is not UTF-8 text (a UTF-8 byte-order mark is accepted); the header is
+            missing, names unknown columns or lacks a required one; a row has the wrong number of
+            fields or an empty ``query_id``; a pair is repeated.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ground-truth file not found: {path}")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
+    reader = iter(read_csv_rows(path, "ground-truth file"))
+    header = next(reader, None)
+    if header is None:
+        raise ValueError(
+            f"ground-truth file {path} is empty; expected the header 'query_id,reference_id'"
+        )
+    header = [name.strip() for name in header]
+    unknown = [name for name in header if name not in GROUND_TRUTH_COLUMNS]
+    if unknown:
+        raise ValueError(
+            f"ground-truth file {path}: unknown column(s) {', '.join(repr(n) for n in unknown)}; "
+            f"the first row must be the header 'query_id,reference_id'"
+        )
+    missing = [name for name in GROUND_TRUTH_COLUMNS if name not in header]
+    if missing or len(set(header)) != len(header):
+        raise ValueError(
+            f"ground-truth file {path}: header {header} must hold the columns query_id and reference_id once each"
+        )
+    q_col, r_col = header.index("query_id"), header.index("reference_id")
+    mapping: dict[str, list[str]] = {}
+    seen: set[tuple[str, str]] = set()
+    for line_number, row in enumerate(reader, start=2):
+        if not row or all(not field.strip() for field in row):
+            continue  # blank line
+        if len(row) != len(header):
             raise ValueError(
-                f"ground-truth file {path} is empty; expected the header 'query_id,reference_id'"
+                f"ground-truth file {path}, line {line_number}: expected {len(header)} fields, got {len(row)}"
             )
-        header = [name.strip() for name in header]
-        unknown = [name for name in header if name not in GROUND_TRUTH_COLUMNS]
-        if unknown:
-            raise ValueError(
-                f"ground-truth file {path}: unknown column(s) {', '.join(repr(n) for n in unknown)}; "
-                f"the first row must be the header 'query_id,reference_id'"
-            )
-        missing = [name for name in GROUND_TRUTH_COLUMNS if name not in header]
-        if missing or len(set(header)) != len(header):
-            raise ValueError(
-                f"ground-truth file {path}: header {header} must hold the columns query_id and reference_id once each"
-            )
-        q_col, r_col = header.index("query_id"), header.index("reference_id")
-        mapping: dict[str, list[str]] = {}
-        seen: set[tuple[str, str]] = set()
-        for line_number, row in enumerate(reader, start=2):
-            if not row or all(not field.strip() for field in row):
-                continue  # blank line
-            if len(row) != len(header):
+        query, reference = row[q_col].strip(), row[r_col].strip()
+        if not query:
+            raise ValueError(f"ground-truth file {path}, line {line_number}: empty query_id")
+        references = mapping.setdefault(query, [])
+        if reference:
+            if (query, reference) in seen:
                 raise ValueError(
-                    f"ground-truth file {path}, line {line_number}: expected {len(header)} fields, got {len(row)}"
+                    f"ground-truth file {path}, line {line_number}: pair ({query!r}, {reference!r}) is repeated"
                 )
-            query, reference = row[q_col].strip(), row[r_col].strip()
-            if not query:
-                raise ValueError(f"ground-truth file {path}, line {line_number}: empty query_id")
-            references = mapping.setdefault(query, [])
-            if reference:
-                if (query, reference) in seen:
-                    raise ValueError(
-                        f"ground-truth file {path}, line {line_number}: pair ({query!r}, {reference!r}) is repeated"
-                    )
-                seen.add((query, reference))
-                references.append(reference)
+            seen.add((query, reference))
+            references.append(reference)
     return mapping
 
 
@@ -285,7 +309,9 @@ def check_id_overlap(query_ids: Sequence[str], reference_ids: Sequence[str], gt_
     or when fewer than half are and either a simple fix (extension, case, folder prefix) would make
     them match or the ground truth lists every query (it has distractor queries, mapped to no
     reference, so an unlisted query is unknown). A smaller mismatch is a :class:`UserWarning` with
-    the counts. The same is checked for reference ids when a fix would make them match.
+    the counts. When no predicted reference id is in the ground truth, the same fixes are tried: one
+    that works is an error, else a :class:`UserWarning` (ids in a pattern no fix explains: the
+    predictions may truly all be wrong, so this is not refused, but muAP 0 is no longer silent).
     """
     import warnings
 
@@ -323,6 +349,12 @@ def check_id_overlap(query_ids: Sequence[str], reference_ids: Sequence[str], gt_
                 f"predicted {example(predicted_references)}, ground truth {example(gt_references)}. "
                 f"Likely fix: {'; '.join(fixes)}."
             )
+        warnings.warn(
+            f"none of the {len(predicted_references)} predicted reference ids is in the ground truth (e.g. "
+            f"predicted {example(predicted_references)}, ground truth {example(gt_references)}): every "
+            "prediction counts as a false positive, so muAP is 0; check that both use the same reference ids",
+            UserWarning, stacklevel=3,
+        )
 
 
 def pessimistic_order(scores: np.ndarray, is_copy: np.ndarray) -> np.ndarray:
