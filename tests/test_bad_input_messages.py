@@ -7,6 +7,7 @@ The command-line side of the same cases is in ``test_bad_inputs.py``.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import stat
 from pathlib import Path
@@ -15,13 +16,23 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_models
+from PIL import Image
 
 from copynce_hf.metrics import COPY_DETECTION_METRIC_PATH
 from copynce_hf.metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
 from copynce_hf.modeling.errors import ConfigError, CopyNCEError, PredictionsError, ShapeError
 from copynce_hf.modeling.losses_copynce import copy_bce_loss, info_nce_loss, token_affinity_logits
 from copynce_hf.outputs import StagedFolder
-from copynce_hf.retrieval import DescriptorSet, Prediction, read_predictions
+from copynce_hf.retrieval import (
+    Descriptor,
+    DescriptorIndex,
+    DescriptorSet,
+    ImageFolderSource,
+    Prediction,
+    ViewPreset,
+    read_predictions,
+    view_index,
+)
 
 
 # ------------------------------------------------------------------------------------- error types
@@ -125,3 +136,47 @@ def test_reference_ids_matching_nothing_warn_that_muap_is_zero():
     with pytest.warns(UserWarning, match="none of the 2 predicted reference ids is in the ground truth.*muAP is 0"):
         metrics = copy_detection_metrics(["Q1", "Q2"], ["ref-a", "ref-b"], [0.9, 0.4], {"Q1": ["R1"], "Q2": ["R2"]})
     assert metrics["micro_ap"] == 0.0
+
+
+# ------------------------------------------------------------------------------------- index caches
+@pytest.fixture
+def reference_folder(tmp_path):
+    folder = tmp_path / "references"
+    folder.mkdir()
+    for seed in range(4):
+        Image.fromarray(np.random.default_rng(seed).integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+            folder / f"r{seed}.png")
+    return folder
+
+
+def test_a_damaged_index_cache_is_rebuilt_with_a_warning(tmp_path, reference_folder, caplog):
+    descriptor, _, processor = tiny_models(3)
+    model = Descriptor("tiny", descriptor, processor)
+    cache = tmp_path / "cache"
+    built = view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    (cache / "index.faiss").write_bytes(b"not a faiss index")
+    with pytest.raises(PredictionsError, match=r"index folder .* is damaged; build it again with `copynce index` "
+                                               r"\(index.faiss: .*not recognized\)"):
+        DescriptorIndex.load(cache)
+    with caplog.at_level(logging.WARNING, logger="copynce_hf.retrieval.detect"):
+        rebuilt = view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    assert "cannot be read" in caplog.text and "computing it again" in caplog.text
+    assert rebuilt.references.ids == built.references.ids and DescriptorIndex.load(cache).references.ids == built.references.ids
+
+
+def test_identity_of_a_cache_is_removed_before_its_files_are_rewritten(tmp_path, reference_folder, monkeypatch):
+    descriptor, _, processor = tiny_models(3)
+    model = Descriptor("tiny", descriptor, processor)
+    cache = tmp_path / "cache"
+    view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    assert (cache / "identity.json").is_file()
+    (reference_folder / "r0.png").unlink()  # other images: the index is rebuilt, and killed while it is written
+
+    def killed_while_saving(self, folder):
+        (Path(folder) / "index.faiss").write_bytes(b"half written")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DescriptorIndex, "save", killed_while_saving)
+    with pytest.raises(KeyboardInterrupt):
+        view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    assert not (cache / "identity.json").exists()  # so no later run takes the half-written files for the old images

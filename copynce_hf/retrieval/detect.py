@@ -20,6 +20,7 @@ Used by ``copynce detect``, the demo and the benchmarks (through :mod:`copynce_h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..modeling.errors import ConfigError, PredictionsError
+from ..outputs import StagedFile
 from .candidates import candidate_recall, merge_candidates, top_per_query
 from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig
@@ -176,6 +178,32 @@ def _stored_identity(folder: Path) -> dict | None:
         return None
 
 
+def _reuse(folder: str | os.PathLike | None, identity: dict, load: Callable[[], object], what: str):
+    """What ``load`` reads from ``folder`` when the folder was written for ``identity``; ``None`` when it was
+    not, or when its files are damaged (then logged: the caller computes and rewrites them)."""
+    if folder is None or _stored_identity(Path(folder)) != identity:
+        return None
+    try:
+        loaded = load()
+    except PredictionsError as error:
+        logger.warning("%s in %s cannot be read (%s); computing it again", what, folder, error)
+        return None
+    logger.info("reusing %s in %s", what, folder)
+    return loaded
+
+
+@contextlib.contextmanager
+def _rewriting(folder: str | os.PathLike, identity: dict):
+    """Around the writing of a cache folder's files: its ``identity.json`` is removed first and written
+    (atomically) only once every file is, so that a run killed in between leaves a folder no run reuses."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "identity.json").unlink(missing_ok=True)
+    yield
+    with StagedFile(folder / "identity.json") as temporary:
+        temporary.write_text(json.dumps(identity) + "\n", encoding="utf-8")
+
+
 def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
                            progress: bool = True, description: str = "query views",
                            **extract) -> tuple[DescriptorSet, float, bool]:
@@ -187,21 +215,22 @@ def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, f
         descriptors are reused, as measured when they were computed (so that costs stay comparable).
     """
     identity = _index_identity(descriptor, source, preset, "query")
-    if folder is not None and _stored_identity(Path(folder)) == identity:
-        logger.info("reusing the query descriptors in %s", folder)
+    reused = _reuse(folder, identity, lambda: DescriptorSet.load(Path(folder) / "descriptors.safetensors"),
+                    "query descriptors")
+    if reused is not None:
         try:
             seconds = float(json.loads((Path(folder) / "timing.json").read_text(encoding="utf-8"))["seconds"])
         except (OSError, ValueError, KeyError):
             seconds = float("nan")
-        return DescriptorSet.load(Path(folder) / "descriptors.safetensors"), seconds, True
+        return reused, seconds, True
     start = time.perf_counter()
     views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "query",
                                      progress=progress, description=description, **extract)
     seconds = time.perf_counter() - start
     if folder is not None and len(views):
-        views.save(Path(folder) / "descriptors.safetensors")
-        (Path(folder) / "timing.json").write_text(json.dumps({"seconds": seconds}) + "\n", encoding="utf-8")
-        (Path(folder) / "identity.json").write_text(json.dumps(identity) + "\n", encoding="utf-8")
+        with _rewriting(folder, identity):
+            views.save(Path(folder) / "descriptors.safetensors")
+            (Path(folder) / "timing.json").write_text(json.dumps({"seconds": seconds}) + "\n", encoding="utf-8")
     return views, seconds, False
 
 
@@ -211,9 +240,9 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
     """An exact index over the views of ``source``'s images; written to ``folder`` and reused from it when it
     was built from the same images, model and views (``identity.json`` beside the index files)."""
     identity = _index_identity(descriptor, source, preset)
-    if folder is not None and _stored_identity(Path(folder)) == identity:
-        logger.info("reusing the index in %s", folder)
-        return DescriptorIndex.load(folder)
+    reused = _reuse(folder, identity, lambda: DescriptorIndex.load(folder), "the index")
+    if reused is not None:
+        return reused
     views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "reference",
                                      progress=progress, description=description, **extract)
     if len(views) == 0:
@@ -221,8 +250,8 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
     index = DescriptorIndex.build(views, config or IndexConfig(kind="flat"),
                                   info={"model": identity["model"], "views": preset.name})
     if folder is not None:
-        index.save(folder)
-        (Path(folder) / "identity.json").write_text(json.dumps(identity) + "\n", encoding="utf-8")
+        with _rewriting(folder, identity):
+            index.save(folder)
     return index
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -198,19 +199,30 @@ class DescriptorIndex:
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> DescriptorIndex:
-        """Read an index folder written by :meth:`save`."""
+        """Read an index folder written by :meth:`save`.
+
+        Raises :class:`PredictionsError` naming the folder when a file is missing or damaged."""
         folder = Path(folder)
         missing = [name for name in ("index.faiss", "descriptors.safetensors", "index.json") if not (folder / name).is_file()]
         if missing:
             raise PredictionsError(
                 f"index folder {os.fspath(folder)!r} lacks {', '.join(missing)}; build it with `copynce index`"
             )
-        meta = json.loads((folder / "index.json").read_text(encoding="utf-8"))
-        config = IndexConfig(**meta.pop("config"))
+        damaged = f"index folder {os.fspath(folder)!r} is damaged; build it again with `copynce index`"
+        try:
+            meta = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+            config = IndexConfig(**meta.pop("config"))
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise PredictionsError(f"{damaged} (index.json: {error})") from None
         meta.pop("count", None)
         meta.pop("dim", None)
         references = DescriptorSet.load(folder / "descriptors.safetensors")
-        loaded = cls(_faiss().read_index(str(folder / "index.faiss")), references, config, meta)
+        try:
+            index = _faiss().read_index(str(folder / "index.faiss"))
+        except RuntimeError as error:  # faiss reports a damaged file as a RuntimeError with its C++ trace
+            reason = re.sub(r"^Error in .*? at \S+:\d+: ", "", " ".join(str(error).split())) or "unreadable"
+            raise PredictionsError(f"{damaged} (index.faiss: {reason})") from None
+        loaded = cls(index, references, config, meta)
         if len(loaded) != len(references):
             raise PredictionsError(
                 f"index folder {os.fspath(folder)!r}: the index holds {len(loaded)} vectors, "
