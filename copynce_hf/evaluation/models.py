@@ -37,6 +37,20 @@ def check_model_path(path: str | Path | None, option: str = "--model") -> None:
         raise ConfigError(f"{option} {text!r}: the model folder does not exist{_MADE_BY}")
 
 
+def _load_error(error: Exception, path, option: str) -> ConfigError:
+    """One line on a model that cannot be loaded: the first line of ``error`` and what to do."""
+    from safetensors import SafetensorError
+
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, SafetensorError):
+        return ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}; a weights file is "
+                           "damaged or incomplete: download or save the model again")
+    if not Path(str(path)).exists():  # read as a Hub id: say first that no such folder exists
+        return ConfigError(f"cannot load the model {str(path)!r} ({option}): there is no such folder here, and "
+                           f"as a Hub id: {first_line}{_MADE_BY}")
+    return ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}")
+
+
 def load_model(path: str | Path | None = None, kind: str | None = None, option: str = "--model",
                default: str | Path | None = None):
     """``(model, image_processor)`` of a saved CopyNCE folder or Hub id, in float32, in eval mode.
@@ -51,11 +65,14 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
     matrix products are several times slower (and less exact) on a CPU.
 
     Raises:
-        ConfigError: the default folder is absent, the model cannot be loaded, or it is not a ``kind``.
+        ConfigError: the default folder is absent, the model cannot be loaded (a weights file is damaged, ...),
+            or it is not a CopyNCE model (checked from its configuration, before the weights load) or not a
+            ``kind``.
     """
     # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
     import torch
-    from transformers import AutoImageProcessor, AutoModel
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoImageProcessor, AutoModel
 
     from ..retrieval import model_kind
 
@@ -71,15 +88,19 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
             )
         path = folder
     check_model_path(path, option)
+    try:  # the configuration first: a folder of another architecture is refused before its weights load
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as error:
+        raise _load_error(error, path, option) from error
+    try:
+        found = model_kind(config)
+    except ConfigError as error:
+        raise ConfigError(f"{option} {path}: {error}") from None
+    if kind is not None and found != kind:
+        raise ConfigError(f"{option} {path} holds a {found}; a {kind} is needed here")
     try:
         model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
         processor = AutoImageProcessor.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        if not Path(str(path)).exists():  # read as a Hub id: say first that no such folder exists
-            raise ConfigError(f"cannot load the model {str(path)!r} ({option}): there is no such folder here, and "
-                              f"as a Hub id: {first_line}{_MADE_BY}") from error
-        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}") from error
-    if kind is not None and model_kind(model) != kind:
-        raise ConfigError(f"{option} {path} holds a {model_kind(model)}; a {kind} is needed here")
+    except (OSError, ValueError, KeyError, SafetensorError) as error:
+        raise _load_error(error, path, option) from error
     return model, processor

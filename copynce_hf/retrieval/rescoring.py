@@ -36,8 +36,8 @@ _ROTATIONS = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 27
 
 
 def model_kind(model) -> str:
-    """``"matcher"`` or ``"descriptor"``, from the model's ``config.model_type``."""
-    model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
+    """``"matcher"`` or ``"descriptor"``, from the ``model_type`` of a model's config (or of a config)."""
+    model_type = getattr(getattr(model, "config", model), "model_type", "") or ""
     if "matcher" in model_type:
         return "matcher"
     if "descriptor" in model_type:
