@@ -410,7 +410,7 @@ def cmd_detect(args) -> int:
         with metric_warnings_logged(args.ground_truth):
             metrics = copy_detection_metrics(*columns, ground_truth)
         metrics["candidate_recall"] = result.candidate_recall(ground_truth)
-        metrics["num_candidates_per_query"] = config.candidates
+        metrics["num_candidates_per_query"] = result.candidates_per_query
         with StagedFile(output / "metrics.json") as temporary:
             temporary.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)
@@ -422,7 +422,7 @@ def cmd_detect(args) -> int:
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
                                 if args.aux else "off"),
-        "candidates per query": config.candidates, "predictions per query": config.k,
+        "candidates per query": result.candidates_per_query, "predictions per query": config.k,
     }
     lookup_q, lookup_r = queries.lookup(), references.lookup()
     threshold = 0.5 if matcher is not None else float(sorted(p.score for p in result.predictions)[len(result.predictions) // 2])
@@ -436,11 +436,10 @@ def cmd_detect(args) -> int:
         print(f"muAP {metrics['micro_ap']:.4f}  RP90 {metrics['recall_at_p90']:.4f}  recall@1 "
               f"{metrics['recall_at_rank1']:.4f}  candidate recall "
               + ("-" if recall is None else f"{recall:.4f}"))
-    skipped_queries = [item for item in result.skipped if item in set(queries.ids)]
+    unscored = len(result.skipped) - len(result.skipped_queries)
     report_counts("detect", f"{len(queries)} query and {len(references)} reference images",
-                  ["unreadable"] * len(skipped_queries), f"wrote {count} predictions"
-                  + (f" ({len(result.skipped) - len(skipped_queries)} candidate pairs unscored)"
-                     if len(result.skipped) > len(skipped_queries) else ""))
+                  [*result.skipped_queries.values(), *result.skipped_references.values()],
+                  f"wrote {count} predictions" + (f" ({unscored} candidate pairs unscored)" if unscored else ""))
     return 0
 
 
@@ -549,13 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
         "OUTPUT/report.html (a gallery of the top and borderline matches with heatmaps) and, with --ground-truth, "
         "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run.",
         epilog="Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
-        "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 3 s per query with "
+        "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 1.3 s per query with "
         "the embedded 112-px models on one core. paper (the authors' inference: --descriptor-lce authors, "
         "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "
         "costs about 45 descriptor passes + 26 encoder passes + 400 x 35 fusion passes per query, i.e. roughly "
-        "9-14 minutes per query, and 9 descriptor passes per reference (see README 'Cost per query'). Cost per pass on one CPU core with the embedded "
-        "112-px models: about 40-60 ms per descriptor view, 40-60 ms per matcher encoder view and per matcher "
-        "fusion pair. --matcher-lce none: 1 fusion per candidate; paper: 26 query views encoded once, then 35 "
+        "6 minutes per query, and 9 descriptor passes per reference (see README 'Cost per query'). Cost per "
+        "pass on one CPU core (one thread) with the embedded 112-px models: about 30 ms per descriptor view, 20 ms "
+        "per matcher encoder view and 25 ms per matcher fusion pair. --matcher-lce none: 1 fusion per candidate; paper: 26 query views encoded once, then 35 "
         "fusions per candidate; all: 260 per candidate.",
     )
     p.add_argument("queries", help="folder of query images")
@@ -583,8 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES,
                    help="matcher view pairs per candidate: none (1), paper (35), all (260) (fast: none, paper: paper)")
     p.add_argument("--candidates", type=_positive_int,
-                   help=f"merged candidates per query verified by the matcher (fast: {DEFAULT_CANDIDATES}, about 3 s "
-                   "per query on a CPU with --matcher-lce none; paper: 400, as the authors on GPUs)")
+                   help=f"merged candidates per query verified by the matcher (fast: {DEFAULT_CANDIDATES}, about 1.3 s "
+                   "per query on one CPU core with --matcher-lce none; paper: 400, as the authors on GPUs)")
     p.add_argument("--k", type=_positive_int, help="predictions kept per query (presets: 10)")
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")

@@ -18,8 +18,12 @@ import torch
 from conftest import tiny_models
 from PIL import Image
 
-from copynce_hf.metrics import COPY_DETECTION_METRIC_PATH
-from copynce_hf.metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
+from copynce_hf.cli import build_parser
+from copynce_hf.metrics.copy_detection.formulas import (
+    COPY_DETECTION_METRIC_PATH,
+    copy_detection_metrics,
+    read_ground_truth_csv,
+)
 from copynce_hf.modeling.errors import ConfigError, CopyNCEError, PredictionsError, ShapeError
 from copynce_hf.modeling.losses_copynce import copy_bce_loss, info_nce_loss, token_affinity_logits
 from copynce_hf.outputs import StagedFolder
@@ -27,9 +31,11 @@ from copynce_hf.retrieval import (
     Descriptor,
     DescriptorIndex,
     DescriptorSet,
+    DetectConfig,
     ImageFolderSource,
     Prediction,
     ViewPreset,
+    detect,
     read_predictions,
     view_index,
 )
@@ -180,3 +186,24 @@ def test_identity_of_a_cache_is_removed_before_its_files_are_rewritten(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
     assert not (cache / "identity.json").exists()  # so no later run takes the half-written files for the old images
+
+
+# ------------------------------------------------------------------------------------- detect's words
+def test_detect_names_its_views_in_plain_words_and_counts_what_it_could(tmp_path, reference_folder):
+    descriptor, matcher, processor = tiny_models(3)
+    (reference_folder / "empty.png").write_bytes(b"")
+    lines = []
+    result = detect(ImageFolderSource(reference_folder), ImageFolderSource(reference_folder),
+                    [Descriptor("tiny", descriptor, processor)], (matcher, processor),
+                    config=DetectConfig(candidates=50), progress=False, log=lines.append)
+    assert lines[0] == "tiny: 16 candidate pairs (whole images)" and "none" not in " ".join(lines)
+    assert result.candidates_per_query == 4  # the 4 readable references, not the 50 asked for
+    assert result.skipped_references == {"empty": "empty file"} and result.skipped_queries == {"empty": "empty file"}
+
+
+def test_detect_help_states_the_measured_matcher_cost_of_the_readme():
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["detect"].format_help().split())
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `--matcher-lce none`"))
+    stated = row.split("for C = 10, ")[1].split(" for C = 50")[0]  # "1.3 s"
+    assert f"about {stated} per query on one CPU core with --matcher-lce none" in help_text

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import logging
 import os
+import shutil
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -404,3 +408,63 @@ def test_training_output_dir_is_checked_before_any_work(tmp_path, capsys):
         f"error: invalid configuration value output_dir '{a_file}' is an existing file; a folder is expected here"
     ]
     assert a_file.read_text() == "keep me\n"
+
+
+# ---------------------------------------------------------------------------------------------- detect
+def test_detect_with_long_and_odd_ids_an_empty_reference_and_few_references(models, tmp_path, capsys):
+    """Ids of 150 characters (a pair's gallery folder name would pass 255), ids with '#', '?' and spaces
+    (URL-encoded in the report), an empty reference file (counted in the summary) and fewer
+    references than --candidates (the metrics report the candidates each query could get)."""
+    from urllib.parse import unquote
+
+    queries, references = tmp_path / "queries", tmp_path / "references"
+    queries.mkdir()
+    references.mkdir()
+    pairs = [("q" * 150 + suffix, "r" * 150 + suffix) for suffix in ("", " #1?x", " 2")]
+    for index, (query, reference) in enumerate(pairs):
+        noise(48, 40, seed=index).save(references / f"{reference}.png")
+        noise(48, 40, seed=index).transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(queries / f"{query}.png")
+    (references / "empty.png").write_bytes(b"")
+    truth = tmp_path / "truth.csv"
+    truth.write_text("query_id,reference_id\n" + "".join(f"{q},{r}\n" for q, r in pairs))
+    output = tmp_path / "found"
+    code = main(["detect", str(queries), "--references", str(references), "--output", str(output), "-q",
+                 "--models", models["descriptor"], "--matcher", models["matcher"], "--candidates", "50",
+                 "--ground-truth", str(truth), "--gallery", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    html = (output / "report.html").read_text()
+    links = [line.split('src="')[1].split('"')[0] for line in html.splitlines() if 'src="' in line]
+    assert links and all("#" not in link and "?" not in link and " " not in link for link in links)
+    assert all((output / unquote(link)).is_file() for link in links)
+    assert all(len(path.name) < 255 for path in (output / "gallery").iterdir())
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert metrics["num_candidates_per_query"] == 3  # 3 readable references, not the 50 asked for
+    assert "detect: read 3 query and 4 reference images, skipped 1 (1 empty file)" in out
+
+
+# ---------------------------------------------------------------------------------------------- model folders
+def test_a_damaged_weights_file_is_one_line(models, good, tmp_path, capsys):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(models["descriptor"], damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # an interrupted download
+    code, _, err = run(capsys, "index", good, "--model", damaged, "--output", tmp_path / "idx")
+    one_line_error(code, err, "cannot load the model", "a weights file is damaged or incomplete")
+
+
+def test_a_folder_of_another_architecture_is_refused_before_its_weights_load(models, good, tmp_path):
+    other = tmp_path / "bert"
+    shutil.copytree(models["descriptor"], other)
+    config = json.loads((other / "config.json").read_text())
+    config["model_type"] = "bert"
+    config.pop("auto_map", None)
+    (other / "config.json").write_text(json.dumps(config))
+    # a process of its own: transformers prints its load report there as it would for a user
+    result = subprocess.run([sys.executable, "-m", "copynce_hf.cli", "--quiet", "index", str(good), "--model",
+                             str(other), "--output", str(tmp_path / "idx")], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}, timeout=300)
+    one_line_error(result.returncode, result.stderr,
+                   "model type 'bert' is neither a CopyNCE matcher nor a CopyNCE descriptor")
+    assert "LOAD REPORT" not in result.stdout + result.stderr
+    assert len((result.stdout + result.stderr).strip().splitlines()) == 1

@@ -43,6 +43,11 @@ from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mo
 
 logger = logging.getLogger(__name__)
 
+#: How the log lines name the views of each ``descriptor_lce`` / ``matcher_lce`` mode.
+_DESCRIPTOR_VIEWS = {"none": "whole images", "matcher-views": "LCE: 26 query x 10 reference views",
+                     "authors": "LCE: 45 query x 9 reference views"}
+_MATCHER_VIEWS = {"none": "whole images", "paper": "LCE: 35 view pairs", "all": "LCE: 260 view pairs"}
+
 
 @dataclasses.dataclass
 class DetectConfig:
@@ -118,6 +123,11 @@ class DetectResult:
             count the time they took when computed.
         matcher_cost: encoder passes and fusion passes the matcher ran (``None`` without matcher).
         skipped: query ids whose image could not be read, and unscored candidate pairs.
+        reused: stages read from ``index_folder``, not recomputed.
+        skipped_queries, skipped_references: id -> plain-words reason (``ImageLoadError.reason``) of each
+            image left out; ``"unreadable"`` when the skip was read from a reused cache, which keeps no reason.
+        candidates_per_query: the candidates each query could get: ``candidates``, or fewer when fewer
+            references could be read.
     """
 
     predictions: list[Prediction]
@@ -126,10 +136,19 @@ class DetectResult:
     seconds: dict[str, float]
     matcher_cost: dict[str, int] | None = None
     skipped: list[str] = dataclasses.field(default_factory=list)
-    reused: list[str] = dataclasses.field(default_factory=list)  # stages read from index_folder, not recomputed
+    reused: list[str] = dataclasses.field(default_factory=list)
+    skipped_queries: dict[str, str] = dataclasses.field(default_factory=dict)
+    skipped_references: dict[str, str] = dataclasses.field(default_factory=dict)
+    candidates_per_query: int = 0
 
     def candidate_recall(self, ground_truth: dict[str, list[str]]) -> float | None:
         return candidate_recall(self.candidates, ground_truth)
+
+
+def _note_skips(descriptors: DescriptorSet, reasons: dict[str, str]) -> None:
+    """Add the images ``descriptors`` left out to ``reasons`` (id -> reason), keeping reasons already known."""
+    for image_id in descriptors.skipped:
+        reasons.setdefault(image_id, descriptors.skip_reasons.get(image_id, "unreadable"))
 
 
 class _SourceImages:
@@ -292,12 +311,15 @@ def detect(
     per_model: dict[str, list[Prediction]] = {}
     skipped: list[str] = []
     reused: list[str] = []
+    skipped_queries: dict[str, str] = {}
+    skipped_references: dict[str, str] = {}
     for descriptor in descriptors:
         folder = Path(index_folder) / descriptor.name if index_folder is not None else None
         start = time.perf_counter()
         index = view_index(descriptor, references, preset, folder / "references" if folder else None,
                            progress=progress, description=f"{descriptor.name}: reference views", **extract)
         seconds[f"index:{descriptor.name}"] = time.perf_counter() - start
+        _note_skips(index.references, skipped_references)
         auxiliary_index = None
         if auxiliary is not None:
             start = time.perf_counter()
@@ -313,6 +335,7 @@ def detect(
             reused.append(f"query views:{descriptor.name}")
         start = time.perf_counter()
         skipped.extend(q for q in query_views.skipped if q not in skipped)
+        _note_skips(query_views, skipped_queries)
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(queries)} query images could be read")
         per_model[descriptor.name] = search_references(
@@ -320,12 +343,15 @@ def detect(
             k_start=config.k_start, k_end=config.k_end)
         seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
         log(f"{descriptor.name}: {len(per_model[descriptor.name])} candidate pairs "
-            f"({config.descriptor_lce} views{', score-normalised' if auxiliary is not None else ''})")
+            f"({_DESCRIPTOR_VIEWS[config.descriptor_lce]}{', score-normalised' if auxiliary is not None else ''})")
     candidates = merge_candidates(per_model.values(), config.candidates)
+    per_query = min(config.candidates, len(references) - len(skipped_references))
     if len(descriptors) > 1:
-        log(f"merged: {len(candidates)} candidate pairs (top {config.candidates} per query)")
+        log(f"merged: {len(candidates)} candidate pairs (top {per_query} per query)")
+    found = {"skipped": skipped, "reused": reused, "skipped_queries": skipped_queries,
+             "skipped_references": skipped_references, "candidates_per_query": per_query}
     if matcher is None:
-        return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, skipped, reused)
+        return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, **found)
 
     start = time.perf_counter()
     model, processor = matcher
@@ -333,7 +359,7 @@ def detect(
                            cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None))
     pairs = [(p.query_id, p.reference_id) for p in candidates]
     scores = scorer.score(pairs, _SourceImages(queries), _SourceImages(references), num_workers=config.num_workers,
-                          progress=progress, description=f"matcher ({config.matcher_lce} LCE)")
+                          progress=progress, description=f"matcher ({_MATCHER_VIEWS[config.matcher_lce]})")
     rescored = [Prediction(q, r, s) for (q, r), s in zip(pairs, scores) if s is not None]
     skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scores) if s is None)
     seconds["matcher"] = time.perf_counter() - start
@@ -342,5 +368,5 @@ def detect(
         f"{cost['fused_pairs']} fusion passes)")
     if not rescored:
         raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
-    return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, skipped, reused)
+    return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, **found)
 

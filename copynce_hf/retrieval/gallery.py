@@ -12,7 +12,9 @@ rendered by a Jinja2 template with autoescaping.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import re
 from pathlib import Path
 
 from jinja2 import Environment
@@ -23,6 +25,8 @@ from .affinity import affinity_maps, save_affinity_figures
 from .predictions import Prediction
 
 THUMBNAIL_SIDE = 160
+#: Characters of each id kept in a pair's gallery folder name (file names stop at 255 bytes).
+_ID_CHARACTERS = 40
 
 _TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
@@ -50,10 +54,10 @@ td, th { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
 <div class="card {{ card.verdict }}">
 <div><b>{{ card.query_id }}</b> &rarr; <b>{{ card.reference_id }}</b>, score {{ "%.4f"|format(card.score) }}
 {% if card.verdict == "correct" %}(a true copy){% elif card.verdict == "wrong" %}(not a true pair){% endif %}</div>
-<img class="thumb" src="{{ card.query }}" alt="query {{ card.query_id }}">
-<img class="thumb" src="{{ card.reference }}" alt="reference {{ card.reference_id }}">
-{% if card.affinity %}<img class="map" src="{{ card.affinity }}" alt="token affinity heatmap">
-<img class="map" src="{{ card.entropy }}" alt="affinity entropy map">{% endif %}
+<img class="thumb" src="{{ card.query|urlencode }}" alt="query {{ card.query_id }}">
+<img class="thumb" src="{{ card.reference|urlencode }}" alt="reference {{ card.reference_id }}">
+{% if card.affinity %}<img class="map" src="{{ card.affinity|urlencode }}" alt="token affinity heatmap">
+<img class="map" src="{{ card.entropy|urlencode }}" alt="affinity entropy map">{% endif %}
 </div>{% endfor %}</div>
 {% endfor %}
 </body></html>
@@ -99,10 +103,19 @@ def _thumbnail(image, path: Path) -> None:
     image.save(path)
 
 
+def pair_folder_name(query_id: str, reference_id: str) -> str:
+    """The gallery folder of a pair: ``<query>__<reference>-<hash>``, each id cut to its first 40 file-name-safe
+    characters (others become ``_``), the hash (of both full ids) keeping names of different pairs apart."""
+    def safe(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:_ID_CHARACTERS]
+
+    digest = hashlib.sha1(f"{query_id}\0{reference_id}".encode()).hexdigest()[:12]
+    return f"{safe(query_id)}__{safe(reference_id)}-{digest}"
+
+
 def _card(prediction: Prediction, queries, references, model, processor, folder: Path, root: Path,
           truth: dict[str, list[str]] | None) -> MatchCard:
-    key = f"{prediction.query_id}__{prediction.reference_id}"
-    pair = folder / key
+    pair = folder / pair_folder_name(prediction.query_id, prediction.reference_id)
     query_image, reference_image = queries[prediction.query_id], references[prediction.reference_id]
     _thumbnail(query_image, pair / "query.png")
     _thumbnail(reference_image, pair / "reference.png")
