@@ -16,7 +16,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
-from .modeling.errors import ImageLoadError
+from .modeling.errors import MIN_IMAGE_SIDE, ImageLoadError, empty_image_error, small_image_error
 from .modeling.rgb_conversion import pil_to_rgb as to_rgb  # the image processor's own conversion
 
 #: Default size limit in pixels (268 megapixels, 16384 x 16384): above every camera photograph
@@ -26,8 +26,6 @@ from .modeling.rgb_conversion import pil_to_rgb as to_rgb  # the image processor
 #: configuration with ``max_image_pixels``.
 MAX_IMAGE_PIXELS = 16384 * 16384
 
-#: Default smallest accepted side: one ViT patch.
-MIN_IMAGE_SIDE = 16
 
 # Pillow's own bomb check (``Image.MAX_IMAGE_PIXELS``: a warning above 89.5 megapixels, an error above
 # twice that) is a process-wide setting that would refuse real photographs below the package's limit.
@@ -95,7 +93,7 @@ def load_image(
 def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int | None = None) -> Image.Image:
     stream.seek(0, io.SEEK_END)
     if stream.tell() == 0:
-        raise ImageLoadError(f"image {name} is an empty file (0 bytes)", "empty file")
+        raise empty_image_error(name)
     stream.seek(0)
     try:
         with _PILLOW_LIMIT_LOCK, warnings.catch_warnings():
@@ -165,9 +163,7 @@ def _check_size(image: Image.Image, name: str, min_side: int, max_pixels: int) -
             "too large",
         )
     if min(width, height) < min_side:
-        raise ImageLoadError(
-            f"image {name} is too small: {width}x{height}, minimum {min_side} pixels per side", "too small"
-        )
+        raise small_image_error(name, width, height, min_side)
 
 
 def _describe(source) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from transformers import pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 import copynce_hf.pipelines  # noqa: F401  (registers the task)
-from copynce_hf.modeling.errors import ConfigError
+from copynce_hf.modeling.errors import ConfigError, ImageLoadError
 from copynce_hf.modeling.pipeline_copynce import ImageCopyDetectionPipeline
 
 
@@ -77,6 +78,32 @@ def test_pipeline_refuses_bad_calls(folders, pair_images):
         detector([a, a], [b])
     with pytest.raises(ConfigError, match="unknown"):
         detector(a, b, top_k=3)
+    for empty in ([], ([], [])):  # no pair: one clear error, not an IndexError inside transformers
+        with pytest.raises(ConfigError, match="empty list"):
+            detector(*empty) if isinstance(empty, tuple) else detector(empty)
+    with pytest.raises(ConfigError, match="empty list of references"):
+        detector(a, [])
+
+
+def test_pipeline_images_follow_the_image_policy(folders, pair_images, tmp_path):
+    """The sizes and files the command line refuses are refused by the pipeline too, in the same words."""
+    from copynce_hf.images import load_image
+
+    path, (a, _, _) = pair_images
+    detector = pipeline("image-copy-detection", model=folders["matcher"])
+    dot, empty = tmp_path / "dot.png", tmp_path / "empty.png"
+    Image.new("RGB", (1, 1)).save(dot)
+    empty.write_bytes(b"")
+    for bad, reason in ((dot, "too small"), (Image.new("RGB", (1, 1)), "too small"), (empty, "empty file"),
+                        (b"", "empty file")):
+        with pytest.raises(ImageLoadError) as caught:
+            detector(bad, path)
+        assert caught.value.reason == reason
+        if isinstance(bad, Path):
+            with pytest.raises(ImageLoadError) as policy:
+                load_image(bad)
+            assert str(caught.value) == str(policy.value)
+    assert 0.0 <= detector(a, path)["score"] <= 1.0
 
 
 def test_one_query_against_a_list_of_references_gives_one_score_each(folders, pair_images):

@@ -34,6 +34,21 @@ class ImageLoadError(CopyNCEError):
         return type(self), (str(self), self.reason)
 
 
+#: Smallest accepted image side in pixels: one ViT patch (every image input, the pipeline's included).
+MIN_IMAGE_SIDE = 16
+
+
+def empty_image_error(name: str) -> ImageLoadError:
+    """The policy's refusal of a 0-byte image file ``name``."""
+    return ImageLoadError(f"image {name} is an empty file (0 bytes)", "empty file")
+
+
+def small_image_error(name: str, width: int, height: int, min_side: int = MIN_IMAGE_SIDE) -> ImageLoadError:
+    """The policy's refusal of an image ``name`` whose shorter side is below ``min_side``."""
+    return ImageLoadError(f"image {name} is too small: {width}x{height}, minimum {min_side} pixels per side",
+                          "too small")
+
+
 class EditParameterError(CopyNCEError, ValueError):
     """An edit was constructed with a parameter outside its valid range."""
 
