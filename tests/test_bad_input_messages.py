@@ -207,3 +207,18 @@ def test_detect_help_states_the_measured_matcher_cost_of_the_readme():
     row = next(line for line in readme.splitlines() if line.startswith("| `--matcher-lce none`"))
     stated = row.split("for C = 10, ")[1].split(" for C = 50")[0]  # "1.3 s"
     assert f"about {stated} per query on one CPU core with --matcher-lce none" in help_text
+
+
+# ------------------------------------------------------------------------------------- the metric Space
+def test_metric_space_declares_the_gradio_it_runs_on():
+    """The metric Space's README pins the Gradio of the project's Space, which builds its interface here."""
+    import gradio
+    import yaml
+
+    folder = Path(COPY_DETECTION_METRIC_PATH)
+    front = yaml.safe_load((folder / "README.md").read_text(encoding="utf-8").split("---")[1])
+    requirements = (Path(__file__).resolve().parents[1] / "spaces" / "copynce" / "requirements.txt").read_text()
+    pinned = next(line.split("==")[1] for line in requirements.splitlines() if line.startswith("gradio=="))
+    assert front["sdk"] == "gradio" and str(front["sdk_version"]) == pinned
+    if gradio.__version__ == pinned:
+        assert isinstance(_space_app().build_demo(), gradio.Interface)
