@@ -222,3 +222,50 @@ def test_metric_space_declares_the_gradio_it_runs_on():
     assert front["sdk"] == "gradio" and str(front["sdk_version"]) == pinned
     if gradio.__version__ == pinned:
         assert isinstance(_space_app().build_demo(), gradio.Interface)
+
+
+# ------------------------------------------------------------------------------------- the Space's figures
+def _drawn_text_boxes(figure) -> list[tuple[str, object, object]]:
+    """``(text, window box, axes it belongs to)`` of every text the figure draws: the suptitle, the titles,
+    and the tick and axis labels of the axes drawn with their axis (the colorbars)."""
+    renderer = figure.canvas.get_renderer()
+    figure.draw(renderer)
+    boxes = []
+    if figure._suptitle is not None and figure._suptitle.get_text():
+        boxes.append((figure._suptitle.get_text(), figure._suptitle.get_window_extent(renderer), None))
+    for axes in figure.axes:
+        texts = [axes.title, axes._left_title, axes._right_title]
+        if axes.axison:
+            texts += [*axes.get_xticklabels(), *axes.get_yticklabels(), axes.xaxis.label, axes.yaxis.label]
+        boxes += [(text.get_text(), text.get_window_extent(renderer), axes) for text in texts
+                  if text.get_visible() and text.get_text().strip()]
+    return boxes
+
+
+def _collisions(figure, margin: float = 5.0) -> list[tuple[str, str]]:
+    """Pairs of drawn texts that overlap, and texts that overlap a plot (axes) other than their own; boxes
+    closer than ``margin`` pixels count as overlapping (a caption touching a colorbar reads as one)."""
+    renderer = figure.canvas.get_renderer()
+    boxes = [(text, box.padded(margin / 2), owner) for text, box, owner in _drawn_text_boxes(figure)]
+    found = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a[1].overlaps(b[1])]
+    for text, box, owner in boxes:
+        found += [(text, f"plot {axes.get_label() or axes.get_title()!r}") for axes in figure.axes
+                  if axes is not owner and axes.get_window_extent(renderer).padded(margin / 2).overlaps(box)]
+    return found
+
+
+@pytest.mark.parametrize("size", [(112, 112), (224, 112), (112, 224)])
+def test_the_space_figures_keep_their_titles_clear_of_plots_and_colorbars(size):
+    from copynce_hf.demo.figures import overlap_figure
+    from copynce_hf.retrieval.affinity import AffinityMaps, affinity_figures
+
+    rng = np.random.default_rng(0)
+    grid = (size[1] // 16, size[0] // 16)
+    query, reference = Image.new("RGB", size, (90, 40, 40)), Image.new("RGB", size, (40, 40, 90))
+    maps = AffinityMaps(query, reference, (1, 2), rng.random(grid, dtype=np.float32),
+                        rng.random(grid, dtype=np.float32), 16)
+    overlap = rng.random((grid[0] * grid[1],) * 2, dtype=np.float32) / (grid[0] * grid[1])
+    figures = [*affinity_figures(maps, title="q00012 / r00034"),
+               overlap_figure(query, reference, overlap, (1, 2), 16, title="PixTrace overlap prior")]
+    for figure in figures:
+        assert _collisions(figure) == []

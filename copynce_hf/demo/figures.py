@@ -50,7 +50,8 @@ def overlap_figure(
     row, col = patch
     probe = overlap_qr[row * query_grid[1] + col].reshape(reference_grid)
 
-    figure = Figure(figsize=(8, 4.4), dpi=100)
+    # constrained layout and colorbars under the images: no title runs into a colorbar or the other plot
+    figure = Figure(figsize=(8, 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2)
     left.imshow(query_image, extent=(0, width, height, 0))
@@ -59,12 +60,12 @@ def overlap_figure(
     left.add_patch(Rectangle((col * patch_size, row * patch_size), patch_size, patch_size, fill=False,
                              edgecolor=(0, 1, 0), linewidth=2))
     left.set_title("query: copied fraction per patch")
-    figure.colorbar(shown, ax=left, fraction=0.046, pad=0.04)
+    figure.colorbar(shown, ax=left, location="bottom", fraction=0.05, pad=0.02)
     right.imshow(reference_image, extent=(0, ref_width, ref_height, 0))
     shown = right.imshow(probe, extent=(0, ref_width, ref_height, 0), cmap="jet", alpha=0.5, vmin=0.0,
                          vmax=max(float(probe.max()), 1e-6), interpolation="nearest")
     right.set_title(f"reference: prior of probe {row},{col}")
-    figure.colorbar(shown, ax=right, fraction=0.046, pad=0.04)
+    figure.colorbar(shown, ax=right, location="bottom", fraction=0.05, pad=0.02)
     for axes in (left, right):
         axes.set_axis_off()
     if title:

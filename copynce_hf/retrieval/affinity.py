@@ -126,7 +126,10 @@ def affinity_figures(maps: AffinityMaps, title: str = ""):
     width, height = maps.query_image.size
     extent = (0, width, height, 0)
 
-    affinity_figure = Figure(figsize=(8, 4.4), dpi=110)
+    # constrained layout, and each colorbar under its image: titles never run into a colorbar or another
+    # plot, whatever the images' aspect ratio (a colorbar beside an image is as tall as its cell, not
+    # the image, and reached up into the title)
+    affinity_figure = Figure(figsize=(8, 4.8), dpi=110, layout="constrained")
     FigureCanvasAgg(affinity_figure)
     left, right = affinity_figure.subplots(1, 2)
     left.imshow(maps.query_image, extent=extent)
@@ -138,21 +141,21 @@ def affinity_figures(maps: AffinityMaps, title: str = ""):
     left.set_title(f"query, probe patch {row},{col}")
     right.imshow(maps.reference_image, extent=extent)
     shown = right.imshow(maps.affinity, extent=extent, cmap="jet", alpha=0.5, interpolation="bilinear")
-    right.set_title("reference, token affinity of the probe")
-    affinity_figure.colorbar(shown, ax=right, fraction=0.046, pad=0.04)
+    right.set_title("reference: affinity of the probe")
+    affinity_figure.colorbar(shown, ax=right, location="bottom", fraction=0.05, pad=0.02)
     for axes in (left, right):
         axes.set_axis_off()
     if title:
         affinity_figure.suptitle(title)
 
-    entropy_figure = Figure(figsize=(5, 4.4), dpi=110)
+    entropy_figure = Figure(figsize=(5, 5.2), dpi=110, layout="constrained")
     FigureCanvasAgg(entropy_figure)
     axes = entropy_figure.subplots(1, 1)
     axes.imshow(maps.query_image, extent=extent)
     shown = axes.imshow(maps.entropy, extent=extent, cmap="viridis_r", alpha=0.6, interpolation="nearest")
-    axes.set_title("query, affinity entropy (low = copied)")
+    axes.set_title("query: affinity entropy (low = copied)")
     axes.set_axis_off()
-    entropy_figure.colorbar(shown, ax=axes, fraction=0.046, pad=0.04, label="nats")
+    entropy_figure.colorbar(shown, ax=axes, location="bottom", fraction=0.05, pad=0.02, label="nats")
     return affinity_figure, entropy_figure
 
 
