@@ -1,8 +1,9 @@
 """A regular (non-editable) install works: the wheel carries every file the package reads at run time.
 
 The wheel is built from the tracked files, installed with ``pip install --no-deps`` into a fresh
-virtual environment that sees the already installed dependencies (``--system-site-packages``) but
-not the source tree, and then trains for two steps with the default configuration (the module entry
+virtual environment that sees the already installed dependencies (those of the interpreter running
+the tests, be it the system's or a virtual environment's: :mod:`_environments`) but not the source
+tree, and then trains for two steps with the default configuration (the module entry
 point, no ``--config``) and indexes the bundled images with the ``copynce`` command.
 """
 
@@ -13,10 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
+from _environments import environment_with_running_packages
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -50,8 +51,7 @@ def test_wheel_in_a_fresh_environment_trains_and_indexes(tmp_path):
     (wheel,) = wheels.glob("copynce_hf-*.whl")
 
     environment_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(environment_dir)
-    python = environment_dir / "bin" / "python"
+    python = environment_with_running_packages(environment_dir)
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
          cwd=tmp_path, env=environment)
 
@@ -80,3 +80,39 @@ def test_wheel_in_a_fresh_environment_trains_and_indexes(tmp_path):
                   cwd=work, env=environment)
     assert "index: read 12 images, skipped 0, wrote 12 descriptors" in result.stdout
     assert (work / "index" / "index.faiss").is_file()
+
+
+def test_the_fresh_environment_sees_the_packages_of_a_virtual_environment_running_the_tests(tmp_path):
+    """``make test`` in a virtual environment: the packages are the venv's, not its base interpreter's."""
+    import venv
+
+    outer = tmp_path / "outer"  # stands for the user's virtual environment
+    venv.EnvBuilder(with_pip=False).create(outer)
+    outer_python = outer / "bin" / "python"
+    purelib = subprocess.run([str(outer_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "only_in_the_outer_venv.py").write_text("WHERE = 'outer'\n")
+    inner = tmp_path / "inner"
+    make = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"from _environments import environment_with_running_packages as make; print(make({str(inner)!r}))")
+    python = _run([str(outer_python), "-c", make], cwd=tmp_path, env=dict(os.environ)).stdout.strip()
+    seen = _run([python, "-c", "import only_in_the_outer_venv as m, sys; print(m.WHERE, sys.prefix)"],
+                cwd=tmp_path, env=dict(os.environ)).stdout.split()
+    assert seen == ["outer", str(inner)]
+
+
+def test_make_test_runs_every_test_before_failing():
+    """CI runs ``make test``: a first failure must not hide the others (no ``-x`` / ``--maxfail``)."""
+    recipe, inside = [], False
+    for line in (REPO / "Makefile").read_text().splitlines():
+        if line.startswith("test:"):
+            inside = True
+        elif inside and line.startswith("\t"):
+            recipe.append(line.split("#")[0])
+        elif inside:
+            break
+    pytest_lines = [line for line in recipe if "pytest" in line]
+    assert pytest_lines, recipe
+    for line in pytest_lines:
+        words = line.split()
+        assert "-x" not in words and "--exitfirst" not in words and not any(w.startswith("--maxfail") for w in words)
