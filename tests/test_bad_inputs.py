@@ -468,3 +468,35 @@ def test_a_folder_of_another_architecture_is_refused_before_its_weights_load(mod
                    "model type 'bert' is neither a CopyNCE matcher nor a CopyNCE descriptor")
     assert "LOAD REPORT" not in result.stdout + result.stderr
     assert len((result.stdout + result.stderr).strip().splitlines()) == 1
+
+
+def test_evaluate_reads_excel_csv_and_refuses_utf16_and_split_scores_in_one_line(tmp_path, capsys, caplog):
+    truth = tmp_path / "gt.csv"
+    truth.write_text("query_id,reference_id\nq00,r00\nq01,r01\n", encoding="utf-8-sig")  # Excel "CSV UTF-8"
+    excel = tmp_path / "excel.csv"
+    excel.write_text("query_id,reference_id,score\nq00,r00,0.9\nq01,r01,0.8\n", encoding="utf-8-sig")
+    code, out, err = run(capsys, "evaluate", excel, "--ground-truth", truth, "--output", tmp_path / "report")
+    assert code == 0, err
+    assert json.loads((tmp_path / "report" / "metrics.json").read_text())["excel"]["micro_ap"] == 1.0
+    utf16 = tmp_path / "utf16.csv"
+    utf16.write_text(excel.read_text(encoding="utf-8-sig"), encoding="utf-16")
+    code, _, err = run(capsys, "evaluate", utf16, "--ground-truth", truth, "--output", tmp_path / "report")
+    one_line_error(code, err, "is UTF-16 text; save it as UTF-8 CSV")
+    comma = tmp_path / "comma.csv"
+    comma.write_text("query_id,reference_id,score\nq00,r00,0,9\nq01,r01,0,8\n")
+    code, _, err = run(capsys, "evaluate", comma, "--ground-truth", truth, "--output", tmp_path / "report")
+    one_line_error(code, err, "line 2: 4 fields, but the header has 3 (a decimal comma in the score?")
+    caplog.set_level(logging.WARNING)
+    renamed = tmp_path / "renamed.csv"
+    renamed.write_text("query_id,reference_id,score\nq00,ref-a,0.9\nq01,ref-b,0.8\n")
+    code, _, err = run(capsys, "evaluate", renamed, "--ground-truth", truth, "--output", tmp_path / "report")
+    assert code == 0, err
+    assert "none of the 2 predicted reference ids is in the ground truth" in caplog.text and "muAP is 0" in caplog.text
+
+
+def test_search_names_a_damaged_index_folder_and_how_to_rebuild_it(models, good, index, tmp_path, capsys):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(index, damaged)
+    (damaged / "index.faiss").write_bytes(b"\0" * 64)
+    code, _, err = run(capsys, "search", good, "--index", damaged, "--output", tmp_path / "found.csv")
+    one_line_error(code, err, "is damaged; build it again with `copynce index`", "index.faiss")
