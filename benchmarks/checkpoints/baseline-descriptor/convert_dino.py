@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from transformers.utils import logging
 
-from .errors import CopyNCEError
+from .errors import CopyNCEError, ShapeError
 
 logger = logging.get_logger(__name__)
 
@@ -83,7 +83,7 @@ def interpolate_position_embeddings(position_embeddings: torch.Tensor, grid: tup
     num_positions = position_embeddings.shape[1] - 1
     side = int(round(math.sqrt(num_positions)))
     if side * side != num_positions:
-        raise CopyNCEError(f"position embeddings of {num_positions} patches are not a square grid")
+        raise ShapeError(f"position embeddings of {num_positions} patches are not a square grid")
     rows, columns = grid
     if (rows, columns) == (side, side):
         return position_embeddings
@@ -219,7 +219,7 @@ def infer_vit_config(backbone: dict) -> dict:
     num_positions = backbone["embeddings.position_embeddings"].shape[1] - 1
     grid = int(round(math.sqrt(num_positions)))
     if grid * grid != num_positions:
-        raise CopyNCEError(f"the position embeddings hold {num_positions} patch positions, not a square grid")
+        raise ShapeError(f"the position embeddings hold {num_positions} patch positions, not a square grid")
     return {
         "hidden_size": hidden_size,
         "num_hidden_layers": 1 + max(int(match.group(1)) for key in backbone if (match := _BLOCK.match(key))),
@@ -252,7 +252,7 @@ def load_dino_weights(model, backbone: dict, source: str = "state dict") -> Dino
     own = vit.state_dict()
     for key in sorted(set(backbone) & set(own)):
         if own[key].shape != backbone[key].shape:
-            raise CopyNCEError(f"DINO weight for {key} has shape {tuple(backbone[key].shape)} but the model expects "
+            raise ShapeError(f"DINO weight for {key} has shape {tuple(backbone[key].shape)} but the model expects "
                                f"{tuple(own[key].shape)}: check hidden_size / intermediate_size / patch_size")
     targets = {key: value.to(own[key].dtype) for key, value in backbone.items() if key in own}
     result = vit.load_state_dict(targets, strict=False)

@@ -7,7 +7,11 @@ Messages name the offending file, field or value.
 
 
 class CopyNCEError(Exception):
-    """Base class of the package's input errors."""
+    """Base class of the package's input errors.
+
+    The errors about values (configuration, shapes, edit parameters, tables, predictions) also
+    derive from :class:`ValueError`, the type ``transformers`` code and its users catch.
+    """
 
 
 #: Reasons an image is skipped, in plain words (``ImageLoadError.reason``), in reporting order.
@@ -30,12 +34,31 @@ class ImageLoadError(CopyNCEError):
         return type(self), (str(self), self.reason)
 
 
+#: Smallest accepted image side in pixels: one ViT patch (every image input, the pipeline's included).
+MIN_IMAGE_SIDE = 16
+
+
+def empty_image_error(name: str) -> ImageLoadError:
+    """The policy's refusal of a 0-byte image file ``name``."""
+    return ImageLoadError(f"image {name} is an empty file (0 bytes)", "empty file")
+
+
+def small_image_error(name: str, width: int, height: int, min_side: int = MIN_IMAGE_SIDE) -> ImageLoadError:
+    """The policy's refusal of an image ``name`` whose shorter side is below ``min_side``."""
+    return ImageLoadError(f"image {name} is too small: {width}x{height}, minimum {min_side} pixels per side",
+                          "too small")
+
+
 class EditParameterError(CopyNCEError, ValueError):
     """An edit was constructed with a parameter outside its valid range."""
 
 
 class TableError(CopyNCEError, ValueError):
     """Coordinate tables of incompatible shapes or sources were combined."""
+
+
+class ShapeError(CopyNCEError, ValueError):
+    """Tensors of the wrong shape were passed (the message gives the shapes found and expected)."""
 
 
 class ConfigError(CopyNCEError, ValueError):

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .errors import CopyNCEError
+from .errors import ConfigError, ShapeError
 
 __all__ = [
     "affinity_entropy",
@@ -73,17 +73,17 @@ def token_affinity_logits(
         (B, Lq, Lr) logits, computed in float32 (or float64 for float64 inputs) outside autocast.
     """
     if query_tokens.dim() != 3 or reference_tokens.dim() != 3:
-        raise CopyNCEError(
+        raise ShapeError(
             f"tokens must be (B, L, C); got query {tuple(query_tokens.shape)} "
             f"and reference {tuple(reference_tokens.shape)}"
         )
     if query_tokens.shape[0] != reference_tokens.shape[0] or query_tokens.shape[2] != reference_tokens.shape[2]:
-        raise CopyNCEError(
+        raise ShapeError(
             f"query tokens {tuple(query_tokens.shape)} and reference tokens {tuple(reference_tokens.shape)} "
             "differ in batch size or channels"
         )
     if not temperature > 0:
-        raise CopyNCEError(f"temperature must be positive, got {temperature}")
+        raise ConfigError(f"temperature must be positive, got {temperature}")
     dtype = _compute_dtype(query_tokens)
     with torch.autocast(device_type=query_tokens.device.type, enabled=False):
         query = F.normalize(query_tokens.to(dtype), dim=-1)
@@ -131,11 +131,11 @@ def overlap_target(overlap: torch.Tensor, gamma: float = 1.0, weighting: str = "
         the query patches with some overlap.
     """
     if weighting not in WEIGHTINGS:
-        raise CopyNCEError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        raise ConfigError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     if not (gamma >= 0):
-        raise CopyNCEError(f"gamma must be >= 0 (or inf), got {gamma}")
+        raise ConfigError(f"gamma must be >= 0 (or inf), got {gamma}")
     if overlap.dim() != 3:
-        raise CopyNCEError(f"overlap prior must be (B, L_a, L_b), got shape {tuple(overlap.shape)}")
+        raise ShapeError(f"overlap prior must be (B, L_a, L_b), got shape {tuple(overlap.shape)}")
     overlap = overlap.detach()
     rows = (overlap > 0).any(dim=-1)
     if weighting == "authors_code":
@@ -164,7 +164,7 @@ def _directional_copynce(
         ``"authors_code"``), and whether any patch of the pair overlaps.
     """
     if overlap.shape != logits.shape:
-        raise CopyNCEError(f"overlap prior of shape {tuple(overlap.shape)} does not match the token grid "
+        raise ShapeError(f"overlap prior of shape {tuple(overlap.shape)} does not match the token grid "
                            f"{tuple(logits.shape)} (B, L_a, L_b)")
     weights, rows = overlap_target(overlap.to(logits.dtype), gamma, weighting)
     log_p = torch.log_softmax(logits, dim=-1)  # finite everywhere, so 0 * log p = 0 exactly
@@ -229,18 +229,18 @@ def copynce_loss(
         Scalar tensor (float32, or float64 for float64 tokens).
     """
     if average not in AVERAGES:
-        raise CopyNCEError(f"average must be one of {AVERAGES}, got {average!r}")
+        raise ConfigError(f"average must be one of {AVERAGES}, got {average!r}")
     logits = token_affinity_logits(query_tokens, reference_tokens, temperature)
     batch = logits.shape[0]
     if overlap_rq.shape != logits.shape[:1] + logits.shape[2:0:-1]:
-        raise CopyNCEError(f"overlap_rq has shape {tuple(overlap_rq.shape)}, expected "
+        raise ShapeError(f"overlap_rq has shape {tuple(overlap_rq.shape)}, expected "
                            f"{(batch, logits.shape[2], logits.shape[1])} (B, Lr, Lq)")
     loss_qr, has_qr = _directional_copynce(logits, overlap_qr, gamma, weighting)
     loss_rq, has_rq = _directional_copynce(logits.transpose(1, 2), overlap_rq, gamma, weighting)
     valid = has_qr & has_rq
     if pair_mask is not None:
         if pair_mask.shape != (batch,):
-            raise CopyNCEError(f"pair_mask must have shape ({batch},), got {tuple(pair_mask.shape)}")
+            raise ShapeError(f"pair_mask must have shape ({batch},), got {tuple(pair_mask.shape)}")
         valid = valid & pair_mask.to(device=valid.device, dtype=torch.bool)
     pair_loss = 0.5 * (loss_qr + loss_rq)
     if not bool(valid.any()):
@@ -342,12 +342,12 @@ def info_nce_loss(
         Scalar tensor.
     """
     if query_descriptors.dim() != 2 or query_descriptors.shape != reference_descriptors.shape:
-        raise CopyNCEError(
+        raise ShapeError(
             f"descriptors must both be (B, D) with equal shapes; got {tuple(query_descriptors.shape)} "
             f"and {tuple(reference_descriptors.shape)}"
         )
     if negatives not in INFONCE_NEGATIVES:
-        raise CopyNCEError(f"negatives must be one of {INFONCE_NEGATIVES}, got {negatives!r}")
+        raise ConfigError(f"negatives must be one of {INFONCE_NEGATIVES}, got {negatives!r}")
     batch = query_descriptors.shape[0]
     dtype = _compute_dtype(query_descriptors)
     queries = query_descriptors.to(dtype)
@@ -389,7 +389,7 @@ def koleo_loss(descriptors: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
         Scalar tensor.
     """
     if descriptors.dim() != 2 or descriptors.shape[0] < 2:
-        raise CopyNCEError(f"KoLeo needs (B, D) descriptors with B >= 2, got shape {tuple(descriptors.shape)}")
+        raise ShapeError(f"KoLeo needs (B, D) descriptors with B >= 2, got shape {tuple(descriptors.shape)}")
     x = F.normalize(descriptors.to(_compute_dtype(descriptors)), dim=-1)
     with torch.no_grad():
         similarity = x @ x.T
@@ -424,7 +424,7 @@ def paired_koleo_loss(
         Scalar tensor.
     """
     if query_descriptors.dim() != 2 or query_descriptors.shape != reference_descriptors.shape:
-        raise CopyNCEError(f"KoLeo needs two (B, D) descriptor sets of one shape, got "
+        raise ShapeError(f"KoLeo needs two (B, D) descriptor sets of one shape, got "
                            f"{tuple(query_descriptors.shape)} and {tuple(reference_descriptors.shape)}")
     dtype = _compute_dtype(query_descriptors)
     queries = F.normalize(query_descriptors.to(dtype), dim=-1)
@@ -461,7 +461,7 @@ def copy_bce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         Scalar tensor, the mean over the batch.
     """
     if logits.shape != labels.shape:
-        raise CopyNCEError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} differ in shape")
+        raise ShapeError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} differ in shape")
     dtype = _compute_dtype(logits)
     return F.binary_cross_entropy_with_logits(logits.to(dtype), labels.to(dtype))
 

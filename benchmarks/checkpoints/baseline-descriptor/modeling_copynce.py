@@ -44,7 +44,7 @@ from transformers.utils import ModelOutput, logging
 
 from .configuration_copynce import CopyNCEDescriptorConfig, CopyNCEMatcherConfig, CopyNCEViTConfig
 from .convert_dino import build_from_dino, interpolate_position_embeddings
-from .errors import CopyNCEError
+from .errors import ConfigError, ShapeError
 from .losses_copynce import copy_bce_loss, copynce_loss, info_nce_loss, koleo_loss, paired_koleo_loss
 
 try:  # a transformers 5 module (4.x has none): say which version is needed rather than "cannot import"
@@ -100,12 +100,12 @@ class CopyNCEEmbeddings(nn.Module):
         other sizes; True always goes through the interpolation.
         """
         if pixel_values.dim() != 4 or pixel_values.shape[1] != self.num_channels:
-            raise CopyNCEError(
+            raise ShapeError(
                 f"pixel_values must be (B, {self.num_channels}, H, W), got {tuple(pixel_values.shape)}"
             )
         height, width = pixel_values.shape[-2:]
         if height % self.patch_size or width % self.patch_size:
-            raise CopyNCEError(
+            raise ShapeError(
                 f"pixel_values of size {height}x{width} are not a multiple of patch_size={self.patch_size}"
             )
         grid = (height // self.patch_size, width // self.patch_size)
@@ -113,7 +113,7 @@ class CopyNCEEmbeddings(nn.Module):
         if grid[0] * grid[1] != num_positions or grid[0] != grid[1] or interpolate_pos_encoding:
             if interpolate_pos_encoding is False:
                 side = int(round(math.sqrt(num_positions))) * self.patch_size
-                raise CopyNCEError(
+                raise ShapeError(
                     f"input size {height}x{width} differs from the model's {side}x{side}; "
                     "pass interpolate_pos_encoding=None or True to interpolate the position embeddings"
                 )
@@ -234,7 +234,7 @@ class CopyNCEDescriptorHead(nn.Module):
     def forward(self, cls_tokens: torch.Tensor) -> torch.Tensor:
         """(B, C) -> (B, D), unit L2 norm."""
         if self.training and cls_tokens.shape[0] < 2:
-            raise CopyNCEError(
+            raise ShapeError(
                 "the descriptor head's batch norm needs at least 2 rows per call in training mode; with "
                 "head_batch_norm='per_side' each side of a batch of copy pairs is one call, so train on "
                 ">= 2 pairs per batch (or per process)"
@@ -393,7 +393,7 @@ class CopyNCEPreTrainedModel(PreTrainedModel):
     def set_image_size(self, image_size: int) -> None:
         """Change the configured input size, interpolating the position embeddings (e.g. 224 -> 336)."""
         if image_size % self.config.patch_size:
-            raise CopyNCEError(f"image_size={image_size} is not a multiple of patch_size={self.config.patch_size}")
+            raise ConfigError(f"image_size={image_size} is not a multiple of patch_size={self.config.patch_size}")
         grid = image_size // self.config.patch_size
         embeddings = self.base_model.embeddings
         with torch.no_grad():
@@ -561,7 +561,7 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             overlap_qr: (B, Lq, Lr) PixTrace prior, query patch -> reference patch.
             overlap_rq: (B, Lr, Lq) PixTrace prior, reference patch -> query patch.
             labels: (B,) optional; the descriptor trains on copy pairs only, so every label
-                must be 1 (a 0 raises CopyNCEError); also used to mask CopyNCE.
+                must be 1 (a 0 raises ConfigError); also used to mask CopyNCE.
             pair_mask: (B,) bool, pairs whose priors are valid for CopyNCE.
             output_attentions: also return every block's attention weights for ``pixel_values``.
             output_hidden_states: also return every block's output for ``pixel_values``.
@@ -573,7 +573,7 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
         batch = pixel_values.shape[0]
         pair_mode = reference_pixel_values is not None
         if pair_mode and reference_pixel_values.shape[0] != batch:
-            raise CopyNCEError(
+            raise ShapeError(
                 f"pixel_values has {batch} images but reference_pixel_values has {reference_pixel_values.shape[0]}"
             )
         options = (interpolate_pos_encoding, output_attentions, output_hidden_states)
@@ -603,7 +603,7 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
         loss = infonce = koleo = copynce = None
         if pair_mode:
             if labels is not None and bool((labels.reshape(-1) != 1).any()):
-                raise CopyNCEError(
+                raise ConfigError(
                     "the descriptor trains on copy pairs only (InfoNCE takes row b of the references as the "
                     "positive of query b), but labels contain non-copy pairs; use the matcher for labelled pairs"
                 )
@@ -788,7 +788,7 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
             output_attentions, output_hidden_states, return_dict)
         batch = pixel_values.shape[0]
         if reference_pixel_values is None or reference_pixel_values.shape[0] != batch:
-            raise CopyNCEError("the matcher needs reference_pixel_values with as many images as pixel_values")
+            raise ShapeError("the matcher needs reference_pixel_values with as many images as pixel_values")
         options = (interpolate_pos_encoding, output_attentions, output_hidden_states)
         if reference_pixel_values.shape[1:] == pixel_values.shape[1:]:
             encoded, encoder_states, encoder_attentions = self._encode(

@@ -32,7 +32,7 @@ import torch
 from PIL import Image, ImageOps
 from transformers.pipelines import Pipeline
 
-from .errors import ConfigError, ImageLoadError
+from .errors import MIN_IMAGE_SIDE, ConfigError, ImageLoadError, empty_image_error, small_image_error
 
 __all__ = ["TASK", "ImageCopyDetectionPipeline"]
 
@@ -43,26 +43,36 @@ _KINDS = {"copynce-descriptor": "descriptor", "copynce-matcher": "matcher"}
 def read_image(image) -> Image.Image:
     """A path, URL, bytes or PIL image -> PIL image with its EXIF orientation applied.
 
-    Colour conversion is left to the image processor (:func:`pil_to_rgb`).
+    The package's image policy holds here too: an empty file and an image with a side under
+    :data:`MIN_IMAGE_SIDE` pixels are refused with its words. Colour conversion is left to the
+    image processor (:func:`pil_to_rgb`).
     """
-    if isinstance(image, Image.Image):
-        return image
-    name = image if isinstance(image, (str, os.PathLike)) else f"<{type(image).__name__}>"
-    try:
-        if isinstance(image, str) and image.startswith(("http://", "https://")):
-            with urllib.request.urlopen(image, timeout=30) as response:  # noqa: S310 (http(s) only)
-                image = response.read()
-        opened = Image.open(io.BytesIO(image) if isinstance(image, bytes) else os.fspath(image))
-        opened.load()
-        return ImageOps.exif_transpose(opened)
-    except (OSError, ValueError, TypeError, Image.DecompressionBombError) as error:
-        raise ImageLoadError(f"cannot read image {name}: {error}") from error
+    name = repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else f"<{type(image).__name__}>"
+    if not isinstance(image, Image.Image):
+        try:
+            if isinstance(image, str) and image.startswith(("http://", "https://")):
+                with urllib.request.urlopen(image, timeout=30) as response:  # noqa: S310 (http(s) only)
+                    image = response.read()
+            if (isinstance(image, bytes) and not image) or (isinstance(image, (str, os.PathLike))
+                                                             and os.path.getsize(image) == 0):
+                raise empty_image_error(name)
+            image = Image.open(io.BytesIO(image) if isinstance(image, bytes) else os.fspath(image))
+            image.load()
+            image = ImageOps.exif_transpose(image)
+        except (OSError, ValueError, TypeError, Image.DecompressionBombError) as error:
+            raise ImageLoadError(f"cannot read image {name}: {error}") from error
+    if min(image.size) < MIN_IMAGE_SIDE:
+        raise small_image_error(name, *image.size)
+    return image
 
 
 def _as_pairs(query, reference):
     """Normalise the call forms to one ``{"query", "reference"}`` dict or a list of them."""
     if reference is not None:
         queries_listed, references_listed = isinstance(query, (list, tuple)), isinstance(reference, (list, tuple))
+        if (queries_listed and not query) or (references_listed and not reference):
+            raise ConfigError("image-copy-detection got an empty list of "
+                              f"{'queries' if queries_listed and not query else 'references'}: give at least one image")
         if not queries_listed and not references_listed:
             return {"query": query, "reference": reference}
         if not queries_listed:  # one query against each reference
@@ -74,6 +84,8 @@ def _as_pairs(query, reference):
         return [{"query": q, "reference": r} for q, r in zip(query, reference)]
     if isinstance(query, dict):
         return query
+    if isinstance(query, (list, tuple)) and not query:
+        raise ConfigError("image-copy-detection got an empty list: give at least one (query, reference) pair")
     if isinstance(query, (list, tuple)) and query and all(isinstance(p, (list, tuple, dict)) for p in query):
         pairs = []
         for pair in query:
