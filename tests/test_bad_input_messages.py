@@ -19,11 +19,8 @@ from conftest import tiny_models
 from PIL import Image
 
 from copynce_hf.cli import build_parser
-from copynce_hf.metrics.copy_detection.formulas import (
-    COPY_DETECTION_METRIC_PATH,
-    copy_detection_metrics,
-    read_ground_truth_csv,
-)
+from copynce_hf.metrics import COPY_DETECTION_METRIC_PATH
+from copynce_hf.metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
 from copynce_hf.modeling.errors import ConfigError, CopyNCEError, PredictionsError, ShapeError
 from copynce_hf.modeling.losses_copynce import copy_bce_loss, info_nce_loss, token_affinity_logits
 from copynce_hf.outputs import StagedFolder
