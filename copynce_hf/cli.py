@@ -422,7 +422,7 @@ def cmd_detect(args) -> int:
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
                                 if args.aux else "off"),
-        "candidates per query": result.candidates_per_query, "predictions per query": config.k,
+        "candidates per query": config.candidates, "predictions per query": config.k,
     }
     lookup_q, lookup_r = queries.lookup(), references.lookup()
     threshold = 0.5 if matcher is not None else float(sorted(p.score for p in result.predictions)[len(result.predictions) // 2])
