@@ -67,6 +67,8 @@ class TrainingRun:
     config: Path
     extra: list[str] = field(default_factory=list)
     gpu: bool = False
+    processes: int = 1
+    resume: bool = False
 
     @property
     def name(self) -> str:
@@ -77,16 +79,21 @@ class TrainingRun:
         return self.output_dir / self.name
 
     def command(self) -> list[str]:
-        """``accelerate launch`` (one process: CPU, or GPU with bf16) of ``scripts/train.py`` with this run's options."""
+        """``accelerate launch`` (``processes`` CPU processes, or one GPU with bf16) of ``scripts/train.py``.
+
+        With ``resume``, the run continues from its newest complete checkpoint (``--resume latest``;
+        none yet: it starts fresh), so a run cut short by the end of a session goes on where it stopped.
+        """
         device = ["--mixed_precision", "bf16"] if self.gpu else ["--mixed_precision", "no", "--cpu"]
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(self.processes),
+                   "--num_machines", "1",
                    "--dynamo_backend", "no", *device,
                    str(REPO_ROOT / "scripts" / "train.py"), "--config", str(self.config),
                    "--dataset", str(self.dataset), "--output_dir", str(self.folder), "--seed", str(self.seed),
                    "--max_steps", str(self.max_steps)]
         for key, value in VARIANTS[self.variant].items():
             command += [f"--model.{key}", str(value)]
-        return command + list(self.extra)
+        return command + list(self.extra) + (["--resume", "latest"] if self.resume else [])
 
     def display_command(self) -> str:
         """:meth:`command` as a user would type it: ``accelerate launch``, paths relative to the repository."""
@@ -127,9 +134,11 @@ def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path) 
 
 
 def plan_runs(kind: str, variants: list[str], seeds: list[int], max_steps: int, runs_dir: Path, dataset: Path,
-              extra: list[str] = (), gpu: bool = False) -> list[TrainingRun]:
+              extra: list[str] = (), gpu: bool = False, processes: int = 1,
+              resume: bool = False) -> list[TrainingRun]:
     """Seed-major order (seed 0 of every variant first), so that a cut-short session still compares."""
-    return [TrainingRun(kind, variant, seed, max_steps, runs_dir, dataset, CONFIGS[kind], list(extra), gpu)
+    return [TrainingRun(kind, variant, seed, max_steps, runs_dir, dataset, CONFIGS[kind], list(extra), gpu,
+                        processes, resume)
             for seed in seeds for variant in variants]
 
 
@@ -165,25 +174,40 @@ def _environment(threads: int) -> dict[str, str]:
     return env
 
 
-def launch(run: TrainingRun, core: int | None, threads: int = 1, dry_run: bool = False):
-    """Start ``run`` in the background (pinned to ``core`` with ``taskset`` when available)."""
+def launch(run: TrainingRun, core: str | None, threads: int = 1, dry_run: bool = False):
+    """Start ``run`` in the background (pinned to ``core``, e.g. ``"1"`` or ``"0,1"``, with ``taskset`` when available)."""
     command = run.command()
     if core is not None and shutil.which("taskset"):
         command = ["taskset", "-c", str(core)] + command
     logger.info("%s: %s", run.name, " ".join(command))
     if dry_run:
         return None
-    if run.folder.exists():  # never mix a new run with the checkpoints of an older one
+    if run.folder.exists() and not run.resume:  # never mix a new run with the checkpoints of an older one
         shutil.rmtree(run.folder)
-    run.folder.mkdir(parents=True)
-    log = open(run.folder / "train.log", "w")
+    run.folder.mkdir(parents=True, exist_ok=True)
+    log = open(run.folder / "train.log", "a" if run.resume else "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                env=_environment(threads))
     display = ("taskset -c " + str(core) + " " if command[0] == "taskset" else "") + run.display_command()
     return process, log, time.time(), display
 
 
-def run_all(runs: list[TrainingRun], cores: list[int | None], threads: int = 1, dry_run: bool = False,
+def core_groups(cores: list[int], parallel: int, processes: int = 1) -> list[str]:
+    """The ``taskset`` core list of each of ``parallel`` runs of ``processes`` processes: ``processes`` cores each.
+
+    >>> core_groups([0, 1], parallel=2)
+    ['0', '1']
+    >>> core_groups([0, 1], parallel=1, processes=2)
+    ['0,1']
+    """
+    needed = parallel * processes
+    if len(cores) < needed:
+        logger.warning("fewer cores (%s) than runs x processes (%d): they will share cores", cores, needed)
+        cores = (list(cores) * needed)[:needed]
+    return [",".join(str(core) for core in cores[i * processes:(i + 1) * processes]) for i in range(parallel)]
+
+
+def run_all(runs: list[TrainingRun], cores: list[str | None], threads: int = 1, dry_run: bool = False,
             force: bool = False) -> list[dict]:
     """Run ``runs``, ``len(cores)`` at a time; write ``run.json`` for each as it ends.
 
@@ -228,7 +252,7 @@ def run_all(runs: list[TrainingRun], cores: list[int | None], threads: int = 1, 
     return records
 
 
-def calibrate(kind: str, minutes: float, cores: list[int | None], dataset: Path, work_dir: Path,
+def calibrate(kind: str, minutes: float, cores: list[str | None], dataset: Path, work_dir: Path,
               steps: int = 30, threads: int = 1) -> dict:
     """Seconds per optimiser step of the CopyNCE variant, under the parallel load of a real batch of runs.
 
@@ -274,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matcher-max-steps", type=int, default=None,
                         help="matcher steps (default: calibrated with --minutes, else --max-steps)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time, one core each")
+    parser.add_argument("--processes-per-run", type=int, default=1,
+                        help="CPU processes of each run (accelerate launch --num_processes), each pinned to a "
+                             "core of its own; the global batch is --per_device_train_batch_size x this")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue unfinished runs from their newest complete checkpoint instead of "
+                             "starting them again (a run longer than a session)")
     parser.add_argument("--cores", type=int, nargs="+", default=None,
                         help="cores to pin the parallel runs to (default: the first --parallel available)")
     parser.add_argument("--gpu", action="store_true",
@@ -295,10 +325,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
-    cores = args.cores or available[: args.parallel]
-    if len(cores) < args.parallel:
-        cores = (cores * args.parallel)[: args.parallel]
-        logger.warning("fewer cores than --parallel: runs will share cores %s", sorted(set(cores)))
+    cores = core_groups(args.cores or available, args.parallel, args.processes_per_run)
     if args.gpu:  # the runs share the GPU and all cores (their data-loader workers)
         cores = [None] * args.parallel
     output_dir = args.output_dir
@@ -316,7 +343,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     else:
         max_steps = args.max_steps or 1
     plan["descriptor_max_steps"] = max_steps
-    runs = plan_runs("descriptor", args.variants, args.seeds, max_steps, runs_dir, dataset, extra, args.gpu)
+    runs = plan_runs("descriptor", args.variants, args.seeds, max_steps, runs_dir, dataset, extra, args.gpu,
+                     args.processes_per_run, args.resume)
     records = run_all(runs, cores, dry_run=args.dry_run, force=args.force)
     if args.matchers:
         matcher_steps = args.matcher_max_steps

@@ -280,6 +280,21 @@ def test_training_runs_differ_only_by_copynce_weight(tmp_path):
     assert runs[0].display_command().startswith("accelerate launch")
 
 
+def test_multi_process_runs_take_a_core_each_and_resume_from_their_latest_checkpoint(tmp_path):
+    from benchmarks.training import core_groups
+
+    assert core_groups([0, 1], parallel=2) == ["0", "1"]
+    assert core_groups([0, 1], parallel=1, processes=2) == ["0,1"]
+    assert core_groups([3], parallel=1, processes=2) == ["3,3"]  # too few cores: shared, with a warning
+    run = plan_runs("descriptor", ["copynce"], [0], 50, tmp_path / "runs", tmp_path / "data", processes=2,
+                    resume=True)[0]
+    command = run.command()
+    assert command[command.index("--num_processes") + 1] == "2"
+    assert command[-2:] == ["--resume", "latest"]
+    fresh = plan_runs("descriptor", ["copynce"], [0], 50, tmp_path / "runs", tmp_path / "data")[0].command()
+    assert fresh[fresh.index("--num_processes") + 1] == "1" and "--resume" not in fresh
+
+
 def test_gpu_matcher_runs_use_bf16_and_the_configured_knn_graph(tmp_path):
     from benchmarks.training import CONFIGS, REPO_ROOT, ensure_knn_graph
 
