@@ -84,7 +84,13 @@ class TrainingRun:
         With ``resume``, the run continues from its newest complete checkpoint (``--resume latest``;
         none yet: it starts fresh), so a run cut short by the end of a session goes on where it stopped.
         """
-        device = ["--mixed_precision", "bf16"] if self.gpu else ["--mixed_precision", "no", "--cpu"]
+        if self.gpu:
+            device = ["--mixed_precision", "bf16"]
+        elif self.processes > 1:  # Accelerate runs several local CPU processes (gloo) through torchrun only
+            device = ["--multi_gpu", "--mixed_precision", "no",  # with ACCELERATE_USE_CPU (environment())
+                      "--main_process_port", str(MULTI_PROCESS_PORT)]
+        else:
+            device = ["--mixed_precision", "no", "--cpu"]
         command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(self.processes),
                    "--num_machines", "1",
                    "--dynamo_backend", "no", *device,
@@ -95,10 +101,15 @@ class TrainingRun:
             command += [f"--model.{key}", str(value)]
         return command + list(self.extra) + (["--resume", "latest"] if self.resume else [])
 
+    def environment(self) -> dict[str, str]:
+        """Variables the launch needs beyond the thread counts: ``ACCELERATE_USE_CPU`` for several CPU processes."""
+        return {"ACCELERATE_USE_CPU": "true"} if self.processes > 1 and not self.gpu else {}
+
     def display_command(self) -> str:
         """:meth:`command` as a user would type it: ``accelerate launch``, paths relative to the repository."""
         command = ["accelerate", "launch"] + self.command()[3:]
-        return shlex.join(_relative(part) for part in command)
+        variables = " ".join(f"{name}={value}" for name, value in self.environment().items())
+        return (variables + " " if variables else "") + shlex.join(_relative(part) for part in command)
 
     def finished(self) -> bool:
         record = self.folder / "run.json"
@@ -106,6 +117,9 @@ class TrainingRun:
             return False
         data = read_json(record)
         return data.get("returncode") == 0 and data.get("max_steps") == self.max_steps
+
+
+MULTI_PROCESS_PORT = 29631  # not torchrun's default 29500, which tests and other jobs on the machine use
 
 
 def _relative(part: str) -> str:
@@ -187,7 +201,7 @@ def launch(run: TrainingRun, core: str | None, threads: int = 1, dry_run: bool =
     run.folder.mkdir(parents=True, exist_ok=True)
     log = open(run.folder / "train.log", "a" if run.resume else "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                               env=_environment(threads))
+                               env={**_environment(threads), **run.environment()})
     display = ("taskset -c " + str(core) + " " if command[0] == "taskset" else "") + run.display_command()
     return process, log, time.time(), display
 

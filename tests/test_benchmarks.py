@@ -290,6 +290,9 @@ def test_multi_process_runs_take_a_core_each_and_resume_from_their_latest_checkp
                     resume=True)[0]
     command = run.command()
     assert command[command.index("--num_processes") + 1] == "2"
+    assert "--multi_gpu" in command and "--cpu" not in command  # torchrun + gloo: two real processes
+    assert run.environment() == {"ACCELERATE_USE_CPU": "true"}
+    assert run.display_command().startswith("ACCELERATE_USE_CPU=true accelerate launch")
     assert command[-2:] == ["--resume", "latest"]
     fresh = plan_runs("descriptor", ["copynce"], [0], 50, tmp_path / "runs", tmp_path / "data")[0].command()
     assert fresh[fresh.index("--num_processes") + 1] == "1" and "--resume" not in fresh

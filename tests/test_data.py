@@ -110,6 +110,11 @@ def test_image_folder_with_split_folders_gives_the_requested_split_only(tmp_path
     flat = tmp_path / "flat"  # without split folders the split is not used, as before
     _small_images(flat / "a", 2)
     assert len(load_image_dataset(flat, "test")) == 2
+    # a file NAME with a split word ("bullet_train" is an ImageNet class) does not split a flat folder
+    named = tmp_path / "named"
+    _small_images(named, 3, names=["n02917067_bullet_train.jpg", "n01440764_tench.jpg", "exam_test_1.jpg"])
+    assert sorted(load_image_dataset(named, "train")["image_id"]) == [
+        "exam_test_1", "n01440764_tench", "n02917067_bullet_train"]
 
 
 def _image_table(paths, ids):

@@ -146,6 +146,10 @@ def _folder_splits(root: Path, files: list[Path]) -> dict[str, list[Path]] | Non
     patterns = get_data_patterns(str(root))
     if list(patterns) == ["train"] and patterns["train"] == ["**"]:  # datasets' answer for "no split folders"
         return None
+    if not all(pattern.endswith("/**") for found in patterns.values() for pattern in found):
+        # datasets also splits by file names ("bullet_train.JPEG" would be the train split of a flat
+        # folder, its other images dropped): only sub-folders name splits here.
+        return None
     images = {os.path.abspath(path): path for path in files}
     splits = DataFilesDict.from_patterns(patterns, base_path=str(root))
     return {str(split): [images[name] for name in map(os.path.abspath, found) if name in images]
