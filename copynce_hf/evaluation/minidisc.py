@@ -42,7 +42,7 @@ from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.sources import ImageListSource
 
-__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "build_minidisc"]
+__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "build_minidisc", "draw_queries"]
 
 
 #: The mini-DISC query recipe: the preset :meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`.
@@ -248,13 +248,37 @@ def read_splits(splits_csv: Path, image_folder: Path) -> dict[str, list[Path]]:
     return {name: sorted(files) for name, files in splits.items()}
 
 
-def build_minidisc(config: MiniDiscConfig) -> MiniDisc:
-    """Build the task: pick the images, draw every query's edits (no pixel work yet).
+def draw_queries(sources: list[tuple[Path, str | None]], recipe: CopyRecipe, seed: int,
+                 listed_in: str = "the task") -> list[QueryEntry]:
+    """One query per ``(original file, reference id or None)`` of ``sources``: its edits drawn, no pixel work.
 
-    Query ``k`` (in the order: copies of references 0, e, 2e, ..., then distractors) draws its
-    edits from ``numpy.random.default_rng([config.seed, k])``, so the task is the same on every
-    machine and a change of size keeps the first queries' edits. Queries are then shuffled
-    (seeded) and numbered ``Q000``, ``Q001``, ... so that an id tells nothing about the answer.
+    Query ``k`` (in the order of ``sources``) draws its edits from ``numpy.random.default_rng([seed, k])``,
+    so the queries are the same on every machine and a longer list keeps the first queries' edits. Queries
+    are then shuffled (seeded) and numbered ``Q000``, ``Q001``, ... so that an id tells nothing about the
+    answer. ``listed_in`` names where the files were listed, for the error on a missing one.
+
+    Raises:
+        ImageLoadError: an original image does not exist.
+    """
+    drafts = []
+    for k, (path, reference_id) in enumerate(sources):
+        if not path.is_file():
+            raise ImageLoadError(f"image {str(path)!r} listed in {listed_in} does not exist")
+        with Image.open(path) as handle:  # the size only; EXIF-rotated files swap the sides
+            width, height = handle.size
+            if handle.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                width, height = height, width
+        rng = np.random.default_rng([seed, k])
+        edits = tuple(edit.to_dict() for edit in recipe.draw(rng, (height, width)))
+        drafts.append((path, reference_id, edits))
+    order = np.random.default_rng([seed, len(sources), 1]).permutation(len(drafts))
+    width = max(3, len(str(len(drafts) - 1)))
+    return [QueryEntry(f"Q{n:0{width}d}", *drafts[i]) for n, i in enumerate(order)]
+
+
+def build_minidisc(config: MiniDiscConfig) -> MiniDisc:
+    """Build the task: pick the images, draw every query's edits (no pixel work yet, :func:`draw_queries`,
+    in the order: copies of references 0, e, 2e, ..., then distractors).
 
     Raises:
         ConfigError: the splits file is missing or malformed, or a split has no image.
@@ -268,18 +292,5 @@ def build_minidisc(config: MiniDiscConfig) -> MiniDisc:
     reference_files = {path.stem: path for path in references}
     sources = [(path, path.stem) for path in references[:: config.query_every]]
     sources += [(path, None) for path in distractors]
-    drafts = []
-    for k, (path, reference_id) in enumerate(sources):
-        if not path.is_file():
-            raise ImageLoadError(f"image {str(path)!r} listed in {config.splits_csv.name} does not exist")
-        with Image.open(path) as handle:  # the size only; EXIF-rotated files swap the sides
-            width, height = handle.size
-            if handle.getexif().get(0x0112, 1) in (5, 6, 7, 8):
-                width, height = height, width
-        rng = np.random.default_rng([config.seed, k])
-        edits = tuple(edit.to_dict() for edit in config.recipe.draw(rng, (height, width)))
-        drafts.append((path, reference_id, edits))
-    order = np.random.default_rng([config.seed, len(sources), 1]).permutation(len(drafts))
-    width = max(3, len(str(len(drafts) - 1)))
-    queries = [QueryEntry(f"Q{n:0{width}d}", *drafts[i]) for n, i in enumerate(order)]
+    queries = draw_queries(sources, config.recipe, config.seed, config.splits_csv.name)
     return MiniDisc(config, reference_files, queries)
