@@ -89,7 +89,7 @@ def test_negative_query_only_resized_with_the_configured_probability(images):
     # A pair whose query was drawn plain is the query original resized, as the reference is.
     dataset = CopyPairDataset(images, maker, seed=0, positive_rate=0.0)
     pairs = [dataset[PairKey(0, slot, slot)] for slot in range(12)]
-    plain = [pair for pair in pairs if [edit["name"] for edit in pair.recipes["query"]] == ["resize"]]
+    plain = [pair for pair in pairs if [edit["name"] for edit in pair.edits["query"]] == ["resize"]]
     assert 0 < len(plain) < len(pairs)
     for pair in plain:
         row = list(images["image_id"]).index(pair.query_id)
@@ -268,9 +268,9 @@ def test_descriptor_loss_uses_the_configured_scale_bound():
 
 
 # ---------------------------------------------------------------------------------------------- other-image pool
-def _pool_specs(recipe: list[dict]) -> list[tuple[str, str, str]]:
-    """``(edit name, field, image id)`` of every pool image a recipe names."""
-    return [(edit["name"], key, value["id"]) for edit in recipe for key, value in edit["params"].items()
+def _pool_specs(edits: list[dict]) -> list[tuple[str, str, str]]:
+    """``(edit name, field, image id)`` of every pool image a list of edits names."""
+    return [(edit["name"], key, value["id"]) for edit in edits for key, value in edit["params"].items()
             if isinstance(value, dict) and value.get("kind") == "pool"]
 
 
@@ -285,22 +285,22 @@ def test_crop_group_pastes_take_training_images_recorded_by_id_and_replay(images
     for slot in range(36):
         key = PairKey(0, slot, slot % len(images))
         pair, plain = pooled[key], procedural[key]
-        specs = _pool_specs(pair.recipes["query"])
-        assert not _pool_specs(plain.recipes["query"])
-        pastes = [edit for edit in plain.recipes["query"] if edit["name"] in ("paste_into_box", "overlay_image_box")]
+        specs = _pool_specs(pair.edits["query"])
+        assert not _pool_specs(plain.edits["query"])
+        pastes = [edit for edit in plain.edits["query"] if edit["name"] in ("paste_into_box", "overlay_image_box")]
         assert [name for name, _, _ in specs] == [edit["name"] for edit in pastes]  # every crop-group paste
         for (_, field, image_id), edit in zip(specs, pastes):
             assert image_id in rows and image_id != pair.query_id  # another training image
             assert edit["params"][field]["kind"] in ("noise", "gradient")  # the same draw, procedural
         if not specs:
-            assert pair.recipes == plain.recipes
+            assert pair.edits == plain.edits
             continue
         found += 1
-        # Replay from the recorded recipe and the images its ids name.
+        # Replay from the recorded edits and the images its ids name.
         decode = pooled.decoder
         original = maker.source(decode(images[rows[pair.query_id]]["image"], pair.query_id))
         others = {image_id: decode(images[rows[image_id]]["image"], image_id) for _, _, image_id in specs}
-        again = replay(original, bind_pool_images(pair.recipes["query"], others))
+        again = replay(original, bind_pool_images(pair.edits["query"], others))
         assert np.array_equal(np.asarray(again.image), np.asarray(pair.query))
         assert np.array_equal(again.table.coords, pair.query_table.coords, equal_nan=True)
         assert not np.array_equal(np.asarray(pair.query), np.asarray(plain.query))
@@ -311,17 +311,17 @@ def test_pool_images_must_be_bound_before_rendering():
     from copynce_hf.modeling.errors import EditParameterError
     from copynce_hf.pixtrace import bind_pool_images, replay
 
-    recipe = [{"name": "overlay_image_box", "params": {"overlay": {"kind": "pool", "id": "T7"}, "x": 0.1, "y": 0.1,
-                                                       "width": 0.5, "height": 0.5, "opacity": 0.4}}]
+    edits = [{"name": "overlay_image_box", "params": {"overlay": {"kind": "pool", "id": "T7"}, "x": 0.1, "y": 0.1,
+                                                      "width": 0.5, "height": 0.5, "opacity": 0.4}}]
     from PIL import Image
 
     image = Image.new("RGB", (40, 30), (10, 200, 30))
     with pytest.raises(EditParameterError, match="bind_pool_images"):
-        replay(image, recipe)
+        replay(image, edits)
     with pytest.raises(EditParameterError, match="'T7'"):
-        bind_pool_images(recipe, {"T8": image})
+        bind_pool_images(edits, {"T8": image})
     other = Image.new("RGB", (8, 8), (250, 0, 0))
-    edited = replay(image, bind_pool_images(recipe, {"T7": other})).image
+    edited = replay(image, bind_pool_images(edits, {"T7": other})).image
     assert edited.getpixel((10, 10)) != (10, 200, 30) and edited.getpixel((39, 29)) == (10, 200, 30)
 
 
@@ -339,7 +339,7 @@ def test_streamed_pastes_take_recent_images_of_the_stream(tmp_path):
     seen: list[str] = []
     found = 0
     for pair in dataset:
-        for _, _, image_id in _pool_specs(pair.recipes["query"]):
+        for _, _, image_id in _pool_specs(pair.edits["query"]):
             assert image_id in seen[-3:] and image_id != pair.query_id  # the bounded pool of recent images
             found += 1
         seen.append(pair.query_id)

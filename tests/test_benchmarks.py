@@ -24,7 +24,6 @@ from benchmarks.report import load_quality, render
 from benchmarks.speed import bench_faiss, bench_pixtrace, pixtrace_chain
 from benchmarks.training import VARIANTS, plan_runs, prepare_train_split
 from copynce_hf.data import ASSET_IMAGES
-from copynce_hf.evaluation.minidisc import EvaluationRecipe
 from copynce_hf.evaluation.systems import HashSystem, SystemOutput, score_predictions
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
 from copynce_hf.pixtrace.edits import Resize
@@ -52,7 +51,7 @@ def _config(tmp_path, **changes) -> MiniDiscConfig:
 
 #: A recipe whose queries are the originals themselves (photometric factor 1): every system that works
 #: must find them.
-IDENTITY_RECIPE = EvaluationRecipe().updated({"structural": {"count": [0, 0]},
+IDENTITY_RECIPE = CopyRecipe.minidisc_queries().updated({"structural": {"count": [0, 0]},
                                                "photometric": {"weights": [["brightness", 1.0]], "count": [1, 1]},
                                                "brightness": {"factor": [1.0, 1.0]}})
 
@@ -123,9 +122,9 @@ def test_evaluation_recipe_differs_from_training_recipe(tmp_path):
     everything = CopyRecipe.training().with_probability(1.0)
     training_names = set()
     for seed in range(3):
-        training_names |= {e["name"] for e in CopyEditor(seed=seed, recipe=everything)(Image.open(ASSETS[0])).recipe}
+        training_names |= {e["name"] for e in CopyEditor(seed=seed, recipe=everything)(Image.open(ASSETS[0])).edits}
     task = build_minidisc(_config(tmp_path))
-    recipe = EvaluationRecipe()
+    recipe = CopyRecipe.minidisc_queries()
     rng = np.random.default_rng(0)
     synthetic = [tuple(e.to_dict() for e in recipe.draw(rng, (375, 500))) for _ in range(200)]
     for edits in [q.edits for q in task.queries] + synthetic:
@@ -144,7 +143,7 @@ def test_materialize_writes_the_replayed_queries_once(tmp_path):
     files = task.materialize(tmp_path / "cache")
     assert len(files) == len(task.queries) and all(p.suffix == ".png" for p in files.values())
     assert np.array_equal(np.asarray(Image.open(files[task.query_ids[1]]).convert("RGB")), expected)
-    assert all(max(Image.open(p).size) <= EvaluationRecipe().max_side for p in files.values())
+    assert all(max(Image.open(p).size) <= CopyRecipe.minidisc_queries().max_side for p in files.values())
     stamps = {p: p.stat().st_mtime_ns for p in files.values()}
     task.materialize(tmp_path / "cache")
     assert stamps == {p: p.stat().st_mtime_ns for p in files.values()}

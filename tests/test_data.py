@@ -228,9 +228,9 @@ def test_pairs_are_deterministic_and_identical_in_workers(tmp_path):
     collator = PixTraceCollator(SIZE, PATCH)
     again = dataset[PairKey(3, 1, 2)]
     first = dataset[PairKey(3, 1, 2)]
-    assert np.array_equal(np.asarray(first.query), np.asarray(again.query)) and first.recipes == again.recipes
+    assert np.array_equal(np.asarray(first.query), np.asarray(again.query)) and first.edits == again.edits
     other = CopyPairDataset(images, CopyPairMaker(SIZE), seed=12, positive_rate=0.5)[PairKey(3, 1, 2)]
-    assert first.recipes != other.recipes
+    assert first.edits != other.edits
     sampler = CopyPairBatchSampler(len(images), 4, seed=11, num_batches=3)
     batches = {}
     for workers in (0, 2):

@@ -40,7 +40,7 @@ def all_steps_on() -> CopyRecipe:
 
 
 def assert_same_result(first, second):
-    assert first.recipe == second.recipe
+    assert first.edits == second.edits
     np.testing.assert_array_equal(np.asarray(first.image), np.asarray(second.image))
     assert first.table.size == second.table.size and first.table.source_size == second.table.source_size
     np.testing.assert_array_equal(first.table.coords, second.table.coords)  # NaN in the same places too
@@ -54,8 +54,8 @@ def test_same_seed_same_copies_and_different_seeds_differ():
     first, second = CopyEditor(seed=7), CopyEditor(seed=7)
     for _ in range(4):
         assert_same_result(first(image), second(image))
-    recipes = [json.dumps(CopyEditor(seed=s)(image).recipe) for s in range(6)]
-    assert len(set(recipes)) == 6
+    drawn = [json.dumps(CopyEditor(seed=s)(image).edits) for s in range(6)]
+    assert len(set(drawn)) == 6
 
 
 def test_per_call_seed_ignores_history_but_depends_on_editor_seed():
@@ -66,7 +66,7 @@ def test_per_call_seed_ignores_history_but_depends_on_editor_seed():
     editor(image, seed=12)
     assert_same_result(editor(image, seed=11), expected)
     assert_same_result(CopyEditor(seed=3)(image, seed=11), expected)
-    assert CopyEditor(seed=4)(image, seed=11).recipe != expected.recipe
+    assert CopyEditor(seed=4)(image, seed=11).edits != expected.edits
     assert_same_result(editor(image, seed=(2, 5)), CopyEditor(seed=3)(image, seed=(2, 5)))
 
 
@@ -76,8 +76,8 @@ def test_replay_of_the_json_recipe_is_exact(fuse):
     editor = CopyEditor(seed=0, recipe=all_steps_on(), output_size=(96, 128), fuse=fuse)
     for k in range(3):
         result = editor(image, seed=k)
-        recipe = json.loads(json.dumps(result.recipe))
-        assert_same_result(replay(image, recipe, fuse=fuse), result)
+        edits = json.loads(json.dumps(result.edits))
+        assert_same_result(replay(image, edits, fuse=fuse), result)
 
 
 @pytest.mark.parametrize("recipe", [all_steps_on(), CopyRecipe.paper_descriptor(), CopyRecipe.paper_matcher()])
@@ -87,11 +87,11 @@ def test_draw_gives_the_chain_the_call_applies(recipe):
         editor = CopyEditor(seed=5, recipe=recipe, output_size=(64, 64), fuse=fuse)
         for k in range(4):
             drawn = [edit.to_dict() for edit in editor.draw((image.height, image.width), seed=k)]
-            assert drawn == editor(image, seed=k).recipe
+            assert drawn == editor(image, seed=k).edits
     # Without a per-call seed both draw from the editor's own generator, in turn.
     drawing, editing = (CopyEditor(seed=9, recipe=recipe) for _ in range(2))
     for _ in range(3):
-        assert [edit.to_dict() for edit in drawing.draw((150, 200))] == editing(image).recipe
+        assert [edit.to_dict() for edit in drawing.draw((150, 200))] == editing(image).edits
     with pytest.raises(ConfigError, match="per-call seed"):
         drawing.draw((150, 200), seed=-1)
 
@@ -102,7 +102,7 @@ def test_every_step_of_the_recipe_draws_a_working_edit():
     seen = set()
     for k in range(3):
         result = editor(image, seed=k)
-        names = [d["name"] for d in result.recipe]
+        names = [d["name"] for d in result.edits]
         seen.update(names)
         assert names[-1] == "resize" and result.image.size == (224, 224) and result.table.size == MODEL_SIZE
         assert result.table.source_size == (150, 200)
@@ -125,11 +125,11 @@ def test_image_pool_files_serve_as_backgrounds_and_overlays(tmp_path):
         overlay_image=dataclasses.replace(CopyRecipe.training().overlay_image, p=1.0),
     )
     result = CopyEditor(seed=2, recipe=recipe, image_pool=pool)(textured_image())
-    specs = [d["params"].get("background") or d["params"].get("overlay") for d in result.recipe]
-    assert [d["name"] for d in result.recipe] == ["overlay_onto_background", "overlay_image"]
+    specs = [d["params"].get("background") or d["params"].get("overlay") for d in result.edits]
+    assert [d["name"] for d in result.edits] == ["overlay_onto_background", "overlay_image"]
     assert all(spec["kind"] == "file" and spec["path"] in {str(p) for p in pool} for spec in specs)
     assert result.image.size == (180, 120)  # the background's size
-    assert_same_result(replay(textured_image(), json.loads(json.dumps(result.recipe)), fuse=True), result)
+    assert_same_result(replay(textured_image(), json.loads(json.dumps(result.edits)), fuse=True), result)
     with pytest.raises(ConfigError, match="image_pool"):
         CopyEditor(image_pool=[tmp_path / "missing.png"])
 
@@ -139,8 +139,8 @@ def test_changing_one_step_leaves_the_other_draws_alone():
     base = CopyRecipe.training()
     changed = base.replace(grayscale=dataclasses.replace(base.grayscale, p=1.0))
     for k in range(5):
-        first = [d for d in CopyEditor(seed=9, recipe=base)(image, seed=k).recipe if d["name"] != "grayscale"]
-        second = [d for d in CopyEditor(seed=9, recipe=changed)(image, seed=k).recipe if d["name"] != "grayscale"]
+        first = [d for d in CopyEditor(seed=9, recipe=base)(image, seed=k).edits if d["name"] != "grayscale"]
+        second = [d for d in CopyEditor(seed=9, recipe=changed)(image, seed=k).edits if d["name"] != "grayscale"]
         assert first == second
 
 
@@ -189,10 +189,10 @@ def test_bad_editor_arguments_are_refused():
 def test_light_recipe_is_only_the_resize():
     image = textured_image()
     result = CopyEditor(seed=0, recipe=CopyRecipe.off(), output_size=MODEL_SIZE)(image)
-    assert [d["name"] for d in result.recipe] == ["resize"]
+    assert [d["name"] for d in result.edits] == ["resize"]
     expected = CoordinateTable.identity(150, 200).resize(*MODEL_SIZE)
     np.testing.assert_allclose(result.table.coords, expected.coords, atol=1e-5)
-    assert CopyEditor(seed=0, recipe=CopyRecipe.off())(image).recipe == []
+    assert CopyEditor(seed=0, recipe=CopyRecipe.off())(image).edits == []
 
 
 # ---------------------------------------------------------------------- density of the pair priors

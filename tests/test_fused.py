@@ -85,7 +85,7 @@ def test_fused_and_edit_by_edit_copies_have_the_same_table(name):
     for seed in range(8):
         image = images[seed % len(images)]
         fused, slow = both(recipe, image, seed)
-        assert fused.recipe == slow.recipe
+        assert fused.edits == slow.edits
         assert fused.image.size == slow.image.size and fused.table.size == slow.table.size
         np.testing.assert_array_equal(fused.table.coords, slow.table.coords)  # NaN in the same places too
         base = reference(image)
@@ -185,7 +185,7 @@ def test_occlusions_land_on_the_same_pixels():
     checked = 0
     for seed in range(16):
         fused, slow = both(recipe, images[seed % len(images)], seed, output_size=(96, 96))
-        erasing = next(d for d in fused.recipe if d["name"] == "random_erasing")
+        erasing = next(d for d in fused.edits if d["name"] == "random_erasing")
         fill = np.asarray(erasing["params"]["fill"], dtype=np.int16)
         original = np.asarray(images[seed % len(images)], dtype=np.int16)
         if np.abs(original - fill).max(-1).min() <= 12:  # the image itself has that colour: no oracle

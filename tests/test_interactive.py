@@ -142,18 +142,18 @@ def test_make_copy_is_seeded_replayable_and_checked(astronaut):
     first = interactive.make_copy(astronaut, "training", 11, image_pool=pool)
     again = interactive.make_copy(astronaut, "training", 11, image_pool=pool)
     other = interactive.make_copy(astronaut, "training", 12, image_pool=pool)
-    assert first.recipe == again.recipe and first.recipe != other.recipe
+    assert first.edits == again.edits and first.edits != other.edits
     assert np.array_equal(np.asarray(first.image), np.asarray(again.image))
-    replayed = replay(astronaut, first.recipe)
+    replayed = replay(astronaut, first.edits)
     assert np.array_equal(np.asarray(replayed.image), np.asarray(first.image))
     for preset in ("paper_descriptor", "paper_matcher"):
         paper = interactive.make_copy(astronaut, preset, 3, image_pool=pool)
-        assert paper.recipe and np.array_equal(np.asarray(replay(astronaut, paper.recipe).image),
+        assert paper.edits and np.array_equal(np.asarray(replay(astronaut, paper.edits).image),
                                                np.asarray(paper.image))
     evaluation = interactive.make_copy(astronaut, "evaluation", 11)
-    assert evaluation.recipe and max(evaluation.image.size) <= 320
+    assert evaluation.edits and max(evaluation.image.size) <= 320
     summary = interactive.copy_summary(first, "training", 11, "astronaut.jpg")
-    assert summary["preset"] == "training" and summary["edits"] == first.recipe
+    assert summary["preset"] == "training" and summary["edits"] == first.edits
     assert 0.0 < summary["traced_fraction"] <= 1.0
     with pytest.raises(ConfigError, match="unknown copy preset 'heavy'"):
         interactive.make_copy(astronaut, "heavy", 0)

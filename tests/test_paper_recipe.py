@@ -30,12 +30,12 @@ SIZE = (64, 64)
 DRAWS = 60
 
 
-def _traced_equivalent(recipe: list[dict]) -> list[dict]:
+def _traced_equivalent(edits: list[dict]) -> list[dict]:
     """The drawn edits without the photometric ones, and with every blend set to the extreme that
     traces the same pixels (the copy's weight 1 where it is at least 0.5, an overlay's opacity 0
     where it is below 0.5): what remains must show the ramp wherever the table says so."""
     kept = []
-    for description in copy.deepcopy(recipe):
+    for description in copy.deepcopy(edits):
         if EDIT_REGISTRY[description["name"]].kind == "photometric":
             continue
         params = description["params"]
@@ -55,14 +55,14 @@ def test_ramp_oracle_on_paper_preset_draws(preset):
     agreements, judged_draws = [], 0
     for k in range(DRAWS):
         result = editor(source, seed=k)
-        geometry = replay(source, _traced_equivalent(result.recipe))
+        geometry = replay(source, _traced_equivalent(result.edits))
         # Photometric edits and the blend levels above the 0.5 rule do not change the table.
         np.testing.assert_array_equal(geometry.table.coords, result.table.coords)
         check = ramp_check(geometry.image, geometry.table, tolerance=3.0, blend_band=3)
         if check.interior >= 50:
             judged_draws += 1
             agreements.append(check.agreement)
-            assert check.agreement >= 0.97, (k, check, [d["name"] for d in result.recipe])
+            assert check.agreement >= 0.97, (k, check, [d["name"] for d in result.edits])
     assert judged_draws >= 0.8 * DRAWS
     assert np.mean(agreements) >= 0.99
 
@@ -86,7 +86,7 @@ def test_rotations_beyond_45_degrees_occur_at_the_expected_rate(preset, group_p)
     image = textured_image(16, 20)
     draws, beyond, angles = 400, 0, []
     for k in range(draws):
-        for description in editor(image, seed=k).recipe:
+        for description in editor(image, seed=k).edits:
             if description["name"] == "affine":
                 angle = description["params"]["angle"]
                 angles.append(angle)
@@ -112,7 +112,7 @@ def test_groups_are_shuffled_and_erasing_comes_after_the_resize():
     editor = CopyEditor(seed=0, recipe=recipe, output_size=(32, 32))
     crop_first, geometry_first = 0, 0
     for k in range(40):
-        names = [d["name"] for d in editor(image, seed=k).recipe]
+        names = [d["name"] for d in editor(image, seed=k).edits]
         assert names[-3:] == ["pad", "resize", "random_erasing"], names
         crop = min(i for i, n in enumerate(names) if n in ("random_resized_crop", "paste_into_box", "overlay_image_box"))
         linear = min(i for i, n in enumerate(names) if n in ("affine", "perspective"))
@@ -129,9 +129,9 @@ def test_every_paper_step_draws_a_working_replayable_edit():
     seen = set()
     for k in range(12):
         result = editor(image, seed=k)
-        seen.update(d["name"] for d in result.recipe)
+        seen.update(d["name"] for d in result.edits)
         assert result.image.size == SIZE and result.table.size == SIZE
-        assert_same_result(replay(image, json.loads(json.dumps(result.recipe)), fuse=True), result)
+        assert_same_result(replay(image, json.loads(json.dumps(result.edits)), fuse=True), result)
     assert {"random_resized_crop", "paste_into_box", "overlay_image_box", "affine", "perspective", "hflip", "vflip",
             "color_jitter", "pixelization", "shuffle_pixels", "jpeg_quality", "grayscale", "blur", "overlay_text",
             "overlay_emoji", "edge_enhance", "smear", "albumentation", "pad", "resize", "random_erasing"} <= seen

@@ -6,17 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from copynce_hf.evaluation.demo_task import DemoRecipe
-from copynce_hf.evaluation.minidisc import EvaluationRecipe
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.pixtrace import CopyRecipe
 
 
-def test_presets_and_aliases():
-    assert DemoRecipe() == CopyRecipe.demo_queries() and EvaluationRecipe() == CopyRecipe.minidisc_queries()
+def test_the_two_query_presets():
     assert CopyRecipe.demo_queries() != CopyRecipe.minidisc_queries()
     assert dataclasses.replace(CopyRecipe.demo_queries(), max_side=64).max_side == 64
-    assert EvaluationRecipe().heavy_crop_overlays.crop_min_side == 1
+    assert CopyRecipe.minidisc_queries().heavy_crop_overlays.crop_min_side == 1
     for recipe in (CopyRecipe.demo_queries(), CopyRecipe.minidisc_queries()):
         described = recipe.to_dict()
         assert json.loads(json.dumps(described)) == described

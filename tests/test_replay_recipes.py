@@ -1,4 +1,4 @@
-"""Every recipe the data pipeline records replays through ``pixtrace.replay``: same pixels, same table."""
+"""Every list of edits the data pipeline records replays through ``pixtrace.replay``: same pixels, same table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from PIL import Image
 
 from copynce_hf.data.pairs import RECIPES, CopyPairMaker
-from copynce_hf.evaluation.demo_task import DemoRecipe
 from copynce_hf.pixtrace import CopyEditor, CopyRecipe, replay
 
 
@@ -18,9 +17,9 @@ def _original(width=96, height=72) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
 
 
-def _assert_replays(source: Image.Image, image: Image.Image, table, recipe: list, fuse: bool = True) -> None:
-    recipe = json.loads(json.dumps(recipe))  # recorded recipes are JSON: replay what a file would hold
-    again = replay(source, recipe, fuse=fuse)
+def _assert_replays(source: Image.Image, image: Image.Image, table, edits: list, fuse: bool = True) -> None:
+    edits = json.loads(json.dumps(edits))  # recorded edits are JSON: replay what a file would hold
+    again = replay(source, edits, fuse=fuse)
     assert np.array_equal(np.asarray(again.image), np.asarray(image))
     assert np.array_equal(again.table.coords, table.coords, equal_nan=True)
 
@@ -43,7 +42,7 @@ def test_pairs_replay_from_the_shrunk_original():
     for side in ("query", "reference"):
         image = getattr(pair, side)
         table = getattr(pair, f"{side}_table")
-        _assert_replays(source, image, table, pair.recipes[side])
+        _assert_replays(source, image, table, pair.edits[side])
 
 
 @pytest.mark.parametrize("preset", ["training", "paper_descriptor", "paper_matcher", "off"])
@@ -52,11 +51,11 @@ def test_copy_recipe_presets_replay(preset):
     source = _original()
     for seed in (0, 7):
         result = editor(source, seed=seed)
-        _assert_replays(source, result.image, result.table, result.recipe)
+        _assert_replays(source, result.image, result.table, result.edits)
 
 
 def test_evaluation_recipe_of_the_demo_replays():
     source = _original(120, 90)
     for seed in range(3):
-        image, table, log = DemoRecipe().apply(source, np.random.default_rng(seed))
+        image, table, log = CopyRecipe.demo_queries().apply(source, np.random.default_rng(seed))
         _assert_replays(source, image, table, log, fuse=False)  # the demo applies its edits one by one

@@ -209,14 +209,14 @@ def test_space_three_tabs_in_chromium(app_url, files):
             page.click("#search-index-button")
             _wait_text(page, "#search-gallery-info", r"broken\.zip is not a zip archive")
 
-            # --- Make a copy: a preset and a seed give a copy, its recipe and the overlap prior
+            # --- Make a copy: a preset and a seed give a copy, its edits and the overlap prior
             page.get_by_role("tab", name="Make a copy").click()
             page.fill("#copy-seed input", "7")
             page.click("#copy-button")
             _wait_text(page, "#copy-status", r"\d+ edits; \d+% of the copy's pixels trace back")
             assert _image_width(page, "#copy-view") > 0
             assert _image_width(page, "#copy-overlap") > 0
-            assert "training" in page.inner_text("#copy-recipe")
+            assert "training" in page.inner_text("#copy-edits")
             assert "Traceback" not in page.inner_text("body")
         finally:
             browser.close()

@@ -56,7 +56,8 @@ class CopyPair:
         label: 1 when the query is a copy of the reference's original, 0 for a negative pair.
         query_id, reference_id: ids of the originals the two images were made from.
         skipped_images: unreadable images skipped while making this pair (see ``ImageDecoder``).
-        recipes: the replayable edit recipes of the query and the reference (JSON-serialisable).
+        edits: ``{"query": [...], "reference": [...]}``, the edits each copy was made with (lists of
+            ``Edit.to_dict()``, replayable with ``pixtrace.replay``).
     """
 
     query: Image.Image
@@ -67,7 +68,7 @@ class CopyPair:
     query_id: str = ""
     reference_id: str = ""
     skipped_images: int = 0
-    recipes: dict = field(default_factory=dict)
+    edits: dict = field(default_factory=dict)
 
 
 class PixTraceCollator:

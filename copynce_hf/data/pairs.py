@@ -44,7 +44,7 @@ __all__ = ["OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "Groun
 RECIPES = ("training", "paper_descriptor", "paper_matcher", "off", "resize")
 
 #: Where the crop group's "another image" comes from (``TrainingConfig.other_images``): ``training_images``
-#: (another image of the training data, as the authors' ``background_paths``; recorded in the copy's recipe
+#: (another image of the training data, as the authors' ``background_paths``; recorded in the copy's edits
 #: as ``{"kind": "pool", "id": ...}``) or ``procedural`` (noise or gradient images drawn from the seed).
 OTHER_IMAGES = ("training_images", "procedural")
 
@@ -130,41 +130,41 @@ class CopyPairMaker:
 
     def copy(self, image: Image.Image, recipe: str, seed: int,
              other_images: OtherImagePicker | None = None) -> tuple[Image.Image, CoordinateTable, list]:
-        """One traced copy of ``image`` at ``S x S``: ``(copy, table to image, replayable recipe)``.
+        """One traced copy of ``image`` at ``S x S`` made by the preset ``recipe``: ``(copy, table to image, edits)``.
 
-        The recipe is a list of ``Edit.to_dict()``: ``pixtrace.replay(image, recipe)`` rebuilds the
+        ``edits`` is the list of ``Edit.to_dict()`` drawn: ``pixtrace.replay(image, edits)`` rebuilds the
         same copy and table from the same ``image`` (for a pair, the original after :meth:`source`).
         With ``other_images``, the crop group's pastes (``paste_into_box``, ``overlay_image_box``) take
         another image of the training data instead of a procedural one, drawn with a generator seeded
-        by ``seed``; the recipe names it ``{"kind": "pool", "id": ...}`` and replays after
-        ``pixtrace.bind_pool_images(recipe, {id: image})``.
+        by ``seed``; ``edits`` names it ``{"kind": "pool", "id": ...}`` and replays after
+        ``pixtrace.bind_pool_images(edits, {id: image})``.
         """
         from ..pixtrace.edits.geometric import Resize
 
         size = self.image_size
         if recipe == "resize":
             table = CoordinateTable.identity(image.height, image.width)
-            edited, recipe_log = image, []
+            edited, edits = image, []
             if self.fuse and image.size != (size, size):  # as the editor renders (and replay replays) it
                 from ..pixtrace.fused import render_fused
 
                 edited, table = render_fused(image, [Resize(size, size)])
-                recipe_log.append(Resize(size, size).to_dict())
+                edits.append(Resize(size, size).to_dict())
         elif other_images is None:
             result = self.editor(recipe)(image, seed=int(seed))
-            edited, table, recipe_log = result.image, result.table, list(result.recipe)
+            edited, table, edits = result.image, result.table, list(result.edits)
         else:
             from ..pixtrace import replay
 
             drawn = [edit.to_dict() for edit in self.editor(recipe).draw((image.height, image.width), seed=int(seed))]
-            recipe_log, bound = _with_pool_images(drawn, other_images, np.random.default_rng([int(seed), 0x0A11]))
+            edits, bound = _with_pool_images(drawn, other_images, np.random.default_rng([int(seed), 0x0A11]))
             result = replay(image, bound, fuse=self.fuse)  # the editor's own rendering of the same chain
             edited, table = result.image, result.table
         if edited.size != (size, size):  # the model input size: both the pixels and the table
             resize = Resize(size, size)
             edited, table = resize(edited, table)
-            recipe_log.append(resize.to_dict())
-        return edited, table, recipe_log
+            edits.append(resize.to_dict())
+        return edited, table, edits
 
     def query_recipe_for(self, label: int, query_seed: int) -> str:
         """The recipe of a pair's query: ``query_recipe``, or ``off`` for a negative pair drawn to be only
@@ -189,9 +189,9 @@ class CopyPairMaker:
         same = reference_original is query_original
         query_original = self.source(query_original)
         reference_original = query_original if same else self.source(reference_original)
-        query, query_table, query_log = self.copy(query_original, self.query_recipe_for(label, query_seed), query_seed,
+        query, query_table, query_edits = self.copy(query_original, self.query_recipe_for(label, query_seed), query_seed,
                                                   other_images)
-        reference, reference_table, reference_log = self.copy(reference_original, self.reference_recipe, reference_seed,
+        reference, reference_table, reference_edits = self.copy(reference_original, self.reference_recipe, reference_seed,
                                                               other_images)
         return CopyPair(
             query=query,
@@ -202,16 +202,16 @@ class CopyPairMaker:
             query_id=query_id,
             reference_id=reference_id,
             skipped_images=skipped_images,
-            recipes={"query": query_log, "reference": reference_log},
+            edits={"query": query_edits, "reference": reference_edits},
         )
 
 
-def _with_pool_images(recipe: list[dict], other_images: OtherImagePicker,
+def _with_pool_images(edits: list[dict], other_images: OtherImagePicker,
                       rng: np.random.Generator) -> tuple[list[dict], list[dict]]:
-    """``(recipe naming the pool images by id, the same recipe holding the images)`` of a drawn chain whose
+    """``(edits naming the pool images by id, the same edits holding the images)`` of a drawn chain whose
     crop-group pastes take other images of the training data (procedural ones stay where none is available)."""
     logged, bound = [], []
-    for description in recipe:
+    for description in edits:
         field = _POOL_FIELDS.get(description["name"])
         picked = other_images(rng) if field is not None else None
         if picked is None:

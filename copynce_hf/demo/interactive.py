@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..evaluation.demo_task import BUNDLED_IMAGES, DemoRecipe, input_overlap, probe_patch
+from ..evaluation.demo_task import BUNDLED_IMAGES, input_overlap, probe_patch
 from ..evaluation.models import load_model
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
@@ -378,8 +378,8 @@ COPY_PRESETS = {
     "paper_descriptor": "CopyRecipe.paper_descriptor(): the authors' descriptor training recipe (four shuffled "
                         "groups of edits, then padding and erasing)",
     "paper_matcher": "CopyRecipe.paper_matcher(): the authors' matcher training recipe (heavier)",
-    "evaluation": "DemoRecipe(): the demo's evaluation-style edits (heavy crops with text and emoji, rotations, "
-                  "skew, aspect ratio, memes, screenshots, then photometric changes)",
+    "evaluation": "CopyRecipe.demo_queries(): the demo's evaluation-style edits (heavy crops with text and emoji, "
+                  "rotations, skew, aspect ratio, memes, screenshots, then photometric changes)",
 }
 
 
@@ -398,7 +398,7 @@ def make_copy(image: Image.Image, preset: str, seed: int,
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**31:
         raise ConfigError(f"the seed must be an integer in [0, 2^31), got {seed!r}")
     if preset == "evaluation":
-        edited, table, edits = DemoRecipe().apply(image, np.random.default_rng(int(seed)))
+        edited, table, edits = CopyRecipe.demo_queries().apply(image, np.random.default_rng(int(seed)))
         return CopyResult(edited, table, edits)
     recipe = getattr(CopyRecipe, preset)()
     return CopyEditor(seed=int(seed), recipe=recipe, image_pool=image_pool)(image)
@@ -425,4 +425,4 @@ def copy_summary(copy: CopyResult, preset: str, seed: int, original_name: str) -
     """JSON-serialisable description of a copy: original, preset, seed, edits (replayable with ``pixtrace.replay``)."""
     return {"original": original_name, "preset": preset, "seed": int(seed),
             "size": [copy.image.height, copy.image.width],
-            "traced_fraction": round(float(copy.table.traced_fraction), 4), "edits": copy.recipe}
+            "traced_fraction": round(float(copy.table.traced_fraction), 4), "edits": copy.edits}

@@ -38,7 +38,6 @@ __all__ = [
     "BUNDLED_IMAGES",
     "DEFAULT_DISTRACTOR_SOURCES",
     "DemoQuery",
-    "DemoRecipe",
     "DemoTask",
     "DemoTaskConfig",
     "build_demo_task",
@@ -54,14 +53,6 @@ BUNDLED_IMAGES = Path(__file__).resolve().parents[1] / "assets" / "images"
 DEFAULT_DISTRACTOR_SOURCES = ("brick", "gravel", "horse", "retina")
 
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-
-# ---------------------------------------------------------------------------------------------- recipe
-
-
-#: The demo's query recipe: the preset :meth:`CopyRecipe.demo_queries <copynce_hf.pixtrace.CopyRecipe.demo_queries>`.
-DemoRecipe = CopyRecipe.demo_queries
 
 
 # ---------------------------------------------------------------------------------------------- task

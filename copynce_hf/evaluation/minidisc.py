@@ -42,11 +42,7 @@ from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.sources import ImageListSource
 
-__all__ = ["EvaluationRecipe", "MiniDiscConfig", "MiniDisc", "QueryEntry", "build_minidisc", "draw_queries"]
-
-
-#: The mini-DISC query recipe: the preset :meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`.
-EvaluationRecipe = CopyRecipe.minidisc_queries
+__all__ = ["MiniDiscConfig", "MiniDisc", "QueryEntry", "build_minidisc", "draw_queries"]
 
 
 # ---------------------------------------------------------------------------------------------- task

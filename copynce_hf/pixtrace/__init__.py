@@ -4,7 +4,7 @@
 * :mod:`copynce_hf.pixtrace.edits`: the traced edit catalogue (geometric, occluding, photometric).
 * :class:`CopyRecipe` (one recipe type, its presets) and :class:`CopyEditor`: random, replayable
   chains of edits like the paper's (:mod:`.steps`: the step vocabulary); :func:`bind_pool_images`
-  puts the training images a recipe names by id back in before :func:`replay`.
+  puts the training images a list of edits names by id back in before :func:`replay`.
 * :func:`patch_overlap` / :func:`pair_overlaps`: the patch overlap priors CopyNCE follows.
 """
 

@@ -9,8 +9,8 @@ returns the edited image, its table to the input image and the list of edits dra
 Example::
 
     editor = CopyEditor(seed=0, recipe=CopyRecipe.training(), output_size=(224, 224))
-    result = editor(image)                          # result.image, result.table, result.recipe
-    same = replay(image, result.recipe)  # identical pixels and table
+    result = editor(image)              # result.image, result.table, result.edits
+    same = replay(image, result.edits)  # identical pixels and table
 
 By default the editor renders with fused geometry (one resampling per run of geometric edits,
 :mod:`copynce_hf.pixtrace.fused`); ``CopyEditor(..., fuse=False)`` applies the edits one by one,
@@ -43,11 +43,12 @@ __all__ = ["CopyEditor", "CopyResult", "replay"]
 @dataclasses.dataclass
 class CopyResult:
     """An edited copy: ``image`` (PIL RGB), ``table`` (CoordinateTable from ``image`` to the input
-    image) and ``recipe`` (JSON-serialisable list of ``Edit.to_dict()``, replayable with :func:`replay`)."""
+    image) and ``edits`` (the edits drawn: a JSON-serialisable list of ``Edit.to_dict()``, replayable with
+    :func:`replay`)."""
 
     image: Image.Image
     table: CoordinateTable
-    recipe: list[dict[str, Any]]
+    edits: list[dict[str, Any]]
 
 
 class CopyEditor:
@@ -59,7 +60,7 @@ class CopyEditor:
         recipe: a :class:`~copynce_hf.pixtrace.recipes.CopyRecipe` (a preset such as
             :meth:`~CopyRecipe.training`, the default, or :meth:`~CopyRecipe.paper_descriptor`) or its dict.
         output_size: ``(height, width)``: end every chain with a resize to this size (the
-            model input), recorded in the recipe; ``None`` keeps the edited size.
+            model input), recorded in the edits; ``None`` keeps the edited size.
         image_pool: paths of images used as backgrounds and overlays ("onto another",
             "another onto it"); without one, procedural noise and gradient images are used.
         fuse: render each run of consecutive geometric edits with one resampling through the
@@ -142,8 +143,8 @@ class CopyEditor:
         return f"CopyEditor(seed={self.seed}, output_size={self.output_size}, fuse={self.fuse}, steps={active})"
 
 
-def replay(image: Image.Image | str | os.PathLike, recipe: Sequence[dict[str, Any]], fuse: bool = True) -> CopyResult:
-    """Apply a recorded list of edits (``CopyResult.recipe``) to ``image``: same image, same table.
+def replay(image: Image.Image | str | os.PathLike, edits: Sequence[dict[str, Any]], fuse: bool = True) -> CopyResult:
+    """Apply a recorded list of edits (``CopyResult.edits``) to ``image``: same image, same table.
 
     ``fuse`` must be the editor's to reproduce its pixels exactly: ``True`` (the default of both)
     renders with :func:`~copynce_hf.pixtrace.fused.render_fused`, ``False`` applies the edits one
@@ -151,13 +152,12 @@ def replay(image: Image.Image | str | os.PathLike, recipe: Sequence[dict[str, An
     """
     image = _as_rgb(image)
     if fuse:
-        edits = [edit_from_dict(description) for description in recipe]
-        image, table = render_fused(image, edits)
-        return CopyResult(image, table, [dict(d) for d in recipe])
+        image, table = render_fused(image, [edit_from_dict(description) for description in edits])
+        return CopyResult(image, table, [dict(d) for d in edits])
     table = CoordinateTable.identity(image.height, image.width)
-    for description in recipe:
+    for description in edits:
         image, table = edit_from_dict(description)(image, table)
-    return CopyResult(image, table, [dict(d) for d in recipe])
+    return CopyResult(image, table, [dict(d) for d in edits])
 
 
 # ---------------------------------------------------------------------- helpers

@@ -134,7 +134,7 @@ class DrawContext:
         """Another image: a file of the pool if there is one, else a procedural image.
 
         Procedural images get a side drawn as ``scale`` times the current image's side, so
-        recipes stay JSON-serialisable and replayable without files.
+        the edits drawn stay JSON-serialisable and replayable without files.
         """
         if self.image_pool:
             return {"kind": "file", "path": self.image_pool[int(self.rng.integers(len(self.image_pool)))]}

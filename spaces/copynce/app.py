@@ -128,7 +128,7 @@ class SpaceApp:
     # ------------------------------------------------------------------------------------ make a copy
 
     def make_copy(self, image_name: str, preset: str, seed):
-        """(status, copy image, recipe JSON, overlap prior image, path of the copy as a PNG)."""
+        """(status, copy image, its edits as JSON, overlap prior image, path of the copy as a PNG)."""
         try:
             if image_name not in self.bundled_files:
                 raise ConfigError(f"Pick one of the bundled images, not {image_name!r}.")
@@ -144,7 +144,7 @@ class SpaceApp:
         path = self.examples / f"copy_{Path(image_name).stem}_{preset}_{int(seed)}.png"
         copy.image.save(path)
         summary = core.copy_summary(copy, preset, int(seed), image_name)
-        status = (f"{len(copy.recipe)} edits; {summary['traced_fraction']:.0%} of the copy's pixels trace back "
+        status = (f"{len(copy.edits)} edits; {summary['traced_fraction']:.0%} of the copy's pixels trace back "
                   f"to the original. Download the copy and try it in Compare or Search.")
         return status, copy.image, summary, overlap, str(path)
 
@@ -229,10 +229,10 @@ class SpaceApp:
                     overlap = gr.Image(label="PixTrace overlap prior, copy (left) and original (right)", type="pil",
                                        interactive=False, elem_id="copy-overlap")
                 with gr.Row():
-                    recipe = gr.JSON(label="Recipe (replay with copynce_hf.pixtrace.replay)", elem_id="copy-recipe")
+                    edits = gr.JSON(label="Edits (replay with copynce_hf.pixtrace.replay)", elem_id="copy-edits")
                     copy_download = gr.File(label="The copy as PNG", elem_id="copy-download")
                 copy_button.click(self.make_copy, [image_name, preset, seed],
-                                  [copy_status, copy_view, recipe, overlap, copy_download])
+                                  [copy_status, copy_view, edits, overlap, copy_download])
         return page
 
 

@@ -15,7 +15,7 @@ the tests check that the pixels AugLy changes are exactly the ones the coverage 
 Text, another image and erased boxes are composited here with Pillow, from the same geometry.
 
 Positions and sizes are fractions of the edited image's size, so an edit (and a
-recipe of edits) applies to images of any size.
+list of edits) applies to images of any size.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Images that edits need besides their input (backgrounds, overlays), as replayable specs.
 
 An edit that pastes its input onto another image, or another image onto its input, takes
-that image as a JSON-serialisable *spec*, so that recipes stay replayable:
+that image as a JSON-serialisable *spec*, so that a recorded list of edits stays replayable:
 
 * ``{"kind": "file", "path": "..."}``: an image file (read with :func:`load_image`);
 * ``{"kind": "noise", "seed": 3, "size": [h, w]}``: smooth random colour noise;
@@ -9,7 +9,7 @@ that image as a JSON-serialisable *spec*, so that recipes stay replayable:
 * ``{"kind": "solid", "color": [r, g, b], "size": [h, w]}``: a flat colour;
 * ``{"kind": "pool", "id": "T000123"}``: an image of a dataset named by its id (the training pairs'
   other-image pool, :class:`~copynce_hf.data.CopyPairMaker`); the image itself is not in the spec, so
-  a recipe holding one is rendered after :func:`bind_pool_images` puts the images in.
+  a list of edits holding one is rendered after :func:`bind_pool_images` puts the images in.
 
 Callers that already hold a PIL image can pass it directly; it is then not serialisable.
 """
@@ -40,7 +40,7 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
     if kind == "pool":
         raise EditParameterError(
             f"the image spec {spec!r} names an image of the training data by id; put the image in first with "
-            "copynce_hf.pixtrace.bind_pool_images(recipe, {id: image or path})")
+            "copynce_hf.pixtrace.bind_pool_images(edits, {id: image or path})")
     height, width = _spec_size(spec)
     if kind == "solid":
         color = tuple(int(c) for c in spec.get("color", (127, 127, 127)))
@@ -58,14 +58,14 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
     raise EditParameterError(f"unknown image spec kind {kind!r}; use file, noise, gradient or solid")
 
 
-def bind_pool_images(recipe: Sequence[dict[str, Any]], images: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``recipe`` (a list of ``Edit.to_dict()``) with every ``{"kind": "pool", "id": ...}`` image spec
+def bind_pool_images(edits: Sequence[dict[str, Any]], images: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``edits`` (a list of ``Edit.to_dict()``) with every ``{"kind": "pool", "id": ...}`` image spec
     replaced by ``images[id]`` (a PIL image or a path), ready for ``replay``.
 
     Raises :class:`EditParameterError` naming an id that ``images`` lacks.
     """
     bound = []
-    for description in recipe:
+    for description in edits:
         params = dict(description.get("params", {}))
         for key, value in params.items():
             if isinstance(value, dict) and value.get("kind") == "pool":
