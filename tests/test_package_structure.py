@@ -1,6 +1,7 @@
 """The modules of copynce_hf: no module imports another's private name, their imports form no cycle
 (function-level and lazy imports included), and no module only re-exports names defined elsewhere
-(one import path per name; a package's ``__init__`` is its public face and may gather its modules' names).
+(one import path per name; a package's ``__init__`` is its public face and may gather its modules' names);
+scripts hold no library code and the training loop fits one screen.
 
 The checks read the source with ``ast`` (nothing is imported); each is first run on a small package
 written here with the fault it must find.
@@ -176,12 +177,52 @@ def test_no_module_only_re_exports(root):
     assert re_exports(root) == []
 
 
+def _imported_roots(path: Path) -> set[str]:
+    """The top-level names of the absolute imports of one file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found |= {name.split(".")[0] for name in names}
+    return found
+
+
 def test_the_package_imports_neither_scripts_nor_benchmarks():
     """Library code lives in the package; scripts and benchmarks call it, never the reverse."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
-            found += [(path.name, name) for name in names if name.split(".")[0] in ("scripts", "benchmarks")]
+    found = [(path.name, root) for path in sorted(PACKAGE.rglob("*.py"))
+             for root in _imported_roots(path) & {"scripts", "benchmarks"}]
+    found += [(path.name, "scripts") for path in sorted((PACKAGE.parent / "benchmarks").rglob("*.py"))
+              if "scripts" in _imported_roots(path)]
     assert found == []
+
+
+def classes_defined(path: Path) -> list[str]:
+    """The classes a file defines anywhere (a script defining one holds library code)."""
+    return [node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(node, ast.ClassDef)]
+
+
+def function_length(path: Path, name: str) -> int:
+    """Lines of the top-level function ``name`` of a file, from ``def`` to its last line."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node.end_lineno - node.lineno + 1
+    raise LookupError(f"{path} defines no top-level function {name!r}")
+
+
+def test_the_size_checks_measure_what_they_name(tmp_path):
+    script = tmp_path / "tool.py"
+    script.write_text("class Helper:\n    pass\n\n\ndef main():\n    x = 1\n\n    return x\n", encoding="utf-8")
+    assert classes_defined(script) == ["Helper"] and function_length(script, "main") == 4
+    with pytest.raises(LookupError, match="'train'"):
+        function_length(script, "train")
+
+
+def test_scripts_are_thin_entry_points():
+    """Scripts parse options and call the package: no script defines a type (those live in ``copynce_hf``)."""
+    scripts = sorted((PACKAGE.parent / "scripts").glob("*.py"))
+    assert scripts and {path.name: classes_defined(path) for path in scripts if classes_defined(path)} == {}
+
+
+def test_the_training_loop_fits_one_screen():
+    """``training/run.py``'s ``train`` reads top to bottom on one screen (DINOv2's ``do_train`` is ~80 lines)."""
+    assert function_length(PACKAGE / "training" / "run.py", "train") <= 60
