@@ -20,7 +20,8 @@ predicted ids that do not match the ground truth, an unusable output path, ...) 
 exit status 2 and a one-line message on stderr, without traceback. Unreadable images (empty, not an
 image, truncated, too small, above ``--max-pixels``) are skipped with a warning naming the file and
 the reason, and every command ends with a line of counts (read, skipped with reasons, written).
-Descriptor extraction runs distributed when launched with ``accelerate launch -m copynce_hf.cli``.
+Descriptor extraction and matcher re-scoring (``detect``, ``match``) run distributed when launched with
+``accelerate launch -m copynce_hf.cli``; re-scoring is saved in chunks and resumed after a kill.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from . import __version__
 from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 from .modeling.errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
-from .retrieval.presets import DEFAULT_CANDIDATES, DETECT_PRESET_FIELDS, DETECT_PRESETS
+from .retrieval.presets import DEFAULT_CANDIDATES, DEFAULT_CHUNK_SIZE, DETECT_PRESET_FIELDS, DETECT_PRESETS
 from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
 logger = logging.getLogger("copynce_hf.cli")
@@ -249,6 +250,10 @@ def cmd_search(args) -> int:
 
 
 def cmd_match(args) -> int:
+    import shutil
+
+    from accelerate import Accelerator
+
     from .retrieval import LocalCrops, model_kind, read_predictions, rescore_predictions, write_predictions
 
     check_output_file(args.output)
@@ -275,17 +280,23 @@ def cmd_match(args) -> int:
     crops = (
         LocalCrops(args.query_grid, args.reference_grid, args.crop_scale, args.rotations) if args.local_crops else None
     )
+    accelerator = Accelerator()
+    work = Path(args.output).with_name(f".{Path(args.output).name}.rescoring")  # scored chunks, until the end
     try:
         result = rescore_predictions(
             candidates, model, processor, queries, references, batch_size=args.batch_size,
             num_workers=args.num_workers, local_crops=crops, progress=not args.quiet, matcher_lce=args.matcher_lce,
-            max_pixels=args.max_pixels,
+            max_pixels=args.max_pixels, accelerator=accelerator, work_folder=work, chunk_size=args.chunk_size,
+            log=lambda line: _say("match", line, args.quiet),
         )
     except PredictionsError as error:
         if missing:
             raise PredictionsError(f"{error}; missing files: {', '.join(missing[:5])}") from error
         raise
+    if not accelerator.is_main_process:
+        return 0
     count = write_predictions(args.output, result.predictions)
+    shutil.rmtree(work, ignore_errors=True)
     print(f"re-scored {count} pairs into {args.output}")
     reasons = [reason.split(":")[0] for *_, reason in result.skipped]
     top = f" (re-scoring the top {args.top} per query: {len(candidates)})" if args.top is not None else ""
@@ -341,6 +352,12 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _say(command: str, line: str, quiet: bool) -> None:
+    """A progress line of ``command`` on stderr, unless ``--quiet``."""
+    if not quiet:
+        print(f"copynce {command}: {line}", file=sys.stderr)
+
+
 def _model_names(paths: list[str | None]) -> list[str]:
     """Short distinct names for descriptor models (index sub-folders, log lines)."""
     names = []
@@ -356,6 +373,8 @@ def _model_names(paths: list[str | None]) -> list[str]:
 
 def cmd_detect(args) -> int:
     import time
+
+    from accelerate import Accelerator
 
     from .metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
     from .retrieval import Descriptor, DetectConfig, detect, write_predictions
@@ -379,7 +398,7 @@ def cmd_detect(args) -> int:
             raise PredictionsError(str(error)) from error
     explicit = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
     config = DetectConfig.from_preset(args.preset, batch_size=args.batch_size, num_workers=args.num_workers,
-                                      **explicit)
+                                      chunk_size=args.chunk_size, **explicit)
     paths = args.models or [None]
     descriptors = [Descriptor(name, *_descriptor_model(path, "--models"), source=str(path or DEFAULT_DESCRIPTOR))
                    for name, path in zip(_model_names(paths), paths)]
@@ -388,10 +407,10 @@ def cmd_detect(args) -> int:
         matcher = load_model(args.matcher, "matcher", "--matcher")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator()
 
     def say(line: str) -> None:
-        if not args.quiet:
-            print(f"copynce detect: {line}", file=sys.stderr)
+        _say("detect", line, args.quiet or not accelerator.is_main_process)
 
     say(f"{len(queries)} queries, {len(references)} references, descriptors: {', '.join(d.name for d in descriptors)}, "
         f"matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}")
@@ -401,7 +420,9 @@ def cmd_detect(args) -> int:
         + (f"over auxiliary ranks {config.k_start}-{config.k_end}" if auxiliary is not None
            else "off (no --aux folder given)"))
     result = detect(queries, references, descriptors, matcher, auxiliary, config, index_folder=output / "indexes",
-                    progress=not args.quiet, log=say)
+                    progress=not args.quiet, log=say, rescoring_folder=output / "rescoring", accelerator=accelerator)
+    if not accelerator.is_main_process:
+        return 0
     count = write_predictions(output / "predictions.csv", result.predictions)
     metrics = None
     if ground_truth is not None:
@@ -508,6 +529,13 @@ def _add_model_loading(parser: argparse.ArgumentParser, batch_size: int = 64, un
     )
 
 
+def _add_chunk_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chunk-size", type=_positive_int, default=DEFAULT_CHUNK_SIZE, metavar="N",
+                        help="candidate pairs per chunk of re-scoring work (whole queries), the unit shared by the "
+                        "processes of `accelerate launch` and saved as it completes, so that the same command resumes "
+                        f"a run cut short (default {DEFAULT_CHUNK_SIZE})")
+
+
 def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("approximate search knobs")
     group.add_argument("--ef-search", type=_positive_int, help="HNSW: beam width at search time (default 128)")
@@ -546,7 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
         "local crops ensembling and score normalisation), merge their candidates, verify them with the matcher "
         "(optionally with local crops ensembling) and write OUTPUT/predictions.csv (query_id,reference_id,score), "
         "OUTPUT/report.html (a gallery of the top and borderline matches with heatmaps) and, with --ground-truth, "
-        "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run.",
+        "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run, the matcher's "
+        "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes).",
         epilog="Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
         "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 1.3 s per query with "
         "the embedded 112-px models on one core. paper (the authors' inference: --descriptor-lce authors, "
@@ -588,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
+    _add_chunk_size(p)
     _add_model_loading(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_detect)
@@ -690,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rotations", type=_parse_rotations, default=(90, 180, 270),
         help="rotations of the whole query, degrees (default 90,180,270; 'none' for no rotation)",
     )
+    _add_chunk_size(p)
     _add_model_loading(p, batch_size=32, unit="image pairs (view pairs with --local-crops)")
     _add_image_input(p)
     p.set_defaults(handler=cmd_match)

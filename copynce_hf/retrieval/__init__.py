@@ -8,7 +8,8 @@ The detection flow (see docs/ARCHITECTURE.md)::
 
 :func:`detect` runs the paper's whole pipeline: LCE views (:mod:`.views`) searched per view
 (:mod:`.view_search`), several descriptors' candidates merged (:mod:`.candidates`), the matcher
-with its encoder-token cache (:mod:`.matcher_cache`).
+with its encoder-token cache (:mod:`.matcher_cache`), its pairs scored in chunks shared by Accelerate's
+processes and resumed after a kill (:mod:`.chunked_scoring`).
 
 Names are imported on first access (``from copynce_hf.retrieval import detect`` loads what it needs),
 so that the command line and ``import copynce_hf`` start without torch, faiss or the models.
@@ -21,8 +22,9 @@ import types
 _SOURCES = {
     **dict.fromkeys(('AffinityMaps', 'affinity_figures', 'affinity_maps', 'save_affinity_figures'), 'affinity'),
     **dict.fromkeys(('candidate_recall', 'merge_candidates', 'top_per_query'), 'candidates'),
+    **dict.fromkeys(('ChunkFolder', 'PairScores', 'plan_chunks', 'score_in_chunks'), 'chunked_scoring'),
     **dict.fromkeys(('DescriptorSet', 'export_disc21_hdf5'), 'descriptors'),
-    **dict.fromkeys(('DEFAULT_CANDIDATES', 'DETECT_PRESETS', 'DETECT_PRESET_FIELDS'), 'presets'),
+    **dict.fromkeys(('DEFAULT_CANDIDATES', 'DEFAULT_CHUNK_SIZE', 'DETECT_PRESETS', 'DETECT_PRESET_FIELDS'), 'presets'),
     **dict.fromkeys(('Descriptor', 'DetectConfig', 'DetectResult', 'detect', 'view_index'), 'detect'),
     **dict.fromkeys(('ProcessedImages', 'extract_descriptors'), 'extract'),
     **dict.fromkeys(('INDEX_KINDS', 'DescriptorIndex', 'IndexConfig', 'knn_predictions'), 'index'),
@@ -66,6 +68,10 @@ __all__ = [
     "affinity_figures",
     "affinity_maps",
     "save_affinity_figures",
+    "ChunkFolder",
+    "PairScores",
+    "plan_chunks",
+    "score_in_chunks",
     "DescriptorSet",
     "export_disc21_hdf5",
     "ProcessedImages",
@@ -123,6 +129,7 @@ __all__ = [
     "view_preset_of",
     "search_references",
     "DEFAULT_CANDIDATES",
+    "DEFAULT_CHUNK_SIZE",
     "Descriptor",
     "DETECT_PRESETS",
     "DETECT_PRESET_FIELDS",

@@ -32,6 +32,7 @@ from pathlib import Path
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile
 from .candidates import candidate_recall, merge_candidates, top_per_query
+from .chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, scoring_identity
 from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig
 from .matcher_cache import MatcherScorer
@@ -66,6 +67,8 @@ class DetectConfig:
         batch_size: images per descriptor pass, views per encoder pass and view pairs per fusion pass.
         num_workers: ``DataLoader`` workers reading images.
         cache_size: reference views whose matcher tokens are kept.
+        chunk_size: candidate pairs per chunk of matcher work (whole queries; the unit shared between
+            processes and kept on disk, :mod:`.chunked_scoring`).
     """
 
     k: int = 10
@@ -78,11 +81,12 @@ class DetectConfig:
     batch_size: int = 64
     num_workers: int = 0
     cache_size: int = 4096
+    chunk_size: int = DEFAULT_CHUNK_SIZE
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
         check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
-        for name in ("k", "candidates", "batch_size"):
+        for name in ("k", "candidates", "batch_size", "chunk_size"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.k_start <= self.k_end:
@@ -211,6 +215,13 @@ def _reuse(folder: str | os.PathLike | None, identity: dict, load: Callable[[], 
     return loaded
 
 
+def _is_main_process() -> bool:
+    """Whether this is the process that writes (the only one, unless launched with ``accelerate launch``)."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
 @contextlib.contextmanager
 def _rewriting(folder: str | os.PathLike, identity: dict):
     """Around the writing of a cache folder's files: its ``identity.json`` is removed first and written
@@ -246,7 +257,7 @@ def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, f
     views = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "query",
                                      progress=progress, description=description, **extract)
     seconds = time.perf_counter() - start
-    if folder is not None and len(views):
+    if folder is not None and len(views) and _is_main_process():
         with _rewriting(folder, identity):
             views.save(Path(folder) / "descriptors.safetensors")
             (Path(folder) / "timing.json").write_text(json.dumps({"seconds": seconds}) + "\n", encoding="utf-8")
@@ -268,7 +279,7 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
         raise PredictionsError(f"none of the {len(source)} images could be read ({description})")
     index = DescriptorIndex.build(views, config or IndexConfig(kind="flat"),
                                   info={"model": identity["model"], "views": preset.name})
-    if folder is not None:
+    if folder is not None and _is_main_process():
         with _rewriting(folder, identity):
             index.save(folder)
     return index
@@ -284,6 +295,8 @@ def detect(
     index_folder: str | os.PathLike | None = None,
     progress: bool = True,
     log: Callable[[str], None] = logger.info,
+    rescoring_folder: str | os.PathLike | None = None,
+    accelerator=None,
 ) -> DetectResult:
     """Find the references that every query copies.
 
@@ -298,6 +311,11 @@ def detect(
             ``None``: not saved.
         progress: progress bars per stage.
         log: receives one line per stage.
+        rescoring_folder: where the matcher's scored chunks are kept, so that a run cut short resumes
+            (:mod:`.chunked_scoring`); ``None``: not kept.
+        accelerator: an ``accelerate.Accelerator`` (``None``: one is made). Under ``accelerate launch`` every
+            process calls :func:`detect`: the images are embedded and the candidate pairs scored in shards,
+            the caches written by the main process, and every process gets the whole result.
     """
     config = config or DetectConfig()
     if not descriptors:
@@ -305,8 +323,11 @@ def detect(
     names = [d.name for d in descriptors]
     if len(set(names)) != len(names):
         raise ConfigError(f"descriptor names must differ, got {names}")
+    from accelerate import Accelerator
+
+    accelerator = accelerator or Accelerator()
     preset = ViewPreset(config.descriptor_lce)
-    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers}
+    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers, "accelerator": accelerator}
     seconds: dict[str, float] = {}
     per_model: dict[str, list[Prediction]] = {}
     skipped: list[str] = []
@@ -354,19 +375,44 @@ def detect(
         return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, **found)
 
     start = time.perf_counter()
-    model, processor = matcher
-    scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
-                           cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None))
     pairs = [(p.query_id, p.reference_id) for p in candidates]
-    scores = scorer.score(pairs, _SourceImages(queries), _SourceImages(references), num_workers=config.num_workers,
-                          progress=progress, description=f"matcher ({_MATCHER_VIEWS[config.matcher_lce]})")
+    scores, cost = _matcher_scores(pairs, *matcher, queries, references, config, accelerator, rescoring_folder,
+                                   progress, log)
     rescored = [Prediction(q, r, s) for (q, r), s in zip(pairs, scores) if s is not None]
     skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scores) if s is None)
     seconds["matcher"] = time.perf_counter() - start
-    cost = {"encoded_views": scorer.encoded_views, "fused_pairs": scorer.fused_pairs}
-    log(f"matcher: {len(rescored)} pairs re-scored ({cost['encoded_views']} encoder passes, "
+    on = f" on {accelerator.num_processes} processes" if accelerator.num_processes > 1 else ""
+    log(f"matcher: {len(rescored)} pairs re-scored{on} ({cost['encoded_views']} encoder passes, "
         f"{cost['fused_pairs']} fusion passes)")
     if not rescored:
         raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
     return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, **found)
 
+
+
+def _matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,
+                    accelerator, folder, progress: bool, log) -> tuple[list[float | None], dict[str, int]]:
+    """The matcher's score of every pair (``None``: unscored), chunk by chunk over the processes, and the passes
+    it ran (encoder views, fusion pairs; summed over the processes, resumed chunks cost nothing)."""
+    model = model.to(accelerator.device)
+    scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
+                           cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None))
+    query_images, reference_images = _SourceImages(queries), _SourceImages(references)
+
+    def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:
+        return PairScores(scorer.score(chunk, query_images, reference_images, num_workers=config.num_workers,
+                                       progress=False, on_scored=scored))
+
+    identity = None
+    if folder is not None:
+        settings = {"matcher_lce": config.matcher_lce, "max_pixels": getattr(queries, "max_pixels", None)}
+        identity = scoring_identity(model, processor, settings, query_images.files or {},
+                                    reference_images.files or {}, pairs)
+    scores = score_in_chunks(pairs, score_chunk, config.chunk_size, folder, identity, accelerator, progress,
+                             f"matcher ({_MATCHER_VIEWS[config.matcher_lce]})", lambda line: log(f"matcher: {line}"))
+    passes = [(scorer.encoded_views, scorer.fused_pairs)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        passes = gather_object(passes)
+    return scores.scores, {"encoded_views": sum(p[0] for p in passes), "fused_pairs": sum(p[1] for p in passes)}

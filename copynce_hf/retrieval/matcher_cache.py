@@ -155,13 +155,15 @@ class MatcherScorer:
         return best.tolist()
 
     def score(self, pairs: list[tuple[str, str]], query_files: dict, reference_files: dict, num_workers: int = 0,
-              progress: bool = True, description: str = "matcher") -> list[float | None]:
+              progress: bool = True, description: str = "matcher",
+              on_scored: Callable[[int], None] | None = None) -> list[float | None]:
         """Copy score of every (query id, reference id) pair; ``None`` where an image is missing or unreadable.
 
         Args:
             pairs: (query id, reference id) pairs, any order (grouped by query internally).
             query_files, reference_files: id -> image (path or PIL image).
             num_workers: ``DataLoader`` workers reading and cutting the query images ahead.
+            on_scored: called with the number of pairs of each query once they are scored.
         """
         by_query: dict[str, list[int]] = {}
         for row, (query_id, _reference_id) in enumerate(pairs):
@@ -184,4 +186,6 @@ class MatcherScorer:
                         for row, value in zip(scored, values):
                             scores[row] = value
                 bar.update(len(rows))
+                if on_scored is not None:
+                    on_scored(len(rows))
         return scores

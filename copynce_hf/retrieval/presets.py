@@ -14,6 +14,9 @@ from __future__ import annotations
 #: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs).
 DEFAULT_CANDIDATES = 50
 
+#: Candidate pairs per chunk of re-scoring work (:mod:`.chunked_scoring`): a few seconds of GPU work, a small file.
+DEFAULT_CHUNK_SIZE = 10_000
+
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields a preset sets.
 DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alpha", "k_start", "k_end")
 

@@ -16,6 +16,7 @@ scores through the encoder-token cache of :mod:`.matcher_cache`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -24,10 +25,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from ..images import load_image
 from ..modeling.errors import SKIP_REASONS, ConfigError, ImageLoadError, PredictionsError
+from .chunked_scoring import DEFAULT_CHUNK_SIZE, ChunkScorer, PairScores, score_in_chunks, scoring_identity
 from .predictions import Prediction
 
 logger = logging.getLogger(__name__)
@@ -215,11 +216,17 @@ def rescore_predictions(
     progress: bool = True,
     matcher_lce: str = "none",
     max_pixels: int | None = None,
+    accelerator=None,
+    work_folder: str | os.PathLike | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    log=logger.info,
 ) -> RescoreResult:
     """Score every candidate pair of ``predictions`` with ``model``; old scores are discarded.
 
     A matcher scores through :class:`copynce_hf.retrieval.MatcherScorer`: one encoder pass per image
-    view, fusion passes batched over view pairs.
+    view, fusion passes batched over view pairs. The pairs are scored in chunks of whole queries
+    (:func:`~.chunked_scoring.score_in_chunks`): shared by the processes of ``accelerator``, and kept in
+    ``work_folder`` so that the same call after a kill resumes.
 
     Args:
         predictions: candidate pairs (e.g. from k-NN search).
@@ -233,13 +240,18 @@ def rescore_predictions(
         matcher_lce: for a matcher without ``local_crops``: ``none``, ``paper`` (the paper's 35 view
             pairs) or ``all`` (260), see :mod:`copynce_hf.retrieval.views`.
         max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+        accelerator: an ``accelerate.Accelerator`` whose processes share the pairs (call this on every
+            process; the model moves to its device); ``None``: this process scores every pair.
+        work_folder: where completed chunks are kept and resumed from; ``None``: nowhere.
+        chunk_size: pairs per chunk.
+        log: receives the line saying how much work is resumed.
 
     Returns:
-        :class:`RescoreResult`. Pairs whose image id is not in the folders or whose image
-        cannot be read are skipped, logged and listed; if every pair is skipped,
+        :class:`RescoreResult` (on every process). Pairs whose image id is not in the folders or whose
+        image cannot be read are skipped, logged and listed; if every pair is skipped,
         :class:`PredictionsError` is raised.
     """
-    kept, paths, skipped = [], [], []
+    kept, skipped = [], []
     for prediction in predictions:
         query_path = query_files.get(prediction.query_id)
         reference_path = reference_files.get(prediction.reference_id)
@@ -248,45 +260,75 @@ def rescore_predictions(
             skipped.append((prediction.query_id, prediction.reference_id, f"missing: no image file for {missing}"))
             continue
         kept.append(prediction)
-        paths.append((query_path, reference_path))
     if not kept:
         reasons = "; ".join(reason for *_, reason in skipped[:3])
         raise PredictionsError(f"none of the {len(predictions)} candidate pairs has both images ({reasons}, ...)")
+    if accelerator is not None:
+        model = model.to(accelerator.device)
     if model_kind(model) == "matcher":
-        from .matcher_cache import MatcherScorer
-
-        views = {}
-        if local_crops is not None:
-            views = {"query_views": local_crops.query_views, "reference_views": local_crops.reference_views,
-                     "view_pairs": lambda nq, nr: [(q, r) for q in range(nq) for r in range(nr)]}
-        scorer = MatcherScorer(model, image_processor, lce=matcher_lce, batch_size=batch_size,
-                               max_pixels=max_pixels, **views)
-        pairs = [(p.query_id, p.reference_id) for p in kept]
-        scores = scorer.score(pairs, query_files, reference_files, num_workers=num_workers, progress=progress,
-                              description="re-scoring")
-        valid = [score is not None for score in scores]
+        score_chunk = _matcher_chunks(model, image_processor, query_files, reference_files, batch_size, num_workers,
+                                      local_crops, matcher_lce, max_pixels)
     else:
-        dataset = PairViews(paths, image_processor, local_crops, max_pixels=max_pixels)
-        views_per_pair = dataset.placeholders[0].shape[0] * dataset.placeholders[1].shape[0]
-        pairs_per_batch = max(1, batch_size // views_per_pair)
-        loader = DataLoader(dataset, batch_size=pairs_per_batch, num_workers=num_workers, shuffle=False)
-        model.eval()
-        scores, valid = [], []
-        with tqdm(total=len(dataset), desc="re-scoring", unit="pair", disable=not progress) as bar:
-            for batch in loader:
-                scores.append(score_views(model, batch["query_views"], batch["reference_views"], chunk_size=batch_size))
-                valid.append(batch["valid"])
-                bar.update(len(batch["valid"]))
-        scores, valid = torch.cat(scores).tolist(), torch.cat(valid).tolist()
+        score_chunk = _descriptor_chunks(model, image_processor, query_files, reference_files, batch_size,
+                                         num_workers, local_crops, max_pixels)
+    pairs = [(p.query_id, p.reference_id) for p in kept]
+    identity = None
+    if work_folder is not None:
+        settings = {"local_crops": dataclasses.asdict(local_crops) if local_crops else None,
+                    "matcher_lce": matcher_lce, "max_pixels": max_pixels}
+        identity = scoring_identity(model, image_processor, settings, query_files, reference_files, pairs)
+    scored = score_in_chunks(pairs, score_chunk, chunk_size, work_folder, identity, accelerator, progress,
+                             "re-scoring", log)
     rescored = []
-    for prediction, score, ok in zip(kept, scores, valid):
-        if ok > 0:
+    for row, (prediction, score) in enumerate(zip(kept, scored.scores)):
+        if score is not None:
             rescored.append(Prediction(prediction.query_id, prediction.reference_id, float(score)))
         else:
-            reason = SKIP_REASONS[-1 - int(ok)]
-            skipped.append((prediction.query_id, prediction.reference_id, reason))
+            skipped.append((prediction.query_id, prediction.reference_id, scored.reasons.get(row, SKIP_REASONS[-1])))
     if skipped:
         logger.warning("skipped %d of %d candidate pairs (missing or unreadable images)", len(skipped), len(predictions))
     if not rescored:
         raise PredictionsError(f"none of the {len(predictions)} candidate pairs could be scored")
     return RescoreResult(rescored, skipped)
+
+
+def _matcher_chunks(model, image_processor, query_files, reference_files, batch_size, num_workers, local_crops,
+                    matcher_lce, max_pixels) -> ChunkScorer:
+    """Chunks scored by a matcher through one :class:`~.matcher_cache.MatcherScorer` (its token cache lives on
+    from chunk to chunk)."""
+    from .matcher_cache import MatcherScorer
+
+    views = {}
+    if local_crops is not None:
+        views = {"query_views": local_crops.query_views, "reference_views": local_crops.reference_views,
+                 "view_pairs": lambda nq, nr: [(q, r) for q in range(nq) for r in range(nr)]}
+    scorer = MatcherScorer(model, image_processor, lce=matcher_lce, batch_size=batch_size, max_pixels=max_pixels,
+                           **views)
+
+    def score_chunk(pairs: list[tuple[str, str]], scored) -> PairScores:
+        return PairScores(scorer.score(pairs, query_files, reference_files, num_workers=num_workers, progress=False,
+                                       on_scored=scored))
+
+    return score_chunk
+
+
+def _descriptor_chunks(model, image_processor, query_files, reference_files, batch_size, num_workers, local_crops,
+                       max_pixels) -> ChunkScorer:
+    """Chunks scored by a descriptor: cosine of the descriptors, the best over the view combinations."""
+    model.eval()
+
+    def score_chunk(pairs: list[tuple[str, str]], scored) -> PairScores:
+        dataset = PairViews([(query_files[q], reference_files[r]) for q, r in pairs], image_processor, local_crops,
+                            max_pixels=max_pixels)
+        views_per_pair = dataset.placeholders[0].shape[0] * dataset.placeholders[1].shape[0]
+        loader = DataLoader(dataset, batch_size=max(1, batch_size // views_per_pair), num_workers=num_workers,
+                            shuffle=False)
+        scores, codes = [], []
+        for batch in loader:
+            scores.extend(score_views(model, batch["query_views"], batch["reference_views"], chunk_size=batch_size).tolist())
+            codes.extend(batch["valid"].tolist())
+            scored(len(batch["valid"]))
+        return PairScores([score if code > 0 else None for score, code in zip(scores, codes)],
+                          {row: SKIP_REASONS[-1 - code] for row, code in enumerate(codes) if code <= 0})
+
+    return score_chunk
