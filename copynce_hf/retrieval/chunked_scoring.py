@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -88,6 +89,14 @@ def digest(value) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+def lines_digest(lines: Iterable[str]) -> str:
+    """A short digest of many lines of text (millions of pairs), hashed in blocks without one big string."""
+    hasher, lines = hashlib.blake2b(digest_size=16), iter(lines)
+    while block := list(itertools.islice(lines, 65536)):
+        hasher.update(("\n".join(block) + "\n").encode("utf-8"))
+    return hasher.hexdigest()
+
+
 def model_fingerprint(model) -> str:
     """A digest of a model's class, config and every tensor of its state dict (names, dtypes, shapes, bytes):
     equal for the same weights wherever they were loaded from, different after any change."""
@@ -99,25 +108,25 @@ def model_fingerprint(model) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         tensor = tensor.detach().to("cpu").contiguous()
         hasher.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        hasher.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        if tensor.numel():
+            hasher.update(memoryview(tensor.view(torch.uint8).numpy()))
     return hasher.hexdigest()
 
 
 def image_stamps(images: Mapping, ids) -> str:
     """A digest of the images ``ids`` name in ``images`` (id -> path or in-memory image): each file's name, size
     and modification time, so that a replaced file changes it; an in-memory image counts by its id only."""
-    stamps = []
-    for image_id in sorted(set(ids)):
+    def stamp(image_id: str) -> str:
         image = images[image_id] if image_id in images else None
-        if isinstance(image, (str, os.PathLike)):
-            try:
-                stat = os.stat(image)
-                stamps.append([image_id, os.fspath(image), stat.st_size, stat.st_mtime_ns])
-            except OSError:
-                stamps.append([image_id, os.fspath(image), None])
-        else:
-            stamps.append([image_id, None if image is None else "in memory"])
-    return digest(stamps)
+        if not isinstance(image, (str, os.PathLike)):
+            return json.dumps([image_id, None if image is None else "in memory"])
+        try:
+            stat = os.stat(image)
+            return json.dumps([image_id, os.fspath(image), stat.st_size, stat.st_mtime_ns])
+        except OSError:
+            return json.dumps([image_id, os.fspath(image), None])
+
+    return lines_digest(stamp(image_id) for image_id in sorted(set(ids)))
 
 
 def scoring_identity(model, image_processor, settings: dict, query_images: Mapping, reference_images: Mapping,
@@ -265,7 +274,7 @@ def score_in_chunks(
     if folder is not None:
         if identity is None:
             raise ConfigError("score_in_chunks: a folder needs the identity of the inputs")
-        full_identity = {**identity, "pairs": digest([list(pair) for pair in pairs]), "chunk_size": chunk_size}
+        full_identity = {**identity, "pairs": lines_digest(map("\t".join, pairs)), "chunk_size": chunk_size}
         store = ChunkFolder(folder, full_identity, [len(rows) for rows in chunks])
     done: dict[int, PairScores] = store.open(log) if store is not None and is_main else {}
     if processes > 1:
