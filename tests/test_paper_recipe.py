@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -221,3 +222,115 @@ def test_pair_maker_and_paper_configs_use_the_paper_presets():
             load_config(root / f"{name}.yaml")
         assert load_config(root / f"{name}.yaml", {"knn_graph": "graph.safetensors"}).query_recipe == recipe
         assert load_config(root / f"{name}.yaml", {"hard_negative_mining": None}).query_recipe == recipe
+
+
+# ---------------------------------------------------------------------- the authors' text overlay
+
+
+def _ink_columns_rows(text: str, font_path: str, pixels: int, anchor: tuple[float, float], size: tuple[int, int]):
+    """Rendered independently on a canvas 40 pixels larger on every side: (ink pixels in all, ink pixels
+    inside the (H, W) image placed at the canvas's (40, 40))."""
+    from PIL import ImageDraw, ImageFont
+
+    height, width = size
+    canvas = Image.new("L", (width + 80, height + 80), 0)
+    ImageDraw.Draw(canvas).text((anchor[0] + 40, anchor[1] + 40), text, fill=255,
+                                font=ImageFont.truetype(font_path, pixels))
+    ink = np.asarray(canvas) > 0
+    return int(ink.sum()), int(ink[40:40 + height, 40:40 + width].sum())
+
+
+def _authors_text(**changes):
+    return dataclasses.replace(CopyRecipe.paper_descriptor().overlay_text, **changes)
+
+
+def test_paper_presets_draw_the_authors_text_from_every_augly_font():
+    import os
+
+    from augly.utils import FONTS_DIR
+
+    from copynce_hf.pixtrace.steps import DrawContext
+
+    step = CopyRecipe.paper_matcher().overlay_text
+    assert (step.form, step.fonts, step.length, step.font_size, step.opacity) == (
+        "authors", ("*",), (1, 100), (0.1, 0.3), (0.1, 1.0))  # overlay.py RandomOverlayText
+    assert (CopyRecipe.paper_descriptor().overlay_text.p, step.p) == (0.25, 0.35)
+    augly_fonts = {name for name in os.listdir(FONTS_DIR) if name.endswith(".ttf")}
+    assert set(step.font_choices()) == augly_fonts and len(augly_fonts) > 300
+    # One character per text keeps the draws fast; the fonts are drawn uniformly from all of them.
+    rng, one_letter = np.random.default_rng(0), dataclasses.replace(step, length=(1, 1))
+    drawn = [one_letter.draw(DrawContext(rng, (40, 48))) for _ in range(1500)]
+    fonts = [edits[0].font for edits in drawn if edits]
+    assert len(fonts) > 1400 and set(fonts) <= augly_fonts
+    assert len(set(fonts)) > 330  # 1500 uniform picks of 364 fonts miss about 6 of them on average
+    assert CopyRecipe.training().overlay_text.form == "alphabet" and len(CopyRecipe.training().overlay_text.fonts) == 8
+
+
+def test_authors_text_length_is_uniform_up_to_as_many_characters_as_fit(tmp_path):
+    """With a font whose character listing is one letter, the longest text that fits is known
+    independently (rendered); the drawn lengths must be uniform on 1..that length."""
+    import pickle
+    import shutil
+
+    from augly.utils import FONTS_DIR
+
+    from copynce_hf.pixtrace.steps import DrawContext
+
+    font = tmp_path / "OneLetter.ttf"
+    shutil.copy(os.path.join(FONTS_DIR, "NotoMono-Regular.ttf"), font)
+    (tmp_path / "OneLetter.pkl").write_bytes(pickle.dumps([ord("W")]))
+    size, font_size = (60, 80), 0.3
+    pixels = int(60 * font_size)
+    fitting = [n for n in range(1, 60) if _ink_fits("W" * n, str(font), pixels, size)]
+    longest = max(fitting)
+    assert fitting == list(range(1, longest + 1)) and 3 <= longest <= 10
+    step = _authors_text(fonts=(str(font),), font_size=(font_size, font_size))
+    rng = np.random.default_rng(3)
+    lengths = [len(step.draw(DrawContext(rng, size))[0].text) for _ in range(80 * longest)]
+    counts = np.bincount(lengths, minlength=longest + 1)
+    assert counts[0] == 0 and len(counts) == longest + 1  # 1..longest, never more
+    assert np.all(np.abs(counts[1:] - 80) < 4 * np.sqrt(80))  # uniform: 80 expected per length
+
+
+def _ink_fits(text: str, font_path: str, pixels: int, size: tuple[int, int]) -> bool:
+    """Whether ``text`` can be placed so that its ink lies inside the image with one pixel spare on the
+    right and bottom (for Pillow's sub-pixel start), found by rendering it once at a known offset."""
+    from PIL import ImageDraw, ImageFont
+
+    canvas = Image.new("L", (size[1] * 4 + 200, size[0] * 4 + 200), 0)
+    ImageDraw.Draw(canvas).text((100, 100), text, fill=255, font=ImageFont.truetype(font_path, pixels))
+    rows, columns = np.nonzero(np.asarray(canvas))
+    left, right = min(columns.min(), 100), columns.max() + 1
+    top, bottom = min(rows.min(), 100), rows.max() + 1
+    return right - left + 1 <= size[1] and bottom - top + 1 <= size[0]
+
+
+@pytest.mark.parametrize("size", [(224, 224), (120, 400), (400, 90), (48, 48)])
+def test_authors_text_lies_fully_inside_the_image_and_replays(size):
+    from copynce_hf.pixtrace.edits.occluding import _font_path
+    from copynce_hf.pixtrace.steps import DrawContext
+
+    step = _authors_text()
+    rng = np.random.default_rng(sum(size))
+    image = textured_image(*size)
+    for _ in range(15):
+        edits = step.draw(DrawContext(rng, size))
+        assert len(edits) == 1, "one character always fits these sizes"
+        edit = edits[0]
+        assert 1 <= len(edit.text) <= 100 and all(c.isprintable() for c in edit.text)
+        pixels = max(1, int(min(size) * edit.font_size))
+        everywhere, inside = _ink_columns_rows(edit.text, _font_path(edit.font), pixels,
+                                               (edit.x * size[1], edit.y * size[0]), size)
+        assert everywhere == inside > 0, (edit, size)
+        result = replay(image, json.loads(json.dumps([edit.to_dict()])))
+        assert_same_result(replay(image, [edit.to_dict()]), result)
+        assert (~result.table.valid).sum() == (edit.coverage(*size) >= 128).sum()
+
+
+def test_authors_text_form_checks_its_settings():
+    with pytest.raises(ConfigError, match="form='sscd'"):
+        _authors_text(form="sscd")
+    with pytest.raises(ConfigError, match=r"length=\(3, 14\) with form='authors'"):
+        _authors_text(length=(3, 14))
+    with pytest.raises(ConfigError, match="fonts entry 'NoSuch.ttf'"):
+        _authors_text(fonts=("*", "NoSuch.ttf"))

@@ -50,6 +50,7 @@ from PIL import Image
 from ..modeling.errors import ConfigError
 from .edits import Edit, Resize, Scale
 from .steps import (
+    ALL_FONTS,
     AT_224,
     DEMO_WORDS,
     STEP_TYPES,
@@ -302,7 +303,8 @@ class CopyRecipe:
             ("jpeg", JpegStep(p=0.25, qualities=(10, 20, 30, 50))),
             ("grayscale", GrayscaleStep(p=0.25)),
             ("blur", BlurStep(p=0.2, radius=(2 * AT_224, 10 * AT_224))),
-            ("overlay_text", OverlayTextStep(p=0.25, length=(1, 12), font_size=(0.1, 0.3), opacity=(0.1, 1.0))),
+            ("overlay_text", OverlayTextStep(p=0.25, length=(1, 100), font_size=(0.1, 0.3), opacity=(0.1, 1.0),
+                                             fonts=(ALL_FONTS,), form="authors")),
             ("overlay_emoji", OverlayEmojiStep(p=0.25, size=(0.1, 0.5), opacity=(0.7, 1.0))),
             ("edge_enhance", EdgeEnhanceStep(p=0.25, coin="integers")),
             ("smearing", SmearingStep(p=0.25)),

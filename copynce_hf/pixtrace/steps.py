@@ -71,6 +71,8 @@ from .edits import (
     VerticalFlip,
     emoji_names,
     font_characters,
+    font_names,
+    text_ink_box,
 )
 
 __all__ = ["STEP_TYPES", "DrawContext", "OneOf", "SomeOf", "Step", "register_step", "snap_angle"]
@@ -913,30 +915,66 @@ _DEFAULT_FONTS = (
 _TEXT_ALPHABET = string.ascii_letters + string.digits + string.digits + "  !?.,#@&"
 
 
+#: ``fonts`` entry standing for every font of AugLy's folder (:func:`~copynce_hf.pixtrace.edits.font_names`).
+ALL_FONTS = "*"
+#: Text forms of :class:`OverlayTextStep`.
+TEXT_FORMS = ("alphabet", "authors")
+
+
+def _printable(characters: str) -> str:
+    """``characters`` without control characters (AugLy's listings hold NUL or carriage return for many fonts)."""
+    return "".join(c for c in characters if c.isprintable() or c == " ")
+
+
 @register_step
 @dataclasses.dataclass(frozen=True)
 class OverlayTextStep(Step):
-    """A random string of ``length`` characters in one of ``fonts`` (AugLy's bundled fonts),
-    ``font_size`` as a fraction of the shorter side, random colour, ``opacity``."""
+    """Text in one of ``fonts`` (AugLy's bundled fonts; ``"*"`` is all of them), ``font_size`` as a fraction
+    of the shorter side, random colour, ``opacity``. Two forms:
+
+    * ``form="alphabet"`` (the package's): ``length`` characters of a fixed alphabet (those the font
+      lists), the anchor's x in [0, 0.7) and y in [0, 0.85) of the image (text may run past the right edge);
+    * ``form="authors"`` (the CopyNCE authors' ``RandomOverlayText``, SSCD's overlay): ``length[1]``
+      characters (theirs: 100; ``length[0]`` must be 1) drawn from the font's own character listing (control
+      characters left out), of which the first ``n`` are kept, ``n`` uniform in 1..``maxlen`` where
+      ``maxlen`` is the longest prefix whose ink fits the image (width and height, one pixel spare for
+      Pillow's sub-pixel start); the text is placed uniformly where it lies fully inside the image. No edit
+      when not even one character fits or the prefix is blank.
+    """
 
     p: float = 0.3
     length: Range = (3, 14)
     font_size: Range = (0.06, 0.2)
     opacity: Range = (0.6, 1.0)
     fonts: tuple[str, ...] = _DEFAULT_FONTS
+    form: str = "alphabet"
     type_name: ClassVar[str] = "overlay_text"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.form not in TEXT_FORMS:
+            raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {TEXT_FORMS}")
+        if self.form == "authors" and (self.length[0] != 1 or self.length[1] < 1 or self.length[1] != int(self.length[1])):
+            raise ConfigError(f"recipe step {self.type_name}: length={self.length!r} with form='authors' must be "
+                              f"[1, N]: N characters drawn, 1 to as many as fit kept")
         if not self.fonts or not all(isinstance(f, str) for f in self.fonts):
             raise ConfigError(f"recipe step {self.type_name}: fonts={self.fonts!r} must be a non-empty list of font files")
         for font in self.fonts:
+            if font == ALL_FONTS:
+                continue
             try:
                 OverlayText(font=font)
             except EditParameterError as error:
                 raise ConfigError(f"recipe step {self.type_name}: fonts entry {font!r} is not a font file") from error
 
+    def font_choices(self) -> tuple[str, ...]:
+        """The fonts drawn from, ``"*"`` expanded to every font of AugLy's folder (duplicates kept once)."""
+        expanded = [name for font in self.fonts for name in (font_names() if font == ALL_FONTS else (font,))]
+        return tuple(dict.fromkeys(expanded))
+
     def draw(self, context):
+        if self.form == "authors":
+            return self._draw_authors(context)
         font = context.pick(self.fonts)
         try:
             drawable = font_characters(font)
@@ -948,6 +986,44 @@ class OverlayTextStep(Step):
         return [OverlayText(text=text, font=font, font_size=context.uniform(self.font_size), color=context.color(),
                             x=context.uniform((0.0, 0.7)), y=context.uniform((0.0, 0.85)),
                             opacity=context.uniform(self.opacity))]
+
+    def _draw_authors(self, context: DrawContext) -> list[Edit]:
+        height, width = context.size
+        font = context.pick(self.font_choices())
+        font_size = context.uniform(self.font_size)
+        pixels = max(1, int(min(height, width) * font_size))  # as OverlayText.coverage sizes the glyphs
+        try:
+            listing = _printable(font_characters(font))
+        except EditParameterError:  # a user's font without AugLy's character listing
+            listing = _TEXT_ALPHABET
+        drawn = int(self.length[1])
+        sample = "".join(listing[i] for i in context.rng.integers(len(listing), size=drawn))
+
+        def extent(text: str) -> tuple[int, int, int, int]:
+            """(room_x, room_y, left_pad, top_pad): spare pixels around the ink (one kept for sub-pixel starts)."""
+            left, top, right, bottom = text_ink_box(text, font, pixels)
+            left_pad, top_pad = max(0, -left), max(0, -top)
+            return width - 1 - (right + left_pad), height - 1 - (bottom + top_pad), left_pad, top_pad
+
+        try:
+            maxlen = 0
+            for count in range(1, drawn + 1):
+                room_x, room_y, _, _ = extent(sample[:count])
+                if room_x < 0 or room_y < 0:
+                    break
+                maxlen = count
+        except OSError:  # a glyph FreeType cannot load: the authors skip the text too
+            return []
+        if maxlen == 0:
+            return []
+        text = sample[:context.integer((1, maxlen))]
+        room_x, room_y, left_pad, top_pad = extent(text)
+        x = (left_pad + context.uniform((0.0, 1.0)) * room_x) / width
+        y = (top_pad + context.uniform((0.0, 1.0)) * room_y) / height
+        opacity, color = context.uniform(self.opacity), context.color()
+        if not text.strip():
+            return []
+        return [OverlayText(text=text, font=font, font_size=font_size, color=color, x=x, y=y, opacity=opacity)]
 
 
 @register_step

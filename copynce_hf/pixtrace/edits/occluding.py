@@ -47,8 +47,10 @@ __all__ = [
     "blend_color",
     "emoji_names",
     "font_characters",
+    "font_names",
     "fraction_box",
     "opacity_level",
+    "text_ink_box",
 ]
 
 #: A pixel counts as covered when the overlay's effective opacity is above one half.
@@ -257,6 +259,24 @@ def _font_characters(font: str) -> str:
         raise EditParameterError(f"font {font!r} has no AugLy character listing {listing}")
     with open(listing, "rb") as handle:
         return "".join(chr(code) for code in pickle.load(handle))
+
+
+def font_names() -> tuple[str, ...]:
+    """Every font of AugLy's font folder that has AugLy's character listing (``"<name>.ttf"``, sorted)."""
+    return _font_names()
+
+
+@functools.lru_cache(maxsize=1)
+def _font_names() -> tuple[str, ...]:
+    folder = _asset_dirs()[1]
+    return tuple(sorted(name for name in os.listdir(folder)
+                        if name.endswith(".ttf") and os.path.isfile(os.path.join(folder, name[:-4] + ".pkl"))))
+
+
+def text_ink_box(text: str, font: str, pixels: int) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of the ink of ``text`` in ``font`` at ``pixels`` pixels, relative to the
+    anchor :class:`OverlayText` draws it at (Pillow's ``getbbox``); left and top may be negative."""
+    return tuple(int(v) for v in _font(_font_path(font), pixels).getbbox(text))
 
 
 @register_edit
