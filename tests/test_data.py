@@ -271,6 +271,92 @@ def test_ground_truth_pairs_for_finetuning(disc21):
     assert not bool(batch["pair_mask"].any()) and float(batch["overlap_qr"].sum()) == 0  # CopyNCE off
 
 
+def _finetune_mix(disc21, tmp_path, rate=0.5, **overrides):
+    """The finetuning config's training data on the small DISC21 folder, mixed with its training images."""
+    from accelerate import Accelerator
+
+    from copynce_hf.training import load_config
+    from copynce_hf.training.config import CONFIG_DIR
+    from copynce_hf.training.data import build_training_data
+
+    config = load_config(CONFIG_DIR / "finetune_matcher_disc21_dev.yaml", {
+        "dataset": str(disc21), "ground_truth": str(disc21 / "dev_ground_truth.csv"), "mix_dataset": str(disc21),
+        "mix_sampling_rate": rate, "per_device_train_batch_size": 5, "output_dir": str(tmp_path / "out"),
+        **overrides})
+    return build_training_data(config, Accelerator(cpu=True), SIZE, PATCH)
+
+
+def test_finetune_mix_samples_training_pairs_at_the_authors_rate(disc21, tmp_path):
+    """The authors' finetune.yaml: the ground-truth pairs plus int(N * sampling_rate) training pairs per
+    epoch, each from a random image of its block of 1 / sampling_rate images."""
+    from copynce_hf.data import FinetuneMixDataset
+
+    data = _finetune_mix(disc21, tmp_path, rate=0.5)
+    dataset = data.dataset
+    assert isinstance(dataset, FinetuneMixDataset)
+    assert (len(dataset.ground_truth), dataset.num_training, len(dataset)) == (2, 3, 5)  # 2 + int(6 * 0.5)
+    assert data.steps_per_epoch == 1.0  # one batch of 5 pairs is one epoch
+    kinds, images = [], {j: [] for j in range(3)}
+    for batch in range(300):  # 300 epochs: every row once per epoch
+        keys = [PairKey(batch, slot, index) for slot, index in enumerate(data.sampler.global_batch(batch))]
+        assert sorted(key.index for key in keys) == list(range(5))
+        for key in keys:
+            kinds.append(dataset.is_training_row(key.index))
+            if dataset.is_training_row(key.index):
+                images[key.index - 2].append(dataset.training_image(key))
+    assert np.mean(kinds) == 3 / 5
+    for block, drawn in images.items():  # row 2 + j: image 2j or 2j + 1, each about half of the epochs
+        counts = np.bincount(drawn, minlength=6)
+        assert set(np.nonzero(counts)[0]) == {2 * block, 2 * block + 1}
+        assert abs(counts[2 * block] - 150) < 4 * np.sqrt(75)
+    with pytest.raises(ConfigError, match="selects none"):
+        FinetuneMixDataset(dataset.ground_truth, dataset.training, 0.0833)  # int(6 * 0.0833) = 0
+    with pytest.raises(ConfigError, match=r"sampling_rate=1\.5"):
+        FinetuneMixDataset(dataset.ground_truth, dataset.training, 1.5)
+
+
+def test_finetune_mix_pairs_reach_the_collator_as_their_kind(disc21, tmp_path):
+    data = _finetune_mix(disc21, tmp_path, rate=1.0, mix_positive_rate=1.0)
+    dataset = data.dataset
+    assert (len(dataset), dataset.training.maker.query_recipe, dataset.training.maker.reference_recipe) == (
+        8, "paper_matcher", "off")
+    keys = [PairKey(0, slot, index) for slot, index in enumerate(range(8))]
+    pairs = [dataset[key] for key in keys]
+    truth_ids = {(p.query_id, p.reference_id) for p in pairs[:2]}
+    assert truth_ids == {("Q00000", "R000002"), ("Q00001", "R000000")}  # positive_rate 1.0: the dev positives
+    assert all(p.query_table is None for p in pairs[:2])
+    assert all(p.query_id.startswith("T") and p.query_id == p.reference_id and p.query_table is not None
+               for p in pairs[2:])  # training copies of DISC21 training images, traced
+    batch = data.collator(pairs)
+    assert batch["labels"].tolist() == [1.0] * 8
+    assert not batch["pair_mask"][:2].any() and float(batch["overlap_qr"][:2].sum()) == 0
+    assert int(batch["pair_mask"][2:].sum()) >= 4 and float(batch["overlap_qr"][2:].sum()) > 0
+    # mix_positive_rate: the training pairs' copies; negatives take another training image.
+    negatives = _finetune_mix(disc21, tmp_path, rate=1.0, mix_positive_rate=0.0).dataset
+    pair = negatives[PairKey(0, 5, 5)]
+    assert pair.label == 0 and pair.query_id != pair.reference_id and pair.reference_id.startswith("T")
+
+
+def test_finetune_mix_settings_are_checked(disc21, tmp_path):
+    from copynce_hf.training import load_config
+    from copynce_hf.training.config import CONFIG_DIR
+
+    needs = {"dataset": str(disc21), "ground_truth": str(disc21 / "dev_ground_truth.csv")}
+    with pytest.raises(ConfigError, match="mix_dataset=None: must name the training images"):
+        load_config(CONFIG_DIR / "finetune_matcher_disc21_dev.yaml", needs)
+    paper_form = load_config(CONFIG_DIR / "finetune_matcher_disc21_dev.yaml",
+                             {**needs, "mix_sampling_rate": 0, "positive_rate": 0.3})
+    assert paper_form.mix_dataset is None and paper_form.positive_rate == 0.3
+    with pytest.raises(ConfigError, match="mix_dataset=.*only used by pair_source ground_truth"):
+        load_config(CONFIG_DIR / "tiny_cpu.yaml", {"mix_dataset": str(disc21), "mix_sampling_rate": 0.5})
+    with pytest.raises(ConfigError, match="mix_query_recipe='heavy'"):
+        load_config(CONFIG_DIR / "finetune_matcher_disc21_dev.yaml",
+                    {**needs, "mix_dataset": str(disc21), "mix_query_recipe": "heavy"})
+    authors = load_config(CONFIG_DIR / "finetune_matcher_disc21_dev.yaml", {**needs, "mix_dataset": str(disc21)})
+    assert (authors.mix_sampling_rate, authors.mix_positive_rate, authors.positive_rate) == (0.0833, 0.3, 1.0)
+    assert (authors.resolved("hard_negative_k"), authors.resolved("hard_negative_prob")) == (127, 0.5)
+
+
 def _log_read(row, log):
     """A ``datasets.map`` function that records every row the stream reads (in the worker that reads it)."""
     with open(log, "a") as handle:

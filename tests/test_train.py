@@ -77,6 +77,8 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 def test_shipped_configs_are_valid(path):
     # The finetuning configs need the user's DISC21 dev ground truth (a required key left null).
     needs = {"ground_truth": "dev_ground_truth.csv", "dataset": "disc21"} if "finetune" in path.name else {}
+    if yaml.safe_load(path.read_text()).get("mix_sampling_rate"):  # the authors' mix also needs training images
+        needs["mix_dataset"] = "disc21"
     if needs:
         with pytest.raises(ConfigError, match="ground_truth"):
             load_config(path)

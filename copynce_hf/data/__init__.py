@@ -23,6 +23,7 @@ from .pairs import (
     RECIPES,
     CopyPairDataset,
     CopyPairMaker,
+    FinetuneMixDataset,
     GroundTruthPairDataset,
     StreamingCopyPairDataset,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "CopyPairBatchSampler",
     "CopyPairDataset",
     "CopyPairMaker",
+    "FinetuneMixDataset",
     "GroundTruthPairDataset",
     "ImageDecoder",
     "KNNGraph",

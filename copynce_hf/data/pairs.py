@@ -34,7 +34,8 @@ from .loading import ImageDecoder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "GroundTruthPairDataset", "StreamingCopyPairDataset"]
+__all__ = ["OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "FinetuneMixDataset", "GroundTruthPairDataset",
+           "StreamingCopyPairDataset"]
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
 #: ``CopyRecipe.training()``), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
@@ -429,6 +430,64 @@ class GroundTruthPairDataset(torch.utils.data.Dataset):
                           reference_id=reference_item["image_id"], skipped_images=skipped)
         pair.query_table = pair.reference_table = None  # different originals: no pixel correspondence
         return pair
+
+
+class FinetuneMixDataset(torch.utils.data.Dataset):
+    """The authors' matcher finetuning data (``train/matching/finetune.yaml``): ground-truth pairs and, with
+    them, copy pairs of a fresh sample of training images every epoch.
+
+    Rows ``0 .. G-1`` are the rows of ``ground_truth`` (G pairs); rows ``G .. G+T-1``, with ``T =
+    int(N * sampling_rate)`` for ``N`` training images (their ``__len__``), each make one pair of
+    ``training`` from an image drawn uniformly in its block of ``int(1 / sampling_rate)`` images: row
+    ``G + j`` takes image ``int(j / sampling_rate) + u``, ``u`` uniform in ``0 .. int(1 / sampling_rate) - 1``
+    (capped at ``N - 1``), as their ``CopyDataset.__getitem__`` (``sampling_rate`` 0.0833: about one training
+    image in 12 per epoch). The draw comes from the pair's key, so each epoch samples other images and a
+    pair replays. The two kinds of pairs share the batches: the training pairs carry PixTrace tables, the
+    ground-truth pairs none.
+
+    Args:
+        ground_truth: the :class:`GroundTruthPairDataset` (the authors': positives only).
+        training: a :class:`CopyPairDataset` over the training images (the authors': ``paper_matcher``
+            copies, positive rate 0.3, k-NN hard negatives with probability 0.5).
+        sampling_rate: in (0, 1], the fraction of training images used per epoch.
+        seed: data seed.
+    """
+
+    def __init__(self, ground_truth: GroundTruthPairDataset, training: CopyPairDataset, sampling_rate: float,
+                 seed: int = 0):
+        if isinstance(sampling_rate, bool) or not 0.0 < sampling_rate <= 1.0:
+            raise ConfigError(f"mix sampling_rate={sampling_rate!r} must be in (0, 1]")
+        self.num_training = int(len(training) * sampling_rate)
+        if self.num_training == 0:
+            raise ConfigError(f"mix sampling_rate={sampling_rate} of {len(training)} training images selects none: "
+                              f"give more images or a larger rate")
+        self.ground_truth, self.training = ground_truth, training
+        self.sampling_rate, self.seed = float(sampling_rate), seed
+        self.block = max(1, int(1.0 / self.sampling_rate))
+
+    def __len__(self) -> int:
+        return len(self.ground_truth) + self.num_training
+
+    @property
+    def skipped(self) -> int:
+        return self.ground_truth.skipped + self.training.skipped
+
+    def is_training_row(self, index: int) -> bool:
+        """Whether row ``index`` makes a training copy pair (else a ground-truth pair)."""
+        return index >= len(self.ground_truth)
+
+    def training_image(self, key: PairKey) -> int:
+        """The training image row that a training row's pair of ``key`` is made from."""
+        rng = np.random.default_rng([self.seed, 0x6D78, key.batch, key.slot])
+        first = int((key.index - len(self.ground_truth)) / self.sampling_rate)
+        return min(first + int(rng.integers(self.block)), len(self.training) - 1)
+
+    def __getitem__(self, key: PairKey | int) -> CopyPair:
+        if not isinstance(key, PairKey):
+            key = PairKey(0, int(key), int(key))
+        if not self.is_training_row(key.index):
+            return self.ground_truth[key]
+        return self.training[PairKey(key.batch, key.slot, self.training_image(key))]
 
 
 class StreamingCopyPairDataset(torch.utils.data.IterableDataset):

@@ -104,6 +104,17 @@ class TrainingConfig:
         "edits (PixTrace copies of each original) or ground_truth (finetuning on DISC21 dev queries and their "
         "references from ground_truth)."))
     ground_truth: str | None = _option(None, "The DISC21 ground-truth CSV (pair_source ground_truth).")
+    mix_dataset: str | None = _option(None, (
+        "pair_source ground_truth: training images (a source as for dataset, split dataset_split) whose copy pairs "
+        "are mixed with the ground-truth pairs, as the authors' finetuning (the DISC21 training set); null: "
+        "ground-truth pairs only (the paper's form)."))
+    mix_sampling_rate: float = _option(0.0, (
+        "The fraction of mix_dataset's images that make one copy pair each per epoch, a new sample every epoch (the "
+        "authors' sampling_rate 0.0833); 0: no mix. The pairs follow mix_query_recipe and mix_positive_rate, their "
+        "references are only resized, their negatives use knn_graph (of mix_dataset), hard_negative_k, "
+        "hard_negative_prob and negative_query_resize_prob."))
+    mix_query_recipe: str = _option("paper_matcher", "The edit recipe of the mixed training pairs' queries.")
+    mix_positive_rate: float = _option(0.3, "The fraction of the mixed training pairs that are copies (authors: 0.3).")
     query_recipe: str = _option("training", (
         "The edit recipe of the queries: training, paper_descriptor, paper_matcher, off (no random edit: resized to "
         "the model input; quote it in YAML) or resize (copynce_hf.data.pairs.RECIPES)."))
@@ -245,9 +256,16 @@ class TrainingConfig:
             fail("pair_source", f"must be one of {_PAIR_SOURCES}")
         if self.pair_source == "ground_truth" and not self.ground_truth:
             fail("ground_truth", "must name the ground-truth CSV when pair_source is ground_truth")
+        number("mix_sampling_rate", low=0, high=1)
+        number("mix_positive_rate", low=0, high=1)
+        if self.mix_sampling_rate and not self.mix_dataset:
+            fail("mix_dataset", f"must name the training images to mix in when mix_sampling_rate="
+                 f"{self.mix_sampling_rate} (or set mix_sampling_rate 0 for ground-truth pairs only)")
+        if self.mix_dataset and (self.pair_source != "ground_truth" or not self.mix_sampling_rate):
+            fail("mix_dataset", "is only used by pair_source ground_truth with mix_sampling_rate > 0")
         from ..data.pairs import OTHER_IMAGES, RECIPES
 
-        for key in ("query_recipe", "reference_recipe"):
+        for key in ("query_recipe", "reference_recipe", "mix_query_recipe"):
             if getattr(self, key) not in RECIPES:
                 fail(key, f"must be one of {RECIPES}" + (" (in YAML, write \"off\" in quotes: bare off is false)"
                                                           if getattr(self, key) is False else ""))

@@ -29,6 +29,7 @@ from ..data import (
     CopyPairBatchSampler,
     CopyPairDataset,
     CopyPairMaker,
+    FinetuneMixDataset,
     GroundTruthPairDataset,
     ImageDecoder,
     KNNGraph,
@@ -159,13 +160,36 @@ def build_training_data(config: TrainingConfig, accelerator: Accelerator, image_
 
 def ground_truth_pairs(config: TrainingConfig, accelerator: Accelerator, collator: PixTraceCollator,
                        maker: CopyPairMaker) -> TrainingData:
-    """DISC21 dev queries and their references (``ground_truth``), with ``positive_rate`` copies."""
+    """DISC21 dev queries and their references (``ground_truth``), with ``positive_rate`` copies; with
+    ``mix_sampling_rate`` > 0 also copy pairs of that fraction of ``mix_dataset``'s images per epoch
+    (:class:`FinetuneMixDataset`, the authors' finetuning)."""
     queries = load_image_dataset(config.dataset, "query")
     references = load_image_dataset(config.dataset, "reference")
     truth = load_disc21_ground_truth(config.ground_truth)
     dataset = GroundTruthPairDataset(queries, references, truth, maker, config.seed,
                                      config.resolved("positive_rate"), decoder=_decoder(config))
+    if config.mix_sampling_rate:
+        dataset = FinetuneMixDataset(dataset, _mix_training_pairs(config, accelerator, maker.image_size),
+                                     config.mix_sampling_rate, seed=config.seed)
     return _map_style(config, accelerator, collator, dataset, len(dataset), knn=None, eval_rows=[])
+
+
+def _mix_training_pairs(config: TrainingConfig, accelerator: Accelerator, image_size: int) -> CopyPairDataset:
+    """Copy pairs of ``mix_dataset`` for :class:`FinetuneMixDataset`: ``mix_query_recipe`` queries, references only
+    resized (the authors' ``positive_ref_aug_p`` / ``negative_ref_aug_p`` 0), negatives from ``knn_graph``."""
+    images = load_image_dataset(config.mix_dataset, config.dataset_split, image_column=config.image_column,
+                                id_column=config.id_column)
+    knn = None
+    if config.knn_graph and config.resolved("hard_negative_mining") != "off":
+        knn = KNNGraph.load(config.knn_graph).aligned_to(images["image_id"])
+    elif accelerator.is_main_process:
+        logger.info("mix_dataset without knn_graph (or with hard_negative_mining off): random negatives")
+    maker = CopyPairMaker(image_size, config.mix_query_recipe, "off", config.max_source_side,
+                          negative_query_resize_prob=config.negative_query_resize_prob)
+    return CopyPairDataset(images, maker, seed=config.seed, positive_rate=config.mix_positive_rate, knn=knn,
+                           hard_negative_k=config.resolved("hard_negative_k"),
+                           hard_negative_prob=config.resolved("hard_negative_prob"), decoder=_decoder(config),
+                           other_images=config.other_images)
 
 
 def indexed_copies(config: TrainingConfig, accelerator: Accelerator, collator: PixTraceCollator,
