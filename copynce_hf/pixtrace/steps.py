@@ -999,25 +999,29 @@ class OverlayTextStep(Step):
         drawn = int(self.length[1])
         sample = "".join(listing[i] for i in context.rng.integers(len(listing), size=drawn))
 
-        def extent(text: str) -> tuple[int, int, int, int]:
-            """(room_x, room_y, left_pad, top_pad): spare pixels around the ink (one kept for sub-pixel starts)."""
-            left, top, right, bottom = text_ink_box(text, font, pixels)
+        @functools.cache
+        def extent(count: int) -> tuple[int, int, int, int]:
+            """(room_x, room_y, left_pad, top_pad) of the first ``count`` characters: spare pixels around
+            the ink (one kept for sub-pixel starts)."""
+            left, top, right, bottom = text_ink_box(sample[:count], font, pixels)
             left_pad, top_pad = max(0, -left), max(0, -top)
             return width - 1 - (right + left_pad), height - 1 - (bottom + top_pad), left_pad, top_pad
 
+        # The longest prefix that fits: each character adds ink after the others, so the ink box grows
+        # with the prefix and a bisection finds where the authors' scan over 1, 2, ... first fails.
+        low, high = 0, drawn + 1  # prefixes of ``low`` characters fit (0 trivially), of ``high`` do not
         try:
-            maxlen = 0
-            for count in range(1, drawn + 1):
-                room_x, room_y, _, _ = extent(sample[:count])
-                if room_x < 0 or room_y < 0:
-                    break
-                maxlen = count
+            while high - low > 1:
+                middle = (low + high) // 2
+                room_x, room_y, _, _ = extent(middle)
+                low, high = (middle, high) if room_x >= 0 and room_y >= 0 else (low, middle)
         except OSError:  # a glyph FreeType cannot load: the authors skip the text too
             return []
-        if maxlen == 0:
+        if low == 0:
             return []
-        text = sample[:context.integer((1, maxlen))]
-        room_x, room_y, left_pad, top_pad = extent(text)
+        count = context.integer((1, low))
+        text = sample[:count]
+        room_x, room_y, left_pad, top_pad = extent(count)
         x = (left_pad + context.uniform((0.0, 1.0)) * room_x) / width
         y = (top_pad + context.uniform((0.0, 1.0)) * room_y) / height
         opacity, color = context.uniform(self.opacity), context.color()
