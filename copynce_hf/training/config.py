@@ -106,8 +106,8 @@ class TrainingConfig:
     ground_truth: str | None = _option(None, "The DISC21 ground-truth CSV (pair_source ground_truth).")
     mix_dataset: str | None = _option(None, (
         "pair_source ground_truth: training images (a source as for dataset, split dataset_split) whose copy pairs "
-        "are mixed with the ground-truth pairs, as the authors' finetuning (the DISC21 training set); null: "
-        "ground-truth pairs only (the paper's form)."))
+        "are mixed with the pairs of ground_truth, as the authors' finetuning (the DISC21 training set); null: "
+        "the pairs of ground_truth only (the paper's form)."))
     mix_sampling_rate: float = _option(0.0, (
         "The fraction of mix_dataset's images that make one copy pair each per epoch, a new sample every epoch (the "
         "authors' sampling_rate 0.0833); 0: no mix. The pairs follow mix_query_recipe and mix_positive_rate, their "
