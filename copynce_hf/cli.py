@@ -5,6 +5,11 @@ candidates, matcher verification, evaluation and a match gallery)::
 
     copynce detect queries/ --references references/ --output found/ [--ground-truth gt.csv]
 
+Score thresholds from known copies of the references (no labels), then decisions::
+
+    copynce calibrate references/ --output calibration.json
+    copynce detect queries/ --references references/ --output found/ --calibration calibration.json --precision 0.9
+
 The same steps one at a time::
 
     copynce index references/ --output refs_index/
@@ -371,22 +376,71 @@ def _model_names(paths: list[str | None]) -> list[str]:
     return names
 
 
+def _check_pipeline_paths(args) -> None:
+    for path in args.models or []:
+        check_model_path(path, "--models")
+    if args.matcher != "none":
+        check_model_path(args.matcher, "--matcher")
+
+
+def _detect_config(args):
+    """``(DetectConfig, the preset fields given explicitly)`` of a ``detect``/``calibrate`` command line."""
+    from .retrieval import DetectConfig
+
+    explicit = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
+    config = DetectConfig.from_preset(args.preset, batch_size=args.batch_size, num_workers=args.num_workers,
+                                      chunk_size=getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE), **explicit)
+    return config, explicit
+
+
+def _pipeline_identity(args, config) -> dict:
+    from .retrieval.calibration import model_identity, pipeline_identity
+
+    return pipeline_identity([model_identity(path, "descriptor") for path in args.models or [None]],
+                             None if args.matcher == "none" else model_identity(args.matcher, "matcher"),
+                             args.preset, config, score_normalisation=bool(args.aux))
+
+
+def _pipeline_models(args):
+    """``(descriptors, matcher or None)`` of a ``detect``/``calibrate`` command line."""
+    from .retrieval import Descriptor
+
+    paths = args.models or [None]
+    descriptors = [Descriptor(name, *_descriptor_model(path, "--models"), source=str(path or DEFAULT_DESCRIPTOR))
+                   for name, path in zip(_model_names(paths), paths)]
+    matcher = None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher")
+    return descriptors, matcher
+
+
+def _calibration_point(args, config):
+    """The calibrated operating point ``detect --calibration`` decides with (``None`` without the option);
+    checked before any model loads."""
+    from .retrieval.calibration import Calibration
+
+    if args.calibration is None:
+        if args.precision is not None:
+            raise ConfigError("--precision needs --calibration FILE (written by `copynce calibrate`)")
+        return None
+    calibration = Calibration.load(args.calibration)
+    calibration.check_pipeline(_pipeline_identity(args, config))
+    stage = calibration.stage_for(None if args.matcher == "none" else args.matcher)
+    return stage, calibration.point(0.9 if args.precision is None else args.precision, stage)
+
+
 def cmd_detect(args) -> int:
     import time
 
     from accelerate import Accelerator
 
     from .metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
-    from .retrieval import Descriptor, DetectConfig, detect, write_predictions
+    from .retrieval import detect, write_predictions
+    from .retrieval.calibration import decision_rates
     from .retrieval.gallery import write_gallery
 
     start = time.perf_counter()
     # every input and the output folder are checked before any model runs
     check_output_folder(args.output)
-    for path in args.models or []:
-        check_model_path(path, "--models")
-    if args.matcher != "none":
-        check_model_path(args.matcher, "--matcher")
+    _check_pipeline_paths(args)
     queries = folder_source(args.queries, args)
     references = folder_source(args.references, args)
     auxiliary = folder_source(args.aux, args) if args.aux else None
@@ -396,15 +450,9 @@ def cmd_detect(args) -> int:
             ground_truth = read_ground_truth_csv(args.ground_truth)
         except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
             raise PredictionsError(str(error)) from error
-    explicit = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
-    config = DetectConfig.from_preset(args.preset, batch_size=args.batch_size, num_workers=args.num_workers,
-                                      chunk_size=args.chunk_size, **explicit)
-    paths = args.models or [None]
-    descriptors = [Descriptor(name, *_descriptor_model(path, "--models"), source=str(path or DEFAULT_DESCRIPTOR))
-                   for name, path in zip(_model_names(paths), paths)]
-    matcher = None
-    if args.matcher != "none":
-        matcher = load_model(args.matcher, "matcher", "--matcher")
+    config, explicit = _detect_config(args)
+    calibration = _calibration_point(args, config)
+    descriptors, matcher = _pipeline_models(args)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator()
@@ -423,7 +471,11 @@ def cmd_detect(args) -> int:
                     progress=not args.quiet, log=say, rescoring_folder=output / "rescoring", accelerator=accelerator)
     if not accelerator.is_main_process:
         return 0
-    count = write_predictions(output / "predictions.csv", result.predictions)
+    decided = None if calibration is None else calibration[1].threshold
+    count = write_predictions(output / "predictions.csv", result.predictions, decision_threshold=decided)
+    copies = [p for p in result.predictions if decided is not None and p.score >= decided]
+    if calibration is not None:
+        write_predictions(output / "copies.csv", copies)
     metrics = None
     if ground_truth is not None:
         columns = ([p.query_id for p in result.predictions], [p.reference_id for p in result.predictions],
@@ -432,6 +484,12 @@ def cmd_detect(args) -> int:
             metrics = copy_detection_metrics(*columns, ground_truth)
         metrics["candidate_recall"] = result.candidate_recall(ground_truth)
         metrics["num_candidates_per_query"] = result.candidates_per_query
+        if calibration is not None:
+            is_copy = [p.reference_id in ground_truth.get(p.query_id, ()) for p in result.predictions]
+            precision, recall = decision_rates(is_copy, columns[2], metrics["num_ground_truth_pairs"], decided)
+            metrics["decision"] = {"stage": calibration[0], "target_precision": calibration[1].precision,
+                                   "threshold": decided, "expected_recall": calibration[1].recall,
+                                   "precision": precision, "recall": recall}
         with StagedFile(output / "metrics.json") as temporary:
             temporary.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)
@@ -445,13 +503,22 @@ def cmd_detect(args) -> int:
                                 if args.aux else "off"),
         "candidates per query": config.candidates, "predictions per query": config.k,
     }
+    if calibration is not None:
+        stage, point = calibration
+        settings["decision threshold"] = (f"{point.threshold:.4f} ({stage} score at precision {point.precision:g} "
+                                          f"in {args.calibration}, expected recall {point.recall:.3f}): "
+                                          f"{len(copies)} copies")
     lookup_q, lookup_r = queries.lookup(), references.lookup()
-    threshold = 0.5 if matcher is not None else float(sorted(p.score for p in result.predictions)[len(result.predictions) // 2])
+    threshold = decided if decided is not None else 0.5 if matcher is not None else float(
+        sorted(p.score for p in result.predictions)[len(result.predictions) // 2])
     report = write_gallery(output / "report.html", result.predictions, lookup_q, lookup_r, *heatmap_model,
                            threshold=threshold, count=args.gallery, settings=settings, stages=result.seconds,
                            metrics=metrics, ground_truth=ground_truth)
     print(f"wrote {count} predictions for {len({p.query_id for p in result.predictions})} queries to {output / 'predictions.csv'}, the match gallery to {report}"
           + (f" and {output / 'metrics.json'}" if metrics else "") + f" ({time.perf_counter() - start:.0f} s)")
+    if calibration is not None:
+        print(f"{len(copies)} pairs at or above the threshold {decided:.4f} (precision {calibration[1].precision:g} "
+              f"by {args.calibration}) written to {output / 'copies.csv'}")
     if metrics:
         recall = metrics["candidate_recall"]
         print(f"muAP {metrics['micro_ap']:.4f}  RP90 {metrics['recall_at_p90']:.4f}  recall@1 "
@@ -461,6 +528,35 @@ def cmd_detect(args) -> int:
     report_counts("detect", f"{len(queries)} query and {len(references)} reference images",
                   [*result.skipped_queries.values(), *result.skipped_references.values()],
                   f"wrote {count} predictions" + (f" ({unscored} candidate pairs unscored)" if unscored else ""))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from .evaluation.self_calibration import calibrate, format_calibration
+
+    check_output_file(args.output)
+    _check_pipeline_paths(args)
+    references = folder_source(args.references, args)
+    distractors = folder_source(args.distractors, args) if args.distractors else None
+    auxiliary = folder_source(args.aux, args) if args.aux else None
+    config, _ = _detect_config(args)
+    pipeline = _pipeline_identity(args, config)
+    descriptors, matcher = _pipeline_models(args)
+
+    def say(line: str) -> None:
+        _say("calibrate", line, args.quiet)
+
+    calibration = calibrate(references, descriptors, matcher, pipeline, config, auxiliary, distractors,
+                            sample=args.sample, num_distractors=args.num_distractors, seed=args.seed,
+                            progress=not args.quiet, log=say)
+    calibration.save(args.output)
+    print(format_calibration(calibration))
+    counts = calibration.provenance["counts"]
+    print(f"wrote {args.output} ({counts['copies']} copies, {counts['distractors']} distractors, seed {args.seed}); "
+          f"use it with: copynce detect ... --calibration {args.output} --precision 0.9")
+    report_counts("calibrate", f"{len(references)} reference images",
+                  ["unreadable"] * (counts["unreadable_originals"] + counts["skipped_queries"]),
+                  "wrote 1 file")
     return 0
 
 
@@ -545,6 +641,35 @@ def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    """The models and settings of the detection pipeline (``detect``, ``calibrate``)."""
+    p.add_argument("--models", nargs="+", metavar="MODEL",
+                   help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument("--matcher", default=None,
+                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+    p.add_argument("--preset", choices=tuple(DETECT_PRESETS), default="fast",
+                   help="whole settings: fast (CPU-sized, default) or paper (the authors' inference, for GPUs); "
+                   "see below")
+    p.add_argument("--aux", metavar="FOLDER",
+                   help="images without copies of the queries (e.g. training images) for score normalisation")
+    p.add_argument("--alpha", type=float, help="score normalisation weight (presets: 1)")
+    p.add_argument("--k-start", type=_non_negative_int,
+                   help="first auxiliary rank of score normalisation, from 0 (fast: 0, paper: 1)")
+    p.add_argument("--k-end", type=_non_negative_int,
+                   help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES,
+                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, best "
+                   "pair, top --candidates) or authors (45 query views in 4 groups x 9 reference views, each query "
+                   "view keeps its top 100/10/10/4 references by group: up to 390 per query) (fast: none, "
+                   "paper: authors)")
+    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES,
+                   help="matcher view pairs per candidate: none (1), paper (35), all (260) (fast: none, paper: paper)")
+    p.add_argument("--candidates", type=_positive_int,
+                   help=f"merged candidates per query verified by the matcher (fast: {DEFAULT_CANDIDATES}, about 1.3 s "
+                   "per query on one CPU core with --matcher-lce none; paper: 400, as the authors on GPUs)")
+    p.add_argument("--k", type=_positive_int, help="predictions kept per query (presets: 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="copynce",
@@ -591,38 +716,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queries", help="folder of query images")
     p.add_argument("--references", required=True, help="folder of reference images")
     p.add_argument("--output", required=True, help="folder for predictions.csv, report.html, metrics.json, indexes/")
-    p.add_argument("--models", nargs="+", metavar="MODEL",
-                   help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
-    p.add_argument("--matcher", default=None,
-                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
-    p.add_argument("--preset", choices=tuple(DETECT_PRESETS), default="fast",
-                   help="whole settings: fast (CPU-sized, default) or paper (the authors' inference, for GPUs); "
-                   "see below")
-    p.add_argument("--aux", metavar="FOLDER",
-                   help="images without copies of the queries (e.g. training images) for score normalisation")
-    p.add_argument("--alpha", type=float, help="score normalisation weight (presets: 1)")
-    p.add_argument("--k-start", type=_non_negative_int,
-                   help="first auxiliary rank of score normalisation, from 0 (fast: 0, paper: 1)")
-    p.add_argument("--k-end", type=_non_negative_int,
-                   help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
-    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES,
-                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, best "
-                   "pair, top --candidates) or authors (45 query views in 4 groups x 9 reference views, each query "
-                   "view keeps its top 100/10/10/4 references by group: up to 390 per query) (fast: none, "
-                   "paper: authors)")
-    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES,
-                   help="matcher view pairs per candidate: none (1), paper (35), all (260) (fast: none, paper: paper)")
-    p.add_argument("--candidates", type=_positive_int,
-                   help=f"merged candidates per query verified by the matcher (fast: {DEFAULT_CANDIDATES}, about 1.3 s "
-                   "per query on one CPU core with --matcher-lce none; paper: 400, as the authors on GPUs)")
-    p.add_argument("--k", type=_positive_int, help="predictions kept per query (presets: 10)")
+    _add_pipeline_options(p)
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
     _add_chunk_size(p)
+    p.add_argument("--calibration", metavar="FILE", help="calibration.json written by `copynce calibrate` with the "
+                   "same models and preset: adds the column copy (1 at or above the threshold) to predictions.csv "
+                   "and writes OUTPUT/copies.csv")
+    p.add_argument("--precision", type=float, help="the calibrated precision to decide at (default 0.9; the file "
+                   "holds 0.9, 0.95 and 0.99)")
     _add_model_loading(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_detect)
+
+    p = commands.add_parser(
+        "calibrate", help="score thresholds at 90/95/99 %% precision from known copies of your own references",
+        description="Edit a sample of REFERENCES with the mini-DISC query recipe (edits the training recipes never "
+        "draw) and edit distractor images (--distractors, or references held out of the index), run the detect "
+        "pipeline on these copies and write OUTPUT (JSON): per stage (descriptor, matcher), the score threshold "
+        "at precision 0.9, 0.95 and 0.99 with the recall expected at each, and what reproduces it (models, "
+        "preset, recipe, seed, sample ids, counts). Needs no labels. Use the same models and preset in "
+        "`copynce detect --calibration OUTPUT`.",
+        epilog="The precision promised holds for queries that hold copies and non-copies in about the ratio "
+        "--sample : --num-distractors, with edits like the recipe's: fewer copies among real queries mean a lower "
+        "precision at the same threshold.",
+    )
+    p.add_argument("references", help="folder of reference images")
+    p.add_argument("--output", required=True, help="calibration JSON file to write")
+    p.add_argument("--sample", type=_positive_int, default=100, help="references copied (default 100)")
+    p.add_argument("--distractors", metavar="FOLDER", help="images that are not references and not copies of them; "
+                   "default: references held out of the index")
+    p.add_argument("--num-distractors", type=_positive_int,
+                   help="distractor copies (default: --sample; held-out references: at most half the folder)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample, the distractors and the edits (default 0)")
+    _add_pipeline_options(p)
+    _add_model_loading(p)
+    _add_image_input(p)
+    p.set_defaults(handler=cmd_calibrate)
 
     p = commands.add_parser(
         "index", help="embed a folder of reference images and build a faiss index",

@@ -48,7 +48,7 @@ OUTPUT_TOLERANCE = 5e-2
 
 MINI_DISC = "mini-DISC (imagenet-sample: 300 references, 150 edited copies + 100 distractor queries)"
 #: ``copy_detection`` metric keys carried into the card (see ``copynce_hf.hub.METRICS``).
-CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10")
+CARD_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1", "recall_at_rank10", "threshold_at_p90")
 
 LICENSE_NAME = "research-only"
 #: The folder's file holding :data:`LICENSE_TEXT` (the card's ``license_link``).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,158 @@ def test_load_rejects_malformed_stages(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="unknown stage 'ranker'"):
         Calibration.load(tmp_path / "c.json")
+
+
+# --------------------------------------------------------------------------- copynce calibrate / detect --calibration
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from conftest import save_tiny_models
+
+    return save_tiny_models(tmp_path_factory.mktemp("models"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory):
+    """refs/: 8 smooth random images; others/: 3 more (distractor sources); queries/: a flip of R1 and R5
+    and an unrelated image; gt.csv."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("collection")
+    rng = np.random.default_rng(1)
+    for folder in ("refs", "others", "queries"):
+        (root / folder).mkdir()
+
+    def picture():  # smooth blobs: edits such as crops and blurs keep them recognisable
+        small = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
+        return Image.fromarray(small).resize((96, 72), Image.Resampling.BICUBIC)
+
+    originals = {f"R{i}": picture() for i in range(8)}
+    for name, image in originals.items():
+        image.save(root / "refs" / f"{name}.png")
+    for i in range(3):
+        picture().save(root / "others" / f"D{i}.png")
+    originals["R1"].transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(root / "queries" / "Q0.png")
+    originals["R5"].crop((10, 8, 90, 70)).save(root / "queries" / "Q1.png")
+    picture().save(root / "queries" / "Q2.png")
+    (root / "gt.csv").write_text("query_id,reference_id\nQ0,R1\nQ1,R5\nQ2,\n")
+    return root
+
+
+def _cli(capsys, *argv):
+    from copynce_hf.cli import main
+
+    code = main(["--quiet", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_path, capsys):
+    args = ["calibrate", collection / "refs", "--sample", 3, "--num-distractors", 2, "--seed", 4,
+            "--models", models["descriptor"], "--matcher", models["matcher"], "--k", 3]
+    code, out, err = _cli(capsys, *args, "--output", tmp_path / "a.json")
+    assert code == 0, err
+    assert "matcher" in out and "0.99" in out and "--calibration" in out
+    first = json.loads((tmp_path / "a.json").read_text())
+    assert set(first["stages"]) == {"descriptor", "matcher"}
+    assert [row["precision"] for row in first["stages"]["matcher"]] == [0.9, 0.95, 0.99]
+    provenance = first["provenance"]
+    assert provenance["seed"] == 4 and provenance["distractor_source"] == "held-out references"
+    assert provenance["recipe_name"] == "minidisc_queries" and provenance["recipe"]
+    assert len(provenance["sample_ids"]) == 3 and len(provenance["distractor_ids"]) == 2
+    assert not set(provenance["sample_ids"]) & set(provenance["distractor_ids"])  # held out: not copies, not indexed
+    assert provenance["counts"]["indexed_references"] == 6
+    assert provenance["counts"]["matcher_pairs"] == 5 * 3  # 5 queries, top 3 each
+    assert first["pipeline"]["descriptors"] == [str(Path(models["descriptor"]).resolve())]
+    code, _, err = _cli(capsys, *args, "--output", tmp_path / "b.json")
+    assert code == 0, err
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()  # deterministic given the seed
+    # given distractors: every reference stays indexed, the distractors come from the folder
+    code, _, err = _cli(capsys, "calibrate", collection / "refs", "--distractors", collection / "others", "--sample", 2,
+                        "--models", models["descriptor"], "--matcher", "none", "--output", tmp_path / "c.json")
+    assert code == 0, err
+    third = json.loads((tmp_path / "c.json").read_text())
+    assert set(third["stages"]) == {"descriptor"} and third["pipeline"]["matcher"] is None
+    distractor_ids = third["provenance"]["distractor_ids"]
+    assert len(set(distractor_ids)) == 2 and set(distractor_ids) <= {"D0", "D1", "D2"}  # --sample 2: 2 of the 3
+    assert third["provenance"]["counts"]["indexed_references"] == 8
+
+
+def test_calibration_finds_planted_copies_with_the_embedded_models(collection):
+    """The embedded models find copies of the collection's own images: the labels of the calibration pairs are
+    right (wrong labels would leave no threshold reaching 90 % precision)."""
+    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.evaluation.self_calibration import calibrate
+    from copynce_hf.retrieval import Descriptor, ImageFolderSource
+
+    config = DetectConfig.from_preset("fast", k=2, candidates=4)
+    pipeline = _pipeline(candidates=4, k=2)
+    calibration = calibrate(ImageFolderSource(collection / "refs"), [Descriptor("d", *load_model(None, "descriptor"))],
+                            load_model(None, "matcher"), pipeline, config,
+                            distractors=ImageFolderSource(collection / "others"), sample=8, progress=False,
+                            log=lambda line: None)
+    matcher = calibration.point(0.9, "matcher")
+    assert matcher.threshold is not None and matcher.recall >= 0.5
+    thresholds = [row.threshold for row in calibration.stages["matcher"] if row.threshold is not None]
+    assert thresholds == sorted(thresholds)
+
+
+def _hand_calibration(models, threshold, path, precision=0.9, preset="fast"):
+    descriptors = [model_identity(models["descriptor"], "descriptor")]
+    pipeline = pipeline_identity(descriptors, model_identity(models["matcher"], "matcher"), preset,
+                                 DetectConfig.from_preset(preset), False)
+    rows = [OperatingPoint(precision, threshold, 0.5)]
+    Calibration(pipeline, {"descriptor": rows, "matcher": rows}).save(path)
+
+
+def test_detect_decides_with_a_calibration(models, collection, tmp_path, capsys):
+    from copynce_hf.retrieval import read_predictions
+
+    base = ["detect", collection / "queries", "--references", collection / "refs", "--models", models["descriptor"],
+            "--matcher", models["matcher"], "--k", 2, "--ground-truth", collection / "gt.csv"]
+    code, _, err = _cli(capsys, *base, "--output", tmp_path / "plain")
+    assert code == 0, err
+    scores = sorted(p.score for p in read_predictions(tmp_path / "plain" / "predictions.csv"))
+    threshold = (scores[2] + scores[3]) / 2  # 3 of the 6 pairs are above it
+    _hand_calibration(models, threshold, tmp_path / "calibration.json")
+    code, out, err = _cli(capsys, *base, "--output", tmp_path / "found", "--calibration", tmp_path / "calibration.json",
+                          "--precision", 0.9)
+    assert code == 0, err
+    rows = (tmp_path / "found" / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "query_id,reference_id,score,copy"
+    decided = {tuple(row.split(",")[:2]): row.split(",")[3] for row in rows[1:]}
+    above = {(p.query_id, p.reference_id) for p in read_predictions(tmp_path / "plain" / "predictions.csv")
+             if p.score >= threshold}
+    assert {pair for pair, copy in decided.items() if copy == "1"} == above and len(above) == 3
+    assert {(p.query_id, p.reference_id) for p in read_predictions(tmp_path / "found" / "copies.csv")} == above
+    assert read_predictions(tmp_path / "found" / "predictions.csv") == read_predictions(
+        tmp_path / "plain" / "predictions.csv")  # the extra column does not disturb readers
+    assert f"{threshold:.4f}" in (tmp_path / "found" / "report.html").read_text()
+    assert "3 pairs at or above the threshold" in out
+    decision = json.loads((tmp_path / "found" / "metrics.json").read_text())["decision"]
+    assert decision["threshold"] == threshold and decision["stage"] == "matcher"
+    truth = {("Q0", "R1"), ("Q1", "R5")}
+    assert decision["precision"] == pytest.approx(len(above & truth) / 3)
+    assert decision["recall"] == pytest.approx(len(above & truth) / 2)
+
+
+def test_detect_calibration_errors(models, collection, tmp_path, capsys):
+    _hand_calibration(models, 0.5, tmp_path / "calibration.json")
+    base = ["detect", collection / "queries", "--references", collection / "refs", "--models", models["descriptor"],
+            "--matcher", models["matcher"], "--calibration", tmp_path / "calibration.json"]
+    cases = [
+        (["--precision", 0.95], "no matcher threshold at precision 0.95 (it has 0.9)"),
+        (["--preset", "paper"], "--preset fast, but this run uses --preset paper"),
+        (["--aux", collection / "others"], "score_normalisation=False, but this run uses score_normalisation=True"),
+    ]
+    for extra, message in cases:
+        code, _, err = _cli(capsys, *base, *extra, "--output", tmp_path / "out")
+        assert code == 2 and message in err.strip().splitlines()[-1], err
+    code, _, err = _cli(capsys, "detect", collection / "queries", "--references", collection / "refs",
+                        "--calibration", tmp_path / "calibration.json", "--output", tmp_path / "out")
+    assert code == 2 and "was made with the descriptor model(s) " + str(Path(models["descriptor"]).resolve()) in err
+    assert "but this run uses embedded:descriptor" in err
+    code, _, err = _cli(capsys, *base[:-2], "--precision", 0.9, "--output", tmp_path / "out")
+    assert code == 2 and "--precision needs --calibration" in err
+    assert not (tmp_path / "out" / "predictions.csv").exists()  # refused before any work

@@ -72,7 +72,7 @@ def trained(tmp_path_factory):
     results = root / "results"
     results.mkdir()
     metrics = {"micro_ap": 0.4321, "recall_at_p90": 0.1234, "recall_at_rank1": 0.55, "recall_at_rank10": 0.75,
-               "mean_ap": 0.5}
+               "mean_ap": 0.5, "threshold_at_p90": 0.6789}
     (results / "descriptor-copynce-seed0.json").write_text(json.dumps({"metrics": metrics}))
     return root, models
 
@@ -133,12 +133,15 @@ def test_export_card_carries_benchmark_numbers_and_research_licence(exported):
     assert "license: other" in header and "license_name: research-only" in header
     for value in ("0.4321", "0.1234", "0.55", "0.75"):
         assert f"value: {value}" in header
-    assert "mean_ap" not in header  # only muAP, RP90, recall@1/10 go into the card
+    assert "mean_ap" not in header  # only muAP, RP90, recall@1/10 and the threshold at P90 go into the card
+    assert "| Score threshold at 90% precision | 0.6789 |" in card  # as SSCD states its DISC threshold
+    assert "lowest score (cosine similarity of two descriptors)" in card and "copynce calibrate" in card
     assert "| optimiser steps | 123 |" in card
     assert "| mixed precision | bf16 |" in card and "| query copy recipe | `CopyRecipe.paper_descriptor()` |" in card
     assert "research use only" in card
     # the matcher's system file does not exist: its card says it was not evaluated
-    assert "model-index" not in (exported["matcher"][0] / "README.md").read_text()
+    matcher_card = (exported["matcher"][0] / "README.md").read_text()
+    assert "model-index" not in matcher_card and "lowest score" not in matcher_card
 
 
 def test_export_refuses_an_oversized_folder_and_leaves_no_target(trained, tmp_path):

@@ -45,8 +45,12 @@ def check_unique(predictions: Iterable[Prediction], source: str = "predictions")
         seen.add(key)
 
 
-def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction]) -> int:
+def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction],
+                      decision_threshold: float | None = None) -> int:
     """Write predictions as ``query_id,reference_id,score`` CSV, sorted by decreasing score.
+
+    With ``decision_threshold`` a fourth column, ``copy``, holds 1 for scores at or above it, else 0
+    (:func:`read_predictions` reads such files too: it keeps the three columns it knows).
 
     Returns the number of rows written. Duplicate pairs and non-finite scores raise
     :class:`PredictionsError` before anything is written. The file is written to a temporary
@@ -60,9 +64,10 @@ def write_predictions(path: str | os.PathLike, predictions: Iterable[Prediction]
     rows.sort(key=lambda row: (-row.score, row.query_id, row.reference_id))
     with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(PREDICTION_COLUMNS)
+        writer.writerow(PREDICTION_COLUMNS + (() if decision_threshold is None else ("copy",)))
         for row in rows:
-            writer.writerow((row.query_id, row.reference_id, repr(row.score)))
+            decision = () if decision_threshold is None else (int(row.score >= decision_threshold),)
+            writer.writerow((row.query_id, row.reference_id, repr(row.score), *decision))
     return len(rows)
 
 
