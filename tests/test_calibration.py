@@ -288,3 +288,25 @@ def test_detect_calibration_errors(models, collection, tmp_path, capsys):
     code, _, err = _cli(capsys, *base[:-2], "--precision", 0.9, "--output", tmp_path / "out")
     assert code == 2 and "--precision needs --calibration" in err
     assert not (tmp_path / "out" / "predictions.csv").exists()  # refused before any work
+
+
+def test_calibration_queries_are_seeded_and_refuse_a_too_small_collection(collection, tmp_path):
+    from PIL import Image
+
+    from copynce_hf.evaluation.self_calibration import calibration_queries
+    from copynce_hf.retrieval import ImageFolderSource
+
+    references = ImageFolderSource(collection / "refs")
+    first, again = (calibration_queries(references, 3, num_distractors=2, seed=9) for _ in range(2))
+    assert [q.edits for q in first.queries] == [q.edits for q in again.queries]
+    assert first.sample_ids == again.sample_ids and len(first.indexed_ids) == 6
+    other = calibration_queries(references, 3, num_distractors=2, seed=10)
+    assert [q.edits for q in other.queries] != [q.edits for q in first.queries]
+    truth = first.ground_truth
+    assert sorted(r for refs in truth.values() for r in refs) == first.sample_ids
+    assert sum(1 for refs in truth.values() if not refs) == 2
+    (tmp_path / "two").mkdir()
+    for name in ("a", "b"):
+        Image.new("RGB", (32, 32)).save(tmp_path / "two" / f"{name}.png")
+    with pytest.raises(ConfigError, match="calibrating without --distractors needs at least 3"):
+        calibration_queries(ImageFolderSource(tmp_path / "two"), 5)

@@ -98,7 +98,8 @@ def calibration_queries(references: ImageFolderSource, sample: int, distractors:
     sample_ids = sorted(rest[:sample])
     sources = [(Path(files[i]), i) for i in sample_ids] + [(Path(path), None) for path, _ in distractor_files]
     queries = draw_queries(sources, CopyRecipe.minidisc_queries(), seed, "the calibration sample")
-    indexed = [i for i in references.ids if i not in set(held_out)]
+    left_out = set(held_out)
+    indexed = [i for i in references.ids if i not in left_out]
     return CalibrationQueries(queries, indexed, sample_ids, [i for _, i in distractor_files], source)
 
 
@@ -147,6 +148,9 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
     indexed = ImageListSource(made.indexed_ids, [_loader(files[i], references.max_pixels) for i in made.indexed_ids])
     with tempfile.TemporaryDirectory(prefix="copynce-calibration-") as folder:
         unreadable = _write_queries(made.queries, Path(folder), progress)
+        if unreadable:
+            log(f"{len(unreadable)} original(s) could not be read; their copies are left out (a left-out copy of a "
+                "reference counts as missed)")
         queries = ImageFolderSource(folder, max_pixels=references.max_pixels)
         result = detect(queries, indexed, descriptors, matcher, auxiliary, config, progress=progress, log=log)
     ground_truth = made.ground_truth
