@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-from copynce_hf.data.hard_negatives import build_knn_graph
-from copynce_hf.data.knn_features import extract_knn_features, load_feature_model
+from copynce_hf.data.knn_features import knn_graph_of_images
 from copynce_hf.data.loading import load_image_dataset
 from copynce_hf.modeling.errors import ConfigError
 
@@ -55,17 +54,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> Path:
     args = parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    if args.k < 1:
-        raise ConfigError(f"--k {args.k} must be >= 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     images = load_image_dataset(args.dataset, args.split, image_column=args.image_column, id_column=args.id_column)
-    model, processor, kind = load_feature_model(args.model, args.image_size)
     started = time.perf_counter()
-    features, valid, skipped = extract_knn_features(model, processor, kind, images, args.batch_size, args.num_workers, device)
-    graph = build_knn_graph(features, images["image_id"], args.k, valid=valid)
+    graph, kind, skipped = knn_graph_of_images(images, args.model, args.k, args.image_size, args.batch_size,
+                                               args.num_workers, device)
     path = graph.save(args.output, model=args.model, features=kind, k=str(args.k))
     logger.info("k-NN graph of %d images (k=%d, %d unreadable skipped) written to %s in %.1f s",
-                int(valid.sum()), args.k, skipped, path, time.perf_counter() - started)
+                len(images) - skipped, args.k, skipped, path, time.perf_counter() - started)
     return path
 
 

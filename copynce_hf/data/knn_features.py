@@ -3,8 +3,8 @@
 The graph is built from DINO features (a ``transformers`` ViT's final CLS token, as DINO's k-NN
 evaluation), an original DINO ``.pth`` checkpoint, or a CopyNCE descriptor's descriptors:
 :func:`load_feature_model` loads one, :func:`extract_knn_features` computes the L2-normalised
-features of a dataset, :func:`copynce_hf.data.hard_negatives.build_knn_graph` searches them
-(``scripts/build_knn.py`` is the command).
+features of a dataset, :func:`copynce_hf.data.hard_negatives.build_knn_graph` searches them;
+:func:`knn_graph_of_images` does the three (``scripts/build_knn.py`` is the command).
 """
 
 from __future__ import annotations
@@ -16,9 +16,25 @@ import torch
 from tqdm.auto import tqdm
 
 from ..modeling.errors import ConfigError
+from .hard_negatives import KNNGraph, build_knn_graph
 from .loading import ImageDecoder
 
-__all__ = ["extract_knn_features", "load_feature_model"]
+__all__ = ["extract_knn_features", "knn_graph_of_images", "load_feature_model"]
+
+
+def knn_graph_of_images(images, model: str, k: int, image_size: int = 224, batch_size: int = 64,
+                        num_workers: int = 2, device: str = "cpu") -> tuple[KNNGraph, str, int]:
+    """``(graph, feature kind, unreadable images skipped)``: the k nearest neighbours of every image of ``images`` (a dataset
+    with ``image`` and ``image_id`` columns) under the features of ``model`` (a CopyNCE descriptor or
+    ``transformers`` ViT folder or Hub id, or a DINO ``.pth``; ``image_size`` when it has no processor).
+    The feature kind is ``descriptors`` or ``cls`` (:func:`load_feature_model`); unreadable images get no
+    neighbours."""
+    if k < 1:
+        raise ConfigError(f"k (--k) must be >= 1, got {k}")
+    feature_model, processor, kind = load_feature_model(model, image_size)
+    features, valid, skipped = extract_knn_features(feature_model, processor, kind, images, batch_size, num_workers,
+                                                    device)
+    return build_knn_graph(features, images["image_id"], k, valid=valid), kind, skipped
 
 
 def load_feature_model(name: str, image_size: int):

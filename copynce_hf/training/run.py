@@ -41,6 +41,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, broadcast, set_seed
 from tqdm.auto import tqdm
 
+from ..data import ImageDecoder
 from ..modeling.errors import ConfigError
 from ..outputs import OutputPathError, check_output_folder
 from .checkpoints import (
@@ -55,7 +56,12 @@ from .checkpoints import (
 from .config import TrainingConfig
 from .data import TrainingData, build_training_data
 from .ema import build_weight_ema
-from .evaluation import PeriodicEvaluation, build_copy_detection_task
+from .evaluation import (
+    CopyDetectionTask,
+    PeriodicEvaluation,
+    build_copy_detection_task,
+    evaluate_copy_detection,
+)
 from .log_window import LogWindow
 from .model import build_model
 from .optim import build_optimizer, build_scheduler, warmup_steps_for
@@ -64,7 +70,7 @@ from .summary import build_summary, save_run
 
 logger = logging.getLogger("copynce_hf.train")
 
-__all__ = ["TrainingRun", "cli", "finish", "main", "set_up", "train"]
+__all__ = ["TrainingRun", "cli", "finish", "held_out_score", "held_out_task", "main", "set_up", "train"]
 
 
 @dataclass
@@ -171,9 +177,7 @@ def set_up(config: TrainingConfig) -> TrainingRun:
     set_seed(config.seed)
     model, processor = build_model(config)
     data = build_training_data(config, accelerator, model.config.image_size, model.config.patch_size)
-    eval_decoder = data.decoder()
-    task = build_copy_detection_task(data.eval_rows, model.config.image_size, seed=config.seed + 7919,
-                                     decoder=eval_decoder) if data.eval_rows else None
+    task, eval_decoder = held_out_task(config, data, model.config.image_size)
     if config.max_steps:
         total_steps = config.max_steps
     elif data.steps_per_epoch:
@@ -215,6 +219,31 @@ def set_up(config: TrainingConfig) -> TrainingRun:
     return TrainingRun(config, accelerator, model, processor, data, optimizer, scheduler, ema, progress,
                        PeriodicEvaluation(accelerator, model, processor, ema, task, progress), total_steps, warmup,
                        learning_rate, eval_decoder.skipped)
+
+
+def held_out_task(config: TrainingConfig, data: TrainingData, image_size: int
+                  ) -> tuple[CopyDetectionTask | None, ImageDecoder]:
+    """The task of the run's periodic evaluation, made from its held-out images with a seed of the run's
+    (``None`` with fewer than two readable ones), and the decoder that read them (it counts the skipped)."""
+    decoder = data.decoder()
+    task = build_copy_detection_task(data.eval_rows, image_size, seed=config.seed + 7919,
+                                     decoder=decoder) if data.eval_rows else None
+    return task, decoder
+
+
+def held_out_score(config: TrainingConfig) -> dict[str, float] | None:
+    """The held-out numbers of the model a run of ``config`` starts from, before its first step: the task,
+    precision and engine of the run's own ``eval`` (e.g. the current model beside a run continued from
+    it with ``model_name_or_path``). ``None`` when the run would hold out too few images."""
+    accelerator = Accelerator(mixed_precision=config.mixed_precision)
+    set_seed(config.seed)
+    model, processor = build_model(config)
+    data = build_training_data(config, accelerator, model.config.image_size, model.config.patch_size)
+    task, _ = held_out_task(config, data, model.config.image_size)
+    if task is None:
+        return None
+    with accelerator.autocast():
+        return evaluate_copy_detection(model.to(accelerator.device), processor, task, accelerator)
 
 
 def finish(run: TrainingRun, started: float) -> dict:

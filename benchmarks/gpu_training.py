@@ -1,0 +1,410 @@
+"""The embedded models on a lent GPU, in one command: the longest descriptor run that fits, then the matcher
+continued on hard negatives from the new descriptor, each beside the current embedded model on the training
+run's own held-out images, so that what comes back is exported only where it is better.
+
+Here, once (everything the GPU machine needs and lacks goes to ``.gpu/``, which git ignores)::
+
+    python -m benchmarks.gpu_training prepare          # prints the size that travels and the device call
+
+On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s: 600``::
+
+    bash .gpu/run.sh                                   # packages into /tmp/site, then ``run --output-dir $OUT``
+
+On the CPU (``tests/test_gpu_training.py`` runs this with tiny numbers)::
+
+    python -m benchmarks.gpu_training run --device cpu --dataset copynce_hf/assets/images --held-out 4 \\
+        --batch-size 4 --workers 0 --descriptor-steps 2 --matcher-steps 2 --output-dir /tmp/gpu-run
+
+What ``run`` does, each step in this process, in this order:
+
+1. the current embedded descriptor's held-out score (:func:`copynce_hf.training.run.held_out_score`: the
+   task, precision and engine of a training run's own ``eval``, with that run's configuration);
+2. a calibration run of ``--calibration-seconds`` that measures the training pairs per second (skipped
+   with ``--descriptor-steps``), from which the descriptor gets the steps that fill ``--descriptor-seconds``;
+3. the descriptor run: ``configs/bench_descriptor.yaml`` (the embedded descriptor's setting) with
+   ``--batch-size`` pairs per step (128: 4x the CPU runs' 32; learning rate 1e-3 as there, not scaled),
+   a warm-up of 5 % of the steps, a weight average (EMA 0.998) beside the trained weights, ``--workers``
+   data-loader workers, bf16 autocast. It starts from the embedded descriptor (``--descriptor-init
+   embedded``, the default): that model already holds 83k pairs of CPU training, and a run continued from
+   it is compared with exactly what it started from; ``--descriptor-init scratch`` trains the config's
+   fresh model (a point of the compute-scaling curve instead);
+4. of its EMA and trained weights, the one with the better held-out muAP (the run's own evaluation);
+5. the k-NN graph (k = 8) of the training images under that descriptor
+   (:func:`copynce_hf.data.knn_features.knn_graph_of_images`, ``scripts/build_knn.py``'s work);
+6. the current embedded matcher's held-out score, then the matcher continued from it:
+   ``configs/bench_matcher.yaml`` with hard negatives from that graph, ``--batch-size`` pairs per step,
+   learning rate 2.5e-4 (the embedded matcher's last continuation), steps that fill ``--matcher-seconds``
+   at the descriptor run's measured rate;
+7. under ``--output-dir``: ``report.json`` (settings, steps, pairs, times, every held-out score, and per
+   model ``better``: its held-out muAP above the current model's), ``descriptor.tar.gz`` and
+   ``matcher.tar.gz`` (the model folders, float32, with their ``training_summary.json``) and
+   ``knn_graph.safetensors``; the work folders stay under ``<output-dir>/work`` (not sent back by the
+   device call, which returns files at most two folders down).
+
+Every run also stops at its ``max_train_seconds`` (1.2 x its budget), so a slower machine cuts a run
+short rather than the device call. The held-out images are the last 40 of the train split
+(``num_eval_images`` of the configs), which neither the embedded models nor these runs train on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from .common import REPO_ROOT, machine_info, now, write_json
+from .minidisc import SHARED_DATA
+
+logger = logging.getLogger("benchmarks.gpu_training")
+
+__all__ = ["RunPlan", "build_parser", "main", "prepare", "run", "travelling_bytes"]
+
+DESCRIPTOR_CONFIG = REPO_ROOT / "configs" / "bench_descriptor.yaml"
+MATCHER_CONFIG = REPO_ROOT / "configs" / "bench_matcher.yaml"
+EMBEDDED = REPO_ROOT / "copynce_hf" / "pretrained"
+#: The folder ``prepare`` fills and the device call carries (git-ignored).
+BUNDLE = REPO_ROOT / ".gpu"
+#: What the device machine may receive: the working tree and the carried paths together.
+TRAVEL_LIMIT = 64 * 2**20
+#: Packages the GPU machine's image lacks or holds in an older version (its list: the device notes),
+#: carried as wheels of the versions installed here ...
+WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic")
+#: ... or, pure Python without a wheel (iopath) or too large as one (augly, 24 MB), as copies of the
+#: installed package (augly without the assets no recipe reads).
+COPIED = ("augly", "iopath")
+#: AugLy asset folders no recipe of the training runs reads.
+UNUSED_AUGLY = ("tests", "audio", "video", "text", "assets/audio", "assets/text", "assets/masks")
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+
+
+def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample",
+            splits_csv: Path = SHARED_DATA / "imagenet-sample-splits.csv", max_side: int = 256, quality: int = 80,
+            packages: bool = True) -> dict:
+    """Fill ``bundle`` with the train split (shrunk to ``max_side``, JPEG ``quality``: 64 MiB travel in all),
+    with ``packages``, the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote."""
+    from PIL import Image
+
+    from copynce_hf.evaluation.minidisc import read_splits
+    from copynce_hf.images import load_image
+
+    files = read_splits(Path(splits_csv), Path(images)).get("train", [])
+    if not files:
+        raise SystemExit(f"no train image listed in {splits_csv}")
+    split = bundle / "train_split"
+    if split.exists():
+        shutil.rmtree(split)
+    split.mkdir(parents=True)
+    for path in files:  # the same file names: the same images are held out (the last 40 by name)
+        image = load_image(path)
+        if max(image.size) > max_side:
+            image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+        image.save(split / path.name, format="JPEG", quality=quality)
+    if packages:
+        _bundle_packages(bundle)
+    script = bundle / "run.sh"
+    script.write_text(RUN_SCRIPT, encoding="utf-8")
+    return {"images": len(files), "bundle_bytes": _folder_bytes(bundle), "travelling_bytes": travelling_bytes(bundle)}
+
+
+def _bundle_packages(bundle: Path) -> None:
+    wheels = bundle / "wheels"
+    if wheels.exists():
+        shutil.rmtree(wheels)
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+                    "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
+                    "--platform", "manylinux2014_x86_64", "-d", str(wheels), *pins], check=True)
+    import magic  # noqa: F401  (libmagic is loaded: its file is the one to carry)
+    from augly.utils import MEME_DEFAULT_FONT
+
+    from copynce_hf.pixtrace import CopyRecipe
+    from copynce_hf.pixtrace.recipes import PRESETS
+    from copynce_hf.pixtrace.steps import CAPTION_FONTS
+
+    fonts = {font for preset in PRESETS for _, step in CopyRecipe.preset(preset).steps
+             for font in getattr(step, "fonts", ())}
+    kept = {Path(font).stem for font in (*fonts, *CAPTION_FONTS, MEME_DEFAULT_FONT)}
+    if (bundle / "site").exists():
+        shutil.rmtree(bundle / "site")
+    for name in COPIED:
+        source = Path(importlib.import_module(name).__file__).parent
+        shutil.copytree(source, bundle / "site" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    site = bundle / "site" / "augly"
+    for name in UNUSED_AUGLY:
+        shutil.rmtree(site / name, ignore_errors=True)
+    for font in (site / "assets" / "fonts").iterdir():
+        if font.stem not in kept:
+            font.unlink()
+    library = _libmagic_path()
+    (bundle / "lib").mkdir(exist_ok=True)
+    shutil.copyfile(library, bundle / "lib" / "libmagic.so.1")
+
+
+def _libmagic_path() -> Path:
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            if "libmagic.so" in line:
+                return Path(line.split()[-1])
+    raise SystemExit("libmagic is not loaded in this process: install libmagic1 here first")
+
+
+def travelling_bytes(bundle: Path = BUNDLE) -> int:
+    """Bytes a device call sends: the tracked and untracked-not-ignored files, plus ``bundle``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+                            check=True, capture_output=True).stdout.split(b"\0")
+    tree = sum((REPO_ROOT / name.decode()).stat().st_size for name in listed
+               if name and (REPO_ROOT / name.decode()).is_file())
+    return tree + (_folder_bytes(bundle) if bundle.exists() else 0)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+#: The command of the device call (``bash .gpu/run.sh``): the carried packages, a check that everything
+#: imports (seconds, not minutes, if something is missing), then the run, its log beside its results.
+RUN_SCRIPT = """#!/bin/bash
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+    .gpu/wheels/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$PWD/.gpu/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/lib:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=/tmp/hf
+python3 -c "import transformers, datasets, faiss, augly.image, copynce_hf.training.run" || exit 4
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -m benchmarks.gpu_training run --dataset .gpu/train_split --output-dir "$OUT" "$@" 2>&1 | tee "$OUT/run.log"
+"""
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """The settings of one ``run`` (the command line's), recorded in ``report.json``."""
+
+    dataset: Path
+    output_dir: Path
+    device: str = "cuda"
+    batch_size: int = 128
+    workers: int = 16
+    precision: str = "bf16"
+    held_out: int = 40
+    descriptor_init: str = "embedded"
+    descriptor_seconds: float = 210.0
+    matcher_seconds: float = 100.0
+    calibration_seconds: float = 30.0
+    descriptor_steps: int | None = None
+    matcher_steps: int | None = None
+    knn_k: int = 8
+    seed: int = 0
+
+    def overrides(self, kind: str, folder: Path) -> dict:
+        """The training options of a ``kind`` run writing to ``folder`` (the config file gives the rest)."""
+        values = {"dataset": str(self.dataset), "output_dir": str(folder), "seed": self.seed,
+                  "per_device_train_batch_size": self.batch_size, "dataloader_num_workers": self.workers,
+                  "mixed_precision": self.precision, "num_eval_images": self.held_out, "checkpointing_steps": None,
+                  "logging_steps": 10, "report_to": "none", "eval_steps": None}
+        if kind == "matcher":
+            values.update(model_name_or_path=str(EMBEDDED / "matcher"), init_from_dino=None, learning_rate=2.5e-4)
+        elif self.descriptor_init == "embedded":
+            values.update(model_name_or_path=str(EMBEDDED / "descriptor"))
+        return values
+
+
+def _config(kind: str, overrides: dict):
+    from copynce_hf.training import load_config
+
+    return load_config(DESCRIPTOR_CONFIG if kind == "descriptor" else MATCHER_CONFIG, overrides)
+
+
+def _train(config) -> dict:
+    """One training run in this process; its summary (``training_summary.json``)."""
+    from copynce_hf.training.run import finish, set_up, train
+
+    started = time.perf_counter()
+    run_state = set_up(config)
+    train(run_state)
+    return finish(run_state, started)
+
+
+def _pairs_per_second(summary: dict) -> float:
+    """The median training pairs per second of a run's logged windows after its first (the workers' start)."""
+    rates = [entry["train/pairs_per_second"] for entry in summary["history"] if "train/pairs_per_second" in entry]
+    rates = rates[1:] or rates
+    if not rates:
+        raise SystemExit("the run logged no pairs per second: give --descriptor-steps and --matcher-steps")
+    return statistics.median(rates)
+
+
+def _steps(seconds: float, pairs_per_second: float, batch_size: int) -> int:
+    return max(1, int(seconds * pairs_per_second / batch_size))
+
+
+def _scored(summary: dict) -> dict[str, dict | None]:
+    """``{"eval": ..., "eval_without_ema": ...}`` of a summary (the latter ``None`` without a weight average)."""
+    return {"eval": summary.get("eval") or None, "eval_without_ema": summary.get("eval_without_ema")}
+
+
+def _chosen_descriptor(summary: dict) -> tuple[str, Path, dict]:
+    """``(which, folder, scores)``: the EMA or the trained weights, whichever has the better held-out muAP."""
+    folder = Path(summary["model_folder"])
+    trained = summary.get("eval_without_ema")
+    if trained and trained["micro_ap"] > (summary.get("eval") or {}).get("micro_ap", float("-inf")):
+        return "trained", Path(summary["model_folder_without_ema"]), trained
+    return ("ema" if trained else "trained"), folder, summary.get("eval") or {}
+
+
+def _pack(folder: Path, summary_file: Path, target: Path) -> Path:
+    """``target`` (.tar.gz): the model folder (no checkpoints, logs or sub-folders) and the run's summary."""
+    with tarfile.open(target, "w:gz") as archive:
+        for path in sorted(folder.iterdir()):
+            if path.is_file():
+                archive.add(path, arcname=f"{target.name.removesuffix('.tar.gz')}/{path.name}")
+        archive.add(summary_file, arcname=f"{target.name.removesuffix('.tar.gz')}/training_summary.json")
+    return target
+
+
+def _better(new: dict, current: dict | None) -> bool | None:
+    if not new or not current:
+        return None
+    return new["micro_ap"] > current["micro_ap"]
+
+
+def run(plan: RunPlan) -> dict:
+    """The whole GPU command (module docstring); returns ``report.json``'s content."""
+    from copynce_hf.data import load_image_dataset
+    from copynce_hf.data.knn_features import knn_graph_of_images
+    from copynce_hf.training.run import held_out_score
+
+    started = time.perf_counter()
+    if plan.device == "cpu":
+        os.environ["ACCELERATE_USE_CPU"] = "true"  # Accelerate reads it: the CPU although a GPU is there
+    out, work = Path(plan.output_dir), Path(plan.output_dir) / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    report = {"kind": "gpu_training", "created": now(), "machine": machine_info(),
+              "plan": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(plan).items()}}
+
+    def save(stage: str) -> None:
+        report["stage"], report["seconds"] = stage, round(time.perf_counter() - started, 1)
+        write_json(out / "report.json", report)  # after every step: what was measured is never lost
+        logger.info("%s done at %.0f s", stage, report["seconds"])
+
+    descriptor = report.setdefault("descriptor", {})
+    descriptor_overrides = plan.overrides("descriptor", work / "descriptor")
+    descriptor["current"] = held_out_score(_config("descriptor", {**descriptor_overrides,
+                                                                   "model_name_or_path": str(EMBEDDED / "descriptor")}))
+    save("current descriptor scored")
+
+    steps = plan.descriptor_steps
+    if steps is None:
+        calibration = _train(_config("descriptor", {**plan.overrides("descriptor", work / "calibration"),
+                                                    "max_steps": 100_000, "num_eval_images": 0,
+                                                    "max_train_seconds": plan.calibration_seconds}))
+        descriptor["calibration_pairs_per_second"] = _pairs_per_second(calibration)
+        steps = _steps(plan.descriptor_seconds, descriptor["calibration_pairs_per_second"], plan.batch_size)
+        shutil.rmtree(work / "calibration", ignore_errors=True)
+        save("calibrated")
+    summary = _train(_config("descriptor", {**descriptor_overrides, "max_steps": steps,
+                                            "warmup_steps": max(1, steps // 20), "ema_decay": 0.998,
+                                            "max_train_seconds": 1.2 * plan.descriptor_seconds}))
+    which, folder, chosen = _chosen_descriptor(summary)
+    descriptor.update(planned_steps=steps, steps=summary["steps"], pairs=summary["pairs_per_process"],
+                      wall_seconds=summary["wall_seconds"], new=_scored(summary), chosen=which,
+                      chosen_score=chosen, better=_better(chosen, descriptor["current"]))
+    rate = descriptor["pairs_per_second"] = _pairs_per_second(summary)
+    _pack(folder, work / "descriptor" / "training_summary.json", out / "descriptor.tar.gz")
+    save("descriptor trained")
+
+    images = load_image_dataset(str(plan.dataset), "train")
+    graph, kind, skipped = knn_graph_of_images(images, str(folder), plan.knn_k, batch_size=256,
+                                               num_workers=plan.workers, device=plan.device)
+    graph_path = graph.save(out / "knn_graph.safetensors", model=str(folder), features=kind, k=str(plan.knn_k))
+    report["knn_graph"] = {"images": len(images), "skipped": skipped, "k": plan.knn_k, "from": which}
+    save("k-NN graph built")
+
+    matcher = report.setdefault("matcher", {})
+    matcher_overrides = {**plan.overrides("matcher", work / "matcher"), "knn_graph": str(graph_path)}
+    matcher["current"] = held_out_score(_config("matcher", matcher_overrides))
+    save("current matcher scored")
+    steps = plan.matcher_steps or _steps(plan.matcher_seconds, rate, plan.batch_size)
+    summary = _train(_config("matcher", {**matcher_overrides, "max_steps": steps, "warmup_steps": max(1, steps // 20),
+                                         "max_train_seconds": 1.2 * plan.matcher_seconds}))
+    matcher.update(planned_steps=steps, steps=summary["steps"], pairs=summary["pairs_per_process"],
+                   wall_seconds=summary["wall_seconds"], new=_scored(summary),
+                   better=_better(summary.get("eval"), matcher["current"]))
+    _pack(Path(summary["model_folder"]), work / "matcher" / "training_summary.json", out / "matcher.tar.gz")
+    save("done")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_training", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    ready = commands.add_parser("prepare", help="fill .gpu/ here: the train split, packages, run.sh")
+    ready.add_argument("--bundle", type=Path, default=BUNDLE, help="the folder the device call carries")
+    ready.add_argument("--images", type=Path, default=SHARED_DATA / "imagenet-sample")
+    ready.add_argument("--splits-csv", type=Path, default=SHARED_DATA / "imagenet-sample-splits.csv")
+    ready.add_argument("--max-side", type=int, default=256,
+                       help="longer side of the travelling images (2.3x the 112-pixel model input)")
+    ready.add_argument("--quality", type=int, default=80, help="their JPEG quality")
+    ready.add_argument("--no-packages", dest="packages", action="store_false",
+                       help="the images and run.sh only (no wheels, AugLy or libmagic)")
+    go = commands.add_parser("run", help="train and score on this machine, results under --output-dir")
+    defaults = RunPlan(Path("."), Path("."))
+    go.add_argument("--dataset", type=Path, required=True, help="the train split (an image folder)")
+    go.add_argument("--output-dir", type=Path, required=True)
+    go.add_argument("--device", choices=["cuda", "cpu"], default=defaults.device)
+    go.add_argument("--batch-size", type=int, default=defaults.batch_size, help="pairs per optimiser step")
+    go.add_argument("--workers", type=int, default=defaults.workers, help="data-loader workers")
+    go.add_argument("--precision", choices=["bf16", "fp16", "no"], default=defaults.precision)
+    go.add_argument("--held-out", type=int, default=defaults.held_out, help="held-out images (the configs' 40)")
+    go.add_argument("--descriptor-init", choices=["embedded", "scratch"], default=defaults.descriptor_init)
+    go.add_argument("--descriptor-seconds", type=float, default=defaults.descriptor_seconds)
+    go.add_argument("--matcher-seconds", type=float, default=defaults.matcher_seconds)
+    go.add_argument("--calibration-seconds", type=float, default=defaults.calibration_seconds)
+    go.add_argument("--descriptor-steps", type=int, default=None, help="steps without a calibration run")
+    go.add_argument("--matcher-steps", type=int, default=None,
+                    help="steps (default: --matcher-seconds at the descriptor run's pairs per second)")
+    go.add_argument("--knn-k", type=int, default=defaults.knn_k)
+    go.add_argument("--seed", type=int, default=defaults.seed)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if args.command == "prepare":
+        made = prepare(args.bundle, args.images, args.splits_csv, args.max_side, args.quality, args.packages)
+        fits = made["travelling_bytes"] <= TRAVEL_LIMIT
+        print(f"{made['images']} images; .gpu holds {made['bundle_bytes'] / 2**20:.1f} MiB; a device call sends "
+              f"{made['travelling_bytes'] / 2**20:.1f} MiB of at most 64" + ("" if fits else ": TOO MUCH"))
+        print('device call: run(command="bash .gpu/run.sh", carry=[".gpu"], timeout_s=600)')
+        return made
+    options = {key: value for key, value in vars(args).items() if key != "command"}
+    report = run(RunPlan(**options))
+    print(f"descriptor: held-out muAP {report['descriptor']['chosen_score'].get('micro_ap')} "
+          f"(current {(report['descriptor']['current'] or {}).get('micro_ap')}); matcher: "
+          f"{(report['matcher']['new']['eval'] or {}).get('micro_ap')} (current "
+          f"{(report['matcher']['current'] or {}).get('micro_ap')}) -> {Path(args.output_dir) / 'report.json'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""benchmarks/gpu_training.py: the one-command GPU run, here on the CPU with tiny sizes and the bundled images."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from benchmarks import gpu_training
+from copynce_hf.data import ASSET_IMAGES
+
+
+def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp_path):
+    from copynce_hf.training.run import held_out_score
+
+    out = tmp_path / "out"
+    report = gpu_training.main(["run", "--device", "cpu", "--dataset", str(ASSET_IMAGES), "--output-dir", str(out),
+                                "--held-out", "4", "--batch-size", "4", "--workers", "0", "--precision", "no",
+                                "--descriptor-steps", "2", "--matcher-steps", "2", "--knn-k", "3"])
+    assert report["stage"] == "done" and (out / "report.json").is_file()
+    for kind in ("descriptor", "matcher"):
+        entry = report[kind]
+        assert entry["steps"] == entry["planned_steps"] == 2 and entry["pairs"] == 2 * 4
+        assert 0.0 <= entry["current"]["micro_ap"] <= 1.0 and isinstance(entry["better"], bool)
+        with tarfile.open(out / f"{kind}.tar.gz") as archive:
+            names = set(archive.getnames())
+        assert {f"{kind}/config.json", f"{kind}/model.safetensors", f"{kind}/training_summary.json"} <= names
+    descriptor = report["descriptor"]
+    assert descriptor["chosen"] in ("ema", "trained") and descriptor["new"]["eval_without_ema"] is not None
+    assert descriptor["chosen_score"]["micro_ap"] == max(descriptor["new"]["eval"]["micro_ap"],
+                                                         descriptor["new"]["eval_without_ema"]["micro_ap"])
+    assert report["knn_graph"] == {"images": 12, "skipped": 0, "k": 3, "from": descriptor["chosen"]}
+    assert (out / "knn_graph.safetensors").is_file()
+    # The current models' scores come from the run's own held-out task: the trained matcher, scored the same
+    # way, gives exactly the number its run logged.
+    plan = gpu_training.RunPlan(ASSET_IMAGES, out, device="cpu", batch_size=4, workers=0, precision="no", held_out=4)
+    overrides = {**plan.overrides("matcher", out / "work" / "rescored"), "knn_graph": str(out / "knn_graph.safetensors"),
+                 "model_name_or_path": str(out / "work" / "matcher")}
+    assert held_out_score(gpu_training._config("matcher", overrides)) == report["matcher"]["new"]["eval"]
+
+
+def test_steps_come_from_the_measured_pairs_per_second():
+    history = [{"step": 10, "train/pairs_per_second": 50.0}, {"step": 20, "train/pairs_per_second": 900.0},
+               {"step": 20, "eval/micro_ap": 0.5}, {"step": 30, "train/pairs_per_second": 1100.0},
+               {"step": 40, "train/pairs_per_second": 1000.0}]
+    rate = gpu_training._pairs_per_second({"history": history})  # the first window (workers starting) left out
+    assert rate == 1000.0 and gpu_training._steps(210, rate, 128) == 1640
+    with pytest.raises(SystemExit, match="--descriptor-steps"):
+        gpu_training._pairs_per_second({"history": [{"step": 5, "eval/micro_ap": 0.1}]})
+
+
+def test_the_descriptor_weights_with_the_better_held_out_score_are_chosen():
+    summary = {"model_folder": "run", "model_folder_without_ema": "run/without_ema",
+               "eval": {"micro_ap": 0.8}, "eval_without_ema": {"micro_ap": 0.9}}
+    assert gpu_training._chosen_descriptor(summary)[:2] == ("trained", Path("run/without_ema"))
+    summary["eval_without_ema"] = {"micro_ap": 0.8}  # a tie keeps the average
+    assert gpu_training._chosen_descriptor(summary)[0] == "ema"
+    assert gpu_training._better({"micro_ap": 0.91}, {"micro_ap": 0.9}) is True
+    assert gpu_training._better({"micro_ap": 0.9}, {"micro_ap": 0.9}) is False
+
+
+def test_prepare_shrinks_the_train_split_under_its_names_and_writes_the_device_command(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    names = ["a_first.JPEG", "b_second.JPEG", "c_other.JPEG"]
+    for name, source in zip(names, sorted(ASSET_IMAGES.glob("*.jpg"))):
+        Image.open(source).save(images / name)
+    splits = tmp_path / "splits.csv"
+    splits.write_text("filename,split\na_first.JPEG,train\nb_second.JPEG,train\nc_other.JPEG,reference\n")
+    bundle = tmp_path / ".gpu"
+    made = gpu_training.prepare(bundle, images, splits, max_side=64, quality=80, packages=False)
+    written = sorted(path.name for path in (bundle / "train_split").iterdir())
+    assert written == names[:2] and made["images"] == 2
+    assert all(max(Image.open(bundle / "train_split" / name).size) == 64 for name in written)
+    script = (bundle / "run.sh").read_text()
+    assert "benchmarks.gpu_training run --dataset .gpu/train_split --output-dir \"$OUT\"" in script
+    assert made["travelling_bytes"] > made["bundle_bytes"] > 0
