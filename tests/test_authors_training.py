@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import TINY_VIT
 
 from copynce_hf.data import CopyPairBatchSampler, CopyPairDataset, CopyPairMaker, PairKey, build_knn_graph
 from copynce_hf.modeling.errors import ConfigError
@@ -253,8 +254,7 @@ def test_descriptor_loss_uses_the_configured_scale_bound():
     from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
     from copynce_hf.modeling.losses_copynce import info_nce_loss
 
-    tiny = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
-                patch_size=16, descriptor_dim=8, copynce_weight=0.0, koleo_weight=0.0)
+    tiny = {**TINY_VIT, "descriptor_dim": 8, "copynce_weight": 0.0, "koleo_weight": 0.0}
     generator = torch.Generator().manual_seed(0)
     query, reference = torch.randn(3, 3, 32, 32, generator=generator), torch.randn(3, 3, 32, 32, generator=generator)
     for bound in (None, 100.0):
