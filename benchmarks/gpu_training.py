@@ -38,8 +38,8 @@ What ``run`` does, each step in this process, in this order:
 7. under ``--output-dir``: ``report.json`` (settings, steps, pairs, times, every held-out score, and per
    model ``better``: its held-out muAP above the current model's), ``descriptor.tar.gz`` and
    ``matcher.tar.gz`` (the model folders, float32, with their ``training_summary.json``) and
-   ``knn_graph.safetensors``; the work folders stay under ``<output-dir>/work`` (not sent back by the
-   device call, which returns files at most two folders down).
+   ``knn_graph.safetensors``; the runs' folders go to ``--work-dir`` (``run.sh``: ``/tmp/gpu-work``, so that
+   ``$OUT`` holds only what the device call sends back: at most 8 files).
 
 Every run also stops at its ``max_train_seconds`` (1.2 x its budget), so a slower machine cuts a run
 short rather than the device call. The held-out images are the last 40 of the train split
@@ -184,7 +184,8 @@ export PYTHONPATH=/tmp/site:$PWD/.gpu/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/lib:$L
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=/tmp/hf
 python3 -c "import transformers, datasets, faiss, augly.image, copynce_hf.training.run" || exit 4
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m benchmarks.gpu_training run --dataset .gpu/train_split --output-dir "$OUT" "$@" 2>&1 | tee "$OUT/run.log"
+python3 -m benchmarks.gpu_training run --dataset .gpu/train_split --output-dir "$OUT" --work-dir /tmp/gpu-work "$@" \
+    2>&1 | tee "$OUT/run.log"
 """
 
 
@@ -210,6 +211,7 @@ class RunPlan:
     matcher_steps: int | None = None
     knn_k: int = 8
     seed: int = 0
+    work_dir: Path | None = None
 
     def overrides(self, kind: str, folder: Path) -> dict:
         """The training options of a ``kind`` run writing to ``folder`` (the config file gives the rest)."""
@@ -292,7 +294,8 @@ def run(plan: RunPlan) -> dict:
     started = time.perf_counter()
     if plan.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "true"  # Accelerate reads it: the CPU although a GPU is there
-    out, work = Path(plan.output_dir), Path(plan.output_dir) / "work"
+    out = Path(plan.output_dir)
+    work = Path(plan.work_dir) if plan.work_dir else out / "work"
     work.mkdir(parents=True, exist_ok=True)
     report = {"kind": "gpu_training", "created": now(), "machine": machine_info(),
               "plan": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(plan).items()}}
@@ -384,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="steps (default: --matcher-seconds at the descriptor run's pairs per second)")
     go.add_argument("--knn-k", type=int, default=defaults.knn_k)
     go.add_argument("--seed", type=int, default=defaults.seed)
+    go.add_argument("--work-dir", type=Path, default=None,
+                    help="the runs' folders (default: <output-dir>/work; run.sh: /tmp/gpu-work, outside $OUT)")
     return parser
 
 

@@ -15,11 +15,14 @@ from copynce_hf.data import ASSET_IMAGES
 def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp_path):
     from copynce_hf.training.run import held_out_score
 
-    out = tmp_path / "out"
+    out, work = tmp_path / "out", tmp_path / "work"
     report = gpu_training.main(["run", "--device", "cpu", "--dataset", str(ASSET_IMAGES), "--output-dir", str(out),
+                                "--work-dir", str(work),
                                 "--held-out", "4", "--batch-size", "4", "--workers", "0", "--precision", "no",
                                 "--descriptor-steps", "2", "--matcher-steps", "2", "--knn-k", "3"])
-    assert report["stage"] == "done" and (out / "report.json").is_file()
+    assert report["stage"] == "done"  # $OUT holds only what a device call sends back (at most 8 files)
+    assert sorted(path.name for path in out.iterdir()) == ["descriptor.tar.gz", "knn_graph.safetensors",
+                                                           "matcher.tar.gz", "report.json"]
     for kind in ("descriptor", "matcher"):
         entry = report[kind]
         assert entry["steps"] == entry["planned_steps"] == 2 and entry["pairs"] == 2 * 4
@@ -36,8 +39,8 @@ def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp
     # The current models' scores come from the run's own held-out task: the trained matcher, scored the same
     # way, gives exactly the number its run logged.
     plan = gpu_training.RunPlan(ASSET_IMAGES, out, device="cpu", batch_size=4, workers=0, precision="no", held_out=4)
-    overrides = {**plan.overrides("matcher", out / "work" / "rescored"), "knn_graph": str(out / "knn_graph.safetensors"),
-                 "model_name_or_path": str(out / "work" / "matcher")}
+    overrides = {**plan.overrides("matcher", work / "rescored"), "knn_graph": str(out / "knn_graph.safetensors"),
+                 "model_name_or_path": str(work / "matcher")}
     assert held_out_score(gpu_training._config("matcher", overrides)) == report["matcher"]["new"]["eval"]
 
 
@@ -75,5 +78,5 @@ def test_prepare_shrinks_the_train_split_under_its_names_and_writes_the_device_c
     assert written == names[:2] and made["images"] == 2
     assert all(max(Image.open(bundle / "train_split" / name).size) == 64 for name in written)
     script = (bundle / "run.sh").read_text()
-    assert "benchmarks.gpu_training run --dataset .gpu/train_split --output-dir \"$OUT\"" in script
+    assert "benchmarks.gpu_training run --dataset .gpu/train_split --output-dir \"$OUT\" --work-dir /tmp" in script
     assert made["travelling_bytes"] > made["bundle_bytes"] > 0
