@@ -80,9 +80,9 @@ TRAVEL_LIMIT = 64 * 2**20
 #: carried as wheels of the versions installed here ...
 WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic")
 #: ... or, pure Python without a wheel (iopath) or too large as one (augly, 24 MB), as copies of the
-#: installed package (augly without the assets no recipe reads).
+#: installed package (augly without the assets the runs' recipes do not read).
 COPIED = ("augly", "iopath")
-#: AugLy asset folders no recipe of the training runs reads.
+#: AugLy asset folders no recipe of the training runs reads (of its fonts, only those of the configs' recipes travel).
 UNUSED_AUGLY = ("tests", "audio", "video", "text", "assets/audio", "assets/text", "assets/masks")
 
 
@@ -128,15 +128,14 @@ def _bundle_packages(bundle: Path) -> None:
                     "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
                     "--platform", "manylinux2014_x86_64", "-d", str(wheels), *pins], check=True)
     import magic  # noqa: F401  (libmagic is loaded: its file is the one to carry)
-    from augly.utils import MEME_DEFAULT_FONT
 
     from copynce_hf.pixtrace import CopyRecipe
-    from copynce_hf.pixtrace.recipes import PRESETS
-    from copynce_hf.pixtrace.steps import CAPTION_FONTS
+    from copynce_hf.training import load_config
 
-    fonts = {font for preset in PRESETS for _, step in CopyRecipe.preset(preset).steps
-             for font in getattr(step, "fonts", ())}
-    kept = {Path(font).stem for font in (*fonts, *CAPTION_FONTS, MEME_DEFAULT_FONT)}
+    recipes = {name for path in (DESCRIPTOR_CONFIG, MATCHER_CONFIG) for config in [load_config(path)]
+               for name in (config.query_recipe, config.reference_recipe)}
+    kept = {Path(font).stem for name in recipes for _, step in CopyRecipe.preset(name).steps
+            if hasattr(step, "font_choices") for font in step.font_choices()}
     if (bundle / "site").exists():
         shutil.rmtree(bundle / "site")
     for name in COPIED:
