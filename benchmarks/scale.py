@@ -405,15 +405,17 @@ def markdown_tables(record: dict) -> str:
     """The ``faiss``, ``models`` and ``estimate`` parts of a ``scale.json`` record as Markdown tables."""
     lines, parts = [], record.get("parts", {})
     if "faiss" in parts:
-        lines += ["| references | index | build (s) | peak RSS (GiB) | search 50k (s) | queries/s | found@1 "
-                  "| source in top k | top-1 = exact | overlap@10 |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| references | index | build (CPU s) | peak RSS after build / search (GiB) | search of all queries "
+                  "(CPU s) | queries/s | found@1 | source in top k | top-1 = exact | overlap@10 |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for size, entry in sorted(parts["faiss"]["sizes"].items(), key=lambda item: int(item[0])):
             for kind, m in entry["indexes"].items():
                 agreement = (f"{m['top1_agreement']:.3f} | {m['overlap_at_10']:.3f}" if "top1_agreement" in m
                              else "1 | 1")
                 scaled = "" if m["searched_queries"] == entry["queries"] else f" ({m['searched_queries']:,} run)"
                 lines.append(f"| {int(size):,} | {kind} (`{m['factory']}` {m['search_parameters']}) | "
-                             f"{m['build_cpu_seconds']:.1f} | {m['peak_resident_mib'] / 1024:.2f} | "
+                             f"{m['build_cpu_seconds']:.1f} | {m['peak_resident_mib_after_build'] / 1024:.2f} / "
+                             f"{m['peak_resident_mib'] / 1024:.2f} | "
                              f"{m['search_cpu_seconds']:.0f}{scaled} | {m['queries_per_cpu_second']:.0f} | "
                              f"{m['found_at_1']:.3f} | {m['source_recall_at_k']:.3f} | {agreement} |")
         lines.append("")
