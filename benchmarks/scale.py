@@ -185,7 +185,7 @@ def _measure_index(kind: str, data: Path, k: int, found_path: Path, stride: int 
     return {"kind": kind, "factory": config.factory_string(len(references), references.shape[1]),
             "search_parameters": config.search_parameters(), "build_seconds": build_seconds,
             "build_cpu_seconds": build_cpu, "search_seconds": search_seconds, "search_cpu_seconds": search_cpu,
-            "queries": len(queries), "k": k, "queries_per_cpu_second": len(queries) / search_cpu,
+            "k": k, "queries_per_cpu_second": len(queries) / search_cpu,
             "resident_mib_data_loaded": loaded, "peak_resident_mib_after_build": built_peak,
             "peak_resident_mib": _peak_resident_mib(), "index_mib_above_data": built_peak - loaded,
             "faiss_threads": faiss.omp_get_max_threads()}
