@@ -78,7 +78,7 @@ def test_disc21_workload_uses_the_paper_preset_counts():
     assert counts == {"candidates": 400, "descriptor_query_views": 45, "descriptor_reference_views": 9,
                       "matcher_query_views": 26, "matcher_reference_views": 10, "view_pairs": 35}
     workload = disc21_workload(**counts)
-    assert workload["matcher_pairs"] == 20_000_000  # the 50,000 x 400
+    assert workload["matcher_pairs"] == 20_000_000  # 50,000 queries x 400 candidates
     assert workload["fusion_passes"] == 700_000_000
     assert workload["descriptor_passes"] == 2_000_000 * 9 + 50_000 * 45
     assert workload["encoder_passes"] == 50_000 * 26 + 20_000_000 * 10
