@@ -9,7 +9,7 @@ STAMP := .make-installed
 $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
 	$(PYTHON) -m pip install -q "setuptools>=70.1" wheel cython  # cython: pdqhash builds from source without isolation
-	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train,space]"
+	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train,space,onnx]"
 	@touch $(STAMP)
 
 # The Space's browser test drives Debian's chromium (never a browser download); without it the test skips.

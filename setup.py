@@ -67,6 +67,8 @@ setup(
         # scripts/check_against_authors.py imports the authors' model and loss code (GitHub eddielyc/CopyNCE):
         # what it needs beyond this package, none of which pulls torch (timm, torchvision and kornia get
         # stand-ins from copynce_hf.fidelity.standins).
+        # copynce export-onnx (torch.onnx.export's dynamo exporter writes through onnxscript) and --runtime onnx
+        "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
         "authors": ["loguru>=0.7", "einops>=0.6", "omegaconf>=2.3", "opencv-python-headless>=4.8"],
     },
     entry_points={"console_scripts": ["copynce=copynce_hf.cli:main"]},

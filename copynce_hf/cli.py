@@ -96,8 +96,8 @@ def folder_source(folder, args):
     return source
 
 
-def _descriptor_model(path, option="--model"):
-    return load_model(path, "descriptor", option)
+def _descriptor_model(path, option="--model", runtime="torch"):
+    return load_model(path, "descriptor", option, runtime=runtime)
 
 
 def _parse_patch(text: str) -> tuple[int, int]:
@@ -156,7 +156,7 @@ def cmd_index(args) -> int:
     check_model_path(args.model)
     source = folder_source(args.references, args)
     config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
-    model, processor = _descriptor_model(args.model)
+    model, processor = _descriptor_model(args.model, runtime=args.runtime)
     accelerator = Accelerator()
     preset = ViewPreset(args.descriptor_lce)
     references = extract_view_descriptors(
@@ -171,7 +171,7 @@ def cmd_index(args) -> int:
             )
         model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
         info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve()),
-                "views": preset.name}
+                "views": preset.name, "runtime": args.runtime}
         index = DescriptorIndex.build(references, config, info=info)
         with StagedFolder(args.output) as staging:
             index.save(staging)
@@ -219,7 +219,7 @@ def cmd_search(args) -> int:
         raise ConfigError(
             f"the index was built with the model {model_path}, which no longer exists; pass --model PATH"
         )
-    model, processor = _descriptor_model(model_path)
+    model, processor = _descriptor_model(model_path, runtime=args.runtime)
     auxiliary = DescriptorSet.load(args.score_norm or args.stretch) if (args.score_norm or args.stretch) else None
     accelerator = Accelerator()
     queries = extract_view_descriptors(
@@ -405,10 +405,13 @@ def _pipeline_models(args):
     """``(descriptors, matcher or None)`` of a ``detect``/``calibrate`` command line."""
     from .retrieval import Descriptor
 
+    runtime = getattr(args, "runtime", "torch")
+    on_onnx = " (ONNX Runtime)" if runtime == "onnx" else ""  # part of the index caches' identity
     paths = args.models or [None]
-    descriptors = [Descriptor(name, *_descriptor_model(path, "--models"), source=str(path or DEFAULT_DESCRIPTOR))
+    descriptors = [Descriptor(name, *_descriptor_model(path, "--models", runtime),
+                              source=str(path or DEFAULT_DESCRIPTOR) + on_onnx)
                    for name, path in zip(_model_names(paths), paths)]
-    matcher = None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher")
+    matcher = None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher", runtime=runtime)
     return descriptors, matcher
 
 
@@ -496,7 +499,8 @@ def cmd_detect(args) -> int:
     settings = {
         "queries": str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
         "descriptors": ", ".join(d.source for d in descriptors),
-        "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER),
+        "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER)
+        + (" (ONNX Runtime)" if args.runtime == "onnx" else ""),
         "preset": args.preset + (f" ({', '.join(sorted(explicit))} given)" if explicit else ""),
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
@@ -557,6 +561,18 @@ def cmd_calibrate(args) -> int:
     report_counts("calibrate", f"{len(references)} reference images",
                   ["unreadable"] * (counts["unreadable_originals"] + counts["skipped_queries"]),
                   "wrote 1 file")
+    return 0
+
+
+def cmd_export_onnx(args) -> int:
+    from .onnx_export import ONNX_OPSET, export_onnx, read_manifest
+
+    check_output_folder(args.output)
+    check_model_path(args.model, "MODEL")
+    folder = export_onnx(args.model, args.output, args.kind)
+    graphs = read_manifest(folder)["graphs"]
+    print(f"wrote {', '.join(graphs.values())} (opset {ONNX_OPSET}, dynamic batch axis) to {folder}; "
+          "run them with --runtime onnx and this folder as the model")
     return 0
 
 
@@ -630,6 +646,14 @@ def _add_chunk_size(parser: argparse.ArgumentParser) -> None:
                         help="candidate pairs per chunk of re-scoring work (whole queries), the unit shared by the "
                         "processes of `accelerate launch` and saved as it completes, so that the same command resumes "
                         f"a run cut short (default {DEFAULT_CHUNK_SIZE})")
+
+
+def _add_runtime(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime", choices=("torch", "onnx"), default="torch",
+        help="what runs the models: torch (default) or onnx (ONNX Runtime; a model option then names a folder of "
+        "copynce export-onnx, or a model folder exported once into ~/.cache/copynce_hf/onnx, $COPYNCE_ONNX_CACHE)",
+    )
 
 
 def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
@@ -727,6 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", type=float, help="the calibrated precision to decide at (default 0.9; the file "
                    "holds 0.9, 0.95 and 0.99)")
     _add_model_loading(p)
+    _add_runtime(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_detect)
 
@@ -776,6 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default none)")
     _add_search_knobs(p)
     _add_model_loading(p)
+    _add_runtime(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_index)
 
@@ -821,6 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_search_knobs(p)
     _add_model_loading(p)
+    _add_runtime(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_search)
 
@@ -884,6 +911,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="folder for the PNG files")
     _add_image_input(p, folders=False)
     p.set_defaults(handler=cmd_visualize)
+
+    p = commands.add_parser(
+        "export-onnx", help="export a descriptor or matcher to ONNX graphs for ONNX Runtime (--runtime onnx)",
+        description="Write the model's ONNX graphs (opset 18, dynamic batch axis, the image processor's input size) "
+        "with its config, image processor and onnx.json into OUTPUT: descriptor.onnx for a descriptor; "
+        "matcher_encoder.onnx and matcher_fusion.onnx for a matcher (its two stages, so that encoder tokens are "
+        "cached per image). index, search and detect run them with --runtime onnx.",
+    )
+    p.add_argument("model", nargs="?", help=f"model folder or Hub id (default: the embedded descriptor, "
+                   f"{DEFAULT_DESCRIPTOR}, or matcher with --kind matcher)")
+    p.add_argument("output", help="folder to write")
+    p.add_argument("--kind", choices=("descriptor", "matcher"), help="insist on this kind of model (also picks the "
+                   "embedded one when MODEL is left out)")
+    p.set_defaults(handler=cmd_export_onnx)
 
     p = commands.add_parser(
         "convert-original", help="convert the authors' released checkpoint into a model folder",

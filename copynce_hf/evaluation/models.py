@@ -12,6 +12,8 @@ PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
 DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
 DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
+#: What runs the models: PyTorch, or ONNX Runtime on graphs exported by ``copynce export-onnx``.
+RUNTIMES = ("torch", "onnx")
 _MADE_BY = (" (model folders are written by training, `python -m copynce_hf.training --output_dir DIR`, or by "
             "save_pretrained; the embedded ones by `python scripts/export_embedded.py`)")
 
@@ -52,7 +54,7 @@ def _load_error(error: Exception, path, option: str) -> ConfigError:
 
 
 def load_model(path: str | Path | None = None, kind: str | None = None, option: str = "--model",
-               default: str | Path | None = None):
+               default: str | Path | None = None, runtime: str = "torch"):
     """``(model, image_processor)`` of a saved CopyNCE folder or Hub id, in float32, in eval mode.
 
     Args:
@@ -60,6 +62,9 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         kind: ``descriptor`` or ``matcher`` to insist on that kind of model; ``None`` accepts either.
         option: the command-line option named in error messages.
         default: the folder used when ``path`` is None (default: the embedded model of ``kind``).
+        runtime: ``torch``, or ``onnx`` for the model's ONNX Runtime form
+            (:func:`copynce_hf.retrieval.load_onnx_model`: ``path`` may then also be a folder written by
+            ``copynce export-onnx``; a model folder is exported once into a cache).
 
     The embedded models are stored in float16 to stay small; they are loaded in float32 because float16
     matrix products are several times slower (and less exact) on a CPU.
@@ -74,10 +79,19 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoImageProcessor, AutoModel
 
+    from ..onnx_export import is_onnx_folder
     from ..retrieval import model_kind
 
     if kind not in (None, "descriptor", "matcher"):
         raise ConfigError(f"model kind must be 'descriptor' or 'matcher', got {kind!r}")
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime == "onnx":
+        from ..retrieval.onnx_runtime import load_onnx_model
+
+        return load_onnx_model(path if path is not None else default, kind, option)
+    if is_onnx_folder(path):
+        raise ConfigError(f"{option} {path} is an ONNX export (copynce export-onnx): pass --runtime onnx to run it")
     if path is None:
         folder = Path(default) if default is not None else DEFAULTS.get(kind or "descriptor")
         if not (folder / "config.json").is_file():

@@ -65,7 +65,7 @@ def affinity_maps(
     """Compute the probe's token affinity heatmap and the affinity entropy map of a pair.
 
     Args:
-        model: a CopyNCE descriptor or matcher.
+        model: a CopyNCE descriptor or matcher (PyTorch, or its ONNX Runtime form).
         image_processor: its image processor.
         query, reference: image paths or PIL images.
         patch: (row, col) of the probe patch in the query's patch grid; ``None``: the most
@@ -77,7 +77,7 @@ def affinity_maps(
         raise ConfigError(f"temperature must be positive, got {tau}")
     query_image, reference_image = load_image(query), load_image(reference)
     pixels = image_processor(images=[query_image, reference_image], return_tensors="pt")["pixel_values"]
-    pixels = pixels.to(next(model.parameters()).device)
+    pixels = pixels.to(model.device)
     model.eval()
     if model_kind(model) == "matcher":
         output = model(pixel_values=pixels[:1], reference_pixel_values=pixels[1:])

@@ -73,7 +73,8 @@ class MatcherScorer:
     """Copy probabilities of (query, reference) pairs with a CopyNCE matcher, cached per view.
 
     Args:
-        model: a ``CopyNCEMatcherModel`` (anything :func:`matcher_stages` can call).
+        model: a ``CopyNCEMatcherModel`` or its ONNX Runtime form (:class:`~.onnx_runtime.OnnxMatcherModel`):
+            anything with ``device`` whose stages :func:`matcher_stages` can call.
         image_processor: its image processor.
         lce: ``none`` (full images, 1 view pair), ``paper`` (35 view pairs) or ``all`` (260), see
             :func:`copynce_hf.retrieval.views.matcher_view_pairs`.
@@ -100,7 +101,7 @@ class MatcherScorer:
         self.reference_views = reference_views or preset.reference_images
         self.view_pairs = view_pairs or (lambda nq, nr: matcher_view_pairs(lce, nq, nr))
         self.pre_fusion_tokens, self.fuse = matcher_stages(self.model)
-        self.device = next(self.model.parameters()).device
+        self.device = self.model.device  # a PreTrainedModel's, or an ONNX Runtime wrapper's (CPU)
         self._references: OrderedDict[str, torch.Tensor | None] = OrderedDict()
         self._cached_views = 0
         self.encoded_views = 0  # encoder passes run (one per view), for cost reports

@@ -1,0 +1,177 @@
+"""PyTorch against ONNX Runtime on this CPU: descriptor images/s and matcher pairs/s (encoder-token cache).
+
+    nice -n 5 python -m benchmarks.onnx_speed                      # embedded models and ViT-S/16 224, 1 and 2 threads
+    python -m benchmarks.onnx_speed --models embedded --threads 1
+
+For every model size and thread count, both runtimes run the same work, alternated round by round
+(so that a change of load on a shared machine hits both) and each keeps its fastest round:
+
+* descriptor: one forward pass over a batch of the bundled images (``copynce_hf/assets/images``,
+  processed once beforehand): images per second of ``model(pixel_values=...)``;
+* matcher: :class:`~copynce_hf.retrieval.MatcherScorer` (``--matcher-lce none``, a fresh cache per
+  round) scoring every query of the bundled images against every reference of them: one encoder
+  pass per image and one fusion pass per pair, image decoding and processing included; pairs per
+  second.
+
+Models: the embedded descriptor and matcher (``copynce_hf/pretrained``, 112 px, 8-pixel patches) and
+randomly initialised ViT-S/16 at 224 (the paper's size; the matcher splits its 12 blocks 8 + 4, as
+the paper's enc-8 / fus-4). Their ONNX graphs are exported by :func:`copynce_hf.onnx_export.export_onnx`
+into ``<output-dir>/onnx_models`` (kept and reused). Both runtimes get the same number of intra-op
+threads (``torch.set_num_threads`` and the ONNX Runtime session's ``intra_op_num_threads``). The load
+average of the machine is recorded before and after each measurement. Results go to
+``<output-dir>/onnx_speed.json`` and a Markdown table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+
+from .common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, write_json
+
+logger = logging.getLogger("benchmarks.onnx_speed")
+
+MODELS = ("embedded", "vits16-224")
+VITS16_224 = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
+                  image_size=224, patch_size=16)
+
+
+def torch_model_folders(name: str, folder: Path) -> dict[str, Path | None]:
+    """``{"descriptor": folder, "matcher": folder}`` of a model size (``None``: the embedded model)."""
+    if name == "embedded":
+        return {"descriptor": None, "matcher": None}
+    import torch
+
+    from copynce_hf.modeling import (
+        CopyNCEDescriptorConfig,
+        CopyNCEDescriptorModel,
+        CopyNCEImageProcessor,
+        CopyNCEMatcherConfig,
+        CopyNCEMatcherModel,
+    )
+
+    folders = {"descriptor": folder / "descriptor", "matcher": folder / "matcher"}
+    if all((path / "config.json").is_file() for path in folders.values()):
+        return folders
+    torch.manual_seed(0)
+    processor = CopyNCEImageProcessor(size={"height": 224, "width": 224})
+    for kind, model in (("descriptor", CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=512,
+                                                                                      **VITS16_224))),
+                        ("matcher", CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=4, **VITS16_224)))):
+        model.save_pretrained(folders[kind])
+        processor.save_pretrained(folders[kind])
+    return folders
+
+
+def onnx_folder(source: Path | None, kind: str, target: Path) -> Path:
+    from copynce_hf.onnx_export import export_onnx, is_onnx_folder
+
+    if not is_onnx_folder(target):
+        logger.info("exporting the %s to %s", kind, target)
+        export_onnx(source, target, kind)
+    return target
+
+
+def fastest_rates(workloads: dict, rounds: int) -> dict[str, float]:
+    """Items per second of each ``name -> (callable, items)``: one warm-up, then ``rounds`` alternated rounds,
+    the fastest round of each (load on a shared machine only ever adds time)."""
+    import torch
+
+    times = {name: [] for name in workloads}
+    with torch.inference_mode():
+        for function, _ in workloads.values():
+            function()
+        for _ in range(rounds):
+            for name, (function, _) in workloads.items():
+                start = time.perf_counter()
+                function()
+                times[name].append(time.perf_counter() - start)
+    return {name: workloads[name][1] / min(values) for name, values in times.items()}
+
+
+def bench_size(name: str, output_dir: Path, threads: list[int], rounds: int) -> dict:
+    """Both runtimes' descriptor images/s and matcher pairs/s for one model size, at each thread count."""
+    import torch
+    from PIL import Image
+
+    from copynce_hf.data import ASSET_IMAGES
+    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.retrieval import MatcherScorer, load_onnx_model
+
+    files = {path.stem: path for path in sorted(ASSET_IMAGES.glob("*.jpg"))}
+    pairs = [(query, reference) for query in files for reference in files]
+    images = [Image.open(path).convert("RGB") for path in files.values()]
+    sources = torch_model_folders(name, output_dir / "onnx_models" / f"{name}-torch")
+    exported = {kind: onnx_folder(source, kind, output_dir / "onnx_models" / f"{name}-{kind}")
+                for kind, source in sources.items()}
+    descriptor, processor = load_model(sources["descriptor"], "descriptor")
+    matcher, matcher_processor = load_model(sources["matcher"], "matcher")
+    pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]
+    result = {"image_size": descriptor.config.image_size, "patch_size": descriptor.config.patch_size,
+              "hidden_size": descriptor.config.hidden_size, "blocks": descriptor.config.num_hidden_layers,
+              "matcher_fusion_blocks": matcher.config.num_fusion_layers, "descriptor_batch": len(images),
+              "matcher_pairs": len(pairs), "threads": {}}
+    for count in threads:
+        torch.set_num_threads(count)
+        onnx_descriptor, _ = load_onnx_model(exported["descriptor"], "descriptor", threads=count)
+        onnx_matcher, _ = load_onnx_model(exported["matcher"], "matcher", threads=count)
+
+        def score(model):
+            return MatcherScorer(model, matcher_processor, batch_size=64).score(pairs, files, files, progress=False)
+
+        load_before = os.getloadavg()[0]
+        rates = fastest_rates({
+            "torch descriptor": (lambda: descriptor(pixel_values=pixel_values), len(images)),
+            "onnx descriptor": (lambda model=onnx_descriptor: model(pixel_values=pixel_values), len(images)),
+            "torch matcher": (lambda: score(matcher), len(pairs)),
+            "onnx matcher": (lambda model=onnx_matcher: score(model), len(pairs)),
+        }, rounds)
+        result["threads"][str(count)] = {
+            "descriptor_images_per_second": {"torch": rates["torch descriptor"], "onnx": rates["onnx descriptor"]},
+            "matcher_pairs_per_second": {"torch": rates["torch matcher"], "onnx": rates["onnx matcher"]},
+            "load_average_1min": [load_before, os.getloadavg()[0]],
+        }
+        logger.info("%s, %d thread(s): %s", name, count, {key: round(value, 1) for key, value in rates.items()})
+    return result
+
+
+def markdown_table(record: dict) -> str:
+    lines = ["| models | threads | descriptor images/s: torch | ONNX Runtime | matcher pairs/s (cache): torch "
+             "| ONNX Runtime | load average (1 min) |", "|---|---|---|---|---|---|---|"]
+    for name, entry in record["models"].items():
+        for count, figures in entry["threads"].items():
+            images, pairs = figures["descriptor_images_per_second"], figures["matcher_pairs_per_second"]
+            load = figures["load_average_1min"]
+            lines.append(f"| {name} ({entry['image_size']} px) | {count} | {images['torch']:.1f} | {images['onnx']:.1f} "
+                         f"| {pairs['torch']:.1f} | {pairs['onnx']:.1f} | {load[0]:.1f} -> {load[1]:.1f} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="model sizes")
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="intra-op thread counts")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated timed rounds (fastest kept)")
+    parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR), help="where onnx_speed.json is written")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    output_dir = Path(args.output_dir)
+    record = {"kind": "onnx_speed", "machine": machine_info(), "command": command_line(), "created": now(),
+              "models": {}}
+    for name in args.models:
+        record["models"][name] = bench_size(name, output_dir, args.threads, args.rounds)
+        path = write_json(output_dir / "onnx_speed.json", record)  # after every size: nothing measured is lost
+    print(markdown_table(record))
+    print(f"-> {path}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""ONNX export and the ONNX Runtime path (``copynce export-onnx``, ``--runtime onnx``): outputs equal PyTorch's.
+
+The embedded models are exported once per module (the cache of ``--runtime onnx`` is that export, so the
+command-line tests reuse it); a tiny matcher in the form of folders saved before the authors' options
+(segment embeddings, per-image CLS tokens dropped) is exported through the command.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from copynce_hf.cli import main
+from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.evaluation.models import load_model
+from copynce_hf.modeling.errors import ConfigError, ShapeError
+from copynce_hf.retrieval import DescriptorIndex, MatcherScorer, read_predictions
+
+from .conftest import TINY_VIT, requires_extra, shrunk_asset_images
+
+requires_extra("onnxruntime", "onnx")
+requires_extra("onnxscript", "onnx")
+
+from copynce_hf.onnx_export import CACHE_ENV, cached_export, read_manifest  # noqa: E402
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    """The cache of ``--runtime onnx`` holding the embedded descriptor and matcher, exported once."""
+    root = tmp_path_factory.mktemp("onnx-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(root))
+        folders = {kind: cached_export(None, kind) for kind in ("descriptor", "matcher")}
+        yield folders
+
+
+@pytest.fixture
+def use_cache(onnx_cache, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(onnx_cache["descriptor"].parent))
+    return onnx_cache
+
+
+def bundled_pixels(processor) -> torch.Tensor:
+    images = [Image.open(path).convert("RGB") for path in sorted(ASSET_IMAGES.glob("*.jpg"))]
+    return processor(images=images, return_tensors="pt")["pixel_values"]
+
+
+def assert_close(onnx_value: torch.Tensor, torch_value: torch.Tensor) -> None:
+    assert onnx_value.shape == torch_value.shape
+    assert float((onnx_value - torch_value).abs().max()) <= TOLERANCE
+
+
+def test_descriptor_graph_equals_pytorch_on_bundled_images(onnx_cache):
+    model, processor = load_model(None, "descriptor")
+    onnx_model, onnx_processor = load_model(onnx_cache["descriptor"], "descriptor", runtime="onnx")
+    pixels = bundled_pixels(processor)
+    assert torch.equal(pixels, bundled_pixels(onnx_processor))
+    with torch.inference_mode():
+        expected = model(pixel_values=pixels)
+    for batch in (pixels, pixels[:1]):  # the batch axis is dynamic
+        got = onnx_model(pixel_values=batch)
+        assert_close(got.descriptors, expected.descriptors[: len(batch)])
+        assert_close(got.patch_tokens, expected.patch_tokens[: len(batch)])
+    manifest = read_manifest(onnx_cache["descriptor"])
+    assert manifest["kind"] == "descriptor" and manifest["opset"] == 18
+    assert manifest["image_size"] == [model.config.image_size] * 2
+
+
+def compare_matchers(model, onnx_model, pixels: torch.Tensor) -> None:
+    """Encoder tokens, fusion outputs and copy scores of ``pixels`` paired with themselves rolled by one."""
+    references = pixels.roll(1, dims=0)
+    with torch.inference_mode():
+        encoded = model.pre_fusion_tokens(pixels)
+        fused = model.fuse(encoded, encoded.roll(1, dims=0))
+        full = model(pixel_values=pixels, reference_pixel_values=references)
+    assert_close(onnx_model.pre_fusion_tokens(pixels), encoded)
+    for got, expected in zip(onnx_model.fuse(encoded, encoded.roll(1, dims=0)), fused):
+        assert_close(got, expected)
+    onnx_full = onnx_model(pixel_values=pixels, reference_pixel_values=references)
+    assert_close(onnx_full.logits.sigmoid(), full.logits.sigmoid())
+    assert_close(onnx_full.query_patch_tokens, full.query_patch_tokens)
+
+
+def test_matcher_graphs_equal_pytorch_on_bundled_images(onnx_cache):
+    model, processor = load_model(None, "matcher")
+    onnx_model, _ = load_model(onnx_cache["matcher"], "matcher", runtime="onnx")
+    compare_matchers(model, onnx_model, bundled_pixels(processor))
+    assert read_manifest(onnx_cache["matcher"])["graphs"] == {"encoder": "matcher_encoder.onnx",
+                                                              "fusion": "matcher_fusion.onnx"}
+
+
+def test_matcher_scores_through_the_token_cache_equal_pytorch(onnx_cache):
+    files = {path.stem: path for path in sorted(ASSET_IMAGES.glob("*.jpg"))}
+    pairs = [(q, r) for q in list(files)[:3] for r in files]
+    scores = {}
+    for runtime in ("torch", "onnx"):
+        model, processor = load_model(onnx_cache["matcher"] if runtime == "onnx" else None, "matcher", runtime=runtime)
+        scorer = MatcherScorer(model, processor, batch_size=5, cache_size=64)
+        scores[runtime] = np.array(scorer.score(pairs, files, files, progress=False))
+        assert scorer.encoded_views == 3 + len(files)  # each image encoded once, whatever the runtime
+    np.testing.assert_allclose(scores["onnx"], scores["torch"], atol=TOLERANCE, rtol=0)
+
+
+def test_export_onnx_command_on_a_tiny_matcher_of_the_old_form(tmp_path, capsys):
+    from copynce_hf import CopyNCEImageProcessor, CopyNCEMatcherConfig, CopyNCEMatcherModel
+
+    torch.manual_seed(0)
+    config = CopyNCEMatcherConfig(num_fusion_layers=1, segment_embeddings=True, keep_image_cls_tokens=False,
+                                  classifier_layer_norm=False, patch_token_layer_norm=False, **TINY_VIT)
+    model = CopyNCEMatcherModel(config).eval()
+    with torch.no_grad():
+        model.segment_embeddings.normal_()  # zero at initialisation: make them count
+    model.save_pretrained(tmp_path / "tiny")
+    CopyNCEImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "tiny")
+    code = main(["--quiet", "export-onnx", str(tmp_path / "tiny"), str(tmp_path / "exported")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "matcher_encoder.onnx, matcher_fusion.onnx (opset 18" in out
+    onnx_model, processor = load_model(tmp_path / "exported", "matcher", runtime="onnx")
+    compare_matchers(model, onnx_model, bundled_pixels(processor))
+    with pytest.raises(ShapeError, match=r"take \(B, 3, 32, 32\) pixel_values, got \(1, 3, 64, 64\)"):
+        onnx_model.pre_fusion_tokens(torch.zeros(1, 3, 64, 64))
+    # an exported folder is refused by the PyTorch runtime, and a missing graph is named
+    with pytest.raises(ConfigError, match="is an ONNX export .*pass --runtime onnx"):
+        load_model(tmp_path / "exported", "matcher")
+    (tmp_path / "exported" / "matcher_fusion.onnx").unlink()
+    with pytest.raises(ConfigError, match="fusion graph matcher_fusion.onnx is missing"):
+        load_model(tmp_path / "exported", "matcher", runtime="onnx")
+    with pytest.raises(ConfigError, match="holds an exported matcher; a descriptor is needed"):
+        (tmp_path / "exported" / "matcher_fusion.onnx").write_bytes(b"")
+        load_model(tmp_path / "exported", "descriptor", runtime="onnx")
+
+
+def test_index_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+    (tmp_path / "refs").mkdir()
+    images = shrunk_asset_images(tmp_path / "refs", 96)
+    for runtime in ("torch", "onnx"):
+        code = main(["--quiet", "index", str(images), "--runtime", runtime, "--output", str(tmp_path / runtime)])
+        assert code == 0, capsys.readouterr().err
+    torch_index, onnx_index = (DescriptorIndex.load(tmp_path / runtime) for runtime in ("torch", "onnx"))
+    assert onnx_index.references.ids == torch_index.references.ids
+    np.testing.assert_allclose(onnx_index.references.descriptors, torch_index.references.descriptors,
+                               atol=TOLERANCE, rtol=0)
+    assert json.loads((tmp_path / "onnx" / "index.json").read_text())["info"]["runtime"] == "onnx"
+
+
+def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+    (tmp_path / "refs").mkdir()
+    references = shrunk_asset_images(tmp_path / "refs", 96)
+    (tmp_path / "queries").mkdir()
+    for path in sorted(references.glob("*.jpg"))[:4]:  # crops of four references
+        image = Image.open(path)
+        image.crop((0, 0, image.width * 3 // 4, image.height * 3 // 4)).save(tmp_path / "queries" / f"q-{path.name}")
+    predictions = {}
+    for runtime in ("torch", "onnx"):
+        code = main(["--quiet", "detect", str(tmp_path / "queries"), "--references", str(references), "--runtime",
+                     runtime, "--candidates", "3", "--k", "3", "--gallery", "1", "--output", str(tmp_path / runtime)])
+        assert code == 0, capsys.readouterr().err
+        predictions[runtime] = {(p.query_id, p.reference_id): p.score
+                                for p in read_predictions(tmp_path / runtime / "predictions.csv")}
+    assert predictions["onnx"].keys() == predictions["torch"].keys()
+    for pair, score in predictions["torch"].items():
+        assert abs(predictions["onnx"][pair] - score) <= TOLERANCE, pair
+    assert "(ONNX Runtime)" in (tmp_path / "onnx" / "report.html").read_text(encoding="utf-8")
