@@ -569,7 +569,10 @@ def cmd_export_onnx(args) -> int:
 
     check_output_folder(args.output)
     check_model_path(args.model, "MODEL")
-    folder = export_onnx(args.model, args.output, args.kind)
+    model, processor = load_model(args.model, args.kind, "MODEL")
+    local = Path(str(model.name_or_path))
+    source = str(local.resolve()) if local.exists() else str(model.name_or_path)
+    folder = export_onnx(model, processor, args.output, source)
     graphs = read_manifest(folder)["graphs"]
     print(f"wrote {', '.join(graphs.values())} (opset {ONNX_OPSET}, dynamic batch axis) to {folder}; "
           "run them with --runtime onnx and this folder as the model")

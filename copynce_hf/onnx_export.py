@@ -20,8 +20,8 @@ versions that made them. The batch axis is dynamic; the image size is the image 
 :data:`ONNX_OPSET`. Hugging Face ``optimum``'s exporter is not used: it knows only the model types
 it registers, and its ONNX package (optimum-onnx 0.1) requires transformers 4.x.
 
-:func:`cached_export` exports a model folder once into a cache folder keyed by the model's files, for
-``--runtime onnx`` given a model folder rather than an exported one.
+:func:`cache_folder` names where ``--runtime onnx`` keeps the export of a model folder given rather than
+an exported one (:func:`copynce_hf.evaluation.models.load_model` exports it there once).
 """
 
 from __future__ import annotations
@@ -124,10 +124,9 @@ def _graph_modules(model):
     }
 
 
-def export_onnx(model_path: str | os.PathLike | None, output: str | os.PathLike, kind: str | None = None,
-                option: str = "MODEL") -> Path:
-    """Export a CopyNCE descriptor or matcher folder (or Hub id; ``None``: the embedded descriptor, or the
-    embedded model of ``kind``) into the ONNX folder ``output`` (see the module docstring).
+def export_onnx(model, processor, output: str | os.PathLike, source: str = "") -> Path:
+    """Write the ONNX folder ``output`` of a loaded CopyNCE descriptor or matcher (float32, eval mode) and its
+    image processor (see the module docstring); ``source`` (the model's folder or Hub id) goes into ``onnx.json``.
 
     Returns:
         ``output``, written atomically (a failed export leaves no half folder behind).
@@ -135,18 +134,15 @@ def export_onnx(model_path: str | os.PathLike | None, output: str | os.PathLike,
     import torch
 
     from . import __version__
-    from .evaluation.models import load_model
     from .retrieval.rescoring import model_kind
 
-    model, processor = load_model(model_path, kind, option)
     kind = model_kind(model)
-    source = str(Path(model_path).resolve()) if model_path and Path(model_path).exists() else str(
-        model_path or model.name_or_path)
     size = model.config.image_size
     processed = processor.size.get("height"), processor.size.get("width")
     if processed != (size, size):
-        raise ConfigError(f"{option} {source}: the image processor makes {processed[0]}x{processed[1]} inputs but the "
-                          f"model's image_size is {size}; the ONNX graphs take the model's size only")
+        raise ConfigError(f"{source or 'the model'}: the image processor makes {processed[0]}x{processed[1]} inputs "
+                          f"but the model's image_size is {size}; the ONNX graphs take the model's size only")
+    model.eval()
     with StagedFolder(output) as staging:
         for name, (module, inputs, input_names, output_names, dynamic) in _graph_modules(model).items():
             module.eval()
@@ -178,24 +174,10 @@ def _model_identity(folder: Path) -> dict:
             "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
 
 
-def cached_export(model_path: str | os.PathLike | None, kind: str | None = None, option: str = "--model") -> Path:
-    """The ONNX folder of a model folder, exported into :func:`onnx_cache_root` on first use and reused while
-    the model's files (and the exporting versions) are unchanged. ``model_path`` may be an exported folder
-    already (returned as it is) or ``None`` (the embedded model of ``kind``)."""
-    from .evaluation.models import DEFAULTS, check_model_path
-
-    if is_onnx_folder(model_path):
-        return Path(model_path)
-    folder = Path(model_path) if model_path is not None else DEFAULTS[kind or "descriptor"]
-    check_model_path(folder, option)
-    if not folder.is_dir():
-        raise ConfigError(f"{option} {model_path}: --runtime onnx needs a local model folder or an exported ONNX "
-                          "folder (copynce export-onnx), not a Hub id; download it first")
-    identity = _model_identity(folder)
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    target = onnx_cache_root() / f"{folder.name}-{key}"
-    if is_onnx_folder(target):
-        logger.info("reusing the ONNX export %s", target)
-        return target
-    logger.warning("exporting %s to ONNX into %s (once; reused while the model is unchanged)", folder, target)
-    return export_onnx(folder, target, kind, option)
+def cache_folder(model_folder: str | os.PathLike) -> Path:
+    """Where the ONNX export of a local model folder is cached: under :func:`onnx_cache_root`, named by the
+    folder and a hash of its files (name, size, time) and of the exporting versions, so that a changed model
+    (or a new torch or copynce_hf) is exported again."""
+    folder = Path(model_folder)
+    key = hashlib.sha256(json.dumps(_model_identity(folder), sort_keys=True).encode()).hexdigest()[:16]
+    return onnx_cache_root() / f"{folder.name}-{key}"

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_VIT, requires_extra, shrunk_asset_images
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -20,14 +21,13 @@ from copynce_hf.evaluation.models import load_model
 from copynce_hf.modeling.errors import ConfigError, ShapeError
 from copynce_hf.retrieval import DescriptorIndex, MatcherScorer, read_predictions
 
-from .conftest import TINY_VIT, requires_extra, shrunk_asset_images
-
 requires_extra("onnxruntime", "onnx")
 requires_extra("onnxscript", "onnx")
 
-from copynce_hf.onnx_export import CACHE_ENV, cached_export, read_manifest  # noqa: E402
+from copynce_hf.onnx_export import CACHE_ENV, read_manifest  # noqa: E402
 
 TOLERANCE = 1e-4
+pytestmark = pytest.mark.slow  # the module exports three graphs of the embedded models (a minute on two idle cores)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,7 @@ def onnx_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("onnx-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(root))
-        folders = {kind: cached_export(None, kind) for kind in ("descriptor", "matcher")}
-        yield folders
+        yield {kind: load_model(None, kind, runtime="onnx")[0].folder for kind in ("descriptor", "matcher")}
 
 
 @pytest.fixture
@@ -147,7 +146,9 @@ def test_index_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
     assert onnx_index.references.ids == torch_index.references.ids
     np.testing.assert_allclose(onnx_index.references.descriptors, torch_index.references.descriptors,
                                atol=TOLERANCE, rtol=0)
-    assert json.loads((tmp_path / "onnx" / "index.json").read_text())["info"]["runtime"] == "onnx"
+    assert json.loads((tmp_path / "onnx" / "index.json").read_text())["runtime"] == "onnx"
+    cache = use_cache["descriptor"].parent
+    assert sorted(cache.iterdir()) == sorted(use_cache.values())  # the embedded descriptor's export was reused
 
 
 def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):

@@ -87,9 +87,7 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
     if runtime not in RUNTIMES:
         raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if runtime == "onnx":
-        from ..retrieval.onnx_runtime import load_onnx_model
-
-        return load_onnx_model(path if path is not None else default, kind, option)
+        return _load_onnx(path if path is not None else default, kind, option)
     if is_onnx_folder(path):
         raise ConfigError(f"{option} {path} is an ONNX export (copynce export-onnx): pass --runtime onnx to run it")
     if path is None:
@@ -118,3 +116,27 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
     except (OSError, ValueError, KeyError, SafetensorError) as error:
         raise _load_error(error, path, option) from error
     return model, processor
+
+
+def _load_onnx(path: str | Path | None, kind: str | None, option: str):
+    """``load_model(..., runtime="onnx")``: an exported folder as it is; a local model folder (``None``: the
+    embedded model of ``kind``) exported first into its cache folder, once (:func:`copynce_hf.onnx_export.cache_folder`)."""
+    import logging
+
+    from ..onnx_export import cache_folder, export_onnx, is_onnx_folder
+    from ..retrieval.onnx_runtime import load_onnx_model
+
+    if not is_onnx_folder(path):
+        folder = Path(path) if path is not None else DEFAULTS[kind or "descriptor"]
+        check_model_path(folder, option)
+        if not folder.is_dir():
+            raise ConfigError(f"{option} {path}: --runtime onnx needs a local model folder or a folder written by "
+                              "copynce export-onnx, not a Hub id (download the model first)")
+        target = cache_folder(folder)
+        if not is_onnx_folder(target):
+            logging.getLogger(__name__).warning("exporting %s to ONNX into %s (once: reused while the model is "
+                                                "unchanged)", folder, target)
+            model, processor = load_model(folder, kind, option)
+            export_onnx(model, processor, target, source=str(folder.resolve()))
+        path = target
+    return load_onnx_model(path, kind, option)

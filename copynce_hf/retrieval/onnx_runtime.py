@@ -22,7 +22,7 @@ import torch
 
 from ..modeling.errors import ConfigError, ShapeError
 from ..modeling.modeling_copynce import CopyNCEDescriptorOutput, CopyNCEMatcherOutput
-from ..onnx_export import GRAPHS, cached_export, read_manifest
+from ..onnx_export import GRAPHS, read_manifest
 
 
 def _session(file: Path, threads: int | None):
@@ -103,15 +103,15 @@ class OnnxMatcherModel(_OnnxModel):
                                     reference_patch_tokens=reference_patches)
 
 
-def load_onnx_model(path: str | os.PathLike | None = None, kind: str | None = None, option: str = "--model",
+def load_onnx_model(folder: str | os.PathLike, kind: str | None = None, option: str = "--model",
                     threads: int | None = None):
-    """``(ONNX model, image processor)`` of an exported folder, or of a model folder exported on first use into
-    the cache (:func:`copynce_hf.onnx_export.cached_export`); ``None``: the embedded model of ``kind``."""
+    """``(ONNX model, image processor)`` of a folder written by :func:`~copynce_hf.onnx_export.export_onnx`;
+    ``kind`` (``descriptor`` or ``matcher``) insists on that kind. (``load_model(..., runtime="onnx")`` also
+    takes model folders, exported once into a cache.)"""
     from transformers import AutoImageProcessor
 
-    folder = cached_export(path, kind, option)
     manifest = read_manifest(folder)
     if kind is not None and manifest["kind"] != kind:
-        raise ConfigError(f"{option} {path} holds an exported {manifest['kind']}; a {kind} is needed here")
+        raise ConfigError(f"{option} {folder} holds an exported {manifest['kind']}; a {kind} is needed here")
     wrapper = OnnxDescriptorModel if manifest["kind"] == "descriptor" else OnnxMatcherModel
     return wrapper(folder, threads), AutoImageProcessor.from_pretrained(str(folder))
