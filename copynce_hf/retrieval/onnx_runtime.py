@@ -51,7 +51,6 @@ class _OnnxModel:
         self.sessions = {name: _session(self.folder / str(self.manifest["graphs"].get(name, file)), threads)
                          for name, file in GRAPHS[self.manifest["kind"]].items()}
         self.device = torch.device("cpu")
-        self.training = False
 
     def eval(self):
         return self
@@ -74,7 +73,7 @@ class _OnnxModel:
 class OnnxDescriptorModel(_OnnxModel):
     """A descriptor's ``descriptor.onnx``: ``(B, 3, H, W) -> descriptors (B, D), patch_tokens (B, L, C)``."""
 
-    def __call__(self, pixel_values: torch.Tensor, **_) -> CopyNCEDescriptorOutput:
+    def __call__(self, pixel_values: torch.Tensor) -> CopyNCEDescriptorOutput:
         descriptors, patch_tokens = self._run("descriptor", pixel_values=self._check_pixels(pixel_values))
         return CopyNCEDescriptorOutput(descriptors=descriptors, patch_tokens=patch_tokens)
 
@@ -96,7 +95,7 @@ class OnnxMatcherModel(_OnnxModel):
         arrays = (t.detach().to("cpu", torch.float32).contiguous().numpy() for t in (query_encoded, reference_encoded))
         return tuple(self._run("fusion", **dict(zip(("query_tokens", "reference_tokens"), arrays))))
 
-    def __call__(self, pixel_values: torch.Tensor, reference_pixel_values: torch.Tensor, **_) -> CopyNCEMatcherOutput:
+    def __call__(self, pixel_values: torch.Tensor, reference_pixel_values: torch.Tensor) -> CopyNCEMatcherOutput:
         logits, query_patches, reference_patches = self.fuse(self.pre_fusion_tokens(pixel_values),
                                                              self.pre_fusion_tokens(reference_pixel_values))
         return CopyNCEMatcherOutput(logits=logits, query_patch_tokens=query_patches,
