@@ -169,3 +169,15 @@ def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pa
     for pair, score in predictions["torch"].items():
         assert abs(predictions["onnx"][pair] - score) <= TOLERANCE, pair
     assert "(ONNX Runtime)" in (tmp_path / "onnx" / "report.html").read_text(encoding="utf-8")
+
+
+def test_weight_fingerprint_of_an_onnx_model_follows_its_graph_files(onnx_cache, tmp_path):
+    import shutil
+
+    from copynce_hf.retrieval.chunked_scoring import model_fingerprint
+
+    copy = shutil.copytree(onnx_cache["matcher"], tmp_path / "copy")
+    first = model_fingerprint(load_model(copy, "matcher", runtime="onnx")[0])
+    assert model_fingerprint(load_model(onnx_cache["matcher"], "matcher", runtime="onnx")[0]) == first
+    other, _ = load_model(onnx_cache["descriptor"], "descriptor", runtime="onnx")
+    assert model_fingerprint(other) != first

@@ -6,7 +6,7 @@ CopyNCE model: ``model(pixel_values=...)`` (a :class:`CopyNCEDescriptorOutput` w
 and ``patch_tokens``; for the matcher ``model(pixel_values=..., reference_pixel_values=...)``, a
 :class:`CopyNCEMatcherOutput`), the matcher's two stages ``pre_fusion_tokens`` and ``fuse`` (so that
 :class:`~.matcher_cache.MatcherScorer` caches encoder tokens as with PyTorch), ``config``,
-``device``, ``eval()`` and ``to()``. Tensors go in and come out as CPU torch tensors.
+``device``, ``eval()``, ``to()`` and ``state_dict()`` (the graph files' bytes, for weight fingerprints). Tensors go in and come out as CPU torch tensors.
 
 Sessions use ``threads`` intra-op threads (default: ``torch.get_num_threads()``, so that both
 runtimes use the same number of cores, ``OMP_NUM_THREADS`` included).
@@ -48,8 +48,9 @@ class _OnnxModel:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         self.config = AutoConfig.from_pretrained(str(self.folder))
-        self.sessions = {name: _session(self.folder / str(self.manifest["graphs"].get(name, file)), threads)
-                         for name, file in GRAPHS[self.manifest["kind"]].items()}
+        self.graph_files = {name: self.folder / str(self.manifest["graphs"].get(name, file))
+                            for name, file in GRAPHS[self.manifest["kind"]].items()}
+        self.sessions = {name: _session(file, threads) for name, file in self.graph_files.items()}
         self.device = torch.device("cpu")
 
     def eval(self):
@@ -58,6 +59,11 @@ class _OnnxModel:
     def to(self, *args, **kwargs):
         """Kept on the CPU: the sessions run on ONNX Runtime's CPU provider whatever device is asked."""
         return self
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The graph files' bytes (uint8 tensors by file name), which hold the weights: what a fingerprint of the
+        model's weights (:func:`~.chunked_scoring.model_fingerprint`, the identity of saved scores) reads."""
+        return {file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8)) for file in self.graph_files.values()}
 
     def _check_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
         size = tuple(self.manifest["image_size"])
