@@ -131,6 +131,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _whiten_from(args):
+    """The image source of ``--whiten-from`` (``None`` without it); ``--whiten-dim`` alone is an error."""
+    if args.whiten_from is None and args.whiten_dim is not None:
+        raise ConfigError("--whiten-dim needs --whiten-from FOLDER (the sample images the whitening is learned from)")
+    return folder_source(args.whiten_from, args) if args.whiten_from is not None else None
+
+
 def _index_config_overrides(args) -> dict:
     return {
         name: getattr(args, name)
@@ -146,19 +153,27 @@ def cmd_index(args) -> int:
     from accelerate import Accelerator
 
     from .retrieval import (
+        Descriptor,
         DescriptorIndex,
         IndexConfig,
         ViewPreset,
         extract_view_descriptors,
+        learn_whitening,
     )
 
     check_output_folder(args.output)
     check_model_path(args.model)
     source = folder_source(args.references, args)
+    sample = _whiten_from(args)
     config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
     model, processor = _descriptor_model(args.model, runtime=args.runtime)
     accelerator = Accelerator()
     preset = ViewPreset(args.descriptor_lce)
+    whitening = None
+    if sample is not None:
+        whitening = learn_whitening(Descriptor("index", model, processor), sample, preset, args.whiten_dim,
+                                    progress=not args.quiet, batch_size=args.batch_size,
+                                    num_workers=args.num_workers, accelerator=accelerator)
     references = extract_view_descriptors(
         model, processor, source, preset, "reference", batch_size=args.batch_size, num_workers=args.num_workers,
         accelerator=accelerator, progress=not args.quiet, description="reference descriptors",
@@ -172,12 +187,16 @@ def cmd_index(args) -> int:
         model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
         info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve()),
                 "views": preset.name, "runtime": args.runtime}
-        index = DescriptorIndex.build(references, config, info=info)
+        if whitening is not None:
+            info["whitened_from"] = str(Path(args.whiten_from).resolve())
+        index = DescriptorIndex.build(references, config, info=info, whitening=whitening)
         with StagedFolder(args.output) as staging:
             index.save(staging)
         views = f", {preset.num_reference_views} views each" if preset.name != "none" else ""
-        print(f"indexed {len(source) - len(references.skipped)} references{views} ({references.dim}-d, {config.kind}) "
-              f"into {args.output}")
+        whitened = (f", whitened to {whitening.dim}-d from {whitening.samples} sample views of {args.whiten_from}"
+                    if whitening is not None else "")
+        print(f"indexed {len(source) - len(references.skipped)} references{views} ({references.dim}-d{whitened}, "
+              f"{config.kind}) into {args.output}")
         report_counts("index", f"{len(source)} images", reasons, f"wrote {len(references)} descriptors")
     accelerator.wait_for_everyone()
     return 0
@@ -241,8 +260,9 @@ def cmd_search(args) -> int:
         with StagedFile(args.save_descriptors) as temporary:
             queries.save(temporary)
     if args.hdf5:
+        compared = [DescriptorSet(s.ids, index.transform(s.descriptors)) for s in (queries, index.references)]
         with StagedFile(args.hdf5) as temporary:
-            export_disc21_hdf5(temporary, queries, index.references)
+            export_disc21_hdf5(temporary, *compared)  # as the index compares them (whitened when it whitens)
     if with_views and args.score_norm and (Path(args.score_norm) / "index.json").is_file():
         auxiliary = DescriptorIndex.load(args.score_norm)  # an index of auxiliary views
     predictions = search_references(index, queries, args.k, query_views=preset, auxiliary=auxiliary,
@@ -389,7 +409,8 @@ def _detect_config(args):
 
     explicit = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
     config = DetectConfig.from_preset(args.preset, batch_size=args.batch_size, num_workers=args.num_workers,
-                                      chunk_size=getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE), **explicit)
+                                      chunk_size=getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE),
+                                      whiten_dim=getattr(args, "whiten_dim", None), **explicit)
     return config, explicit
 
 
@@ -454,6 +475,10 @@ def cmd_detect(args) -> int:
         except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
             raise PredictionsError(str(error)) from error
     config, explicit = _detect_config(args)
+    whiten_from = _whiten_from(args)
+    if whiten_from is not None and args.calibration is not None and args.matcher == "none":
+        raise ConfigError("a calibration holds descriptor thresholds without whitening; with --whiten-from and "
+                          "--matcher none give no --calibration")
     calibration = _calibration_point(args, config)
     descriptors, matcher = _pipeline_models(args)
     output = Path(args.output)
@@ -471,7 +496,8 @@ def cmd_detect(args) -> int:
         + (f"over auxiliary ranks {config.k_start}-{config.k_end}" if auxiliary is not None
            else "off (no --aux folder given)"))
     result = detect(queries, references, descriptors, matcher, auxiliary, config, index_folder=output / "indexes",
-                    progress=not args.quiet, log=say, rescoring_folder=output / "rescoring", accelerator=accelerator)
+                    progress=not args.quiet, log=say, rescoring_folder=output / "rescoring", accelerator=accelerator,
+                    whiten_from=whiten_from)
     if not accelerator.is_main_process:
         return 0
     decided = None if calibration is None else calibration[1].threshold
@@ -506,6 +532,8 @@ def cmd_detect(args) -> int:
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
                                 if args.aux else "off"),
         "candidates per query": config.candidates, "predictions per query": config.k,
+        "whitening": (f"learned from {args.whiten_from}" + (f", {args.whiten_dim} dimensions" if args.whiten_dim else "")
+                      if args.whiten_from else "off"),
     }
     if calibration is not None:
         stage, point = calibration
@@ -659,6 +687,15 @@ def _add_runtime(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_whitening(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("whitening (SSCD's descriptor post-processing)")
+    group.add_argument("--whiten-from", metavar="FOLDER",
+                       help="sample images of the collection (not the queries' copies) to learn centering + PCA "
+                       "whitening from; references and queries are whitened, then L2-normalised (stored with the index)")
+    group.add_argument("--whiten-dim", type=_positive_int, metavar="D",
+                       help="whitened directions kept (default: all); needs more than D sample images (views)")
+
+
 def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("approximate search knobs")
     group.add_argument("--ef-search", type=_positive_int, help="HNSW: beam width at search time (default 128)")
@@ -753,6 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "and writes OUTPUT/copies.csv")
     p.add_argument("--precision", type=float, help="the calibrated precision to decide at (default 0.9; the file "
                    "holds 0.9, 0.95 and 0.99)")
+    _add_whitening(p)
     _add_model_loading(p)
     _add_runtime(p)
     _add_image_input(p)
@@ -802,6 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="index views: none (whole images), matcher-views (10 views per reference: whole, five "
                    "one-third crops, four quarters) or authors (9 views: whole, five crops, three rotations) "
                    "(default none)")
+    _add_whitening(p)
     _add_search_knobs(p)
     _add_model_loading(p)
     _add_runtime(p)

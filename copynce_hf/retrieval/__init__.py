@@ -25,7 +25,8 @@ _SOURCES = {
     **dict.fromkeys(('ChunkFolder', 'PairScores', 'plan_chunks', 'score_in_chunks'), 'chunked_scoring'),
     **dict.fromkeys(('DescriptorSet', 'export_disc21_hdf5'), 'descriptors'),
     **dict.fromkeys(('DEFAULT_CANDIDATES', 'DEFAULT_CHUNK_SIZE', 'DETECT_PRESETS', 'DETECT_PRESET_FIELDS'), 'presets'),
-    **dict.fromkeys(('Descriptor', 'DetectConfig', 'DetectResult', 'detect', 'view_index'), 'detect'),
+    **dict.fromkeys(('Descriptor', 'DetectConfig', 'DetectResult', 'detect', 'learn_whitening', 'view_index'), 'detect'),
+    **dict.fromkeys(('Whitening',), 'whitening'),
     **dict.fromkeys(('ProcessedImages', 'extract_descriptors'), 'extract'),
     **dict.fromkeys(('INDEX_KINDS', 'DescriptorIndex', 'IndexConfig', 'knn_predictions'), 'index'),
     **dict.fromkeys(('MatcherScorer', 'matcher_stages'), 'matcher_cache'),
@@ -141,4 +142,6 @@ __all__ = [
     "DetectResult",
     "detect",
     "view_index",
+    "learn_whitening",
+    "Whitening",
 ]

@@ -41,6 +41,7 @@ from .presets import DEFAULT_CANDIDATES, DETECT_PRESETS
 from .search import search_references
 from .view_search import extract_view_descriptors
 from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
+from .whitening import Whitening
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class DetectConfig:
         cache_size: reference views whose matcher tokens are kept.
         chunk_size: candidate pairs per chunk of matcher work (whole queries; the unit shared between
             processes and kept on disk, :mod:`.chunked_scoring`).
+        whiten_dim: directions kept by the whitening learned from ``whiten_from`` images (``None``: all).
     """
 
     k: int = 10
@@ -82,6 +84,7 @@ class DetectConfig:
     num_workers: int = 0
     cache_size: int = 4096
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    whiten_dim: int | None = None
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
@@ -89,6 +92,8 @@ class DetectConfig:
         for name in ("k", "candidates", "batch_size", "chunk_size"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.whiten_dim is not None and self.whiten_dim < 1:
+            raise ConfigError(f"whiten_dim must be at least 1, got {self.whiten_dim}")
         if not 0 <= self.k_start <= self.k_end:
             raise ConfigError(f"score normalisation needs 0 <= k_start <= k_end, got k_start={self.k_start}, "
                               f"k_end={self.k_end}")
@@ -264,12 +269,33 @@ def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, f
     return views, seconds, False
 
 
+def learn_whitening(descriptor: Descriptor, source, preset: ViewPreset, dim: int | None = None,
+                    folder: str | os.PathLike | None = None, progress: bool = True,
+                    description: str = "whitening sample", **extract) -> Whitening:
+    """The :class:`~.whitening.Whitening` learned from the descriptors of ``source``'s images (their reference
+    views, as indexed); written to ``folder`` and reused from it for the same images, model, views and ``dim``."""
+    identity = {**_index_identity(descriptor, source, preset, "whitening sample"), "dim": dim}
+    reused = _reuse(folder, identity, lambda: Whitening.load(Path(folder) / "whitening.safetensors"), "the whitening")
+    if reused is not None:
+        return reused
+    sample = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "reference",
+                                      progress=progress, description=description, **extract)
+    whitening = Whitening.fit(sample.descriptors, dim)
+    if folder is not None:
+        with _rewriting(folder, identity):
+            whitening.save(Path(folder) / "whitening.safetensors")
+    return whitening
+
+
 def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
                config: IndexConfig | None = None, progress: bool = True, description: str = "reference views",
-               **extract) -> DescriptorIndex:
-    """An exact index over the views of ``source``'s images; written to ``folder`` and reused from it when it
-    was built from the same images, model and views (``identity.json`` beside the index files)."""
+               whitening: Whitening | None = None, **extract) -> DescriptorIndex:
+    """An exact index over the views of ``source``'s images (whitened with ``whitening`` when given); written to
+    ``folder`` and reused from it when it was built from the same images, model, views and whitening
+    (``identity.json`` beside the index files)."""
     identity = _index_identity(descriptor, source, preset)
+    if whitening is not None:
+        identity["whitening"] = whitening.fingerprint()
     reused = _reuse(folder, identity, lambda: DescriptorIndex.load(folder), "the index")
     if reused is not None:
         return reused
@@ -278,7 +304,7 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
     if len(views) == 0:
         raise PredictionsError(f"none of the {len(source)} images could be read ({description})")
     index = DescriptorIndex.build(views, config or IndexConfig(kind="flat"),
-                                  info={"model": identity["model"], "views": preset.name})
+                                  info={"model": identity["model"], "views": preset.name}, whitening=whitening)
     if folder is not None and _is_main_process():
         with _rewriting(folder, identity):
             index.save(folder)
@@ -297,6 +323,7 @@ def detect(
     log: Callable[[str], None] = logger.info,
     rescoring_folder: str | os.PathLike | None = None,
     accelerator=None,
+    whiten_from=None,
 ) -> DetectResult:
     """Find the references that every query copies.
 
@@ -316,6 +343,9 @@ def detect(
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made). Under ``accelerate launch`` every
             process calls :func:`detect`: the images are embedded and the candidate pairs scored in shards,
             the caches written by the main process, and every process gets the whole result.
+        whiten_from: an image source (sample images of the collection, without the queries' copies) from
+            which each descriptor learns a whitening (:mod:`.whitening`, ``config.whiten_dim`` directions)
+            applied to references, queries and auxiliary images; ``None``: no whitening.
     """
     config = config or DetectConfig()
     if not descriptors:
@@ -337,8 +367,16 @@ def detect(
     for descriptor in descriptors:
         folder = Path(index_folder) / descriptor.name if index_folder is not None else None
         start = time.perf_counter()
+        whitening = None
+        if whiten_from is not None:
+            whitening = learn_whitening(descriptor, whiten_from, preset, config.whiten_dim,
+                                        folder / "whitening" if folder else None, progress=progress,
+                                        description=f"{descriptor.name}: whitening sample", **extract)
+            log(f"{descriptor.name}: whitening learned from {whitening.samples} sample views "
+                f"({whitening.input_dim} -> {whitening.dim} dimensions)")
         index = view_index(descriptor, references, preset, folder / "references" if folder else None,
-                           progress=progress, description=f"{descriptor.name}: reference views", **extract)
+                           progress=progress, description=f"{descriptor.name}: reference views",
+                           whitening=whitening, **extract)
         seconds[f"index:{descriptor.name}"] = time.perf_counter() - start
         _note_skips(index.references, skipped_references)
         auxiliary_index = None
@@ -346,7 +384,7 @@ def detect(
             start = time.perf_counter()
             auxiliary_index = view_index(descriptor, auxiliary, preset, folder / "auxiliary" if folder else None,
                                          progress=progress, description=f"{descriptor.name}: auxiliary views",
-                                         **extract)
+                                         whitening=whitening, **extract)
             seconds[f"auxiliary:{descriptor.name}"] = time.perf_counter() - start
         query_views, extract_seconds, reused_views = query_view_descriptors(
             descriptor, queries, preset, folder / "queries" if folder else None, progress=progress,

@@ -12,7 +12,9 @@ the euclidean distance. Three index kinds:
   ``nprobe`` and ``k_factor`` (how many PQ candidates are re-ranked per requested neighbour).
 
 An index folder holds ``index.faiss`` (the faiss index), ``descriptors.safetensors`` (ids
-and descriptors, see :mod:`.descriptors`) and ``index.json`` (kind, parameters, model).
+and descriptors, see :mod:`.descriptors`) and ``index.json`` (kind, parameters, model), plus
+``whitening.safetensors`` when the index whitens (:mod:`.whitening`): then faiss holds the whitened
+references and :meth:`DescriptorIndex.search` whitens the queries it is given the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 from ..modeling.errors import ConfigError, PredictionsError
 from .descriptors import DescriptorSet
 from .predictions import Prediction
+from .whitening import Whitening
 
 if TYPE_CHECKING:
     import faiss
@@ -122,26 +125,28 @@ class DescriptorIndex:
 
     Attributes:
         index: the faiss index (inner-product metric); row ``i`` is ``references.ids[i]``.
-        references: the indexed descriptors and their ids.
+        references: the indexed descriptors and their ids, as the model gave them (not whitened).
         config: how the index was built and is searched.
         info: free-form provenance written to ``index.json`` (e.g. the model path).
+        whitening: the transform applied to references and queries before faiss sees them; ``None``: none.
     """
 
     index: faiss.Index
     references: DescriptorSet
     config: IndexConfig = field(default_factory=IndexConfig)
     info: dict = field(default_factory=dict)
+    whitening: Whitening | None = None
 
     @classmethod
-    def build(cls, references: DescriptorSet, config: IndexConfig | None = None, info: dict | None = None):
-        """Build an index over ``references.descriptors`` (N, D) float32."""
+    def build(cls, references: DescriptorSet, config: IndexConfig | None = None, info: dict | None = None,
+              whitening: Whitening | None = None):
+        """Build an index over ``references.descriptors`` (N, D) float32, whitened first when ``whitening`` is given."""
         config = config or IndexConfig()
         if len(references) == 0:
             raise PredictionsError("cannot build an index over an empty descriptor set")
-        vectors = references.descriptors
-        index = _faiss().index_factory(
-            references.dim, config.factory_string(len(references), references.dim), _faiss().METRIC_INNER_PRODUCT
-        )
+        vectors = whitening.whiten(references.descriptors) if whitening is not None else references.descriptors
+        dim = int(vectors.shape[1])
+        index = _faiss().index_factory(dim, config.factory_string(len(references), dim), _faiss().METRIC_INNER_PRODUCT)
         if config.kind == "hnsw":
             _faiss().downcast_index(index).hnsw.efConstruction = config.ef_construction
         if not index.is_trained:
@@ -152,7 +157,7 @@ class DescriptorIndex:
                 )
             index.train(_training_sample(vectors, config.max_train_vectors))
         index.add(vectors)
-        built = cls(index, references, config, dict(info or {}))
+        built = cls(index, references, config, dict(info or {}), whitening)
         built.set_search_parameters()
         return built
 
@@ -167,11 +172,15 @@ class DescriptorIndex:
     def __len__(self) -> int:
         return int(self.index.ntotal)
 
+    def transform(self, descriptors: np.ndarray) -> np.ndarray:
+        """Descriptors (N, D) as this index compares them: whitened (N, d) when it whitens, else unchanged."""
+        return self.whitening.whiten(descriptors) if self.whitening is not None else descriptors
+
     def search(self, queries: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """k-NN by inner product.
+        """k-NN by inner product (of the whitened descriptors when the index whitens).
 
         Args:
-            queries: (Nq, D) float32.
+            queries: (Nq, D) float32, as the model gives them (whitened here when the index whitens).
             k: neighbours per query (capped at the index size).
 
         Returns:
@@ -185,15 +194,19 @@ class DescriptorIndex:
                 f"query descriptors of shape {queries.shape} do not match the index dimension {self.references.dim}"
             )
         k = min(int(k), len(self))
-        return self.index.search(queries, k)
+        return self.index.search(np.ascontiguousarray(self.transform(queries)), k)
 
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write ``index.faiss``, ``descriptors.safetensors`` and ``index.json`` into ``folder``."""
+        """Write ``index.faiss``, ``descriptors.safetensors``, ``index.json`` (and ``whitening.safetensors``) into ``folder``."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         _faiss().write_index(self.index, str(folder / "index.faiss"))
         self.references.save(folder / "descriptors.safetensors")
-        meta = {"config": asdict(self.config), "count": len(self), "dim": self.references.dim, **self.info}
+        (folder / "whitening.safetensors").unlink(missing_ok=True)
+        if self.whitening is not None:
+            self.whitening.save(folder / "whitening.safetensors")
+        meta = {"config": asdict(self.config), "count": len(self), "dim": self.references.dim, **self.info,
+                **({"whitened_dim": self.whitening.dim} if self.whitening is not None else {})}
         (folder / "index.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return folder
 
@@ -216,13 +229,23 @@ class DescriptorIndex:
             raise PredictionsError(f"{damaged} (index.json: {error})") from None
         meta.pop("count", None)
         meta.pop("dim", None)
+        whitened_dim = meta.pop("whitened_dim", None)
+        whitening = None
+        if whitened_dim is not None:
+            if not (folder / "whitening.safetensors").is_file():
+                raise PredictionsError(f"{damaged} (index.json names a whitening, whitening.safetensors is missing)")
+            whitening = Whitening.load(folder / "whitening.safetensors")
         references = DescriptorSet.load(folder / "descriptors.safetensors")
         try:
             index = _faiss().read_index(str(folder / "index.faiss"))
         except RuntimeError as error:  # faiss reports a damaged file as a RuntimeError with its C++ trace
             reason = re.sub(r"^Error in .*? at \S+:\d+: ", "", " ".join(str(error).split())) or "unreadable"
             raise PredictionsError(f"{damaged} (index.faiss: {reason})") from None
-        loaded = cls(index, references, config, meta)
+        loaded = cls(index, references, config, meta, whitening)
+        if whitening is not None and (whitening.input_dim, whitening.dim) != (references.dim, index.d):
+            raise PredictionsError(f"{damaged} (whitening.safetensors maps {whitening.input_dim}-d to "
+                                   f"{whitening.dim}-d descriptors; the index holds {references.dim}-d descriptors "
+                                   f"and {index.d}-d vectors)")
         if len(loaded) != len(references):
             raise PredictionsError(
                 f"index folder {os.fspath(folder)!r}: the index holds {len(loaded)} vectors, "

@@ -7,8 +7,9 @@ benchmarks, the training run's evaluation) and :func:`~copynce_hf.retrieval.dete
   cosine per (query, reference) (:func:`~.view_search.view_predictions`);
 * feature stretching (supplementary "Feature Stretching"): the queries are stretched with the
   auxiliary images, then ranked by euclidean distance, scores ``-||q - r||^2``;
-* otherwise the cosine, minus ``alpha`` times each query's mean similarity to its auxiliary
-  neighbours ``k_start..k_end`` when auxiliary images are given (supplementary "Score Normalization").
+* otherwise the cosine (of the whitened descriptors when the index whitens, :mod:`.whitening`), minus
+  ``alpha`` times each query's mean similarity to its auxiliary neighbours ``k_start..k_end`` when
+  auxiliary images are given (supplementary "Score Normalization").
 """
 
 from __future__ import annotations
@@ -45,16 +46,24 @@ def search_references(index: DescriptorIndex, queries: DescriptorSet, k: int, *,
         beta, stretch_k: feature stretching's exponent and neighbours.
 
     Raises:
-        ConfigError: ``stretch`` without ``auxiliary``, or with views.
+        ConfigError: ``stretch`` without ``auxiliary``, with views, or with an index that whitens.
+
+    With an index that whitens, queries and auxiliary descriptors are given as the model gives them and
+    compared whitened, as the references are.
     """
     query_views = query_views or ViewPreset("none")
     if stretch and auxiliary is None:
         raise ConfigError("feature stretching needs the descriptors of auxiliary images")
+    if stretch and index.whitening is not None:
+        raise ConfigError("feature stretching and whitening are alternatives: the index whitens its descriptors, "
+                          "so search it without --stretch")
     if query_views.name != "none" or view_preset_of(index).name != "none":
         if stretch:
             raise ConfigError("feature stretching needs one descriptor per image, not local crops views")
+        if isinstance(auxiliary, DescriptorIndex) and _fingerprint(auxiliary) != _fingerprint(index):
+            auxiliary = auxiliary.references  # searched through the reference index's whitening below
         if isinstance(auxiliary, DescriptorSet):
-            auxiliary = DescriptorIndex.build(auxiliary)
+            auxiliary = DescriptorIndex.build(auxiliary, whitening=index.whitening)
         return view_predictions(index, queries, query_views, k, auxiliary, alpha, k_start, k_end)
     auxiliary_vectors = None
     if auxiliary is not None:
@@ -67,6 +76,11 @@ def search_references(index: DescriptorIndex, queries: DescriptorSet, k: int, *,
         reference_sq_norms = np.square(index.references.descriptors).sum(axis=1)[np.maximum(indices, 0)]
         scores = euclidean_scores(vectors, scores, reference_sq_norms)
     elif auxiliary_vectors is not None:
-        bias = score_normalization_bias(vectors, auxiliary_vectors, k_start=k_start, k_end=k_end)
+        bias = score_normalization_bias(index.transform(vectors), index.transform(auxiliary_vectors),
+                                        k_start=k_start, k_end=k_end)
         scores = normalize_scores(scores, bias, alpha=alpha)
     return knn_predictions(queries.ids, scores, indices, index.references.ids)
+
+
+def _fingerprint(index: DescriptorIndex) -> str | None:
+    return index.whitening.fingerprint() if index.whitening is not None else None
