@@ -1,4 +1,5 @@
-"""The HTML match gallery of ``copynce detect``: the top and the borderline matches with the model's heatmaps.
+"""The HTML match gallery of ``copynce detect`` (the top and the borderline matches with the model's heatmaps)
+and of ``copynce dedup`` (groups of copies, :func:`write_group_gallery`).
 
 ``report.html`` lists the run's settings, per-stage times, the metrics when a ground truth is given,
 then two galleries of each query's best reference: the highest-scored matches and the borderline
@@ -113,8 +114,10 @@ def pair_folder_name(query_id: str, reference_id: str) -> str:
     return f"{safe(query_id)}__{safe(reference_id)}-{digest}"
 
 
-def _card(prediction: Prediction, queries, references, model, processor, folder: Path, root: Path,
-          truth: dict[str, list[str]] | None) -> MatchCard:
+def match_card(prediction: Prediction, queries, references, model, processor, folder: Path, root: Path,
+               truth: dict[str, list[str]] | None = None) -> MatchCard:
+    """The card of one pair: thumbnails (and heatmaps when ``model`` is given) written under ``folder``, paths
+    relative to ``root`` (the report's folder)."""
     pair = folder / pair_folder_name(prediction.query_id, prediction.reference_id)
     query_image, reference_image = queries[prediction.query_id], references[prediction.reference_id]
     _thumbnail(query_image, pair / "query.png")
@@ -163,16 +166,53 @@ def write_gallery(
     top, borderline = pick_gallery(predictions, threshold, count)
     sections = [
         {"title": "Top matches", "text": f"The {len(top)} queries whose best reference scored highest.",
-         "cards": [_card(p, queries, references, model, processor, folder, root, ground_truth) for p in top]},
+         "cards": [match_card(p, queries, references, model, processor, folder, root, ground_truth) for p in top]},
         {"title": "Borderline matches",
          "text": f"The {len(borderline)} other queries whose best score is nearest {threshold:.4g}.",
-         "cards": [_card(p, queries, references, model, processor, folder, root, ground_truth) for p in borderline]},
+         "cards": [match_card(p, queries, references, model, processor, folder, root, ground_truth)
+                   for p in borderline]},
     ]
+    return render_report(path, sections, settings, stages, metrics, title)
+
+
+def render_report(path: str | os.PathLike, sections: list[dict], settings: dict | None = None,
+                  stages: dict[str, float] | None = None, metrics: dict | None = None,
+                  title: str = "CopyNCE copy detection") -> Path:
+    """Write the page: settings, time per stage, metrics, then ``sections`` (dicts of ``title``, ``text`` and
+    ``cards``, a list of :class:`MatchCard`)."""
+    path = Path(path)
     html = Environment(autoescape=True).from_string(_TEMPLATE).render(
         title=title, settings=list((settings or {}).items()), stages=list((stages or {}).items()),
         metrics=[(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in (metrics or {}).items()],
         sections=sections,
     )
-    root.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html, encoding="utf-8")
     return path
+
+
+def write_group_gallery(path: str | os.PathLike, groups: list[list[tuple[str, float | None]]], images, model=None,
+                        processor=None, count: int = 8, members: int = 8, settings: dict | None = None,
+                        stages: dict[str, float] | None = None, metrics: dict | None = None,
+                        title: str = "CopyNCE deduplication") -> Path:
+    """Write ``report.html`` (and ``gallery/`` beside it) for groups of copies found in one collection.
+
+    Args:
+        groups: each group's members ``(image id, score to the first member)``, the first member first (its
+            score ``None``); the ``count`` largest groups get a section, each with the cards of its first
+            ``members`` other members paired with the first.
+        images: id -> image (path or PIL image).
+        model, processor: the model whose heatmaps are drawn; ``None``: no heatmaps.
+    """
+    path = Path(path)
+    shown = sorted(range(len(groups)), key=lambda g: (-len(groups[g]), g))[:count]
+    sections = []
+    for number in sorted(shown):
+        (first, _), *others = groups[number]
+        cards = [match_card(Prediction(first, member, score), images, images, model, processor,
+                            path.parent / "gallery", path.parent)
+                 for member, score in others[:members]]
+        more = f" (the first {members} shown)" if len(others) > members else ""
+        sections.append({"title": f"Group {number}: {len(groups[number])} images",
+                         "text": f"{first} and each other member{more}, with the score of the pair.", "cards": cards})
+    return render_report(path, sections, settings, stages, metrics, title)

@@ -1,0 +1,268 @@
+"""Deduplication of one collection: every group of copies among its own images.
+
+The detection pipeline of :mod:`.detect` with the collection on both sides:
+
+1. the descriptor index over the collection (the same :func:`~.detect.view_index`, cache folder and
+   optional whitening as ``detect``), searched with every image's own descriptors for its
+   ``candidates + 1`` nearest neighbours, the image itself then left out (self-search);
+2. each unordered pair found (from either side) is verified once by the matcher, the earlier image in
+   the collection's order as the query (:class:`~.matcher_cache.MatcherScorer`, its encoder-token cache);
+   without a matcher the descriptor score is the pair's score;
+3. groups are the connected components of the graph whose edges are the pairs scored at or above the
+   threshold; a group's first member is its earliest image, and every other member is given its
+   score to that first member (scored now when that pair was not a candidate).
+
+Scores are copy probabilities with a matcher (``sigmoid`` of its logit), cosines without one.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ..modeling.errors import ConfigError, PredictionsError
+from ..outputs import StagedFile
+from .descriptors import DescriptorSet
+from .detect import (
+    _MATCHER_VIEWS,
+    Descriptor,
+    DetectConfig,
+    _note_skips,
+    _SourceImages,
+    learn_whitening,
+    query_view_descriptors,
+    view_index,
+)
+from .index import DescriptorIndex
+from .matcher_cache import MatcherScorer
+from .predictions import Prediction
+from .search import search_references
+from .view_search import owner_of
+from .views import ViewPreset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class DedupResult:
+    """What :func:`dedup` found.
+
+    Attributes:
+        groups: each group of copies (two images or more) as ``[(image id, score to the first member), ...]``,
+            the first member first with score ``None``; groups ordered by their first member, members by
+            their place in the collection.
+        pairs: every verified pair ``Prediction(earlier image, later image, score)``.
+        candidates: the descriptor's pairs (the same orientation, descriptor scores) that were verified.
+        threshold: the score at or above which a pair joins its images' groups.
+        seconds: wall time per stage (``whitening``, ``index``, ``self-search``, ``matcher``, ``groups``).
+        skipped: image id -> plain-words reason of each image left out.
+        matcher_cost: encoder and fusion passes the matcher ran (``None`` without matcher).
+    """
+
+    groups: list[list[tuple[str, float | None]]]
+    pairs: list[Prediction]
+    candidates: list[Prediction]
+    threshold: float
+    seconds: dict[str, float]
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    matcher_cost: dict[str, int] | None = None
+
+
+def connected_groups(ids: list[str], edges: list[tuple[str, str]]) -> list[list[str]]:
+    """Connected components of two images or more of the graph over ``ids`` with ``edges``.
+
+    Each component lists its ids in the order of ``ids``; components are ordered by their first id.
+    """
+    position = {image_id: i for i, image_id in enumerate(ids)}
+    parent = list(range(len(ids)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in edges:
+        ra, rb = root(position[a]), root(position[b])
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)  # the earlier image stays the root
+    members: dict[int, list[str]] = {}
+    for i, image_id in enumerate(ids):
+        members.setdefault(root(i), []).append(image_id)
+    return [group for _, group in sorted(members.items()) if len(group) > 1]
+
+
+def group_pairs(groups: Iterable[Iterable[str]]) -> set[frozenset[str]]:
+    """Every unordered pair of images that share a group."""
+    return {frozenset(pair) for group in groups for pair in itertools.combinations(list(group), 2)}
+
+
+def pair_precision_recall(found: Iterable[Iterable[str]], truth: Iterable[Iterable[str]]) -> tuple[float, float]:
+    """``(precision, recall)`` of the image pairs grouped together by ``found`` against those of ``truth``
+    (groups of image ids); precision is 1 when ``found`` groups nothing, recall 1 when ``truth`` does."""
+    found_pairs, true_pairs = group_pairs(found), group_pairs(truth)
+    hits = len(found_pairs & true_pairs)
+    return (hits / len(found_pairs) if found_pairs else 1.0), (hits / len(true_pairs) if true_pairs else 1.0)
+
+
+def self_search_pairs(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset, candidates: int,
+                      order: dict[str, int]) -> list[Prediction]:
+    """Each image's ``candidates`` nearest other images, as unordered pairs ``(earlier, later)`` by ``order``
+    (image id -> place in the collection); a pair found from both sides keeps its best score."""
+    found = search_references(index, queries, candidates + 1, query_views=preset)
+    best: dict[tuple[str, str], float] = {}
+    kept: dict[str, int] = {}
+    for p in sorted(found, key=lambda p: (order[p.query_id], -p.score, order[p.reference_id])):
+        if p.query_id == p.reference_id or kept.get(p.query_id, 0) >= candidates:
+            continue
+        kept[p.query_id] = kept.get(p.query_id, 0) + 1
+        pair = tuple(sorted((p.query_id, p.reference_id), key=order.__getitem__))
+        best[pair] = max(p.score, best.get(pair, -np.inf))
+    return [Prediction(a, b, score) for (a, b), score in sorted(best.items(), key=lambda item: (
+        order[item[0][0]], order[item[0][1]]))]
+
+
+def _descriptor_scores(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset,
+                       pairs: list[tuple[str, str]]) -> list[float]:
+    """The descriptor score of each ``(a, b)`` pair: the best cosine of a query view of ``a`` and a reference view
+    of ``b`` (whitened when the index whitens), as the search scores it."""
+    def rows(descriptors: DescriptorSet) -> dict[str, list[int]]:
+        owners: dict[str, list[int]] = {}
+        for row, row_id in enumerate(descriptors.ids):
+            owners.setdefault(owner_of(row_id, preset.name), []).append(row)
+        return owners
+
+    query_rows, reference_rows = rows(queries), rows(index.references)
+    query_vectors, reference_vectors = index.transform(queries.descriptors), index.transform(index.references.descriptors)
+    return [float((query_vectors[query_rows[a]] @ reference_vectors[reference_rows[b]].T).max()) for a, b in pairs]
+
+
+def dedup(
+    source,
+    descriptor: Descriptor,
+    matcher: tuple | None = None,
+    threshold: float = 0.5,
+    config: DetectConfig | None = None,
+    index_folder: str | os.PathLike | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = logger.info,
+    whiten_from=None,
+) -> DedupResult:
+    """Find the groups of copies among the images of ``source``.
+
+    Args:
+        source: an image source (``ids`` + ``load(i)``, e.g. :class:`ImageFolderSource`).
+        descriptor: the descriptor model that proposes candidate pairs.
+        matcher: ``(model, image_processor)`` of a CopyNCE matcher verifying the pairs, or ``None``
+            (descriptor scores decide).
+        threshold: pairs scored at or above it are copies.
+        config: :class:`~.detect.DetectConfig`: ``candidates`` (neighbours verified per image),
+            ``descriptor_lce``, ``matcher_lce``, ``whiten_dim``, batch size, workers, cache size.
+        index_folder: where the index (and whitening) of ``source`` are kept and reused, as by ``detect``:
+            ``<index_folder>/<descriptor name>/references``; ``None``: not kept.
+        progress: progress bars per stage.
+        log: receives one line per stage.
+        whiten_from: sample images to learn a whitening from (:mod:`.whitening`); ``None``: none.
+    """
+    config = config or DetectConfig()
+    if len(source) < 2:
+        raise ConfigError(f"deduplication needs at least 2 images, got {len(source)}")
+    preset = ViewPreset(config.descriptor_lce)
+    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers}
+    folder = Path(index_folder) / descriptor.name if index_folder is not None else None
+    seconds: dict[str, float] = {}
+    whitening = None
+    if whiten_from is not None:
+        start = time.perf_counter()
+        whitening = learn_whitening(descriptor, whiten_from, preset, config.whiten_dim,
+                                    folder / "whitening" if folder else None, progress=progress,
+                                    description="whitening sample", **extract)
+        seconds["whitening"] = time.perf_counter() - start
+        log(f"whitening learned from {whitening.samples} sample views ({whitening.input_dim} -> {whitening.dim} "
+            "dimensions)")
+    start = time.perf_counter()
+    index = view_index(descriptor, source, preset, folder / "references" if folder else None, progress=progress,
+                       description=f"{descriptor.name}: image views", whitening=whitening, **extract)
+    seconds["index"] = time.perf_counter() - start
+    skipped: dict[str, str] = {}
+    _note_skips(index.references, skipped)
+    if preset.name == "none":
+        queries = index.references  # one view per image: the indexed descriptors are the query descriptors
+    else:
+        queries, _, _ = query_view_descriptors(descriptor, source, preset, folder / "queries" if folder else None,
+                                               progress=progress, description=f"{descriptor.name}: query views",
+                                               **extract)
+        _note_skips(queries, skipped)
+    readable = [image_id for image_id in source.ids if image_id not in skipped]
+    if len(readable) < 2:
+        raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
+                               f"{len(source)}")
+    order = {image_id: i for i, image_id in enumerate(source.ids)}
+    start = time.perf_counter()
+    candidates = self_search_pairs(index, queries, preset, config.candidates, order)
+    seconds["self-search"] = time.perf_counter() - start
+    log(f"{descriptor.name}: {len(candidates)} candidate pairs among {len(readable)} images "
+        f"(the {config.candidates} nearest other images of each)")
+
+    images = _SourceImages(source)
+    scorer = None
+    if matcher is not None:
+        start = time.perf_counter()
+        scorer = MatcherScorer(*matcher, lce=config.matcher_lce, batch_size=config.batch_size,
+                               cache_size=config.cache_size, max_pixels=getattr(source, "max_pixels", None))
+        pair_ids = [(p.query_id, p.reference_id) for p in candidates]
+        scores = scorer.score(pair_ids, images, images, num_workers=config.num_workers, progress=progress,
+                              description=f"matcher ({_MATCHER_VIEWS[config.matcher_lce]})")
+        pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
+        seconds["matcher"] = time.perf_counter() - start
+        log(f"matcher: {len(pairs)} pairs verified ({scorer.encoded_views} encoder passes, "
+            f"{scorer.fused_pairs} fusion passes)")
+    else:
+        pairs = list(candidates)
+
+    start = time.perf_counter()
+    edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
+    members = connected_groups(source.ids, edges)
+    scored = {(p.query_id, p.reference_id): p.score for p in pairs}
+    missing = [(group[0], member) for group in members for member in group[1:] if (group[0], member) not in scored]
+    if missing and scorer is not None:
+        extra = scorer.score(missing, images, images, num_workers=config.num_workers, progress=progress,
+                             description="matcher (scores to each group's first member)")
+    elif missing:
+        extra = _descriptor_scores(index, queries, preset, missing)
+    else:
+        extra = []
+    scored.update({pair: score for pair, score in zip(missing, extra)})
+    groups = [[(group[0], None), *((member, scored.get((group[0], member))) for member in group[1:])]
+              for group in members]
+    seconds["groups"] = time.perf_counter() - start
+    in_groups = sum(len(group) for group in groups)
+    log(f"{len(groups)} groups of copies ({in_groups} images) at threshold {threshold:.4g}")
+    cost = {"encoded_views": scorer.encoded_views, "fused_pairs": scorer.fused_pairs} if scorer else None
+    return DedupResult(groups, pairs, candidates, threshold, seconds, skipped, cost)
+
+
+#: The header of ``groups.csv``.
+GROUP_COLUMNS = ("group_id", "image_id", "score_to_first")
+
+
+def write_groups(path: str | os.PathLike, groups: list[list[tuple[str, float | None]]]) -> int:
+    """Write ``groups.csv``: one row per member (``group_id`` from 0, ``image_id``, ``score_to_first``: the pair's
+    score with the group's first member, empty on the first member's own row); returns the rows written."""
+    rows = 0
+    with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(GROUP_COLUMNS)
+        for number, group in enumerate(groups):
+            for image_id, score in group:
+                writer.writerow([number, image_id, "" if score is None else f"{score:.6f}"])
+                rows += 1
+    return rows
