@@ -32,12 +32,12 @@ from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile
 from .descriptors import DescriptorSet
 from .detect import (
-    _MATCHER_VIEWS,
+    MATCHER_VIEW_NAMES,
     Descriptor,
     DetectConfig,
-    _note_skips,
-    _SourceImages,
+    SourceImages,
     learn_whitening,
+    note_skips,
     query_view_descriptors,
     view_index,
 )
@@ -193,14 +193,14 @@ def dedup(
                        description=f"{descriptor.name}: image views", whitening=whitening, **extract)
     seconds["index"] = time.perf_counter() - start
     skipped: dict[str, str] = {}
-    _note_skips(index.references, skipped)
+    note_skips(index.references, skipped)
     if preset.name == "none":
         queries = index.references  # one view per image: the indexed descriptors are the query descriptors
     else:
         queries, _, _ = query_view_descriptors(descriptor, source, preset, folder / "queries" if folder else None,
                                                progress=progress, description=f"{descriptor.name}: query views",
                                                **extract)
-        _note_skips(queries, skipped)
+        note_skips(queries, skipped)
     readable = [image_id for image_id in source.ids if image_id not in skipped]
     if len(readable) < 2:
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
@@ -212,7 +212,7 @@ def dedup(
     log(f"{descriptor.name}: {len(candidates)} candidate pairs among {len(readable)} images "
         f"(the {config.candidates} nearest other images of each)")
 
-    images = _SourceImages(source)
+    images = SourceImages(source)
     scorer = None
     if matcher is not None:
         start = time.perf_counter()
@@ -220,7 +220,7 @@ def dedup(
                                cache_size=config.cache_size, max_pixels=getattr(source, "max_pixels", None))
         pair_ids = [(p.query_id, p.reference_id) for p in candidates]
         scores = scorer.score(pair_ids, images, images, num_workers=config.num_workers, progress=progress,
-                              description=f"matcher ({_MATCHER_VIEWS[config.matcher_lce]})")
+                              description=f"matcher ({MATCHER_VIEW_NAMES[config.matcher_lce]})")
         pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
         seconds["matcher"] = time.perf_counter() - start
         log(f"matcher: {len(pairs)} pairs verified ({scorer.encoded_views} encoder passes, "

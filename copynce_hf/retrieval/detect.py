@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 #: How the log lines name the views of each ``descriptor_lce`` / ``matcher_lce`` mode.
 _DESCRIPTOR_VIEWS = {"none": "whole images", "matcher-views": "LCE: 26 query x 10 reference views",
                      "authors": "LCE: 45 query x 9 reference views"}
-_MATCHER_VIEWS = {"none": "whole images", "paper": "LCE: 35 view pairs", "all": "LCE: 260 view pairs"}
+MATCHER_VIEW_NAMES = {"none": "whole images", "paper": "LCE: 35 view pairs", "all": "LCE: 260 view pairs"}
 
 
 @dataclasses.dataclass
@@ -154,13 +154,13 @@ class DetectResult:
         return candidate_recall(self.candidates, ground_truth)
 
 
-def _note_skips(descriptors: DescriptorSet, reasons: dict[str, str]) -> None:
+def note_skips(descriptors: DescriptorSet, reasons: dict[str, str]) -> None:
     """Add the images ``descriptors`` left out to ``reasons`` (id -> reason), keeping reasons already known."""
     for image_id in descriptors.skipped:
         reasons.setdefault(image_id, descriptors.skip_reasons.get(image_id, "unreadable"))
 
 
-class _SourceImages:
+class SourceImages:
     """id -> image mapping over an image source (file paths when the source has them, else loaded images)."""
 
     def __init__(self, source):
@@ -272,19 +272,19 @@ def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, f
 def learn_whitening(descriptor: Descriptor, source, preset: ViewPreset, dim: int | None = None,
                     folder: str | os.PathLike | None = None, progress: bool = True,
                     description: str = "whitening sample", **extract) -> Whitening:
-    """The :class:`~.whitening.Whitening` learned from the descriptors of ``source``'s images (their reference
-    views, as indexed); written to ``folder`` and reused from it for the same images, model, views and ``dim``."""
-    identity = {**_index_identity(descriptor, source, preset, "whitening sample"), "dim": dim}
-    reused = _reuse(folder, identity, lambda: Whitening.load(Path(folder) / "whitening.safetensors"), "the whitening")
-    if reused is not None:
-        return reused
-    sample = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "reference",
-                                      progress=progress, description=description, **extract)
-    whitening = Whitening.fit(sample.descriptors, dim)
-    if folder is not None:
-        with _rewriting(folder, identity):
-            whitening.save(Path(folder) / "whitening.safetensors")
-    return whitening
+    """The :class:`~.whitening.Whitening` (``dim`` directions) learned from the descriptors of ``source``'s images
+    (their reference views, as indexed); the sample's descriptors are written to ``folder`` and reused from it
+    for the same images, model and views (whatever ``dim``)."""
+    identity = _index_identity(descriptor, source, preset, "whitening sample")
+    sample = _reuse(folder, identity, lambda: DescriptorSet.load(Path(folder) / "descriptors.safetensors"),
+                    "the whitening sample's descriptors")
+    if sample is None:
+        sample = extract_view_descriptors(descriptor.model, descriptor.processor, source, preset, "reference",
+                                          progress=progress, description=description, **extract)
+        if folder is not None and len(sample):
+            with _rewriting(folder, identity):
+                sample.save(Path(folder) / "descriptors.safetensors")
+    return Whitening.fit(sample.descriptors, dim)
 
 
 def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str | os.PathLike | None = None,
@@ -378,7 +378,7 @@ def detect(
                            progress=progress, description=f"{descriptor.name}: reference views",
                            whitening=whitening, **extract)
         seconds[f"index:{descriptor.name}"] = time.perf_counter() - start
-        _note_skips(index.references, skipped_references)
+        note_skips(index.references, skipped_references)
         auxiliary_index = None
         if auxiliary is not None:
             start = time.perf_counter()
@@ -394,7 +394,7 @@ def detect(
             reused.append(f"query views:{descriptor.name}")
         start = time.perf_counter()
         skipped.extend(q for q in query_views.skipped if q not in skipped)
-        _note_skips(query_views, skipped_queries)
+        note_skips(query_views, skipped_queries)
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(queries)} query images could be read")
         per_model[descriptor.name] = search_references(
@@ -435,7 +435,7 @@ def _matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, ref
     model = model.to(accelerator.device)
     scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
                            cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None))
-    query_images, reference_images = _SourceImages(queries), _SourceImages(references)
+    query_images, reference_images = SourceImages(queries), SourceImages(references)
 
     def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:
         return PairScores(scorer.score(chunk, query_images, reference_images, num_workers=config.num_workers,
@@ -447,7 +447,7 @@ def _matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, ref
         identity = scoring_identity(model, processor, settings, query_images.files or {},
                                     reference_images.files or {}, pairs)
     scores = score_in_chunks(pairs, score_chunk, config.chunk_size, folder, identity, accelerator, progress,
-                             f"matcher ({_MATCHER_VIEWS[config.matcher_lce]})", lambda line: log(f"matcher: {line}"))
+                             f"matcher ({MATCHER_VIEW_NAMES[config.matcher_lce]})", lambda line: log(f"matcher: {line}"))
     passes = [(scorer.encoded_views, scorer.fused_pairs)]
     if accelerator.num_processes > 1:
         from accelerate.utils import gather_object

@@ -94,9 +94,9 @@ class Whitening:
         variances, directions = variances[order], directions[:, order]
         if variances[-1] <= _DEGENERATE_VARIANCE * max(variances[0], 1e-30):
             spanned = int((variances > _DEGENERATE_VARIANCE * max(variances[0], 1e-30)).sum())
-            raise ConfigError(f"the {count} sample images span only {spanned} of the {dim} whitened directions "
-                              f"(near-identical images?); give more varied sample images or a whitened dimension "
-                              f"of at most {spanned}")
+            raise ConfigError(f"the descriptors of the {count} sample images vary in only {spanned} of the {dim} "
+                              f"whitened directions (the model's descriptors span fewer, or the images are "
+                              f"near-identical); use a whitened dimension of at most {spanned}")
         return cls(mean, directions / np.sqrt(variances), count)
 
     def whiten(self, descriptors: np.ndarray, normalise: bool = True) -> np.ndarray:

@@ -1,0 +1,110 @@
+"""Deduplication on planted copies: ``copynce dedup``'s pair precision and recall on a collection whose copies
+are known.
+
+    python -m benchmarks.dedup --output outputs/dedup   # 200 train-split images + planted copies
+
+The collection: the first ``--images`` images of the ``train`` split of ``../shared/data/imagenet-sample`` (never
+the reference or distractor splits), plus copies made with the mini-DISC query recipe
+(``CopyRecipe.minidisc_queries()``, the evaluation recipe) of ``--copied`` of them, two copies each for the
+first ``--twice`` of those. A true pair is two images of the same original (the original and a copy, or two
+copies). The embedded models run :func:`copynce_hf.retrieval.dedup` once; the groups are then formed again
+from the verified pairs at several thresholds (matcher scores) and from the descriptor candidates alone
+(cosines), and each row reports the pair precision and recall of its groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from copynce_hf.evaluation.models import load_model
+from copynce_hf.pixtrace import CopyRecipe
+from copynce_hf.retrieval import (
+    Descriptor,
+    DetectConfig,
+    ImageFolderSource,
+    connected_groups,
+    dedup,
+    group_pairs,
+    pair_precision_recall,
+)
+
+from .minidisc import SHARED_DATA
+
+MATCHER_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
+DESCRIPTOR_THRESHOLDS = (0.5, 0.6, 0.7, 0.8)
+
+
+def plant_copies(folder: Path, images: int, copied: int, twice: int, seed: int) -> list[list[str]]:
+    """Write the collection into ``folder``; returns the true groups (each original with its copies)."""
+    with (SHARED_DATA / "imagenet-sample-splits.csv").open(newline="") as handle:
+        train = sorted(row["filename"] for row in csv.DictReader(handle) if row["split"] == "train")[:images]
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    recipe = CopyRecipe.minidisc_queries()
+    chosen = sorted(rng.choice(len(train), size=copied, replace=False).tolist())
+    truth = []
+    for number, name in enumerate(train):
+        image = Image.open(SHARED_DATA / "imagenet-sample" / name).convert("RGB")
+        stem = Path(name).stem
+        image.save(folder / f"{stem}.png")
+        if number in chosen:
+            truth.append([stem])
+            for copy in range(2 if chosen.index(number) < twice else 1):
+                recipe.apply(image, rng)[0].save(folder / f"{stem}_copy{copy}.png")
+                truth[-1].append(f"{stem}_copy{copy}")
+    return truth
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dedup", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True, help="folder for the collection, indexes and results")
+    parser.add_argument("--images", type=int, default=200, help="train-split originals (default 200)")
+    parser.add_argument("--copied", type=int, default=60, help="originals given copies (default 60)")
+    parser.add_argument("--twice", type=int, default=20, help="of those, given two copies (default 20)")
+    parser.add_argument("--candidates", type=int, default=10, help="neighbours verified per image (default 10)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    truth = plant_copies(args.output / "collection", args.images, args.copied, args.twice, args.seed)
+    source = ImageFolderSource(args.output / "collection")
+    descriptor = Descriptor("embedded-descriptor", *load_model(None, "descriptor"))
+    start = time.perf_counter()
+    result = dedup(source, descriptor, load_model(None, "matcher"), threshold=0.5,
+                   config=DetectConfig(candidates=args.candidates), index_folder=args.output / "indexes")
+    seconds = time.perf_counter() - start
+    true_pairs = group_pairs(truth)
+    candidate_recall = len({frozenset((p.query_id, p.reference_id)) for p in result.candidates} & true_pairs)
+    rows = []
+    for stage, pairs, thresholds in (("descriptor (cosine)", result.candidates, DESCRIPTOR_THRESHOLDS),
+                                     ("matcher", result.pairs, MATCHER_THRESHOLDS)):
+        for threshold in thresholds:
+            groups = connected_groups(source.ids, [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold])
+            precision, recall = pair_precision_recall(groups, truth)
+            rows.append({"stage": stage, "threshold": threshold, "groups": len(groups),
+                         "images_in_groups": sum(map(len, groups)), "pair_precision": precision,
+                         "pair_recall": recall})
+    summary = {"images": len(source), "originals": args.images, "true_groups": len(truth),
+               "true_pairs": len(true_pairs), "candidate_pairs": len(result.candidates),
+               "candidate_recall": candidate_recall / len(true_pairs), "seconds": seconds,
+               "stage_seconds": result.seconds, "matcher_cost": result.matcher_cost, "rows": rows}
+    (args.output / "dedup.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"{len(source)} images ({args.images} originals, {len(truth)} copied, {len(true_pairs)} true pairs); "
+          f"{len(result.candidates)} candidate pairs holding {summary['candidate_recall']:.3f} of the true pairs; "
+          f"{seconds:.0f} s")
+    print("| stage | threshold | groups | images in groups | pair precision | pair recall |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['stage']} | {row['threshold']} | {row['groups']} | {row['images_in_groups']} | "
+              f"{row['pair_precision']:.3f} | {row['pair_recall']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
