@@ -607,6 +607,29 @@ def cmd_export_onnx(args) -> int:
     return 0
 
 
+def _dedup_threshold(args, config) -> tuple[float, str]:
+    """``(threshold, where it comes from)`` of ``copynce dedup``: ``--threshold``, a calibration file's at
+    ``--precision``, or 0.5 with a matcher."""
+    from .retrieval.calibration import model_identity
+    from .retrieval.dedup import calibrated_threshold
+
+    if args.calibration is not None:
+        if args.threshold is not None:
+            raise ConfigError("give --threshold or --calibration, not both")
+        matcher = None if args.matcher == "none" else model_identity(args.matcher, "matcher")
+        return calibrated_threshold(args.calibration, 0.9 if args.precision is None else args.precision,
+                                    model_identity(args.model, "descriptor"), matcher, config,
+                                    whitened=args.whiten_from is not None)
+    if args.precision is not None:
+        raise ConfigError("--precision needs --calibration FILE (written by `copynce calibrate`)")
+    if args.threshold is not None:
+        return args.threshold, f"{args.threshold:.4g} (given)"
+    if args.matcher == "none":
+        raise ConfigError("--matcher none decides by descriptor cosine, which has no default threshold: "
+                          "pass --threshold T or --calibration FILE")
+    return 0.5, "0.5 (the matcher's default)"
+
+
 def cmd_dedup(args) -> int:
     import time
 
@@ -618,14 +641,11 @@ def cmd_dedup(args) -> int:
     check_model_path(args.model)
     if args.matcher != "none":
         check_model_path(args.matcher, "--matcher")
-    if args.threshold is None and args.matcher == "none":
-        raise ConfigError("--matcher none decides by descriptor cosine, which has no default threshold: "
-                          "pass --threshold T")
-    threshold = 0.5 if args.threshold is None else args.threshold
     source = folder_source(args.images, args)
     whiten_from = _whiten_from(args)
     config = DetectConfig(candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
                           batch_size=args.batch_size, num_workers=args.num_workers, whiten_dim=args.whiten_dim)
+    threshold, origin = _dedup_threshold(args, config)
     name = _model_names([args.model])[0]
     descriptor = Descriptor(name, *_descriptor_model(args.model), source=str(args.model or DEFAULT_DESCRIPTOR))
     matcher = None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher")
@@ -637,14 +657,14 @@ def cmd_dedup(args) -> int:
             print(f"copynce dedup: {line}", file=sys.stderr)
 
     say(f"{len(source)} images, descriptor: {name}, matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}, "
-        f"threshold {threshold:.4g}")
+        f"threshold {origin}")
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=not args.quiet, log=say, whiten_from=whiten_from)
     rows = write_groups(output / "groups.csv", result.groups)
     write_predictions(output / "pairs.csv", result.pairs)
     settings = {"images": str(Path(args.images).resolve()), "descriptor": descriptor.source,
                 "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER),
-                "threshold": f"{threshold:.4g}", "candidates per image": args.candidates,
+                "threshold": origin, "candidates per image": args.candidates,
                 "descriptor LCE": args.descriptor_lce, "matcher LCE": args.matcher_lce,
                 "whitening": f"learned from {args.whiten_from}" if args.whiten_from else "off",
                 "groups": len(result.groups), "images in groups": rows}
@@ -880,7 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
         "of each member with the group's first image), OUTPUT/pairs.csv (every verified pair and its score), "
         "OUTPUT/report.html (a gallery of the largest groups) and OUTPUT/indexes (reused by the next run).",
         epilog="Scores are copy probabilities with the matcher (default threshold 0.5), cosines with --matcher "
-        "none (then --threshold is required). Cost on one CPU core with the embedded models: about 30 ms per "
+        "none (then --threshold or --calibration is required). Cost on one CPU core with the embedded models: about 30 ms per "
         "image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once).",
     )
     p.add_argument("images", help="folder of images")
@@ -889,7 +909,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matcher", default=None,
                    help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
     p.add_argument("--threshold", type=float,
-                   help="pairs scored at or above it are copies (default 0.5 with a matcher; required without)")
+                   help="pairs scored at or above it are copies (default: from --calibration, else 0.5 with a "
+                   "matcher; required without one)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="calibration.json of `copynce calibrate` (same descriptor or matcher): its threshold at "
+                   "--precision decides")
+    p.add_argument("--precision", type=float, help="target precision of --calibration's threshold (default 0.9)")
     p.add_argument("--candidates", type=_positive_int, default=10,
                    help="nearest other images of each image verified by the matcher (default 10)")
     p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",

@@ -101,6 +101,34 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
     assert code == 2 and "needs at least 2 images, got 1" in err
 
 
+def test_dedup_threshold_from_a_calibration_file(collection, tmp_path, capsys):
+    from copynce_hf.retrieval.calibration import Calibration, OperatingPoint, model_identity
+
+    models = save_tiny_models(tmp_path / "models", seed=0)
+    pipeline = {"descriptors": [model_identity(models["descriptor"], "descriptor")], "matcher": None,
+                "preset": "fast", "settings": {"descriptor_lce": "none", "matcher_lce": "none",
+                                               "score_normalisation": False}}
+    rows = [OperatingPoint(0.9, 0.9999, 0.5), OperatingPoint(0.99, None, 0.0)]
+    Calibration(pipeline, {"descriptor": rows}).save(tmp_path / "calibration.json")
+    dedup_args = ("dedup", collection, "--model", models["descriptor"], "--matcher", "none",
+                  "--calibration", tmp_path / "calibration.json")
+    code, out, err = run(capsys, *dedup_args, "--output", tmp_path / "found")
+    assert code == 0, err
+    assert "wrote 1 groups of copies (3 images)" in out
+    assert "descriptor score 0.9999 at precision 0.9 in" in (tmp_path / "found" / "report.html").read_text()
+
+    code, _, err = run(capsys, *dedup_args, "--precision", 0.99, "--output", tmp_path / "x")
+    assert code == 2 and "no descriptor score reached precision 0.99" in err
+    code, _, err = run(capsys, *dedup_args, "--threshold", 0.5, "--output", tmp_path / "x")
+    assert code == 2 and "give --threshold or --calibration, not both" in err
+    code, _, err = run(capsys, *dedup_args, "--descriptor-lce", "matcher-views", "--output", tmp_path / "x")
+    assert code == 2 and "made with descriptor_lce 'none', but this dedup run uses 'matcher-views'" in err
+    Calibration({**pipeline, "descriptors": ["embedded:descriptor"]}, {"descriptor": rows}).save(tmp_path / "other.json")
+    code, _, err = run(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
+                       "--calibration", tmp_path / "other.json", "--output", tmp_path / "x")
+    assert code == 2 and "made with descriptor model(s) ['embedded:descriptor']" in err
+
+
 def planted_collection(folder, side: int = 160, seed: int = 0) -> list[list[str]]:
     """The bundled images shrunk to ``side`` pixels, plus copies made with the ``demo_queries`` recipe of every
     other one (two copies of every fourth); returns the true groups (original and its copies)."""

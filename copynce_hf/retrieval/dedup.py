@@ -145,6 +145,39 @@ def _descriptor_scores(index: DescriptorIndex, queries: DescriptorSet, preset: V
     return [float((query_vectors[query_rows[a]] @ reference_vectors[reference_rows[b]].T).max()) for a, b in pairs]
 
 
+def calibrated_threshold(path: str | os.PathLike, precision: float, descriptor: str, matcher: str | None,
+                         config: DetectConfig, whitened: bool = False) -> tuple[float, str]:
+    """The threshold of a ``copynce calibrate`` file (:mod:`.calibration`) at ``precision`` for a dedup run, and a
+    line saying where it comes from.
+
+    With a matcher the ``matcher`` stage decides: its scores depend on the matcher and its views only, which must
+    be those calibrated. Without one the ``descriptor`` stage decides: the calibrated descriptor, views, no score
+    normalisation and no whitening (dedup has neither) must match. A mismatch is a :class:`ConfigError` naming both.
+    """
+    from .calibration import Calibration
+
+    calibration = Calibration.load(path)
+    calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
+    if matcher is not None:
+        checks = [("matcher", calibrated.get("matcher"), matcher),
+                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce)]
+    else:
+        checks = [("descriptor model(s)", calibrated.get("descriptors"), [descriptor]),
+                  ("descriptor_lce", settings.get("descriptor_lce"), config.descriptor_lce),
+                  ("score normalisation", settings.get("score_normalisation"), False)]
+        if whitened:
+            raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
+                              "--whiten-from and --matcher none needs --threshold")
+    for name, made_with, used in checks:
+        if made_with != used:
+            raise ConfigError(f"{calibration.name} was made with {name} {made_with!r}, but this dedup run uses "
+                              f"{used!r}; calibrate again with it or pass --threshold")
+    stage = calibration.stage_for(matcher)
+    point = calibration.point(precision, stage)
+    return point.threshold, (f"{stage} score {point.threshold:.4g} at precision {point.precision:g} in {path} "
+                             f"(expected recall {point.recall:.3f})")
+
+
 def dedup(
     source,
     descriptor: Descriptor,
