@@ -9,7 +9,9 @@ the reference or distractor splits), plus copies made with the mini-DISC query r
 first ``--twice`` of those. A true pair is two images of the same original (the original and a copy, or two
 copies). The embedded models run :func:`copynce_hf.retrieval.dedup` once; the groups are then formed again
 from the verified pairs at several thresholds (matcher scores) and from the descriptor candidates alone
-(cosines), and each row reports the pair precision and recall of its groups.
+(cosines). Each row reports the pair precision and recall of its groups (every two images sharing a group
+count as a pair), of its edges (the verified pairs at or above the threshold, before the groups join them),
+the largest group, and how many false edges join two copies of different originals.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from copynce_hf.retrieval import (
     dedup,
     group_pairs,
     pair_precision_recall,
+    write_predictions,
 )
 
 from .minidisc import SHARED_DATA
@@ -81,15 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     true_pairs = group_pairs(truth)
     candidate_recall = len({frozenset((p.query_id, p.reference_id)) for p in result.candidates} & true_pairs)
+    write_predictions(args.output / "pairs.csv", result.pairs)
+    write_predictions(args.output / "candidates.csv", result.candidates)
+    copies = {image for group in truth for image in group[1:]}
     rows = []
     for stage, pairs, thresholds in (("descriptor (cosine)", result.candidates, DESCRIPTOR_THRESHOLDS),
                                      ("matcher", result.pairs, MATCHER_THRESHOLDS)):
         for threshold in thresholds:
-            groups = connected_groups(source.ids, [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold])
+            edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
+            groups = connected_groups(source.ids, edges)
             precision, recall = pair_precision_recall(groups, truth)
+            true_edges = [edge for edge in edges if frozenset(edge) in true_pairs]
+            false_edges = [edge for edge in edges if frozenset(edge) not in true_pairs]
             rows.append({"stage": stage, "threshold": threshold, "groups": len(groups),
-                         "images_in_groups": sum(map(len, groups)), "pair_precision": precision,
-                         "pair_recall": recall})
+                         "images_in_groups": sum(map(len, groups)), "largest_group": max(map(len, groups), default=0),
+                         "pair_precision": precision, "pair_recall": recall,
+                         "edge_precision": len(true_edges) / len(edges) if edges else 1.0,
+                         "edge_recall": len(true_edges) / len(true_pairs),
+                         "false_edges_between_copies": sum(a in copies and b in copies for a, b in false_edges),
+                         "false_edges": len(false_edges)})
     summary = {"images": len(source), "originals": args.images, "true_groups": len(truth),
                "true_pairs": len(true_pairs), "candidate_pairs": len(result.candidates),
                "candidate_recall": candidate_recall / len(true_pairs), "seconds": seconds,
@@ -98,11 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(source)} images ({args.images} originals, {len(truth)} copied, {len(true_pairs)} true pairs); "
           f"{len(result.candidates)} candidate pairs holding {summary['candidate_recall']:.3f} of the true pairs; "
           f"{seconds:.0f} s")
-    print("| stage | threshold | groups | images in groups | pair precision | pair recall |")
-    print("|---|---|---|---|---|---|")
+    print("| stage | threshold | groups | images in groups | largest group | pair precision | pair recall | "
+          "edge precision | edge recall | false edges (between two copies) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['stage']} | {row['threshold']} | {row['groups']} | {row['images_in_groups']} | "
-              f"{row['pair_precision']:.3f} | {row['pair_recall']:.3f} |")
+              f"{row['largest_group']} | {row['pair_precision']:.3f} | {row['pair_recall']:.3f} | "
+              f"{row['edge_precision']:.3f} | {row['edge_recall']:.3f} | {row['false_edges']} "
+              f"({row['false_edges_between_copies']}) |")
     return 0
 
 

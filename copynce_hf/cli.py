@@ -610,14 +610,15 @@ def cmd_export_onnx(args) -> int:
 def _dedup_threshold(args, config) -> tuple[float, str]:
     """``(threshold, where it comes from)`` of ``copynce dedup``: ``--threshold``, a calibration file's at
     ``--precision``, or 0.5 with a matcher."""
-    from .retrieval.calibration import model_identity
+    from .retrieval.calibration import Calibration, model_identity
     from .retrieval.dedup import calibrated_threshold
 
     if args.calibration is not None:
         if args.threshold is not None:
             raise ConfigError("give --threshold or --calibration, not both")
         matcher = None if args.matcher == "none" else model_identity(args.matcher, "matcher")
-        return calibrated_threshold(args.calibration, 0.9 if args.precision is None else args.precision,
+        precision = 0.9 if args.precision is None else args.precision
+        return calibrated_threshold(Calibration.load(args.calibration), precision,
                                     model_identity(args.model, "descriptor"), matcher, config,
                                     whitened=args.whiten_from is not None)
     if args.precision is not None:

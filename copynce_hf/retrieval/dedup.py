@@ -145,18 +145,16 @@ def _descriptor_scores(index: DescriptorIndex, queries: DescriptorSet, preset: V
     return [float((query_vectors[query_rows[a]] @ reference_vectors[reference_rows[b]].T).max()) for a, b in pairs]
 
 
-def calibrated_threshold(path: str | os.PathLike, precision: float, descriptor: str, matcher: str | None,
+def calibrated_threshold(calibration, precision: float, descriptor: str, matcher: str | None,
                          config: DetectConfig, whitened: bool = False) -> tuple[float, str]:
-    """The threshold of a ``copynce calibrate`` file (:mod:`.calibration`) at ``precision`` for a dedup run, and a
-    line saying where it comes from.
+    """The threshold at ``precision`` of a :class:`~.calibration.Calibration` (a ``copynce calibrate`` file) for a
+    dedup run, and a line saying where it comes from. ``descriptor`` and ``matcher`` are the run's model
+    identities (:func:`~.calibration.model_identity`).
 
     With a matcher the ``matcher`` stage decides: its scores depend on the matcher and its views only, which must
     be those calibrated. Without one the ``descriptor`` stage decides: the calibrated descriptor, views, no score
     normalisation and no whitening (dedup has neither) must match. A mismatch is a :class:`ConfigError` naming both.
     """
-    from .calibration import Calibration
-
-    calibration = Calibration.load(path)
     calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
     if matcher is not None:
         checks = [("matcher", calibrated.get("matcher"), matcher),
@@ -174,8 +172,8 @@ def calibrated_threshold(path: str | os.PathLike, precision: float, descriptor: 
                               f"{used!r}; calibrate again with it or pass --threshold")
     stage = calibration.stage_for(matcher)
     point = calibration.point(precision, stage)
-    return point.threshold, (f"{stage} score {point.threshold:.4g} at precision {point.precision:g} in {path} "
-                             f"(expected recall {point.recall:.3f})")
+    return point.threshold, (f"{stage} score {point.threshold:.4g} at precision {point.precision:g} in "
+                             f"{calibration.source} (expected recall {point.recall:.3f})")
 
 
 def dedup(
