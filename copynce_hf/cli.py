@@ -634,6 +634,8 @@ def _dedup_threshold(args, config) -> tuple[float, str]:
 def cmd_dedup(args) -> int:
     import time
 
+    from accelerate import Accelerator
+
     from .retrieval import Descriptor, DetectConfig, dedup, write_groups, write_predictions
     from .retrieval.gallery import write_group_gallery
 
@@ -645,7 +647,8 @@ def cmd_dedup(args) -> int:
     source = folder_source(args.images, args)
     whiten_from = _whiten_from(args)
     config = DetectConfig(candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
-                          batch_size=args.batch_size, num_workers=args.num_workers, whiten_dim=args.whiten_dim)
+                          batch_size=args.batch_size, num_workers=args.num_workers, whiten_dim=args.whiten_dim,
+                          chunk_size=args.chunk_size)
     threshold, origin = _dedup_threshold(args, config)
     name = _model_names([args.model])[0]
     descriptor = Descriptor(name, *_descriptor_model(args.model), source=str(args.model or DEFAULT_DESCRIPTOR))
@@ -653,14 +656,18 @@ def cmd_dedup(args) -> int:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
 
+    accelerator = Accelerator()
+
     def say(line: str) -> None:
-        if not args.quiet:
-            print(f"copynce dedup: {line}", file=sys.stderr)
+        _say("dedup", line, args.quiet or not accelerator.is_main_process)
 
     say(f"{len(source)} images, descriptor: {name}, matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}, "
         f"threshold {origin}")
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
-                   progress=not args.quiet, log=say, whiten_from=whiten_from)
+                   progress=not args.quiet, log=say, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
+                   accelerator=accelerator)
+    if not accelerator.is_main_process:
+        return 0
     rows = write_groups(output / "groups.csv", result.groups)
     write_predictions(output / "pairs.csv", result.pairs)
     settings = {"images": str(Path(args.images).resolve()), "descriptor": descriptor.source,
@@ -899,7 +906,8 @@ def build_parser() -> argparse.ArgumentParser:
         "each candidate pair once with the matcher, and join the pairs scored at or above the threshold into "
         "groups (connected components). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first: the score "
         "of each member with the group's first image), OUTPUT/pairs.csv (every verified pair and its score), "
-        "OUTPUT/report.html (a gallery of the largest groups) and OUTPUT/indexes (reused by the next run).",
+        "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes and OUTPUT/rescoring (reused by the "
+        "next run: a run cut short resumes).",
         epilog="Scores are copy probabilities with the matcher (default threshold 0.5), cosines with --matcher "
         "none (then --threshold or --calibration is required). Cost on one CPU core with the embedded models: about 30 ms per "
         "image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once).",
@@ -923,6 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default="none",
                    help="matcher view pairs per candidate, as for detect (default none)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="groups shown in report.html (default 8)")
+    _add_chunk_size(p)
     _add_whitening(p)
     _add_model_loading(p)
     _add_image_input(p)

@@ -6,8 +6,9 @@ The detection pipeline of :mod:`.detect` with the collection on both sides:
    optional whitening as ``detect``), searched with every image's own descriptors for its
    ``candidates + 1`` nearest neighbours, the image itself then left out (self-search);
 2. each unordered pair found (from either side) is verified once by the matcher, the earlier image in
-   the collection's order as the query (:class:`~.matcher_cache.MatcherScorer`, its encoder-token cache);
-   without a matcher the descriptor score is the pair's score;
+   the collection's order as the query, in the chunks ``detect`` scores in (:func:`~.detect.matcher_scores`:
+   the encoder-token cache, chunks shared by Accelerate's processes, saved and resumed); without a matcher
+   the descriptor score is the pair's score;
 3. groups are the connected components of the graph whose edges are the pairs scored at or above the
    threshold; a group's first member is its earliest image, and every other member is given its
    score to that first member (scored now when that pair was not a candidate).
@@ -32,17 +33,15 @@ from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile
 from .descriptors import DescriptorSet
 from .detect import (
-    MATCHER_VIEW_NAMES,
     Descriptor,
     DetectConfig,
-    SourceImages,
     learn_whitening,
+    matcher_scores,
     note_skips,
     query_view_descriptors,
     view_index,
 )
 from .index import DescriptorIndex
-from .matcher_cache import MatcherScorer
 from .predictions import Prediction
 from .search import search_references
 from .view_search import owner_of
@@ -186,6 +185,8 @@ def dedup(
     progress: bool = True,
     log: Callable[[str], None] = logger.info,
     whiten_from=None,
+    rescoring_folder: str | os.PathLike | None = None,
+    accelerator=None,
 ) -> DedupResult:
     """Find the groups of copies among the images of ``source``.
 
@@ -202,12 +203,19 @@ def dedup(
         progress: progress bars per stage.
         log: receives one line per stage.
         whiten_from: sample images to learn a whitening from (:mod:`.whitening`); ``None``: none.
+        rescoring_folder: where the matcher's scored chunks are kept, so that a run cut short resumes
+            (:mod:`.chunked_scoring`); ``None``: not kept.
+        accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
+            process calls :func:`dedup` and gets the whole result, as with :func:`~.detect.detect`.
     """
+    from accelerate import Accelerator
+
+    accelerator = accelerator or Accelerator()
     config = config or DetectConfig()
     if len(source) < 2:
         raise ConfigError(f"deduplication needs at least 2 images, got {len(source)}")
     preset = ViewPreset(config.descriptor_lce)
-    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers}
+    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers, "accelerator": accelerator}
     folder = Path(index_folder) / descriptor.name if index_folder is not None else None
     seconds: dict[str, float] = {}
     whitening = None
@@ -243,19 +251,16 @@ def dedup(
     log(f"{descriptor.name}: {len(candidates)} candidate pairs among {len(readable)} images "
         f"(the {config.candidates} nearest other images of each)")
 
-    images = SourceImages(source)
-    scorer = None
+    cost = None
     if matcher is not None:
         start = time.perf_counter()
-        scorer = MatcherScorer(*matcher, lce=config.matcher_lce, batch_size=config.batch_size,
-                               cache_size=config.cache_size, max_pixels=getattr(source, "max_pixels", None))
         pair_ids = [(p.query_id, p.reference_id) for p in candidates]
-        scores = scorer.score(pair_ids, images, images, num_workers=config.num_workers, progress=progress,
-                              description=f"matcher ({MATCHER_VIEW_NAMES[config.matcher_lce]})")
+        scores, cost = matcher_scores(pair_ids, *matcher, source, source, config, accelerator, rescoring_folder,
+                                      progress, log)
         pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
         seconds["matcher"] = time.perf_counter() - start
-        log(f"matcher: {len(pairs)} pairs verified ({scorer.encoded_views} encoder passes, "
-            f"{scorer.fused_pairs} fusion passes)")
+        log(f"matcher: {len(pairs)} pairs verified ({cost['encoded_views']} encoder passes, "
+            f"{cost['fused_pairs']} fusion passes)")
     else:
         pairs = list(candidates)
 
@@ -264,9 +269,9 @@ def dedup(
     members = connected_groups(source.ids, edges)
     scored = {(p.query_id, p.reference_id): p.score for p in pairs}
     missing = [(group[0], member) for group in members for member in group[1:] if (group[0], member) not in scored]
-    if missing and scorer is not None:
-        extra = scorer.score(missing, images, images, num_workers=config.num_workers, progress=progress,
-                             description="matcher (scores to each group's first member)")
+    if missing and matcher is not None:
+        extra, more = matcher_scores(missing, *matcher, source, source, config, accelerator, None, progress, log)
+        cost = {name: cost[name] + more[name] for name in cost}
     elif missing:
         extra = _descriptor_scores(index, queries, preset, missing)
     else:
@@ -277,7 +282,6 @@ def dedup(
     seconds["groups"] = time.perf_counter() - start
     in_groups = sum(len(group) for group in groups)
     log(f"{len(groups)} groups of copies ({in_groups} images) at threshold {threshold:.4g}")
-    cost = {"encoded_views": scorer.encoded_views, "fused_pairs": scorer.fused_pairs} if scorer else None
     return DedupResult(groups, pairs, candidates, threshold, seconds, skipped, cost)
 
 

@@ -414,7 +414,7 @@ def detect(
 
     start = time.perf_counter()
     pairs = [(p.query_id, p.reference_id) for p in candidates]
-    scores, cost = _matcher_scores(pairs, *matcher, queries, references, config, accelerator, rescoring_folder,
+    scores, cost = matcher_scores(pairs, *matcher, queries, references, config, accelerator, rescoring_folder,
                                    progress, log)
     rescored = [Prediction(q, r, s) for (q, r), s in zip(pairs, scores) if s is not None]
     skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scores) if s is None)
@@ -428,7 +428,7 @@ def detect(
 
 
 
-def _matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,
+def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,
                     accelerator, folder, progress: bool, log) -> tuple[list[float | None], dict[str, int]]:
     """The matcher's score of every pair (``None``: unscored), chunk by chunk over the processes, and the passes
     it ran (encoder views, fusion pairs; summed over the processes, resumed chunks cost nothing)."""
