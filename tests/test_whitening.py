@@ -171,3 +171,10 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
     detect(queries, references, descriptors, None, None, DetectConfig(k=3, candidates=3),
            index_folder=tmp_path / "idx", progress=False)
     assert DescriptorIndex.load(tmp_path / "idx" / "tiny" / "references").whitening is None
+
+
+def test_detect_refuses_a_calibration_for_whitened_descriptor_scores(folders, tmp_path, capsys):
+    code, _, err = run(capsys, "detect", folders / "queries", "--references", folders / "refs", "--matcher", "none",
+                       "--whiten-from", folders / "sample", "--calibration", tmp_path / "calibration.json",
+                       "--output", tmp_path / "found")
+    assert code == 2 and "descriptor thresholds without whitening" in err
