@@ -107,6 +107,9 @@ def extract_descriptors(
             valid.append(gathered[2].cpu())
             bar.update(len(gathered[0]))
     bar.close()
+    prepared = getattr(accelerator, "_dataloaders", [])
+    if loader in prepared:  # the Accelerator keeps every loader it prepared, and with it the loader's images:
+        prepared.remove(loader)  # a run extracting chunk after chunk would hold them all
     indices = torch.cat(indices).numpy()
     descriptors = torch.cat(descriptors).numpy().astype(np.float32)
     codes = torch.cat(valid).numpy()
