@@ -109,7 +109,7 @@ def model_fingerprint(model) -> str:
         tensor = tensor.detach().to("cpu").contiguous()
         hasher.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         if tensor.numel():
-            hasher.update(memoryview(tensor.view(torch.uint8).numpy()))
+            hasher.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # 0-d tensors too
     return hasher.hexdigest()
 
 
