@@ -45,7 +45,13 @@ from . import __version__
 from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 from .modeling.errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
-from .retrieval.presets import DEFAULT_CANDIDATES, DEFAULT_CHUNK_SIZE, DETECT_PRESET_FIELDS, DETECT_PRESETS
+from .retrieval.presets import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_INDEX_CHUNK_SIZE,
+    DETECT_PRESET_FIELDS,
+    DETECT_PRESETS,
+)
 from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
 logger = logging.getLogger("copynce_hf.cli")
@@ -94,6 +100,25 @@ def folder_source(folder, args):
         logger.warning("%s: %d sub-folder(s) not read (%s%s); pass --recursive to include them", folder,
                        len(source.ignored_subfolders), names, ", ..." if len(source.ignored_subfolders) > 3 else "")
     return source
+
+
+def image_source(args, folder, dataset_option: str):
+    """The images of ``folder`` (:func:`folder_source`) or of the dataset named by ``dataset_option`` (with
+    ``--split``, ``--image-column``, ``--id-column`` and, where the command has it, ``--streaming``)."""
+    from .retrieval import open_dataset_source
+
+    dataset = getattr(args, dataset_option.lstrip("-").replace("-", "_"))
+    if (folder is None) == (dataset is None):
+        raise ConfigError(f"give either a folder of images or {dataset_option} NAME_OR_PATH"
+                          + (", not both" if folder is not None else ""))
+    if dataset is None:
+        return folder_source(folder, args)
+    if args.quiet:
+        import datasets
+
+        datasets.disable_progress_bars()
+    return open_dataset_source(dataset, args.split, args.image_column, args.id_column,
+                               getattr(args, "streaming", False), args.max_pixels)
 
 
 def _descriptor_model(path, option="--model", runtime="torch"):
@@ -154,16 +179,18 @@ def cmd_index(args) -> int:
 
     from .retrieval import (
         Descriptor,
-        DescriptorIndex,
         IndexConfig,
         ViewPreset,
-        extract_view_descriptors,
+        extract_in_chunks,
         learn_whitening,
+        write_index_from_files,
     )
+    from .retrieval.chunked_extraction import source_identity, work_folder_of
+    from .retrieval.chunked_scoring import digest, model_fingerprint
 
     check_output_folder(args.output)
     check_model_path(args.model)
-    source = folder_source(args.references, args)
+    source = image_source(args, args.references, "--dataset")
     sample = _whiten_from(args)
     config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
     model, processor = _descriptor_model(args.model, runtime=args.runtime)
@@ -174,30 +201,37 @@ def cmd_index(args) -> int:
         whitening = learn_whitening(Descriptor("index", model, processor), sample, preset, args.whiten_dim,
                                     progress=not args.quiet, batch_size=args.batch_size,
                                     num_workers=args.num_workers, accelerator=accelerator)
-    references = extract_view_descriptors(
-        model, processor, source, preset, "reference", batch_size=args.batch_size, num_workers=args.num_workers,
-        accelerator=accelerator, progress=not args.quiet, description="reference descriptors",
-    )
+    model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
+    where = args.dataset or args.references
+    info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "views": preset.name,
+            "source": args.dataset or str(Path(args.references).resolve()), "runtime": args.runtime}
+    if whitening is not None:
+        info["whitened_from"] = str(Path(args.whiten_from).resolve())
+    # the chunks hold the model's own descriptors: whitening and the index kind may change between runs
+    identity = {"model": model_fingerprint(model), "image_processor": digest(processor.to_dict()),
+                "source": source_identity(source), "views": preset.name,
+                "chunk_size": args.chunk_size, "batch_size": args.batch_size, "max_pixels": args.max_pixels}
+    chunks = extract_in_chunks(model, processor, source, work_folder_of(args.output), identity, preset,
+                               args.chunk_size, accelerator, progress=not args.quiet,
+                               batch_size=args.batch_size, num_workers=args.num_workers)
     if accelerator.is_main_process:
-        reasons = references.skip_reasons.values()
-        if len(references) == 0:
+        reasons = chunks.skip_reasons.values()
+        if chunks.resumed:
+            print(f"resumed after {chunks.resumed} complete chunk(s) in {chunks.folder}")
+        if chunks.count == 0:
+            chunks.remove()  # nothing to resume
             raise PredictionsError(
-                f"none of the {len(source)} images of {args.references} could be read: skipped {count_text(reasons)}"
+                f"none of the {chunks.images} images of {where} could be read: skipped {count_text(reasons)}"
             )
-        model_path = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model
-        info = {"model": model_path or str(DEFAULT_DESCRIPTOR), "source": str(Path(args.references).resolve()),
-                "views": preset.name, "runtime": args.runtime}
-        if whitening is not None:
-            info["whitened_from"] = str(Path(args.whiten_from).resolve())
-        index = DescriptorIndex.build(references, config, info=info, whitening=whitening)
         with StagedFolder(args.output) as staging:
-            index.save(staging)
+            _, dim = write_index_from_files(chunks.parts, staging, config, info, whitening)
+        chunks.remove()
         views = f", {preset.num_reference_views} views each" if preset.name != "none" else ""
         whitened = (f", whitened to {whitening.dim}-d from {whitening.samples} sample views of {args.whiten_from}"
                     if whitening is not None else "")
-        print(f"indexed {len(source) - len(references.skipped)} references{views} ({references.dim}-d{whitened}, "
+        print(f"indexed {chunks.images - len(chunks.skip_reasons)} references{views} ({dim}-d{whitened}, "
               f"{config.kind}) into {args.output}")
-        report_counts("index", f"{len(source)} images", reasons, f"wrote {len(references)} descriptors")
+        report_counts("index", f"{chunks.images} images", reasons, f"wrote {chunks.count} descriptors")
     accelerator.wait_for_everyone()
     return 0
 
@@ -465,7 +499,7 @@ def cmd_detect(args) -> int:
     # every input and the output folder are checked before any model runs
     check_output_folder(args.output)
     _check_pipeline_paths(args)
-    queries = folder_source(args.queries, args)
+    queries = image_source(args, args.queries, "--query-dataset")
     references = folder_source(args.references, args)
     auxiliary = folder_source(args.aux, args) if args.aux else None
     ground_truth = None
@@ -523,7 +557,7 @@ def cmd_detect(args) -> int:
             temporary.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)
     settings = {
-        "queries": str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
+        "queries": args.query_dataset or str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
         "descriptors": ", ".join(d.source for d in descriptors),
         "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER)
         + (" (ONNX Runtime)" if args.runtime == "onnx" else ""),
@@ -738,6 +772,21 @@ def _add_image_input(parser: argparse.ArgumentParser, folders: bool = True) -> N
         )
 
 
+def _add_dataset_input(parser: argparse.ArgumentParser, option: str, images: str, streaming: bool = False) -> None:
+    """``OPTION NAME_OR_PATH`` (images from a dataset instead of a folder), ``--split``, ``--image-column``,
+    ``--id-column`` and, with ``streaming``, ``--streaming``."""
+    group = parser.add_argument_group(f"{images} from a dataset (instead of a folder)")
+    group.add_argument(option, metavar="NAME_OR_PATH",
+                       help="a Hub dataset id, a Parquet file, a save_to_disk folder or a folder of images")
+    group.add_argument("--split", default="train", help="its split (default train)")
+    group.add_argument("--image-column", help="its image column (default: the first Image column, or 'image')")
+    group.add_argument("--id-column", help="its id column (default: 'image_id', 'id', ... if present, else the "
+                       "row number)")
+    if streaming:
+        group.add_argument("--streaming", action="store_true",
+                           help="read it as a stream (a Hub dataset is not downloaded ahead; memory holds one chunk)")
+
+
 def _add_quiet(parser: argparse.ArgumentParser, default) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress bars")
 
@@ -856,10 +905,11 @@ def build_parser() -> argparse.ArgumentParser:
         "per matcher encoder view and 25 ms per matcher fusion pair. --matcher-lce none: 1 fusion per candidate; paper: 26 query views encoded once, then 35 "
         "fusions per candidate; all: 260 per candidate.",
     )
-    p.add_argument("queries", help="folder of query images")
+    p.add_argument("queries", nargs="?", help="folder of query images (or --query-dataset)")
     p.add_argument("--references", required=True, help="folder of reference images")
     p.add_argument("--output", required=True, help="folder for predictions.csv, report.html, metrics.json, indexes/")
     _add_pipeline_options(p)
+    _add_dataset_input(p, "--query-dataset", "query images")
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
@@ -939,10 +989,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "index", help="embed a folder of reference images and build a faiss index",
-        description="Embed every image of REFERENCES (file name without extension = id) with the descriptor "
-        "and write OUTPUT/descriptors.safetensors, OUTPUT/index.faiss and OUTPUT/index.json.",
+        description="Embed every image of REFERENCES (file name without extension = id) or of --dataset with "
+        "the descriptor and write OUTPUT/descriptors.safetensors, OUTPUT/index.faiss and OUTPUT/index.json. "
+        "Descriptors are written in chunks to .OUTPUT.chunks/ beside OUTPUT (removed at the end): the same "
+        "command after an interruption resumes from the last complete chunk.",
     )
-    p.add_argument("references", help="folder of reference images")
+    p.add_argument("references", nargs="?", help="folder of reference images (or --dataset)")
+    _add_dataset_input(p, "--dataset", "reference images", streaming=True)
+    p.add_argument("--chunk-size", type=_positive_int, default=DEFAULT_INDEX_CHUNK_SIZE, metavar="N",
+                   help=f"images per chunk written (default {DEFAULT_INDEX_CHUNK_SIZE}); a resumed run keeps its "
+                   "chunk size")
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
     p.add_argument("--output", required=True, help="index folder to write")
     p.add_argument(

@@ -157,15 +157,13 @@ def test_approximate_index_recall_against_exact(tmp_path, capsys):
 
 
 def test_ivfpq_training_sample_is_a_fixed_subset_of_the_references():
-    from copynce_hf.retrieval.index import _training_sample
+    from copynce_hf.retrieval.index import _training_rows
 
-    vectors = unit_vectors(1000, 8, 3)
-    sample = _training_sample(vectors, 300)
-    assert sample.shape == (300, 8) and sample.flags["C_CONTIGUOUS"]
-    np.testing.assert_array_equal(sample, _training_sample(vectors, 300))  # same seed, same rows
-    rows = {tuple(v) for v in vectors}
-    assert all(tuple(v) in rows for v in sample) and len({tuple(v) for v in sample}) == 300
-    assert _training_sample(vectors, 5000) is vectors
+    rows = _training_rows(1000, 300)
+    assert rows.shape == (300,) and len(set(rows.tolist())) == 300 and 0 <= rows.min() and rows.max() < 1000
+    assert (np.diff(rows) > 0).all()  # in row order
+    np.testing.assert_array_equal(rows, _training_rows(1000, 300))  # same seed, same rows
+    np.testing.assert_array_equal(_training_rows(1000, 5000), np.arange(1000))
     with pytest.raises(ConfigError, match="max_train_vectors"):
         IndexConfig(kind="ivfpq", max_train_vectors=0)
 
@@ -237,9 +235,10 @@ def test_dataset_source_reads_image_column(tmp_path):
         {"name": ["first", "second"], "img": [str(tmp_path / "imgs" / "a.png"), str(tmp_path / "imgs" / "b.png")]}
     ).cast_column("img", datasets.Image())
     source = DatasetImageSource(ds, id_column="name")
-    assert source.image_column == "img" and source.ids == ["first", "second"]
+    assert source.ids == ["first", "second"]
     assert source.load(1).size == (40, 36) and source.load(1).mode == "RGB"
-    with pytest.raises(ImageLoadError, match="no column"):
+    assert source.lookup()["second"] == str(tmp_path / "imgs" / "b.png")  # the file, read when used
+    with pytest.raises(ConfigError, match="id_column 'missing' is not a column"):
         DatasetImageSource(ds, id_column="missing")
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "is_disc21_folder",
     "load_disc21_ground_truth",
     "load_image_dataset",
+    "standardise_image_columns",
 ]
 
 #: Folder of the embedded default images (see ``copynce_hf/assets/README.md``).
@@ -170,13 +171,18 @@ def _image_folder(root: Path, split: str) -> datasets.Dataset:
     return _from_files(files, ids)
 
 
-def _standardise(
+def standardise_image_columns(
     dataset: datasets.Dataset | datasets.IterableDataset,
     image_column: str | None,
     id_column: str | None,
     name: str,
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Rename a Hub/saved dataset's columns to ``image_id`` + undecoded ``image``."""
+    """Rename a Hub/saved dataset's columns to ``image_id`` + undecoded ``image`` (the one place that reads a
+    dataset's columns: training and :class:`copynce_hf.retrieval.DatasetImageSource` both go through it).
+
+    ``image_column`` / ``id_column`` ``None``: the first ``datasets.Image`` column (else a usual name such as
+    ``image``) and the first usual id column (``image_id``, ``id``, ...), else the row number as a string.
+    Raises :class:`ConfigError` naming ``name`` and its columns when a named column does not exist."""
     features = dataset.features
     if features is None:  # some streamed datasets only know their features after a first read
         dataset = dataset._resolve_features()
@@ -254,21 +260,21 @@ def load_image_dataset(
                     if split not in loaded:
                         raise ConfigError(f"dataset_split {split!r} not in {str(path)!r} (splits: {list(loaded)})")
                     loaded = loaded[split]
-                dataset = _standardise(loaded, image_column, id_column, str(path))
+                dataset = standardise_image_columns(loaded, image_column, id_column, str(path))
             elif _is_dataset_repository(path):
                 loaded = _load_repository(str(path), split, streaming, config_name)
-                return _standardise(loaded, image_column, id_column, str(path))
+                return standardise_image_columns(loaded, image_column, id_column, str(path))
             else:
                 dataset = _image_folder(path, split)
         elif path.is_file() and path.suffix.lower() == ".parquet":
-            return _standardise(_load_repository(str(path), split, streaming, None), image_column, id_column,
-                                str(path))
+            return standardise_image_columns(_load_repository(str(path), split, streaming, None), image_column,
+                                             id_column, str(path))
         elif path.exists() or str(source).startswith((".", "/", "~")):
             raise ConfigError(f"dataset {str(source)!r} is neither a folder nor a Parquet file")
         else:
             # A Hub dataset id. Streaming by default for training: nothing is downloaded ahead.
             loaded = _load_repository(str(source), split, streaming, config_name, revision=revision, token=token)
-            return _standardise(loaded, image_column, id_column, str(source))
+            return standardise_image_columns(loaded, image_column, id_column, str(source))
     if streaming:
         return dataset.to_iterable_dataset(num_shards=max(1, min(num_shards, len(dataset))))
     return dataset

@@ -34,7 +34,7 @@ class DescriptorSet:
         descriptors: float32 array of shape (N, D); rows are L2-normalised for CopyNCE descriptors.
         skipped: ids (or file names) of images that could not be read during extraction.
         skip_reasons: id -> plain-words reason of each skipped image (``ImageLoadError.reason``),
-            known right after extraction (not saved).
+            known right after extraction (saved with the set).
     """
 
     ids: list[str]
@@ -70,6 +70,7 @@ class DescriptorSet:
             "format": DESCRIPTORS_FORMAT,
             "ids": json.dumps(self.ids),
             "skipped": json.dumps(self.skipped),
+            "skip_reasons": json.dumps(self.skip_reasons),
         }
         save_file({"descriptors": self.descriptors}, str(path), metadata=metadata)
         give_default_mode(path)  # safetensors writes 0600
@@ -93,7 +94,58 @@ class DescriptorSet:
             raise PredictionsError(
                 f"descriptor file {os.fspath(path)!r} was not written by copynce (no {DESCRIPTORS_FORMAT!r} metadata)"
             )
-        return cls(json.loads(metadata["ids"]), tensors["descriptors"], json.loads(metadata.get("skipped", "[]")))
+        return cls(json.loads(metadata["ids"]), tensors["descriptors"], json.loads(metadata.get("skipped", "[]")),
+                   json.loads(metadata.get("skip_reasons", "{}")))
+
+
+def read_descriptor_header(path: str | os.PathLike) -> tuple[dict, tuple[int, int]]:
+    """The metadata (``ids``, ``skipped``, ``skip_reasons``, decoded from JSON) and the descriptor shape (N, D) of
+    a file written by :meth:`DescriptorSet.save`, without reading the descriptors."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+            shape = tuple(handle.get_slice("descriptors").get_shape())
+    except (SafetensorError, OSError) as error:
+        raise PredictionsError(f"descriptor file {os.fspath(path)!r} is not a safetensors file: {error}") from error
+    if metadata.get("format") != DESCRIPTORS_FORMAT:
+        raise PredictionsError(f"descriptor file {os.fspath(path)!r} was not written by copynce")
+    defaults = {"ids": "[]", "skipped": "[]", "skip_reasons": "{}"}
+    return {key: json.loads(metadata.get(key, default)) for key, default in defaults.items()}, shape
+
+
+def concatenate_descriptor_files(parts: list[str | os.PathLike], path: str | os.PathLike) -> Path:
+    """Write the rows of several descriptor files (:meth:`DescriptorSet.save`), in order, as one file that
+    :meth:`DescriptorSet.load` reads, holding one part in memory at a time.
+
+    The safetensors layout is written directly: an 8-byte little-endian header length, the JSON header
+    (the ``descriptors`` tensor's dtype, shape and byte range, and the metadata of :meth:`DescriptorSet.save`),
+    padded with spaces to a multiple of 8 bytes, then the float32 rows.
+    """
+    if not parts:
+        raise PredictionsError("no descriptor file to concatenate")
+    headers = [read_descriptor_header(part) for part in parts]
+    dims = {shape[1] for _, shape in headers}
+    if len(dims) > 1:
+        raise PredictionsError(f"descriptor files of different dimensions {sorted(dims)}: {[str(p) for p in parts]}")
+    dim = dims.pop()
+    ids = [image_id for metadata, _ in headers for image_id in metadata["ids"]]
+    DescriptorSet(ids, np.zeros((len(ids), 0), np.float32))  # refuses duplicate ids before anything is written
+    metadata = {"format": DESCRIPTORS_FORMAT, "ids": json.dumps(ids),
+                "skipped": json.dumps([image_id for part, _ in headers for image_id in part["skipped"]]),
+                "skip_reasons": json.dumps({key: value for part, _ in headers for key, value in part["skip_reasons"].items()})}
+    size = len(ids) * dim * 4
+    header = json.dumps({"descriptors": {"dtype": "F32", "shape": [len(ids), dim], "data_offsets": [0, size]},
+                         "__metadata__": metadata}, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as handle:
+        handle.write(len(header).to_bytes(8, "little"))
+        handle.write(header)
+        for part in parts:
+            handle.write(np.ascontiguousarray(DescriptorSet.load(part).descriptors, dtype="<f4").tobytes())
+    return path
 
 
 def export_disc21_hdf5(

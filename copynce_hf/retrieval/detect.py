@@ -134,7 +134,8 @@ class DetectResult:
         skipped: query ids whose image could not be read, and unscored candidate pairs.
         reused: stages read from ``index_folder``, not recomputed.
         skipped_queries, skipped_references: id -> plain-words reason (``ImageLoadError.reason``) of each
-            image left out; ``"unreadable"`` when the skip was read from a reused cache, which keeps no reason.
+            image left out; ``"unreadable"`` when the skip was read from a reused cache written before reasons
+            were saved with it.
         candidates_per_query: the candidates each query could get: ``candidates``, or fewer when fewer
             references could be read.
     """
@@ -195,7 +196,8 @@ def _file_stamps(source) -> list | None:
 def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: str = "reference") -> dict:
     folder = getattr(source, "folder", None)
     return {"model": descriptor.source or descriptor.name, "views": preset.name, "role": role,
-            "source": str(Path(folder).resolve()) if folder is not None else None, "images": list(source.ids),
+            "source": str(Path(folder).resolve()) if folder is not None else getattr(source, "identity", None),
+            "images": list(source.ids),
             "files": _file_stamps(source)}
 
 

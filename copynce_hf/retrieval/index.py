@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..modeling.errors import ConfigError, PredictionsError
-from .descriptors import DescriptorSet
+from .descriptors import DescriptorSet, concatenate_descriptor_files, read_descriptor_header
 from .predictions import Prediction
 from .whitening import Whitening
 
@@ -111,12 +111,77 @@ class IndexConfig:
         return ""
 
 
-def _training_sample(vectors: np.ndarray, limit: int, seed: int = 0) -> np.ndarray:
-    """At most ``limit`` rows of ``vectors`` (N, D), drawn without replacement with a fixed seed, in row order."""
-    if len(vectors) <= limit:
-        return vectors
-    rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=limit, replace=False))
-    return np.ascontiguousarray(vectors[rows])
+def _training_rows(count: int, limit: int, seed: int = 0) -> np.ndarray:
+    """The rows (sorted) the IVF-PQ quantisers train on: all ``count`` rows, or ``limit`` of them drawn without
+    replacement with a fixed seed."""
+    if count <= limit:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, size=limit, replace=False))
+
+
+def _empty_index(config: IndexConfig, count: int, dim: int) -> faiss.Index:
+    """An untrained, empty faiss index of ``config``'s kind for ``count`` vectors of ``dim`` dimensions."""
+    index = _faiss().index_factory(dim, config.factory_string(count, dim), _faiss().METRIC_INNER_PRODUCT)
+    if config.kind == "hnsw":
+        _faiss().downcast_index(index).hnsw.efConstruction = config.ef_construction
+    if not index.is_trained and count < MIN_IVFPQ_TRAINING:
+        raise ConfigError(
+            f"an ivfpq index needs at least {MIN_IVFPQ_TRAINING} references to train its quantisers, "
+            f"got {count}; use the exact 'flat' index"
+        )
+    return index
+
+
+def _write_whitening(folder: Path, whitening: Whitening | None) -> None:
+    """``whitening.safetensors`` in an index folder when the index whitens; none (an old one removed) otherwise."""
+    (folder / "whitening.safetensors").unlink(missing_ok=True)
+    if whitening is not None:
+        whitening.save(folder / "whitening.safetensors")
+
+
+def _write_index_json(folder: Path, config: IndexConfig, count: int, dim: int, info: dict,
+                      whitening: Whitening | None = None) -> None:
+    meta = {"config": asdict(config), "count": count, "dim": dim, **info,
+            **({"whitened_dim": whitening.dim} if whitening is not None else {})}
+    (folder / "index.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def write_index_from_files(parts: list[str | os.PathLike], folder: str | os.PathLike,
+                           config: IndexConfig | None = None, info: dict | None = None,
+                           whitening: Whitening | None = None) -> tuple[int, int]:
+    """Build an index over the rows of several descriptor files (:meth:`DescriptorSet.save`, in order), whitened
+    first when ``whitening`` is given, and write the folder :meth:`DescriptorIndex.load` reads, holding the faiss
+    index and one file's descriptors in memory at a time (an IVF-PQ index also its training sample, at most
+    ``max_train_vectors`` rows, the rows :meth:`DescriptorIndex.build` would draw). Returns the number and the
+    dimension of the indexed descriptors (as the model gives them)."""
+    config = config or IndexConfig()
+    shapes = [read_descriptor_header(part)[1] for part in parts]
+    count = sum(rows for rows, _ in shapes)
+    if count == 0:
+        raise PredictionsError("cannot build an index over an empty descriptor set")
+
+    def vectors(part, rows=slice(None)) -> np.ndarray:
+        loaded = DescriptorSet.load(part).descriptors[rows]
+        return np.ascontiguousarray(whitening.whiten(loaded) if whitening is not None else loaded)
+
+    index = _empty_index(config, count, whitening.dim if whitening is not None else shapes[0][1])
+    if not index.is_trained:
+        wanted, sample, offset = _training_rows(count, config.max_train_vectors), [], 0
+        for part, (rows, _) in zip(parts, shapes):
+            mine = wanted[(wanted >= offset) & (wanted < offset + rows)] - offset
+            if len(mine):
+                sample.append(vectors(part, mine))
+            offset += rows
+        index.train(np.ascontiguousarray(np.concatenate(sample)))
+    for part in parts:
+        index.add(vectors(part))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _faiss().write_index(index, str(folder / "index.faiss"))
+    concatenate_descriptor_files(parts, folder / "descriptors.safetensors")
+    _write_whitening(folder, whitening)
+    _write_index_json(folder, config, count, shapes[0][1], dict(info or {}), whitening)
+    return count, shapes[0][1]
 
 
 @dataclass
@@ -145,17 +210,9 @@ class DescriptorIndex:
         if len(references) == 0:
             raise PredictionsError("cannot build an index over an empty descriptor set")
         vectors = whitening.whiten(references.descriptors) if whitening is not None else references.descriptors
-        dim = int(vectors.shape[1])
-        index = _faiss().index_factory(dim, config.factory_string(len(references), dim), _faiss().METRIC_INNER_PRODUCT)
-        if config.kind == "hnsw":
-            _faiss().downcast_index(index).hnsw.efConstruction = config.ef_construction
+        index = _empty_index(config, len(references), int(vectors.shape[1]))
         if not index.is_trained:
-            if len(references) < MIN_IVFPQ_TRAINING:
-                raise ConfigError(
-                    f"an ivfpq index needs at least {MIN_IVFPQ_TRAINING} references to train its quantisers, "
-                    f"got {len(references)}; use the exact 'flat' index"
-                )
-            index.train(_training_sample(vectors, config.max_train_vectors))
+            index.train(np.ascontiguousarray(vectors[_training_rows(len(vectors), config.max_train_vectors)]))
         index.add(vectors)
         built = cls(index, references, config, dict(info or {}), whitening)
         built.set_search_parameters()
@@ -202,12 +259,8 @@ class DescriptorIndex:
         folder.mkdir(parents=True, exist_ok=True)
         _faiss().write_index(self.index, str(folder / "index.faiss"))
         self.references.save(folder / "descriptors.safetensors")
-        (folder / "whitening.safetensors").unlink(missing_ok=True)
-        if self.whitening is not None:
-            self.whitening.save(folder / "whitening.safetensors")
-        meta = {"config": asdict(self.config), "count": len(self), "dim": self.references.dim, **self.info,
-                **({"whitened_dim": self.whitening.dim} if self.whitening is not None else {})}
-        (folder / "index.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _write_whitening(folder, self.whitening)
+        _write_index_json(folder, self.config, len(self), self.references.dim, self.info, self.whitening)
         return folder
 
     @classmethod

@@ -1,5 +1,5 @@
-"""Named whole settings of ``copynce detect`` / :func:`copynce_hf.retrieval.detect` (no heavy imports, so that
-the command line can list them in ``--help``).
+"""Named whole settings of ``copynce detect`` / :func:`copynce_hf.retrieval.detect`, and the defaults of
+``copynce index`` (no heavy imports, so that the command line can list them in ``--help``).
 
 ``paper`` is the authors' inference (their evaluation code, and supplementary "More about
 Candidates List for Matcher"): descriptor LCE with their 45 query / 9 reference views and per-group
@@ -16,6 +16,9 @@ DEFAULT_CANDIDATES = 50
 
 #: Candidate pairs per chunk of re-scoring work (:mod:`.chunked_scoring`): a few seconds of GPU work, a small file.
 DEFAULT_CHUNK_SIZE = 10_000
+
+#: Images per chunk of resumable indexing (:mod:`.chunked_extraction`, ``copynce index --chunk-size``).
+DEFAULT_INDEX_CHUNK_SIZE = 10_000
 
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields a preset sets.
 DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alpha", "k_start", "k_end")

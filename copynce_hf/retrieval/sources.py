@@ -1,14 +1,21 @@
-"""Image sources for retrieval: a folder of image files, or a ``datasets.Dataset`` with an image column.
+"""Image sources for retrieval: a folder of image files, or a dataset (``datasets``) with an image column.
 
 A source is an indexable collection with stable string ids: ``source.ids[i]`` and
 ``source.load(i)`` (an RGB PIL image read through :func:`copynce_hf.images.load_image`,
 raising :class:`ImageLoadError` for a bad file). Folder ids are the file names without
-extension (DISC21 style: ``Q00001.jpg`` has id ``Q00001``).
+extension (DISC21 style: ``Q00001.jpg`` has id ``Q00001``); dataset ids come from an id column, else
+the row number. A streamed dataset (:class:`StreamedImageSource`) has no random access: it is read
+once, in chunks (:meth:`StreamedImageSource.chunks`). :func:`open_dataset_source` opens any dataset
+the training loader opens (Hub id, Parquet file, ``save_to_disk`` folder, image folder).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Iterator, Mapping
+from functools import partial
+from itertools import islice
 from pathlib import Path
 
 from PIL import Image
@@ -98,45 +105,169 @@ class ImageFolderSource:
         """Map from id to file path."""
         return dict(zip(self.ids, self.files))
 
+    @property
+    def identity(self) -> dict:
+        """What a cache of this source's descriptors is tied to: the folder and a hash of its image files' names,
+        sizes and modification times."""
+        digest = hashlib.sha256()
+        for path in self.files:
+            try:
+                stat = path.stat()
+                digest.update(f"{image_id(path, self.folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+            except OSError:  # gone since the folder was listed
+                digest.update(f"{image_id(path, self.folder)}\0missing\n".encode())
+        return {"folder": str(self.folder.resolve()), "files": digest.hexdigest()}
+
+
+def _undecoded_image(value, where: str):
+    """The bytes or path of an undecoded ``datasets.Image`` value (``{"bytes": ..., "path": ...}``), a path or
+    bytes; :class:`ImageLoadError` naming ``where`` when the row has no image."""
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if value is None:
+        raise ImageLoadError(f"{where} has no image")
+    return value
+
 
 class DatasetImageSource:
-    """The images of a ``datasets.Dataset``.
+    """The images of a ``datasets.Dataset`` (random access).
+
+    Its columns are read by :func:`copynce_hf.data.loading.standardise_image_columns`, as training reads them.
 
     Args:
         dataset: a ``datasets.Dataset``.
-        image_column: column holding the images (an ``Image`` feature, a path or bytes);
-            ``None`` picks the first column whose feature is ``datasets.Image``, else ``image``.
-        id_column: column holding the ids; ``None`` uses the row number.
+        image_column: column holding the images (an ``Image`` feature, a path or bytes); ``None``: the first
+            ``datasets.Image`` column, else a usual name (``image``, ``img``, ...).
+        id_column: column holding the ids; ``None``: a usual id column (``image_id``, ``id``, ...), else the
+            row number.
+        max_pixels: size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+        name: how messages name the dataset (its Hub id or path).
     """
 
-    def __init__(self, dataset, image_column: str | None = None, id_column: str | None = None):
-        import datasets
+    def __init__(self, dataset, image_column: str | None = None, id_column: str | None = None,
+                 max_pixels: int | None = None, name: str = "dataset"):
+        from ..data.loading import standardise_image_columns
 
-        self.dataset = dataset
-        if image_column is None:
-            image_columns = [name for name, feature in dataset.features.items() if isinstance(feature, datasets.Image)]
-            image_column = image_columns[0] if image_columns else "image"
-        for column in (image_column, id_column):
-            if column is not None and column not in dataset.column_names:
-                raise ImageLoadError(f"dataset has no column {column!r}; columns: {dataset.column_names}")
-        self.image_column = image_column
-        self.ids = [str(i) for i in (dataset[id_column] if id_column else range(len(dataset)))]
+        self.name, self.max_pixels = name, max_pixels
+        self.dataset = standardise_image_columns(dataset, image_column, id_column, name)
+        self.ids = list(self.dataset["image_id"])
         if len(set(self.ids)) != len(self.ids):
-            raise ImageLoadError(f"dataset column {id_column!r} holds duplicate ids")
+            seen: set[str] = set()
+            duplicate = next(i for i in self.ids if i in seen or seen.add(i))
+            raise ImageLoadError(f"dataset {name!r}: the id {duplicate!r} appears twice"
+                                 + (f" in column {id_column!r}" if id_column else ""))
+        #: what a cache of this source's descriptors is tied to (``datasets``' fingerprint of its rows)
+        self.identity = {"dataset": name, "fingerprint": getattr(self.dataset, "_fingerprint", None)}
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def load(self, index: int) -> Image.Image:
+    def undecoded(self, index: int):
+        """The bytes or path of image ``index``."""
+        where = f"dataset {self.name!r} row {index} ({self.ids[index]!r})"
         try:
-            value = self.dataset[int(index)][self.image_column]
+            value = self.dataset[int(index)]["image"]
         except Exception as error:  # a broken row is a bad image, not a crash
-            raise ImageLoadError(f"dataset row {index} ({self.ids[index]!r}) cannot be decoded: {error}") from error
-        if isinstance(value, dict):  # Image feature with decode=False
-            value = value.get("bytes") or value.get("path")
-        if value is None:
-            raise ImageLoadError(f"dataset row {index} ({self.ids[index]!r}) has no image")
-        return load_image(value)
+            raise ImageLoadError(f"{where} cannot be read: {error}") from error
+        return _undecoded_image(value, where)
+
+    def load(self, index: int) -> Image.Image:
+        return load_image(self.undecoded(index), max_pixels=self.max_pixels)
+
+    def lookup(self) -> Mapping[str, object]:
+        """Map from id to the image's bytes or path (read on access), like :meth:`ImageFolderSource.lookup`."""
+        return _UndecodedById(self)
+
+
+class _UndecodedById(Mapping):
+    """id -> bytes or path of a :class:`DatasetImageSource`'s image, read when asked for."""
+
+    def __init__(self, source: DatasetImageSource):
+        self.source = source
+        self.position = {image_id: i for i, image_id in enumerate(source.ids)}
+
+    def __getitem__(self, image_id: str):
+        return self.source.undecoded(self.position[image_id])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.source.ids)
+
+    def __len__(self) -> int:
+        return len(self.source.ids)
+
+
+class StreamedImageSource:
+    """The images of a ``datasets.IterableDataset`` with the columns ``image_id`` and ``image`` (undecoded), as
+    :func:`copynce_hf.data.load_image_dataset` streams them: read once, in order, a chunk at a time.
+
+    Args:
+        dataset: the stream.
+        name: how messages name the dataset.
+        max_pixels: size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+        identity: what a cache of this source's descriptors is tied to.
+    """
+
+    def __init__(self, dataset, name: str, max_pixels: int | None = None, identity: dict | None = None):
+        self.dataset, self.name, self.max_pixels = dataset, name, max_pixels
+        self.identity = identity or {"dataset": name}
+
+    def chunks(self, size: int, start: int = 0) -> Iterator[ImageListSource]:
+        """Consecutive chunks of ``size`` rows (the last one shorter) as :class:`ImageListSource`, from chunk
+        ``start`` on (the rows of the chunks before it are read and passed over, not decoded)."""
+        rows = iter(self.dataset.skip(start * size) if start else self.dataset)
+        number = start
+        while True:
+            batch = list(islice(rows, size))
+            if not batch:
+                return
+            ids = [str(row["image_id"]) for row in batch]
+            first = number * size
+            images = [partial(_load_undecoded, row["image"], f"dataset {self.name!r} row {first + i} ({ids[i]!r})",
+                              self.max_pixels) for i, row in enumerate(batch)]
+            yield ImageListSource(ids, images)
+            number += 1
+
+
+def _load_undecoded(value, where: str, max_pixels: int | None) -> Image.Image:
+    return load_image(_undecoded_image(value, where), max_pixels=max_pixels)
+
+
+def local_files_stamp(path: str | os.PathLike) -> str | None:
+    """A hash of the names, sizes and modification times of a local file or of every file under a local folder
+    (what stands for their content in a cache's identity); ``None`` for what is not local (a Hub id)."""
+    local = Path(path).expanduser()
+    if not local.exists():
+        return None
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.relative_to(local).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def open_dataset_source(name: str, split: str = "train", image_column: str | None = None,
+                        id_column: str | None = None, streaming: bool = False, max_pixels: int | None = None):
+    """The images of a dataset as a source: a Hub dataset id, a local Parquet file, a ``save_to_disk`` folder, a
+    folder of Parquet shards or an image folder, opened by :func:`copynce_hf.data.load_image_dataset` (the
+    loader of training).
+
+    Returns a :class:`DatasetImageSource`, or with ``streaming`` a :class:`StreamedImageSource` (a Hub dataset
+    is then read as it goes, nothing downloaded ahead). Raises :class:`ConfigError` naming the dataset and the
+    missing split or column.
+    """
+    from ..data.loading import load_image_dataset
+
+    dataset = load_image_dataset(name, split=split, streaming=streaming, image_column=image_column,
+                                 id_column=id_column)
+    local = Path(name).expanduser()
+    identity = {"dataset": str(local.resolve()) if local.exists() else name, "split": split,
+                "image_column": image_column, "id_column": id_column, "files": local_files_stamp(name)}
+    if streaming:
+        return StreamedImageSource(dataset, name, max_pixels=max_pixels, identity=identity)
+    source = DatasetImageSource(dataset, "image", "image_id", max_pixels=max_pixels, name=name)
+    source.identity = {**identity, "fingerprint": source.identity["fingerprint"]}
+    return source
 
 
 class ImageListSource:
