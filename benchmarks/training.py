@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matcher-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--matcher-max-steps", type=int, default=None,
                         help="matcher steps (default: calibrated with --minutes, else --max-steps)")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at a time, one core each")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time, each on --processes-per-run cores")
     parser.add_argument("--processes-per-run", type=int, default=1,
                         help="CPU processes of each run (accelerate launch --num_processes), each pinned to a "
                              "core of its own; the global batch is --per_device_train_batch_size x this")
@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="continue unfinished runs from their newest complete checkpoint instead of "
                              "starting them again (a run longer than a session)")
     parser.add_argument("--cores", type=int, nargs="+", default=None,
-                        help="cores to pin the parallel runs to (default: the first --parallel available)")
+                        help="cores to pin the runs to, --processes-per-run per run (default: the first available)")
     parser.add_argument("--gpu", action="store_true",
                         help="train on the GPU (bf16, runs not pinned to cores); the matcher rows of BENCHMARKS.md")
     parser.add_argument("--calibration-steps", type=int, default=30)
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         plan["matcher_max_steps"] = matcher_steps
         ensure_knn_graph("matcher", dataset, args.dry_run)
         runs = plan_runs("matcher", args.matchers, args.matcher_seeds, matcher_steps, runs_dir, dataset, extra,
-                         args.gpu)
+                         args.gpu, args.processes_per_run, args.resume)
         records += run_all(runs, cores, dry_run=args.dry_run, force=args.force)
     plan.update({"finished": now(), "wall_seconds": time.perf_counter() - started, "runs": records})
     if not args.dry_run:
