@@ -168,17 +168,21 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"kind": "gpu_throughput", "machine": machine_info(), "command": command_line(), "created": now(),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "precision": args.precision}
-    record["inference"] = inference_rates(args.device, args.precision, args.batch_size, args.repeats,
-                                          args.candidates, args.image_size)
-    record["search"] = search_rate(args.device, args.search_references, args.search_queries, args.k,
-                                   repeats=args.repeats)
-    record["training"] = training_rates(args.device, args.precision, args.train_steps, args.workers,
-                                        args.loader_batches, args.train_batch, args.image_size, args.image_folder)
-    if device.type == "cuda":
-        record["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    record["wall_seconds"] = time.perf_counter() - started
     output = Path(args.output_dir)
-    write_json(output / "gpu_throughput.json", record)
+
+    def measured(part: str, value: dict) -> None:  # written after each part: a cut-short call keeps the rest
+        record[part] = value
+        if device.type == "cuda":
+            record["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        record["wall_seconds"] = time.perf_counter() - started
+        write_json(output / "gpu_throughput.json", record)
+
+    measured("inference", inference_rates(args.device, args.precision, args.batch_size, args.repeats,
+                                          args.candidates, args.image_size))
+    measured("search", search_rate(args.device, args.search_references, args.search_queries, args.k,
+                                   repeats=args.repeats))
+    measured("training", training_rates(args.device, args.precision, args.train_steps, args.workers,
+                                        args.loader_batches, args.train_batch, args.image_size, args.image_folder))
     report = markdown_report(record)
     (output / "gpu_throughput.md").write_text(report, encoding="utf-8")
     print(report)

@@ -78,7 +78,10 @@ BUNDLE = REPO_ROOT / ".gpu"
 TRAVEL_LIMIT = 64 * 2**20
 #: Packages the GPU machine's image lacks or holds in an older version (its list: the device notes),
 #: carried as wheels of the versions installed here ...
-WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic")
+WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic",
+          # the albumentations edits of the paper recipes (benchmarks.gpu_throughput's data part) and their needs
+          "albumentations", "albucore", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+          "stringzilla", "simsimd")
 #: ... or, pure Python without a wheel (iopath) or too large as one (augly, 24 MB), as copies of the
 #: installed package (augly without the assets the runs' recipes do not read).
 COPIED = ("augly", "iopath")
@@ -91,9 +94,10 @@ UNUSED_AUGLY = ("tests", "audio", "video", "text", "assets/audio", "assets/text"
 
 def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample",
             splits_csv: Path = SHARED_DATA / "imagenet-sample-splits.csv", max_side: int = 256, quality: int = 80,
-            packages: bool = True) -> dict:
-    """Fill ``bundle`` with the train split (shrunk to ``max_side``, JPEG ``quality``: 64 MiB travel in all),
-    with ``packages``, the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote."""
+            packages: bool = True, max_images: int | None = None) -> dict:
+    """Fill ``bundle`` with the train split (shrunk to ``max_side``, JPEG ``quality``: 64 MiB travel in all;
+    its first ``max_images`` by name only, if given: a call that only measures throughput), with ``packages``,
+    the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote."""
     from PIL import Image
 
     from copynce_hf.evaluation.minidisc import read_splits
@@ -102,6 +106,7 @@ def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample
     files = read_splits(Path(splits_csv), Path(images)).get("train", [])
     if not files:
         raise SystemExit(f"no train image listed in {splits_csv}")
+    files = sorted(files, key=lambda path: path.name)[:max_images]
     split = bundle / "train_split"
     if split.exists():
         shutil.rmtree(split)
@@ -181,10 +186,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     .gpu/wheels/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD/.gpu/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/lib:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=/tmp/hf
-python3 -c "import transformers, datasets, faiss, augly.image, copynce_hf.training.run" || exit 4
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m benchmarks.gpu_training run --dataset .gpu/train_split --output-dir "$OUT" --work-dir /tmp/gpu-work "$@" \
-    2>&1 | tee "$OUT/run.log"
+python3 -c "import torch, numpy, pyarrow, transformers, datasets, faiss, augly.image, albumentations, copynce_hf.training.run; \\
+print('torch', torch.__version__, 'numpy', numpy.__version__, 'pyarrow', pyarrow.__version__, \\
+'transformers', transformers.__version__, 'datasets', datasets.__version__)" 2>&1 | tee "$OUT/run.log" || exit 4
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/run.log"
+if [ -z "$SKIP_THROUGHPUT" ]; then  # benchmarks.gpu_throughput first (about 1.5 minutes), capped so training always runs
+    timeout "${THROUGHPUT_SECONDS:-200}" python3 -m benchmarks.gpu_throughput --device cuda --output-dir "$OUT" \\
+        --repeats 5 --image-folder .gpu/train_split 2>&1 | grep -v "it/s\\]$" | tee -a "$OUT/run.log"
+fi
+[ -n "$SKIP_TRAINING" ] && exit 0  # a call that only measures throughput
+python3 -m benchmarks.gpu_training run --dataset .gpu/train_split --output-dir "$OUT" --work-dir /tmp/gpu-work "$@" \\
+    2>&1 | tee -a "$OUT/run.log"
 """
 
 
@@ -203,9 +215,9 @@ class RunPlan:
     precision: str = "bf16"
     held_out: int = 40
     descriptor_init: str = "embedded"
-    descriptor_seconds: float = 210.0
-    matcher_seconds: float = 100.0
-    calibration_seconds: float = 30.0
+    descriptor_seconds: float = 200.0
+    matcher_seconds: float = 75.0
+    calibration_seconds: float = 20.0
     descriptor_steps: int | None = None
     matcher_steps: int | None = None
     knn_k: int = 8
@@ -366,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     ready.add_argument("--max-side", type=int, default=256,
                        help="longer side of the travelling images (2.3x the 112-pixel model input)")
     ready.add_argument("--quality", type=int, default=80, help="their JPEG quality")
+    ready.add_argument("--max-images", type=int, default=None,
+                       help="only the first N train images by name (a throughput-only call: SKIP_TRAINING=1)")
     ready.add_argument("--no-packages", dest="packages", action="store_false",
                        help="the images and run.sh only (no wheels, AugLy or libmagic)")
     go = commands.add_parser("run", help="train and score on this machine, results under --output-dir")
@@ -395,7 +409,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if args.command == "prepare":
-        made = prepare(args.bundle, args.images, args.splits_csv, args.max_side, args.quality, args.packages)
+        made = prepare(args.bundle, args.images, args.splits_csv, args.max_side, args.quality, args.packages,
+                       args.max_images)
         fits = made["travelling_bytes"] <= TRAVEL_LIMIT
         print(f"{made['images']} images; .gpu holds {made['bundle_bytes'] / 2**20:.1f} MiB; a device call sends "
               f"{made['travelling_bytes'] / 2**20:.1f} MiB of at most 64" + ("" if fits else ": TOO MUCH"))
