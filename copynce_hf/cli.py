@@ -175,8 +175,7 @@ def _index_config_overrides(args) -> dict:
 
 
 def cmd_index(args) -> int:
-    from accelerate import Accelerator
-
+    from .precision import make_accelerator
     from .retrieval import (
         Descriptor,
         IndexConfig,
@@ -194,7 +193,7 @@ def cmd_index(args) -> int:
     sample = _whiten_from(args)
     config = IndexConfig(kind=args.index_type, nlist=args.nlist, pq_m=args.pq_m, **_index_config_overrides(args))
     model, processor = _descriptor_model(args.model, runtime=args.runtime)
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     preset = ViewPreset(args.descriptor_lce)
     whitening = None
     if sample is not None:
@@ -237,8 +236,7 @@ def cmd_index(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from accelerate import Accelerator
-
+    from .precision import make_accelerator
     from .retrieval import (
         DescriptorIndex,
         DescriptorSet,
@@ -274,7 +272,7 @@ def cmd_search(args) -> int:
         )
     model, processor = _descriptor_model(model_path, runtime=args.runtime)
     auxiliary = DescriptorSet.load(args.score_norm or args.stretch) if (args.score_norm or args.stretch) else None
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     queries = extract_view_descriptors(
         model, processor, source, preset, "query", batch_size=args.batch_size, num_workers=args.num_workers,
         accelerator=accelerator, progress=not args.quiet, description="query descriptors",
@@ -311,8 +309,7 @@ def cmd_search(args) -> int:
 def cmd_match(args) -> int:
     import shutil
 
-    from accelerate import Accelerator
-
+    from .precision import make_accelerator
     from .retrieval import LocalCrops, model_kind, read_predictions, rescore_predictions, write_predictions
 
     check_output_file(args.output)
@@ -339,7 +336,7 @@ def cmd_match(args) -> int:
     crops = (
         LocalCrops(args.query_grid, args.reference_grid, args.crop_scale, args.rotations) if args.local_crops else None
     )
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     work = Path(args.output).with_name(f".{Path(args.output).name}.rescoring")  # scored chunks, until the end
     try:
         result = rescore_predictions(
@@ -488,9 +485,8 @@ def _calibration_point(args, config):
 def cmd_detect(args) -> int:
     import time
 
-    from accelerate import Accelerator
-
     from .metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
+    from .precision import make_accelerator
     from .retrieval import detect, write_predictions
     from .retrieval.calibration import decision_rates
     from .retrieval.gallery import write_gallery
@@ -517,7 +513,7 @@ def cmd_detect(args) -> int:
     descriptors, matcher = _pipeline_models(args)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
 
     def say(line: str) -> None:
         _say("detect", line, args.quiet or not accelerator.is_main_process)
@@ -668,8 +664,7 @@ def _dedup_threshold(args, config) -> tuple[float, str]:
 def cmd_dedup(args) -> int:
     import time
 
-    from accelerate import Accelerator
-
+    from .precision import make_accelerator
     from .retrieval import Descriptor, DetectConfig, dedup, write_groups, write_predictions
     from .retrieval.gallery import write_group_gallery
 
@@ -690,7 +685,7 @@ def cmd_dedup(args) -> int:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
 
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
 
     def say(line: str) -> None:
         _say("dedup", line, args.quiet or not accelerator.is_main_process)

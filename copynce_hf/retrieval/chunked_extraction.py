@@ -183,10 +183,11 @@ def extract_in_chunks(
     Returns:
         The chunk files on the main process, ``None`` on the others.
     """
-    from accelerate import Accelerator
     from accelerate.utils import broadcast_object_list
 
-    accelerator = accelerator or Accelerator()
+    from ..precision import make_accelerator
+
+    accelerator = accelerator or make_accelerator()
     preset = preset or ViewPreset("none")
     folder = Path(folder)
     result, seen = ChunkedDescriptors(folder), set()

@@ -208,9 +208,9 @@ def dedup(
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result, as with :func:`~.detect.detect`.
     """
-    from accelerate import Accelerator
+    from ..precision import make_accelerator
 
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or make_accelerator()
     config = config or DetectConfig()
     if len(source) < 2:
         raise ConfigError(f"deduplication needs at least 2 images, got {len(source)}")

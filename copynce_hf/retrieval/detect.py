@@ -355,9 +355,9 @@ def detect(
     names = [d.name for d in descriptors]
     if len(set(names)) != len(names):
         raise ConfigError(f"descriptor names must differ, got {names}")
-    from accelerate import Accelerator
+    from ..precision import make_accelerator
 
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or make_accelerator()
     preset = ViewPreset(config.descriptor_lce)
     extract = {"batch_size": config.batch_size, "num_workers": config.num_workers, "accelerator": accelerator}
     seconds: dict[str, float] = {}

@@ -83,9 +83,9 @@ def extract_descriptors(
         A :class:`DescriptorSet` with float32 descriptors (N, D) in source order, without the
         unreadable images, whose ids are listed in ``skipped``.
     """
-    from accelerate import Accelerator
+    from ..precision import make_accelerator
 
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or make_accelerator()
     dataset = ProcessedImages(source, image_processor)
     loader = accelerator.prepare_data_loader(
         DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from ..data import ImageDecoder
 from ..modeling.errors import ConfigError
 from ..outputs import OutputPathError, check_output_folder
+from ..precision import make_accelerator
 from .checkpoints import (
     TrainingProgress,
     checkpoint_folder,
@@ -235,7 +236,7 @@ def held_out_score(config: TrainingConfig) -> dict[str, float] | None:
     """The held-out numbers of the model a run of ``config`` starts from, before its first step: the task,
     precision and engine of the run's own ``eval`` (e.g. the current model beside a run continued from
     it with ``model_name_or_path``). ``None`` when the run would hold out too few images."""
-    accelerator = Accelerator(mixed_precision=config.mixed_precision)
+    accelerator = make_accelerator(mixed_precision=config.mixed_precision)
     set_seed(config.seed)
     model, processor = build_model(config)
     data = build_training_data(config, accelerator, model.config.image_size, model.config.patch_size)
@@ -279,7 +280,7 @@ def _release_process_group() -> None:
 def _accelerator(config: TrainingConfig) -> Accelerator:
     """The run's accelerator (precision, accumulation, trackers, logging folder) and the run's log format."""
     output_dir = Path(config.output_dir)
-    accelerator = Accelerator(
+    accelerator = make_accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         mixed_precision=config.mixed_precision,
         log_with=None if config.report_to == "none" else config.report_to,
