@@ -111,6 +111,39 @@ def test_flat_index_is_exact_and_saves(tmp_path):
         IndexConfig(kind="lsh")
 
 
+class CallSizes:
+    """A faiss index that records the number of queries of each search call and passes the call on."""
+
+    def __init__(self, index):
+        self.index, self.calls, self.ntotal = index, [], index.ntotal
+
+    def search(self, queries, k):
+        self.calls.append(len(queries))
+        return self.index.search(queries, k)
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivfpq"])
+def test_search_sends_faiss_bounded_batches_with_the_same_result(kind):
+    """faiss keeps every query's working candidates of one call (ivfpq with re-ranking: k x k_factor each), so
+    search must not hand it all the queries at once: at most SEARCH_BATCH_SIZE per call, results unchanged."""
+    from copynce_hf.retrieval.index import SEARCH_BATCH_SIZE
+
+    refs = DescriptorSet([f"R{i}" for i in range(400)], unit_vectors(400, 16, 3))
+    queries = unit_vectors(SEARCH_BATCH_SIZE + 5, 16, 4)
+    index = DescriptorIndex.build(refs, IndexConfig(kind=kind))
+    whole_scores, whole_indices = index.index.search(queries, 7)  # one faiss call over every query
+    index.index = CallSizes(index.index)
+    scores, indices = index.search(queries, 7)
+    assert index.index.calls == [SEARCH_BATCH_SIZE, 5]
+    np.testing.assert_array_equal(indices, whole_indices)
+    np.testing.assert_allclose(scores, whole_scores, atol=1e-6)
+    index.index.calls.clear()
+    np.testing.assert_array_equal(index.search(queries[:10], 7, batch_size=4)[1], whole_indices[:10])
+    assert index.index.calls == [4, 4, 2]
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
+        index.search(queries, 7, batch_size=0)
+
+
 def recall_at_10(approximate: np.ndarray, exact: np.ndarray) -> float:
     return float(np.mean([len(set(a) & set(e)) / 10 for a, e in zip(approximate, exact)]))
 
