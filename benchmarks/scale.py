@@ -60,7 +60,8 @@ from .common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, read_js
 logger = logging.getLogger("benchmarks.scale")
 
 __all__ = ["synthetic_descriptors", "index_quality", "bench_faiss_scale", "bench_model_costs",
-           "paper_preset_counts", "disc21_workload", "disc21_estimate", "main"]
+           "paper_preset_counts", "disc21_workload", "disc21_estimate", "disc21_scenarios", "gpu_rates",
+           "markdown_tables", "main"]
 
 PARTS = ("faiss", "models", "estimate")
 INDEX_KINDS = ("flat", "hnsw", "ivfpq")
@@ -370,17 +371,22 @@ def disc21_estimate(workload: dict, cpu_costs: dict, gpu: dict | None = None, gp
         workload: :func:`disc21_workload`.
         cpu_costs: :func:`bench_model_costs` figures of the ViT-S/16 224 models (seconds per pass).
         gpu: ``{"descriptor_images_per_second", "encoder_views_per_second", "fusion_pairs_per_second",
-            "source"}`` measured on a GPU (:mod:`benchmarks.gpu_throughput`); ``None``: the published
-            ViT-S/16 figure (:data:`PUBLISHED_VITS16_IMAGES_PER_SECOND`) for the descriptor, and for the
-            encoder and fusion passes that figure scaled by their cost relative to a descriptor pass
-            measured on this CPU.
+            "source"}`` measured on a GPU (:func:`gpu_rates` of a :mod:`benchmarks.gpu_throughput` record),
+            optionally with ``"search_row_pairs_per_second"`` (exact search on the GPU: its hours then join the
+            GPU totals, as a stage ``exact search``); ``None``: the published ViT-S/16 figure (:data:`PUBLISHED_VITS16_IMAGES_PER_SECOND`) for
+            the descriptor, and for the encoder and fusion passes that figure scaled by their cost relative to
+            a descriptor pass measured on this CPU.
         flat_seconds_per_row_pair: CPU seconds of exact search per (query row, index row) pair, from
-            the ``faiss`` part (``flat`` search seconds / (queries x references)).
+            the ``faiss`` part (``flat`` search seconds / (queries x references)): a stage ``exact search``
+            of the CPU hours (query views x reference and auxiliary views, linear in both).
     """
     descriptor = cpu_costs["descriptor_seconds_per_image"]
     cpu_seconds = {"descriptor": workload["descriptor_passes"] * descriptor,
                    "matcher encoder": workload["encoder_passes"] * cpu_costs["encoder_seconds_per_view"],
                    "matcher fusion": workload["fusion_passes"] * cpu_costs["fusion_seconds_per_pair"]}
+    search_rows = workload["search_query_rows"] * workload["search_index_rows"]
+    if flat_seconds_per_row_pair is not None:
+        cpu_seconds["exact search"] = search_rows * flat_seconds_per_row_pair
     if gpu is None:
         rate = PUBLISHED_VITS16_IMAGES_PER_SECOND
         gpu = {"descriptor_images_per_second": rate,
@@ -391,6 +397,8 @@ def disc21_estimate(workload: dict, cpu_costs: dict, gpu: dict | None = None, gp
     gpu_seconds = {"descriptor": workload["descriptor_passes"] / gpu["descriptor_images_per_second"],
                    "matcher encoder": workload["encoder_passes"] / gpu["encoder_views_per_second"],
                    "matcher fusion": workload["fusion_passes"] / gpu["fusion_pairs_per_second"]}
+    if gpu.get("search_row_pairs_per_second"):
+        gpu_seconds["exact search"] = search_rows / gpu["search_row_pairs_per_second"]
     result = {"workload": workload, "gpu": gpu, "scaling": "linear in the number of GPUs (assumed, not measured)",
               "cpu_core_hours": {k: v / 3600 for k, v in cpu_seconds.items()},
               "one_gpu_hours": {k: v / 3600 for k, v in gpu_seconds.items()}}
@@ -400,10 +408,32 @@ def disc21_estimate(workload: dict, cpu_costs: dict, gpu: dict | None = None, gp
     once = workload["encoder_passes_each_view_once"] / gpu["encoder_views_per_second"]
     result["gpu_hours_total_each_view_once"] = {
         str(n): (total - gpu_seconds["matcher encoder"] + once) / n / 3600 for n in gpu_counts}
-    if flat_seconds_per_row_pair is not None:
-        rows = workload["search_query_rows"] * workload["search_index_rows"]
-        result["exact_search_cpu_core_hours"] = rows * flat_seconds_per_row_pair / 3600
     return result
+
+
+def disc21_scenarios() -> dict:
+    """The two DISC21 runs the estimate prices: ``copynce detect --preset paper`` as it is (``paper LCE``), and
+    the same with ``--descriptor-lce none --matcher-lce none`` (``no LCE``: one view per image, one matcher
+    pass per candidate with the encoder-token cache); both with 400 candidates and 1M auxiliary images."""
+    counts = paper_preset_counts()
+    whole_images = {"descriptor_query_views": 1, "descriptor_reference_views": 1, "matcher_query_views": 1,
+                    "matcher_reference_views": 1, "view_pairs": 1}
+    return {"paper LCE": disc21_workload(**counts),
+            "no LCE": disc21_workload(candidates=counts["candidates"], **whole_images)}
+
+
+def gpu_rates(record: dict, source: str) -> dict:
+    """The rates :func:`disc21_estimate` takes, from a :mod:`benchmarks.gpu_throughput` record
+    (``gpu_throughput.json``) read from ``source``."""
+    missing = [part for part in ("device", "inference", "search") if part not in record]
+    if missing:
+        raise ValueError(f"{source} is not a complete gpu_throughput.json: it lacks {', '.join(missing)}")
+    inference = record["inference"]
+    return {key: inference[key] for key in ("descriptor_images_per_second", "encoder_views_per_second",
+                                            "fusion_pairs_per_second")} | {
+        "search_row_pairs_per_second": record["search"]["row_pairs_per_second"],
+        "source": f"measured on one {record['device']} ({record['precision']}, torch {record['machine']['torch']}, "
+                  f"{record['created'][:10]}; {source})"}
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -416,6 +446,40 @@ def _flat_seconds_per_row_pair(faiss_part: dict) -> float | None:
         return None
     entry = max(sizes, key=lambda e: e["references"])
     return entry["indexes"]["flat"]["search_cpu_seconds"] / (entry["queries"] * entry["references"])
+
+
+def _duration(hours: float) -> str:
+    """``hours`` as a readable duration: hours from one hour up, else minutes, else seconds."""
+    if hours >= 100:
+        return f"{hours:,.0f} h"
+    if hours >= 1:
+        return f"{hours:.2f} h"
+    return f"{60 * hours:.1f} min" if hours >= 1 / 60 else f"{3600 * hours:.0f} s"
+
+
+def _estimate_lines(e: dict) -> list[str]:
+    """One :func:`disc21_estimate` as Markdown: stage hours on one core and one GPU, then wall hours by GPU count."""
+    w, gpu = e["workload"], e["gpu"]
+    lines = ["| stage | passes | one CPU core | one GPU |", "|---|---|---|---|"]
+    counts = {"descriptor": f"{w['descriptor_passes']:,}", "matcher encoder": f"{w['encoder_passes']:,}",
+              "matcher fusion": f"{w['fusion_passes']:,}",
+              "exact search": f"{w['search_query_rows']:,} x {w['search_index_rows']:,} rows"}
+    cpu, one_gpu = e["cpu_core_hours"], e["one_gpu_hours"]
+    for stage, count in counts.items():
+        if stage in cpu or stage in one_gpu:
+            lines.append(f"| {stage} | {count} | {_duration(cpu[stage]) if stage in cpu else '-'} | "
+                         f"{_duration(one_gpu[stage]) if stage in one_gpu else '-'} |")
+    lines.append(f"| total | | {_duration(cpu['total'])} | {_duration(e['gpu_hours_total']['1'])} |")
+    lines += ["", "| GPUs | wall time (package as is) | wall time (each reference view encoded once) |",
+              "|---|---|---|"]
+    for count, hours in e["gpu_hours_total"].items():
+        lines.append(f"| {count} | {_duration(hours)} | {_duration(e['gpu_hours_total_each_view_once'][count])} |")
+    rates = (f"descriptor {gpu['descriptor_images_per_second']:,.0f} images/s, matcher encoder "
+             f"{gpu['encoder_views_per_second']:,.0f} views/s, fusion {gpu['fusion_pairs_per_second']:,.0f} pairs/s")
+    if gpu.get("search_row_pairs_per_second"):
+        rates += f", exact search {gpu['search_row_pairs_per_second']:,.3g} (query, reference) row pairs/s"
+    lines += ["", f"GPU rates: {rates} ({gpu['source']}); {e['scaling']}."]
+    return lines
 
 
 def markdown_tables(record: dict) -> str:
@@ -445,26 +509,8 @@ def markdown_tables(record: dict) -> str:
                          f"{1e3 * m['uncached_seconds_per_pair']:.1f} |")
         lines.append("")
     if "estimate" in parts:
-        e = parts["estimate"]
-        w, gpu = e["workload"], e["gpu"]
-        lines += ["| stage | passes | one CPU core (h) | one GPU (h) |", "|---|---|---|---|"]
-        counts = {"descriptor": w["descriptor_passes"], "matcher encoder": w["encoder_passes"],
-                  "matcher fusion": w["fusion_passes"]}
-        for stage, count in counts.items():
-            lines.append(f"| {stage} | {count:,} | {e['cpu_core_hours'][stage]:,.0f} | "
-                         f"{e['one_gpu_hours'][stage]:,.1f} |")
-        lines.append(f"| total | | {e['cpu_core_hours']['total']:,.0f} | {e['gpu_hours_total']['1']:,.1f} |")
-        lines += ["", "| GPUs | wall hours (package as is) | wall hours (each reference view encoded once) |",
-                  "|---|---|---|"]
-        for count, hours in e["gpu_hours_total"].items():
-            lines.append(f"| {count} | {hours:,.1f} | {e['gpu_hours_total_each_view_once'][count]:,.1f} |")
-        lines += ["", f"GPU rates: descriptor {gpu['descriptor_images_per_second']:,.0f} images/s, matcher encoder "
-                      f"{gpu['encoder_views_per_second']:,.0f} views/s, fusion {gpu['fusion_pairs_per_second']:,.0f} "
-                      f"pairs/s ({gpu['source']}); {e['scaling']}."]
-        if "exact_search_cpu_core_hours" in e:
-            lines.append(f"Exact search of the {w['search_query_rows']:,} query views against the "
-                         f"{w['search_index_rows']:,} reference and auxiliary views: "
-                         f"{e['exact_search_cpu_core_hours']:,.0f} CPU core hours at the measured flat rate.")
+        for name, estimate in parts["estimate"]["scenarios"].items():
+            lines += [f"**{name}**", "", *_estimate_lines(estimate), ""]
     return "\n".join(lines)
 
 
@@ -537,12 +583,11 @@ def main(argv: list[str] | None = None) -> dict:
             if "vits16-224" not in record["parts"].get("models", {}).get("models", {}):
                 raise SystemExit("the estimate needs the ViT-S/16 224 costs: run --parts models first")
             faiss_part = (read_json(args.faiss_from) if args.faiss_from else record)["parts"].get("faiss", {})
-            gpu = None
-            if args.gpu_json:
-                measured = read_json(args.gpu_json)
-                gpu = {**measured["inference"], "source": f"measured on {measured['device']} ({args.gpu_json})"}
-            figures = disc21_estimate(disc21_workload(**paper_preset_counts()), record["parts"]["models"]["models"]["vits16-224"], gpu,
-                                      flat_seconds_per_row_pair=_flat_seconds_per_row_pair(faiss_part))
+            gpu = gpu_rates(read_json(args.gpu_json), str(args.gpu_json)) if args.gpu_json else None
+            cpu_costs = record["parts"]["models"]["models"]["vits16-224"]
+            flat_rate = _flat_seconds_per_row_pair(faiss_part)
+            figures = {"scenarios": {name: disc21_estimate(workload, cpu_costs, gpu, flat_seconds_per_row_pair=flat_rate)
+                                     for name, workload in disc21_scenarios().items()}}
         figures["wall_seconds"] = time.perf_counter() - part_start
         figures["command"] = command_line()
         figures["created"] = now()

@@ -13,12 +13,15 @@ from benchmarks.scale import (
     PUBLISHED_VITS16_IMAGES_PER_SECOND,
     bench_faiss_scale,
     disc21_estimate,
+    disc21_scenarios,
     disc21_workload,
+    gpu_rates,
     index_quality,
     markdown_tables,
     paper_preset_counts,
     synthetic_descriptors,
 )
+from benchmarks.scale import main as scale_main
 from copynce_hf.data import ASSET_IMAGES
 
 
@@ -96,12 +99,70 @@ def test_disc21_estimate_from_measured_costs_and_a_gpu_rate():
     assert estimate["gpu_hours_total"]["1"] == pytest.approx(one_gpu)
     assert estimate["gpu_hours_total"]["64"] == pytest.approx(one_gpu / 64)
     assert estimate["cpu_core_hours"]["matcher fusion"] == pytest.approx(workload["fusion_passes"] * 0.2 / 3600)
-    assert estimate["exact_search_cpu_core_hours"] == pytest.approx(450 * 9000 * 1e-9 / 3600)
+    search_cpu = 450 * 9000 * 1e-9 / 3600  # 10 queries x 45 views against 1000 x 9 views
+    assert estimate["cpu_core_hours"]["exact search"] == pytest.approx(search_cpu)
+    assert estimate["cpu_core_hours"]["total"] == pytest.approx(
+        (workload["descriptor_passes"] * 0.1 + workload["encoder_passes"] * 0.05 + workload["fusion_passes"] * 0.2)
+        / 3600 + search_cpu)
+    assert "exact search" not in estimate["one_gpu_hours"]  # no GPU search rate given
+    with_search = disc21_estimate(workload, cpu, {**gpu, "search_row_pairs_per_second": 1e3})
+    assert with_search["one_gpu_hours"]["exact search"] == pytest.approx(450 * 9000 / 1e3 / 3600)
+    assert with_search["gpu_hours_total"]["8"] == pytest.approx((one_gpu + 450 * 9000 / 1e3 / 3600) / 8)
     published = disc21_estimate(workload, cpu)
     assert published["gpu"]["descriptor_images_per_second"] == PUBLISHED_VITS16_IMAGES_PER_SECOND
     # encoder and fusion: the published rate times the CPU-measured cost ratio to a descriptor pass
     assert published["gpu"]["fusion_pairs_per_second"] == pytest.approx(PUBLISHED_VITS16_IMAGES_PER_SECOND / 2)
     assert "Touvron" in published["gpu"]["source"]
+
+
+def test_disc21_scenarios_price_the_paper_preset_and_whole_images():
+    scenarios = disc21_scenarios()
+    assert scenarios["paper LCE"] == disc21_workload(**paper_preset_counts())
+    plain = scenarios["no LCE"]
+    assert plain["matcher_pairs"] == 20_000_000 and plain["fusion_passes"] == 20_000_000
+    assert plain["descriptor_passes"] == 2_000_000 + 50_000  # references and auxiliary images, then queries
+    assert plain["encoder_passes"] == 50_000 + 20_000_000  # the token cache: each query once, each candidate new
+    assert plain["search_query_rows"] == 50_000 and plain["search_index_rows"] == 2_000_000
+
+
+def gpu_record(**parts) -> dict:
+    """A gpu_throughput.json record as benchmarks.gpu_throughput writes it (the fields the estimate reads)."""
+    record = {"device": "NVIDIA H200", "precision": "bf16", "created": "2026-11-27T02:58:43+00:00",
+              "machine": {"torch": "2.11.0+cu130"},
+              "inference": {"descriptor_images_per_second": 19224.0, "encoder_views_per_second": 27011.0,
+                            "fusion_pairs_per_second": 31027.0, "cached_pairs_per_second": 14421.0},
+              "search": {"row_pairs_per_second": 3.19e10}}
+    return {**record, **parts}
+
+
+def test_gpu_rates_read_a_gpu_throughput_record_and_refuse_an_incomplete_one():
+    rates = gpu_rates(gpu_record(), "run/gpu_throughput.json")
+    assert rates["descriptor_images_per_second"] == 19224.0 and rates["fusion_pairs_per_second"] == 31027.0
+    assert rates["search_row_pairs_per_second"] == 3.19e10
+    assert "NVIDIA H200" in rates["source"] and "2026-11-27" in rates["source"]
+    assert "run/gpu_throughput.json" in rates["source"]
+    incomplete = gpu_record()
+    del incomplete["search"]  # a call cut short after the inference part
+    with pytest.raises(ValueError, match="cut.json is not a complete gpu_throughput.json: it lacks search"):
+        gpu_rates(incomplete, "cut.json")
+
+
+def test_estimate_part_tables_each_scenario_from_the_measured_gpu(tmp_path):
+    models = {"vits16-224": {"descriptor_seconds_per_image": 0.197, "encoder_seconds_per_view": 0.1365,
+                             "fusion_seconds_per_pair": 0.1482, "uncached_seconds_per_pair": 0.3788}}
+    faiss = {"sizes": {"1000000": {"references": 1_000_000, "queries": 50_000,
+                                   "indexes": {"flat": {"search_cpu_seconds": 842.0}}}}}
+    (tmp_path / "scale.json").write_text(json.dumps({"parts": {"models": {"models": models}, "faiss": faiss}}))
+    (tmp_path / "gpu.json").write_text(json.dumps(gpu_record()))
+    record = scale_main(["--parts", "estimate", "--output-dir", str(tmp_path), "--gpu-json", str(tmp_path / "gpu.json")])
+    scenarios = record["parts"]["estimate"]["scenarios"]
+    paper, plain = scenarios["paper LCE"], scenarios["no LCE"]
+    assert paper["one_gpu_hours"]["matcher fusion"] == pytest.approx(700_000_000 / 31027.0 / 3600)
+    assert plain["one_gpu_hours"]["exact search"] == pytest.approx(50_000 * 2_000_000 / 3.19e10 / 3600)
+    assert plain["cpu_core_hours"]["exact search"] == pytest.approx(50_000 * 2_000_000 * 842.0 / 5e10 / 3600)
+    table = markdown_tables({"parts": {"estimate": record["parts"]["estimate"]}})
+    assert "**paper LCE**" in table and "**no LCE**" in table and "measured on one NVIDIA H200" in table
+    assert "| 64 | 8.4 min | 6.6 min |" in table  # 8.98 and 7.03 hours on one GPU
 
 
 def test_gpu_throughput_script_runs_on_the_cpu_with_tiny_sizes(tmp_path):
