@@ -452,6 +452,8 @@ def _duration(hours: float) -> str:
     """``hours`` as a readable duration: hours from one hour up, else minutes, else seconds."""
     if hours >= 100:
         return f"{hours:,.0f} h"
+    if hours >= 10:
+        return f"{hours:.1f} h"
     if hours >= 1:
         return f"{hours:.2f} h"
     return f"{60 * hours:.1f} min" if hours >= 1 / 60 else f"{3600 * hours:.0f} s"
