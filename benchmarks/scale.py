@@ -20,10 +20,11 @@ Parts (``--parts``):
 * ``models``: milliseconds per image of descriptor extraction and, for the matcher with its
   encoder-token cache, per encoded image (or view) and per fused pair, for the embedded models and
   ViT-S/16 at 224 (random weights; ``configs/*_vits16_224.yaml``).
-* ``estimate``: the DISC21 pipeline (1M references, 50k queries, ``--preset paper`` view counts,
-  400 candidates x 35 matcher view pairs) in model passes, and its wall time on this CPU core and
-  on 1, 8 and 64 GPUs from the GPU throughput given with ``--gpu-json`` (written by
-  :mod:`benchmarks.gpu_throughput`), scaled linearly with the GPU count.
+* ``estimate``: the DISC21 pipeline (1M references, 50k queries, 400 candidates; ``--preset paper``
+  with its LCE view counts, 35 matcher view pairs per candidate, and without LCE: :func:`disc21_scenarios`)
+  in model passes and exact-search rows, and its wall time on this CPU core and on 1, 8 and 64 GPUs
+  from the GPU throughput given with ``--gpu-json`` (written by :mod:`benchmarks.gpu_throughput`),
+  scaled linearly with the GPU count.
 
 Synthetic descriptors (:func:`synthetic_descriptors`), seeded: N / ``per_cluster`` (1000) centres
 drawn uniformly on the unit sphere; every reference is ``unit(centre + spread * g / sqrt(D))``
