@@ -23,6 +23,7 @@ from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.modeling.errors import ConfigError
+from copynce_hf.outputs import StagedFile
 from copynce_hf.retrieval import PairScores, plan_chunks, read_predictions, score_in_chunks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,12 +76,16 @@ def test_resume_scores_only_the_missing_chunks_and_changed_inputs_start_fresh(tm
     with pytest.raises(KeyboardInterrupt):  # stopped after 2 of the 3 chunks
         score_in_chunks(pairs, Scorer(fail_at=2), 8, folder, identity, progress=False)
     assert sorted(p.name for p in folder.iterdir()) == ["chunk-000000.json", "chunk-000001.json", "identity.json"]
+    leftover = StagedFile(folder / "chunk-000002.json").temporary  # as a SIGKILL while writing it leaves...
+    leftover = leftover.with_name(leftover.name.replace(f"-{os.getpid()}.", f"-{os.getpid() + 1}."))  # ...another run
+    leftover.write_text("{half")
     lines = []
     resumed = Scorer()
     result = score_in_chunks(pairs, resumed, 8, folder, identity, progress=False, log=lines.append)
     assert resumed.chunks == [[pairs[row] for row in plan_chunks(pairs, 8)[2]]]
     assert result == plain
     assert lines == [f"resuming: 2 of 3 chunks (16 pairs) already scored in {folder}"]
+    assert not leftover.exists()
 
     again = Scorer()  # everything done: nothing is scored
     assert score_in_chunks(pairs, again, 8, folder, identity, progress=False) == plain and again.chunks == []

@@ -233,7 +233,8 @@ def test_chunks_are_reused_only_for_the_same_inputs(models, tmp_path, caplog):
     assert again.resumed == 2 and again.images == 7 and again.count == 7
     with caplog.at_level("WARNING"):
         other = extract({**identity, "batch_size": 3})
-    assert other.resumed == 0 and "computed from other inputs" in caplog.text
+    assert other.resumed == 0 and "computed from other inputs (changed: batch_size)" in caplog.text
+    assert sorted(path.name for path in folder.iterdir())[-1] == "work.json"  # the file name of before
     np.testing.assert_allclose(DescriptorSet.load(other.parts[0]).descriptors, before, atol=1e-6)
 
 

@@ -6,7 +6,8 @@ The work folder (``copynce index`` uses ``.<index folder name>.chunks/`` beside 
 
 - ``work.json``: what the chunks are computed from (model, source, views, chunk size, batch size, image
   size limit: the ``identity`` given by the caller). Chunks of another identity are removed before a run
-  starts, so a chunk is only ever reused for the inputs it was computed from;
+  starts, with a warning naming the inputs that changed (:mod:`.work_folder`, shared with the resumable
+  re-scoring of :mod:`.chunked_scoring`), so a chunk is only ever reused for the inputs it was computed from;
 - ``chunk-000000.safetensors``, ``chunk-000001.safetensors``, ...: chunk ``i`` holds the descriptors of the
   images ``i * chunk_size`` to ``(i + 1) * chunk_size - 1`` of the source, in order, with the ids and
   reasons of the images that could not be read (a :class:`DescriptorSet` file). Each is written to a
@@ -22,7 +23,6 @@ its share of each chunk and the main process writes the chunk.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..modeling.errors import ImageLoadError, PredictionsError
-from ..outputs import StagedFile
 from .descriptors import read_descriptor_header
 from .presets import DEFAULT_INDEX_CHUNK_SIZE
 from .view_search import extract_view_descriptors, owner_of
 from .views import ViewPreset
+from .work_folder import WorkFolder
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +44,6 @@ def work_folder_of(output: str | os.PathLike) -> Path:
     """The work folder of the index folder ``output``: the hidden folder ``.<name>.chunks`` beside it."""
     output = Path(output)
     return output.with_name(f".{output.name}.chunks")
-
-
-def chunk_path(folder: str | os.PathLike, number: int) -> Path:
-    """The file of chunk ``number`` (from 0) in the work folder."""
-    return Path(folder) / f"chunk-{number:06d}.safetensors"
 
 
 def source_identity(source) -> dict:
@@ -121,30 +116,13 @@ class ChunkedDescriptors:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _complete_chunks(folder: Path, identity: dict) -> list[Path]:
-    """The reusable chunk files of ``folder`` for ``identity``; the folder is emptied and ``work.json`` written
-    when it holds the chunks of other inputs (or none)."""
-    work = folder / "work.json"
-    try:
-        stored = json.loads(work.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        stored = None
-    for temporary in folder.glob(".*.partial-*"):  # left by a killed run
-        temporary.unlink(missing_ok=True)
-    if stored != identity:
-        stale = sorted(folder.glob("chunk-*.safetensors"))
-        if stale:
-            logger.warning("%s: %d chunk(s) computed from other inputs (model, images or settings) are removed",
-                           folder, len(stale))
-        for path in stale:
-            path.unlink()
-        folder.mkdir(parents=True, exist_ok=True)
-        with StagedFile(work) as temporary:
-            temporary.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+def _complete_chunks(work: WorkFolder) -> list[Path]:
+    """The reusable chunk files of ``work``: for its identity, the readable chunks from ``chunk-000000`` on,
+    up to the first one missing or damaged; for another identity (or none), no chunk (the folder is emptied)."""
+    if not work.open():
         return []
     complete = []
-    while chunk_path(folder, len(complete)).is_file():
-        path = chunk_path(folder, len(complete))
+    while (path := work.chunk_path(len(complete))).is_file():
         try:
             read_descriptor_header(path)
         except PredictionsError as error:
@@ -191,7 +169,8 @@ def extract_in_chunks(
     preset = preset or ViewPreset("none")
     folder = Path(folder)
     result, seen = ChunkedDescriptors(folder), set()
-    complete = _complete_chunks(folder, identity) if accelerator.is_main_process else []
+    work = WorkFolder(folder, identity, "work.json", ".safetensors")
+    complete = _complete_chunks(work) if accelerator.is_main_process else []
     for path in complete:
         metadata, _ = read_descriptor_header(path)
         result.add(path, metadata["ids"], metadata["skip_reasons"] or dict.fromkeys(metadata["skipped"], "unreadable"),
@@ -203,9 +182,7 @@ def extract_in_chunks(
                                          progress=progress, description=f"{description}, chunk {number + 1}{total}",
                                          **extract)
         if accelerator.is_main_process:
-            path = chunk_path(folder, number)
-            with StagedFile(path) as temporary:
-                views.save(temporary)
+            path = work.write_chunk(number, views.save)
             result.add(path, views.ids, views.skip_reasons or dict.fromkeys(views.skipped, "unreadable"), preset, seen)
     accelerator.wait_for_everyone()
     return result if accelerator.is_main_process else None

@@ -13,7 +13,8 @@ candidates' cached tokens serve the whole query: :mod:`.matcher_cache`), and run
 
 The folder is tied to its inputs: ``identity.json`` holds a digest of each (the pairs, the model's
 weights, the settings, the images' file sizes and times, the chunk size). When one differs, the old
-chunks are deleted and the work starts fresh, with a warning that names the inputs that changed.
+chunks are deleted and the work starts fresh, with a warning that names the inputs that changed
+(:mod:`.work_folder`, shared with the resumable indexing of :mod:`.chunked_extraction`).
 Only the main process reads or writes the folder (the chunks it resumes are broadcast to the others),
 so the processes need not share a file system for it.
 """
@@ -28,19 +29,17 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ..modeling.errors import ConfigError
-from ..outputs import StagedFile
 from .presets import DEFAULT_CHUNK_SIZE
+from .work_folder import WorkFolder
 
 logger = logging.getLogger(__name__)
 
 _IDENTITY_FILE = "identity.json"
-_CHUNK_GLOB = "chunk-*.json"
 
 
 @dataclasses.dataclass
@@ -143,7 +142,8 @@ def scoring_identity(model, image_processor, settings: dict, query_images: Mappi
 
 
 class ChunkFolder:
-    """The completed chunks of one job, written and read by the main process.
+    """The scored chunks of one job, written and read by the main process (in a :class:`~.work_folder.WorkFolder`:
+    ``identity.json`` and ``chunk-NNNNNN.json``, each chunk's record naming the identity it belongs to).
 
     Args:
         folder: where the chunks live (created when needed).
@@ -152,43 +152,25 @@ class ChunkFolder:
     """
 
     def __init__(self, folder: str | os.PathLike, identity: dict, chunk_sizes: list[int]):
-        self.folder = Path(folder)
-        self.identity = identity
+        self.work = WorkFolder(folder, identity, _IDENTITY_FILE, ".json")
+        self.folder = self.work.folder
         self.key = digest(identity)
         self.chunk_sizes = chunk_sizes
 
-    def chunk_path(self, index: int) -> Path:
-        return self.folder / f"chunk-{index:06d}.json"
-
     def open(self, log: Callable[[str], None]) -> dict[int, PairScores]:
-        """The chunks already scored for this identity; for another identity, delete the old chunks (warning
-        which inputs changed) and start fresh."""
-        stored = None
-        with contextlib.suppress(OSError, ValueError):
-            stored = json.loads((self.folder / _IDENTITY_FILE).read_text(encoding="utf-8"))
-        if stored == self.identity:
-            done = self._read_chunks()
-            if done:
-                log(f"resuming: {len(done)} of {len(self.chunk_sizes)} chunks "
-                    f"({sum(len(c.scores) for c in done.values())} pairs) already scored in {self.folder}")
-            return done
-        old_chunks = sorted(self.folder.glob(_CHUNK_GLOB))
-        if stored is not None or old_chunks:
-            stored = stored if isinstance(stored, dict) else {}
-            changed = sorted(key for key in {*self.identity, *stored} if stored.get(key) != self.identity.get(key))
-            logger.warning("the %d scored chunk(s) in %s were computed from other inputs (changed: %s); "
-                           "starting fresh", len(old_chunks), self.folder, ", ".join(changed) or "unknown")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / _IDENTITY_FILE).unlink(missing_ok=True)
-        for path in [*old_chunks, *self.folder.glob(".chunk-*")]:  # and the temporary files of a killed run
-            path.unlink(missing_ok=True)
-        with StagedFile(self.folder / _IDENTITY_FILE) as temporary:
-            temporary.write_text(json.dumps(self.identity, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        return {}
+        """The chunks already scored for this identity; for another identity, the old chunks are deleted
+        (:meth:`~.work_folder.WorkFolder.open` warns which inputs changed) and the work starts fresh."""
+        if not self.work.open():
+            return {}
+        done = self._read_chunks()
+        if done:
+            log(f"resuming: {len(done)} of {len(self.chunk_sizes)} chunks "
+                f"({sum(len(c.scores) for c in done.values())} pairs) already scored in {self.folder}")
+        return done
 
     def _read_chunks(self) -> dict[int, PairScores]:
         done = {}
-        for path in sorted(self.folder.glob(_CHUNK_GLOB)):
+        for path in self.work.chunk_files():
             try:
                 stored = json.loads(path.read_text(encoding="utf-8"))
                 index = int(stored["chunk"])
@@ -206,8 +188,8 @@ class ChunkFolder:
     def save(self, index: int, chunk: PairScores) -> None:
         record = {"identity": self.key, "chunk": index, "scores": chunk.scores,
                   "reasons": {str(k): v for k, v in chunk.reasons.items()}}
-        with StagedFile(self.chunk_path(index)) as temporary:
-            temporary.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        self.work.write_chunk(index, lambda temporary: temporary.write_text(json.dumps(record) + "\n",
+                                                                            encoding="utf-8"))
 
 
 # --------------------------------------------------------------------------- the rounds
