@@ -45,6 +45,7 @@ from . import __version__
 from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 from .modeling.errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
+from .retrieval.calibration import PRECISIONS as CALIBRATED_PRECISIONS
 from .retrieval.presets import (
     DEFAULT_CANDIDATES,
     DEFAULT_CHUNK_SIZE,
@@ -330,7 +331,7 @@ def cmd_match(args) -> int:
     if missing:
         logger.warning("%d image file(s) named by %s do not exist: %s%s", len(missing), args.predictions,
                        ", ".join(missing[:5]), ", ..." if len(missing) > 5 else "")
-    model, processor = load_model(args.matcher, None, "--matcher", default=DEFAULT_MATCHER)
+    model, processor = load_model(args.matcher, None, "--matcher", default=DEFAULT_MATCHER, runtime=args.runtime)
     if model_kind(model) == "descriptor":
         logger.warning("--matcher %s is a descriptor model: pairs are scored by descriptor cosine", args.matcher)
     crops = (
@@ -828,12 +829,56 @@ def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_matcher(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matcher", default=None,
+                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+
+
+def _defaults_text(default, presets: str) -> str:
+    """The end of a pipeline option's help: the command's own default, else the presets' values (``--preset``)."""
+    return f"(default {default})" if default is not None else f"({presets})"
+
+
+def _add_matcher_lce(p, default: str | None = None) -> None:
+    """``--matcher-lce`` (detect, calibrate: ``default`` ``None``, the preset's; dedup, match: their own)."""
+    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default=default,
+                   help="the matcher's local crops ensembling: view pairs scored per candidate, none (1), paper "
+                   "(35) or all (260), the best one counting " + _defaults_text(default, "fast: none, paper: paper"))
+
+
+def _add_verification(p: argparse.ArgumentParser, candidates: int | None = None, descriptor_lce: str | None = None,
+                      matcher_lce: str | None = None) -> None:
+    """``--descriptor-lce``, ``--matcher-lce`` and ``--candidates``: which pairs the matcher verifies, and with which
+    views. Without defaults the ``--preset`` chosen fills them (detect, calibrate); dedup gives its own."""
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default=descriptor_lce,
+                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, a pair "
+                   "scores its best view pair) or authors (45 query views in 4 groups x 9 reference views, each query "
+                   "view keeps its top 100/10/10/4 references by group: up to 390 per query), then the best "
+                   "--candidates " + _defaults_text(descriptor_lce, "fast: none, paper: authors"))
+    _add_matcher_lce(p, matcher_lce)
+    p.add_argument("--candidates", type=_positive_int, default=candidates,
+                   help="candidates of each query image verified by the matcher: its nearest references, merged over "
+                   "the descriptors (dedup: the nearest other images of each image) "
+                   + _defaults_text(candidates, f"fast: {DEFAULT_CANDIDATES}, about 1.3 s per query on one CPU core "
+                                    "with --matcher-lce none; paper: 400, as the authors on GPUs"))
+
+
+def _add_calibration(p: argparse.ArgumentParser) -> None:
+    """``--calibration`` and ``--precision``: copies decided at a threshold of ``copynce calibrate`` (detect, dedup)."""
+    p.add_argument("--calibration", metavar="FILE",
+                   help="calibration.json written by `copynce calibrate` with this run's models and settings: pairs "
+                   "scored at or above its threshold at --precision are copies (detect: the column copy of "
+                   "predictions.csv and OUTPUT/copies.csv; dedup: the pairs joined into groups)")
+    p.add_argument("--precision", type=float, metavar="P",
+                   help="the calibrated precision to decide at (default 0.9; the file holds "
+                   f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)})")
+
+
 def _add_pipeline_options(p: argparse.ArgumentParser) -> None:
     """The models and settings of the detection pipeline (``detect``, ``calibrate``)."""
     p.add_argument("--models", nargs="+", metavar="MODEL",
                    help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
-    p.add_argument("--matcher", default=None,
-                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+    _add_matcher(p)
     p.add_argument("--preset", choices=tuple(DETECT_PRESETS), default="fast",
                    help="whole settings: fast (CPU-sized, default) or paper (the authors' inference, for GPUs); "
                    "see below")
@@ -844,16 +889,7 @@ def _add_pipeline_options(p: argparse.ArgumentParser) -> None:
                    help="first auxiliary rank of score normalisation, from 0 (fast: 0, paper: 1)")
     p.add_argument("--k-end", type=_non_negative_int,
                    help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
-    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES,
-                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, best "
-                   "pair, top --candidates) or authors (45 query views in 4 groups x 9 reference views, each query "
-                   "view keeps its top 100/10/10/4 references by group: up to 390 per query) (fast: none, "
-                   "paper: authors)")
-    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES,
-                   help="matcher view pairs per candidate: none (1), paper (35), all (260) (fast: none, paper: paper)")
-    p.add_argument("--candidates", type=_positive_int,
-                   help=f"merged candidates per query verified by the matcher (fast: {DEFAULT_CANDIDATES}, about 1.3 s "
-                   "per query on one CPU core with --matcher-lce none; paper: 400, as the authors on GPUs)")
+    _add_verification(p)
     p.add_argument("--k", type=_positive_int, help="predictions kept per query (presets: 10)")
 
 
@@ -909,11 +945,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=_positive_int, default=8, help="cards per gallery in report.html (default 8)")
     _add_chunk_size(p)
-    p.add_argument("--calibration", metavar="FILE", help="calibration.json written by `copynce calibrate` with the "
-                   "same models and preset: adds the column copy (1 at or above the threshold) to predictions.csv "
-                   "and writes OUTPUT/copies.csv")
-    p.add_argument("--precision", type=float, help="the calibrated precision to decide at (default 0.9; the file "
-                   "holds 0.9, 0.95 and 0.99)")
+    _add_calibration(p)
     _add_whitening(p)
     _add_model_loading(p)
     _add_runtime(p)
@@ -960,21 +992,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", help="folder of images")
     p.add_argument("--output", required=True, help="folder for groups.csv, pairs.csv, report.html, indexes/")
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
-    p.add_argument("--matcher", default=None,
-                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+    _add_matcher(p)
     p.add_argument("--threshold", type=float,
                    help="pairs scored at or above it are copies (default: from --calibration, else 0.5 with a "
                    "matcher; required without one)")
-    p.add_argument("--calibration", metavar="FILE",
-                   help="calibration.json of `copynce calibrate` (same descriptor or matcher): its threshold at "
-                   "--precision decides")
-    p.add_argument("--precision", type=float, help="target precision of --calibration's threshold (default 0.9)")
-    p.add_argument("--candidates", type=_positive_int, default=10,
-                   help="nearest other images of each image verified by the matcher (default 10)")
-    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
-                   help="descriptor views, as for detect (default none)")
-    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default="none",
-                   help="matcher view pairs per candidate, as for detect (default none)")
+    _add_calibration(p)
+    _add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
     p.add_argument("--gallery", type=_positive_int, default=8, help="groups shown in report.html (default 8)")
     _add_chunk_size(p)
     _add_whitening(p)
@@ -1073,8 +1096,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="predictions CSV to write")
     p.add_argument("--top", type=_positive_int, help="only re-score each query's TOP best candidates")
     lce = p.add_argument_group("local crops ensembling (supplementary 'Local Crops Ensembling')")
-    lce.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default="none",
-                     help="the paper's views: none, paper (35 view pairs per candidate) or all (260) (default none)")
+    _add_matcher_lce(lce, "none")
     lce.add_argument(
         "--local-crops", action="store_true",
         help="compare query views (whole, grid crops, rotations) with reference views (whole, grid crops) "
@@ -1091,6 +1113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_chunk_size(p)
     _add_model_loading(p, batch_size=32, unit="image pairs (view pairs with --local-crops)")
+    _add_runtime(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_match)
 
@@ -1126,7 +1149,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the model's ONNX graphs (opset 18, dynamic batch axis, the image processor's input size) "
         "with its config, image processor and onnx.json into OUTPUT: descriptor.onnx for a descriptor; "
         "matcher_encoder.onnx and matcher_fusion.onnx for a matcher (its two stages, so that encoder tokens are "
-        "cached per image). index, search and detect run them with --runtime onnx.",
+        "cached per image). index, search, match and detect run them with --runtime onnx.",
     )
     p.add_argument("model", nargs="?", help=f"model folder or Hub id (default: the embedded descriptor, "
                    f"{DEFAULT_DESCRIPTOR}, or matcher with --kind matcher)")

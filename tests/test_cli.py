@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -313,3 +315,31 @@ def test_help_describes_every_command(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "--output" in capsys.readouterr().out
+
+
+def _options(command: str) -> dict:
+    """option string -> argparse action of one command."""
+    from copynce_hf.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {option: action for action in commands.choices[command]._actions for option in action.option_strings}
+
+
+PIPELINE = ("detect", "calibrate", "dedup")
+
+
+@pytest.mark.parametrize(("option", "commands"), [
+    ("--calibration", ("detect", "dedup")), ("--precision", ("detect", "dedup")), ("--matcher", PIPELINE),
+    ("--candidates", PIPELINE), ("--descriptor-lce", PIPELINE), ("--matcher-lce", (*PIPELINE, "match")),
+    ("--runtime", ("detect", "index", "search", "match")),
+])
+def test_a_shared_option_is_declared_once_with_one_help(option, commands):
+    """An option of several commands has the same help in each (only a command's own default replaces the
+    presets' values at the end), the same choices, type and metavar."""
+    def without_defaults(text: str) -> str:
+        return re.sub(r" \((default|fast:)[^()]*(\([^()]*\)[^()]*)*\)$", "", text)
+
+    actions = [_options(command)[option] for command in commands]
+    assert {without_defaults(action.help) for action in actions} == {without_defaults(actions[0].help)}
+    assert len({(tuple(action.choices or ()), action.type, action.metavar) for action in actions}) == 1
+    assert option in ("--candidates", "--descriptor-lce", "--matcher-lce") or len({a.help for a in actions}) == 1

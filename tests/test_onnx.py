@@ -19,7 +19,13 @@ from copynce_hf.cli import main
 from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.evaluation.models import load_model
 from copynce_hf.modeling.errors import ConfigError, ShapeError
-from copynce_hf.retrieval import DescriptorIndex, MatcherScorer, read_predictions
+from copynce_hf.retrieval import (
+    DescriptorIndex,
+    MatcherScorer,
+    Prediction,
+    read_predictions,
+    write_predictions,
+)
 
 requires_extra("onnxruntime", "onnx")
 requires_extra("onnxscript", "onnx")
@@ -151,13 +157,19 @@ def test_index_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
     assert sorted(cache.iterdir()) == sorted(use_cache.values())  # the embedded descriptor's export was reused
 
 
-def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+def cropped_queries(tmp_path):
+    """``(queries, references)``: the bundled images shrunk to 96 pixels, and crops of four of them."""
     (tmp_path / "refs").mkdir()
     references = shrunk_asset_images(tmp_path / "refs", 96)
     (tmp_path / "queries").mkdir()
-    for path in sorted(references.glob("*.jpg"))[:4]:  # crops of four references
+    for path in sorted(references.glob("*.jpg"))[:4]:
         image = Image.open(path)
         image.crop((0, 0, image.width * 3 // 4, image.height * 3 // 4)).save(tmp_path / "queries" / f"q-{path.name}")
+    return tmp_path / "queries", references
+
+
+def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+    _, references = cropped_queries(tmp_path)
     predictions = {}
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "detect", str(tmp_path / "queries"), "--references", str(references), "--runtime",
@@ -169,6 +181,27 @@ def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pa
     for pair, score in predictions["torch"].items():
         assert abs(predictions["onnx"][pair] - score) <= TOLERANCE, pair
     assert "(ONNX Runtime)" in (tmp_path / "onnx" / "report.html").read_text(encoding="utf-8")
+
+
+def test_match_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+    """``copynce match --runtime onnx`` (the embedded matcher, exported once into the cache) scores every candidate
+    pair as the PyTorch matcher does."""
+    queries, references = cropped_queries(tmp_path)
+    pairs = [Prediction(query.stem, reference.stem, 0.0) for query in sorted(queries.iterdir())
+             for reference in sorted(references.iterdir())[:3]]  # each query's original among them, or not
+    write_predictions(tmp_path / "candidates.csv", pairs)
+    scores = {}
+    for runtime in ("torch", "onnx"):
+        code = main(["--quiet", "match", str(tmp_path / "candidates.csv"), "--queries", str(queries), "--references",
+                     str(references), "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.csv")])
+        assert code == 0, capsys.readouterr().err
+        scores[runtime] = {(p.query_id, p.reference_id): p.score for p in read_predictions(tmp_path / f"{runtime}.csv")}
+    assert scores["torch"].keys() == {(p.query_id, p.reference_id) for p in pairs}
+    assert scores["onnx"].keys() == scores["torch"].keys()
+    for pair, score in scores["torch"].items():
+        assert abs(scores["onnx"][pair] - score) <= TOLERANCE, pair
+    assert max(scores["torch"].values()) > 0.5 > min(scores["torch"].values())  # copies and non-copies compared
+    assert sorted(use_cache["matcher"].parent.iterdir()) == sorted(use_cache.values())  # the cached export reused
 
 
 def test_weight_fingerprint_of_an_onnx_model_follows_its_graph_files(onnx_cache, tmp_path):
