@@ -172,7 +172,19 @@ def _index_command(models, dataset: Path, output: Path, *extra) -> list[str]:
             "--output", str(output), "--chunk-size", "2", "--batch-size", "1", *extra]
 
 
-def test_index_killed_with_sigkill_resumes_from_its_last_chunk(models, collection, tmp_path, capsys):
+@pytest.fixture
+def one_thread():
+    """PyTorch on one thread, as the killed run's ``OMP_NUM_THREADS=1``: the same float sums (a matrix product
+    split over two threads may differ in the last bit), so that resumed and uninterrupted chunks compare exactly."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_index_killed_with_sigkill_resumes_from_its_last_chunk(models, collection, tmp_path, capsys, one_thread):
     """A run killed once its first chunk is written: the same command resumes after the complete chunks and
     writes the index an uninterrupted run writes."""
     killed = tmp_path / "killed"
