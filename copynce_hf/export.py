@@ -37,7 +37,8 @@ from .modeling.errors import ConfigError, CopyNCEError
 from .training.ema import WITHOUT_EMA_FOLDER
 from .training.options import command_option
 
-__all__ = ["CARD_METRICS", "MAX_BYTES", "Export", "ExportReport", "card_training_rows", "export_model", "read_results",
+__all__ = ["CARD_METRICS", "MAX_BYTES", "Export", "ExportReport", "card_settings", "card_training_rows", "export_model",
+           "read_results",
            "refresh_model", "training_settings"]
 
 #: Largest embedded model folder, in bytes (15 MB each keeps the package small).
@@ -56,13 +57,13 @@ LICENSE_FILE = "LICENSE"
 LICENSE_TEXT = """## Licence of the weights
 
 These weights were trained by the copynce_hf authors on the 600 `train`-split images of an ImageNet sample
-(one image per ImageNet-1k class): the descriptors from scratch, the matcher starting from the baseline
-descriptor (trained on the same images). ImageNet images may be used for non-commercial research only, so
-**these weights are released for research use only** (card metadata `license: other`, `license_name:
-research-only`). The copynce_hf code itself is Apache-2.0. They are small demonstration models (a 6-block,
-192-wide ViT at 112x112; the descriptors trained on one CPU core, for the steps and time the card's training
-rows give, the matcher for about 6 minutes on one GPU), not the paper's models: see BENCHMARKS.md in the
-repository for what they achieve.
+(one image per ImageNet-1k class): the descriptors from scratch (a run may continue an earlier one), the
+matcher starting from the baseline descriptor (trained on the same images). ImageNet images may be used for
+non-commercial research only, so **these weights are released for research use only** (card metadata
+`license: other`, `license_name: research-only`). The copynce_hf code itself is Apache-2.0. They are small
+demonstration models (a 6-block, 192-wide ViT at 112x112, trained on CPU cores and lent GPUs for the steps
+and time the card's training rows give), not the paper's models: see BENCHMARKS.md in the repository for
+what they achieve.
 """
 
 
@@ -77,6 +78,9 @@ class Export:
     system: str  # name of <results-dir>/<system>.json
     model_id: str
     candidates: str | None = None  # matcher: the descriptor system whose top-10 it re-scores
+    #: card rows that the run's files cannot give (hardware, batch, training images) or that they give wrongly
+    #: for this model: they replace the rows of the same name read by :func:`training_settings` and add the others
+    settings: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -181,6 +185,16 @@ def training_settings(source: Path) -> dict:
     return settings
 
 
+def card_settings(export: Export) -> dict:
+    """The card's training rows: :func:`training_settings` of the source with ``export.settings`` applied
+    (a given row replaces the row of its name in place, a new one goes before the export row)."""
+    settings = training_settings(export.source)
+    export_row = settings.pop("export")
+    settings.update(export.settings)
+    settings["export"] = export_row
+    return settings
+
+
 def card_training_rows(card_path: Path) -> dict:
     """The rows of the "Training settings" table of a model card written by :func:`export_model` (except the
     export row, which the new export writes), or ``{}`` when there is no such card."""
@@ -275,7 +289,7 @@ def export_model(export: Export, results_dir: Path, max_bytes: int = MAX_BYTES) 
     inputs = check_inputs(model)
     reference = model_outputs(model, inputs)
     results = read_results(results_dir, export.system)
-    card = build_card(model, export, results, training_settings(export.source))
+    card = build_card(model, export, results, card_settings(export))
     num_parameters = sum(parameter.numel() for parameter in model.parameters())
 
     target = Path(export.target)

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default: {export.target.relative_to(REPO_ROOT)})")
         parser.add_argument(f"--{part}-system", default=export.system,
                             help=f"benchmark system whose numbers go in the card (default: {export.system})")
+        parser.add_argument(f"--{part}-setting", action="append", default=[], metavar="ROW=VALUE",
+                            help=f"a row of the {part} card's training settings that the run's files do not give "
+                                 "(hardware, batch, training images) or give wrongly; replaces the row of that "
+                                 "name (repeatable)")
     parser.add_argument("--matcher-candidates", default=None,
                         help="the descriptor system whose top-10 the matcher re-scores in its card's results "
                              "(default: descriptor-copynce-seed<k> of the matcher system's seed)")
@@ -68,6 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="re-save the existing target folders with the current code and layout (same weights "
                              "and card) instead of exporting training runs")
     return parser
+
+
+def parse_settings(values: list[str], option: str) -> dict[str, str]:
+    """``{row: value}`` of ``ROW=VALUE`` strings; a string without ``=`` or with an empty row is an error."""
+    settings = {}
+    for value in values:
+        row, separator, text = value.partition("=")
+        if not separator or not row.strip():
+            raise CopyNCEError(f"{option} {value!r}: expected ROW=VALUE, e.g. \"hardware=one NVIDIA H200\"")
+        settings[row.strip()] = text.strip()
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> list[ExportReport]:
@@ -82,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> list[ExportReport]:
             source=getattr(args, part),
             target=getattr(args, f"{part}_out"),
             system=getattr(args, f"{part}_system"),
+            settings=parse_settings(getattr(args, f"{part}_setting"), f"--{part}-setting"),
         )
         if args.refresh:
             report = refresh_model(export.target, export.kind, max_bytes=int(args.max_mb * 1e6))

@@ -316,3 +316,25 @@ def test_the_export_script_parses_and_calls_the_export(trained, tmp_path):
     card = (tmp_path / "d" / "README.md").read_text()
     assert "copynce-vit-tiny112-descriptor" in card and "0.4321" in card
     assert script["default_exports"]()["matcher"].target == REPO / "copynce_hf" / "pretrained" / "matcher"
+
+
+def test_export_settings_replace_or_add_card_rows(trained, tmp_path):
+    """``--descriptor-setting ROW=VALUE`` gives the card rows a run's files cannot (the hardware, the batch)
+    or give wrongly: a named row is replaced in place, a new row goes before the export row; a value
+    without ``=`` is refused with the option's name."""
+    import runpy
+
+    script = runpy.run_path(str(REPO / "scripts" / "export_embedded.py"))
+    root, _ = trained
+    script["main"](["--parts", "descriptor", "--descriptor", str(root / "descriptor"), "--descriptor-out",
+                    str(tmp_path / "d"), "--results-dir", str(root / "results"),
+                    "--descriptor-setting", "mixed precision=bf16 autocast on the GPU",
+                    "--descriptor-setting", "hardware = one NVIDIA H200"])
+    rows = card_training_rows(tmp_path / "d" / "README.md")
+    assert rows["mixed precision"] == "bf16 autocast on the GPU" and rows["hardware"] == "one NVIDIA H200"
+    names = list(rows)
+    assert names.index("mixed precision") < names.index("hardware") and rows["optimiser steps"] == "123"
+    card = (tmp_path / "d" / "README.md").read_text()
+    assert card.index("| hardware |") < card.index("| export |") and card.count("| mixed precision |") == 1
+    with pytest.raises(CopyNCEError, match=r"--matcher-setting 'hardware': expected ROW=VALUE"):
+        script["main"](["--parts", "matcher", "--matcher-setting", "hardware"])
