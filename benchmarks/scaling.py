@@ -19,6 +19,20 @@ run trained with ``ema_decay``, that decay. Such a run's
 trained weights (the ``<run>-without-ema`` record) belong to the series without EMA: the average
 does not change the training. The figure has one panel per metric (muAP, RP90, recall@1) with training pairs seen on
 a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot).
+
+Two more sources of rows, for runs whose folders are gone or that did not come from the driver::
+
+    python -m benchmarks.scaling --table BENCHMARKS.md \
+        --continued outputs/gpu/descriptor-run/without_ema outputs/cards/descriptor-copynce-seed0.json 82944 \
+        --figure benchmarks/figures/scaling.png
+
+``--table FILE`` reads the rows of a table this module printed before (BENCHMARKS.md keeps it; mean rows are
+recomputed, not read); a run read from its folder replaces the table's row of the same series, steps and
+seed. ``--continued FOLDER QUALITY PAIRS_BEFORE`` adds a run that continued a model already trained on
+``PAIRS_BEFORE`` pairs (``python -m benchmarks.gpu_training``'s descriptor): its point sits at the pairs of
+both runs together, in a series of its own (``continued from N pairs, batch B``), with its steps, wall time
+and held-out score from ``FOLDER``'s (or, for ``<run>/without_ema``, the run's) ``training_summary.json``
+and its mini-DISC scores from the ``python -m benchmarks.quality`` record ``QUALITY``.
 """
 
 from __future__ import annotations
@@ -31,13 +45,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from copynce_hf.training.ema import WITHOUT_EMA_FOLDER
 from copynce_hf.training.options import command_option
 
 from .common import read_json
 from .quality import WITHOUT_EMA_SUFFIX
 from .report import save_png
 
-__all__ = ["ScalingRow", "load_rows", "scaling_table", "save_scaling_figure", "main"]
+__all__ = ["ScalingRow", "continued_row", "load_rows", "merge_rows", "scaling_table", "save_scaling_figure",
+           "table_rows", "main"]
 
 _METRICS = (("micro_ap", "muAP"), ("recall_at_p90", "RP90"), ("recall_at_rank1", "recall@1"))
 
@@ -145,6 +161,95 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
     return sorted(rows, key=lambda r: (r.series, r.pairs, r.seed))
 
 
+#: The header line :func:`scaling_table` prints; :func:`table_rows` reads the rows below it.
+TABLE_HEADER = "| series | steps | pairs seen | seed | muAP | RP90 | recall@1 | held-out train muAP | wall (min) |"
+
+
+def table_rows(path: Path) -> list[ScalingRow]:
+    """The per-run rows of the scaling table in the text file ``path`` (as :func:`scaling_table` printed it),
+    without its mean rows; for runs whose folders are gone.
+
+    Raises:
+        SystemExit: no such table in the file, or a row whose cells or series cannot be read back.
+    """
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if TABLE_HEADER not in lines:
+        raise SystemExit(f"{path}: no scaling table (a line {TABLE_HEADER!r})")
+    rows = []
+    for number, line in enumerate(lines[lines.index(TABLE_HEADER) + 2:], start=lines.index(TABLE_HEADER) + 3):
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0].startswith("**"):  # the mean of several seeds: recomputed from the runs' rows
+            continue
+        try:
+            series, steps, pairs, seed, muap, rp90, recall1, held_out, wall = cells
+            row = ScalingRow(run=f"{Path(path).name}:{number}", seed=int(seed), steps=int(steps), pairs=int(pairs),
+                             wall_minutes=None if wall == "-" else float(wall),
+                             metrics={"micro_ap": float(muap), "recall_at_p90": float(rp90),
+                                      "recall_at_rank1": float(recall1)},
+                             held_out_micro_ap=None if held_out == "-" else float(held_out), **_series_fields(series))
+        except ValueError as error:
+            raise SystemExit(f"{path}:{number}: not a row of the scaling table ({error}): {line}") from error
+        if row.series != series:
+            raise SystemExit(f"{path}:{number}: the series {series!r} does not read back (got {row.series!r})")
+        rows.append(row)
+    return rows
+
+
+def _series_fields(series: str) -> dict:
+    """``variant``, ``recipe``, ``precision``, ``options`` and ``ema_decay`` of a series name."""
+    parts = series.split(" / ")
+    if len(parts) < 3 or not parts[1].endswith(" recipe"):
+        raise ValueError(f"series {series!r} is not 'variant / <recipe> recipe / precision[ / ...]'")
+    ema_decay = float(parts.pop().removeprefix("EMA ")) if parts[-1].startswith("EMA ") else None
+    return {"variant": parts[0], "recipe": parts[1].removesuffix(" recipe"), "precision": parts[2],
+            "options": " / ".join(parts[3:]), "ema_decay": ema_decay}
+
+
+def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> ScalingRow:
+    """The row of a descriptor run that continued a model trained on ``pairs_before`` pairs: pairs seen are both
+    runs' together, and the series names the continuation and its batch (see the module docstring).
+
+    Raises:
+        SystemExit: the summary or the quality record is missing, or the record is not a descriptor's.
+    """
+    folder = Path(folder)
+    trained_weights = folder.name == WITHOUT_EMA_FOLDER
+    summary_path = (folder.parent if trained_weights else folder) / "training_summary.json"
+    record = read_json(Path(quality_path)) if Path(quality_path).is_file() else None
+    if not summary_path.is_file():
+        raise SystemExit(f"{summary_path}: missing (the continued run's training_summary.json)")
+    if not isinstance(record, dict) or record.get("kind") != "quality" or "metrics" not in record:
+        raise SystemExit(f"{quality_path}: not a python -m benchmarks.quality record")
+    summary = read_json(summary_path)
+    steps, processes = int(summary["steps"]), int(summary.get("num_processes", 1))
+    pairs = int(summary["pairs_per_process"]) * processes
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    return ScalingRow(
+        run=f"{folder.parent.name if trained_weights else folder.name}/{record['system']}",
+        variant="baseline" if config.get("copynce_weight", 1.0) == 0 else "copynce",
+        recipe=summary.get("query_recipe") or "training",
+        precision={"no": "fp32", None: "fp32"}.get(summary.get("mixed_precision"), str(summary.get("mixed_precision"))),
+        seed=int(summary.get("seed", record.get("seed") or 0)),
+        steps=steps,
+        pairs=int(pairs_before) + pairs,
+        wall_minutes=None if summary.get("wall_seconds") is None else summary["wall_seconds"] / 60,
+        metrics=record["metrics"],
+        held_out_micro_ap=(summary.get("eval_without_ema" if trained_weights else "eval") or {}).get("micro_ap"),
+        ema_decay=None if trained_weights else summary.get("ema_decay"),
+        options=f"continued from {int(pairs_before)} pairs, batch {pairs // (steps * processes)}",
+    )
+
+
+def merge_rows(recorded: list[ScalingRow], measured: list[ScalingRow]) -> list[ScalingRow]:
+    """``recorded`` (a table's rows) and ``measured`` (read from the runs' files) in table order; a measured row
+    replaces a recorded row of the same series, steps and seed."""
+    keys = {(row.series, row.steps, row.seed) for row in measured}
+    rows = [row for row in recorded if (row.series, row.steps, row.seed) not in keys] + measured
+    return sorted(rows, key=lambda r: (r.series, r.pairs, r.seed))
+
+
 def _config_batch(command: str) -> int:
     """The batch size of the YAML config named by ``--config`` in the command."""
     import yaml
@@ -213,10 +318,22 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
 def main(argv: list[str] | None = None) -> list[ScalingRow]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("budget_dirs", nargs="+", type=Path, help="benchmarks.training --output-dir folders")
+    parser.add_argument("budget_dirs", nargs="*", type=Path, help="benchmarks.training --output-dir folders")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="also the rows of the scaling table in this file (e.g. BENCHMARKS.md)")
+    parser.add_argument("--continued", nargs=3, action="append", default=[],
+                        metavar=("FOLDER", "QUALITY_JSON", "PAIRS_BEFORE"),
+                        help="a run continued from a model trained on PAIRS_BEFORE pairs (repeatable)")
     parser.add_argument("--figure", type=Path, default=None, help="write the scaling figure (PNG) here")
     args = parser.parse_args(argv)
-    rows = load_rows(args.budget_dirs)
+    if not (args.budget_dirs or args.table or args.continued):
+        parser.error("give benchmarks.training output folders, --table or --continued")
+    measured = load_rows(args.budget_dirs) if args.budget_dirs else []
+    for folder, quality, pairs_before in args.continued:
+        if not pairs_before.isdigit():
+            parser.error(f"--continued {folder} {quality} {pairs_before}: PAIRS_BEFORE must be a whole number")
+        measured.append(continued_row(Path(folder), Path(quality), int(pairs_before)))
+    rows = merge_rows(table_rows(args.table) if args.table else [], measured)
     print(scaling_table(rows), end="")
     if args.figure is not None:
         print(f"figure: {save_scaling_figure(rows, args.figure)}")

@@ -507,3 +507,58 @@ def test_bench_dataloader_selects_large_originals_and_times_the_draws_in_both_pa
     fused, reference = split["fused"]["ms_per_pair"], split["edit_by_edit"]["ms_per_pair"]
     assert split["edit_ratio"] == pytest.approx(fused["edit"] / reference["edit"])
     assert split["render_ratio"] == pytest.approx(max(fused["edit"] - fused["draw"], 0) / (reference["edit"] - reference["draw"]))
+
+
+def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys):
+    """``--table`` reads back the rows :func:`scaling_table` printed (mean rows recomputed, not read), so the
+    figure can be redrawn after the runs' folders are gone; ``--continued`` adds a run that continued a trained
+    model at the pairs of both runs, in a series naming the continuation and its batch; a row read from files
+    replaces the table's row of the same series, steps and seed."""
+    from benchmarks.scaling import ScalingRow, continued_row, main, merge_rows, scaling_table, table_rows
+
+    def row(series_options: str, steps: int, seed: int, muap: float, **changes) -> ScalingRow:
+        fields = dict(run="r", variant="copynce", recipe="training", precision="bf16", seed=seed, steps=steps,
+                      pairs=steps * 32, wall_minutes=1.5, held_out_micro_ap=0.5, options=series_options,
+                      metrics={"micro_ap": muap, "recall_at_p90": 0.25, "recall_at_rank1": 0.5})
+        return ScalingRow(**{**fields, **changes})
+
+    recorded = [row("", 4, 0, 0.1), row("", 4, 1, 0.3), row("learning_rate 2e-3", 8, 0, 0.2, held_out_micro_ap=None),
+                row("", 8, 0, 0.4, ema_decay=0.998, wall_minutes=None, variant="baseline", recipe="paper_descriptor")]
+    page = tmp_path / "BENCHMARKS.md"
+    page.write_text("# Benchmarks\n\nSome prose.\n\n" + scaling_table(recorded) + "\nMore prose | with a bar.\n")
+    read = table_rows(page)
+    assert [(r.series, r.steps, r.pairs, r.seed, r.metrics["micro_ap"], r.held_out_micro_ap, r.wall_minutes)
+            for r in read] == [(r.series, r.steps, r.pairs, r.seed, r.metrics["micro_ap"], r.held_out_micro_ap,
+                                r.wall_minutes) for r in recorded]
+    assert scaling_table(read) == scaling_table(recorded)  # the mean row of the two seeds is back
+
+    run = tmp_path / "descriptor-run"
+    (run / "without_ema").mkdir(parents=True)
+    (run / "without_ema" / "config.json").write_text(json.dumps({"copynce_weight": 5.0}))
+    (run / "training_summary.json").write_text(json.dumps({
+        "steps": 10, "pairs_per_process": 1280, "num_processes": 1, "mixed_precision": "bf16", "wall_seconds": 120,
+        "ema_decay": 0.998, "eval": {"micro_ap": 0.5}, "eval_without_ema": {"micro_ap": 0.6}}))
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    evaluate_system("descriptor-copynce-seed0", SystemOutput(
+        [Prediction(q.query_id, r, 0.5) for q, r in zip(task.queries, task.reference_ids)]), task,
+        tmp_path / "quality", {"family": "descriptor"})
+    quality = tmp_path / "quality" / "descriptor-copynce-seed0.json"
+    continued = continued_row(run / "without_ema", quality, 128)
+    assert (continued.series, continued.steps, continued.pairs, continued.held_out_micro_ap, continued.wall_minutes) == (
+        "copynce / training recipe / bf16 / continued from 128 pairs, batch 128", 10, 1408, 0.6, 2.0)
+    merged = merge_rows(recorded, [row("", 4, 1, 0.9)])
+    assert [r.metrics["micro_ap"] for r in merged if (r.steps, r.seed, r.options) == (4, 1, "")] == [0.9]  # replaced
+    assert len(merge_rows(recorded, [continued])) == 5
+
+    main(["--table", str(page), "--continued", str(run / "without_ema"), str(quality), "128"])
+    assert "| copynce / training recipe / bf16 / continued from 128 pairs, batch 128 | 10 | 1408 | 0 |" in (
+        capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["--continued", str(run / "without_ema"), str(quality), "many"])
+    with pytest.raises(SystemExit, match="not a python -m benchmarks.quality record"):
+        continued_row(run / "without_ema", tmp_path / "missing.json", 128)
+    page.write_text(page.read_text().replace("| 0.1000 |", "| n/a |", 1))
+    with pytest.raises(SystemExit, match="not a row of the scaling table"):
+        table_rows(page)
+    with pytest.raises(SystemExit, match="no scaling table"):
+        table_rows(tmp_path / "quality" / "descriptor-copynce-seed0.json")
