@@ -37,7 +37,8 @@ What ``run`` does, each step in this process, in this order:
    at the descriptor run's measured rate;
 7. under ``--output-dir``: ``report.json`` (settings, steps, pairs, times, every held-out score, and per
    model ``better``: its held-out muAP above the current model's), ``descriptor.tar.gz`` and
-   ``matcher.tar.gz`` (the model folders, float32, with their ``training_summary.json``) and
+   ``matcher.tar.gz`` (the model folders, float32, with their ``training_summary.json``; the descriptor's
+   trained weights, when chosen over their average, in ``descriptor/without_ema/`` as in the run's folder) and
    ``knn_graph.safetensors``; the runs' folders go to ``--work-dir`` (``run.sh``: ``/tmp/gpu-work``, so that
    ``$OUT`` holds only what the device call sends back: at most 8 files).
 
@@ -280,13 +281,20 @@ def _chosen_descriptor(summary: dict) -> tuple[str, Path, dict]:
     return ("ema" if trained else "trained"), folder, summary.get("eval") or {}
 
 
-def _pack(folder: Path, summary_file: Path, target: Path) -> Path:
-    """``target`` (.tar.gz): the model folder (no checkpoints, logs or sub-folders) and the run's summary."""
+def _pack(folder: Path, summary_file: Path, target: Path, trained_of_averaged: bool = False) -> Path:
+    """``target`` (.tar.gz): the model folder (no checkpoints, logs or sub-folders) and the run's summary,
+    under ``<name>/``. ``trained_of_averaged``: the folder holds the trained weights of a run whose model is
+    their moving average; they go to ``<name>/without_ema/`` beside the summary, the run's own layout, so that
+    ``scripts/export_embedded.py`` given ``<name>/without_ema`` names them as the trained weights on the card."""
+    from copynce_hf.training.ema import WITHOUT_EMA_FOLDER
+
+    name = target.name.removesuffix(".tar.gz")
+    weights = f"{name}/{WITHOUT_EMA_FOLDER}" if trained_of_averaged else name
     with tarfile.open(target, "w:gz") as archive:
         for path in sorted(folder.iterdir()):
             if path.is_file():
-                archive.add(path, arcname=f"{target.name.removesuffix('.tar.gz')}/{path.name}")
-        archive.add(summary_file, arcname=f"{target.name.removesuffix('.tar.gz')}/training_summary.json")
+                archive.add(path, arcname=f"{weights}/{path.name}")
+        archive.add(summary_file, arcname=f"{name}/training_summary.json")
     return target
 
 
@@ -339,7 +347,8 @@ def run(plan: RunPlan) -> dict:
                       wall_seconds=summary["wall_seconds"], new=_scored(summary), chosen=which,
                       chosen_score=chosen, better=_better(chosen, descriptor["current"]))
     rate = descriptor["pairs_per_second"] = _pairs_per_second(summary)
-    _pack(folder, work / "descriptor" / "training_summary.json", out / "descriptor.tar.gz")
+    _pack(folder, work / "descriptor" / "training_summary.json", out / "descriptor.tar.gz",
+          trained_of_averaged=which == "trained" and descriptor["new"]["eval_without_ema"] is not None)
     save("descriptor trained")
 
     images = load_image_dataset(str(plan.dataset), "train")

@@ -29,7 +29,9 @@ def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp
         assert 0.0 <= entry["current"]["micro_ap"] <= 1.0 and isinstance(entry["better"], bool)
         with tarfile.open(out / f"{kind}.tar.gz") as archive:
             names = set(archive.getnames())
-        assert {f"{kind}/config.json", f"{kind}/model.safetensors", f"{kind}/training_summary.json"} <= names
+        # the descriptor's trained weights, when chosen over their average, in the run's own layout
+        weights = f"{kind}/without_ema" if kind == "descriptor" and entry["chosen"] == "trained" else kind
+        assert {f"{weights}/config.json", f"{weights}/model.safetensors", f"{kind}/training_summary.json"} <= names
     descriptor = report["descriptor"]
     assert descriptor["chosen"] in ("ema", "trained") and descriptor["new"]["eval_without_ema"] is not None
     assert descriptor["chosen_score"]["micro_ap"] == max(descriptor["new"]["eval"]["micro_ap"],
@@ -80,3 +82,23 @@ def test_prepare_shrinks_the_train_split_under_its_names_and_writes_the_device_c
     script = (bundle / "run.sh").read_text()
     assert "benchmarks.gpu_training run --dataset .gpu/train_split --output-dir \"$OUT\" --work-dir /tmp" in script
     assert made["travelling_bytes"] > made["bundle_bytes"] > 0
+
+
+def test_chosen_trained_weights_travel_in_the_run_layout_so_the_card_names_them(tmp_path):
+    import json
+
+    from copynce_hf.export import training_settings
+
+    weights, summary = tmp_path / "without_ema", tmp_path / "training_summary.json"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}", encoding="utf-8")
+    summary.write_text(json.dumps({"steps": 3, "ema_decay": 0.998}), encoding="utf-8")
+    for trained, expected in ((True, "the trained weights"), (False, "the moving average")):
+        archive = gpu_training._pack(weights, summary, tmp_path / f"descriptor-{trained}.tar.gz", trained)
+        unpacked = tmp_path / f"unpacked-{trained}"
+        with tarfile.open(archive) as opened:
+            opened.extractall(unpacked, filter="data")
+        name = archive.name.removesuffix(".tar.gz")
+        folder = unpacked / name / "without_ema" if trained else unpacked / name
+        assert (folder / "config.json").is_file() and (unpacked / name / "training_summary.json").is_file()
+        assert training_settings(folder)["weights"].startswith(expected)
