@@ -142,6 +142,15 @@ def save_tiny_models(root: Path, seed: int) -> dict[str, str]:
     return folders
 
 
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """``copynce --quiet ARGV...`` in this process (arguments as strings): ``(exit code, stdout, stderr)``."""
+    from copynce_hf.cli import main
+
+    code = main(["--quiet", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def shrunk_asset_images(folder: Path, side: int) -> Path:
     """The bundled sample images (``copynce_hf/assets/images``) shrunk to ``side`` pixels, saved in ``folder``."""
     from copynce_hf.data import ASSET_IMAGES

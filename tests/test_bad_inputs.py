@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models, tiny_model_options
+from conftest import run_cli, save_tiny_models, tiny_model_options
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -84,14 +84,8 @@ def good(tmp_path_factory):
 @pytest.fixture
 def index(models, good, tmp_path, capsys):
     output = tmp_path / "index"
-    assert run(capsys, "index", good, "--model", models["descriptor"], "--output", output)[0] == 0
+    assert run_cli(capsys, "index", good, "--model", models["descriptor"], "--output", output)[0] == 0
     return output
-
-
-def run(capsys, *argv):
-    code = main(["--quiet", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def one_line_error(code, err, *fragments):
@@ -135,7 +129,7 @@ def test_every_kind_of_image_file_is_read_or_skipped_with_its_reason(models, tmp
 
     assert load_image(folder / "rotated.jpg").size == (30, 60)  # EXIF orientation applied
     caplog.set_level(logging.WARNING)
-    code, out, err = run(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
     assert code == 0, err
     assert out.strip().splitlines()[-1] == (
         "index: read 13 images, skipped 5 (1 empty file, 1 not an image, 1 truncated, 1 too large, 1 too small), "
@@ -158,14 +152,14 @@ def test_max_pixels_sets_the_limit_both_ways(models, tmp_path, capsys):
     folder = tmp_path / "one"
     folder.mkdir()
     noise(64, 64).save(folder / "img.png")
-    code, _, err = run(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "a",
+    code, _, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "a",
                        "--max-pixels", "4095")
     one_line_error(code, err, "skipped 1 (1 too large)")
-    code, out, err = run(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "b",
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "b",
                          "--max-pixels", "4_096")
     assert code == 0 and "wrote 1 descriptors" in out, err
     with pytest.raises(SystemExit) as stopped:
-        run(capsys, "index", folder, "--output", tmp_path / "c", "--max-pixels", "lots")
+        run_cli(capsys, "index", folder, "--output", tmp_path / "c", "--max-pixels", "lots")
     assert stopped.value.code == 2 and "expected a number of pixels" in capsys.readouterr().err
 
 
@@ -175,10 +169,10 @@ def test_a_100_megapixel_photograph_is_read_by_default(models, tmp_path, capsys)
     folder.mkdir()
     grey_png(folder / "IMG_0001.png", 11648, 8736)  # a 100-megapixel sensor's frame
     assert 11648 * 8736 < MAX_IMAGE_PIXELS
-    code, out, err = run(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
     assert code == 0, err
     assert out.strip().splitlines()[-1] == "index: read 1 images, skipped 0, wrote 1 descriptors"
-    code, out, err = run(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx2",
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx2",
                          "--max-pixels", "50000000")
     one_line_error(code, err, "none of the 1 images", "skipped 1 (1 too large)")
     assert not (tmp_path / "idx2").exists()
@@ -189,7 +183,7 @@ def test_ids_are_unique_across_extensions_and_subfolders(models, tmp_path, capsy
     folder.mkdir()
     noise(seed=1).save(folder / "a.jpg")
     noise(seed=2).save(folder / "a.png")
-    code, out, err = run(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "o")
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "o")
     one_line_error(code, err, "a.jpg and a.png", "both would have the id 'a'")
 
     nested = tmp_path / "nested"
@@ -198,10 +192,10 @@ def test_ids_are_unique_across_extensions_and_subfolders(models, tmp_path, capsy
         noise(seed=len(sub)).save(nested / sub / "tom.png")
     noise(seed=9).save(nested / "top.png")
     caplog.set_level(logging.WARNING)
-    code, out, err = run(capsys, "index", nested, "--model", models["descriptor"], "--output", tmp_path / "flat")
+    code, out, err = run_cli(capsys, "index", nested, "--model", models["descriptor"], "--output", tmp_path / "flat")
     assert code == 0 and "read 1 images" in out
     assert "2 sub-folder(s) not read (cats, dogs); pass --recursive" in caplog.text
-    code, out, err = run(capsys, "index", nested, "--model", models["descriptor"], "--output", tmp_path / "deep",
+    code, out, err = run_cli(capsys, "index", nested, "--model", models["descriptor"], "--output", tmp_path / "deep",
                          "--recursive")
     assert code == 0, err
     from copynce_hf.retrieval import DescriptorSet
@@ -212,22 +206,22 @@ def test_ids_are_unique_across_extensions_and_subfolders(models, tmp_path, capsy
 def test_empty_folder_and_folder_of_only_bad_files(models, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, _, err = run(capsys, "index", empty, "--model", models["descriptor"], "--output", tmp_path / "o1")
+    code, _, err = run_cli(capsys, "index", empty, "--model", models["descriptor"], "--output", tmp_path / "o1")
     one_line_error(code, err, "holds no image file")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "zero.png").write_bytes(b"")
     (bad / "text.jpg").write_text("hello")
     Image.new("RGB", (1, 1)).save(bad / "dot.png")
-    code, _, err = run(capsys, "index", bad, "--model", models["descriptor"], "--output", tmp_path / "o2")
+    code, _, err = run_cli(capsys, "index", bad, "--model", models["descriptor"], "--output", tmp_path / "o2")
     one_line_error(code, err, "none of the 3 images", "skipped 3 (1 empty file, 1 not an image, 1 too small)")
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
 def test_a_missing_local_model_folder_is_named(good, tmp_path, capsys):
-    code, _, err = run(capsys, "index", good, "--model", tmp_path / "no" / "such" / "model", "--output", tmp_path / "o")
+    code, _, err = run_cli(capsys, "index", good, "--model", tmp_path / "no" / "such" / "model", "--output", tmp_path / "o")
     one_line_error(code, err, "the model folder does not exist", "no/such/model")
-    code, _, err = run(capsys, "index", good, "--model", "./missing-model", "--output", tmp_path / "o")
+    code, _, err = run_cli(capsys, "index", good, "--model", "./missing-model", "--output", tmp_path / "o")
     one_line_error(code, err, "'./missing-model': the model folder does not exist")
     assert "Repo id" not in err and not (tmp_path / "o").exists()
 
@@ -238,17 +232,17 @@ def test_wrong_output_paths_fail_before_any_work_and_change_nothing(models, good
     a_file = tmp_path / "a_file.csv"
     a_file.write_text("keep me\n")
     # an existing file where a folder is expected
-    code, _, err = run(capsys, "index", good, "--model", models["descriptor"], "--output", a_file)
+    code, _, err = run_cli(capsys, "index", good, "--model", models["descriptor"], "--output", a_file)
     one_line_error(code, err, "is an existing file; a folder is expected")
     # a folder under an existing file
-    code, _, err = run(capsys, "index", good, "--model", models["descriptor"], "--output", a_file / "sub")
+    code, _, err = run_cli(capsys, "index", good, "--model", models["descriptor"], "--output", a_file / "sub")
     one_line_error(code, err, "is a file, so no folder can be created under it")
     # an existing folder where a file is expected, and a file under a file
-    code, _, err = run(capsys, "search", good, "--index", index, "--output", index)
+    code, _, err = run_cli(capsys, "search", good, "--index", index, "--output", index)
     one_line_error(code, err, "is an existing folder; a file path is expected")
-    code, _, err = run(capsys, "search", good, "--index", index, "--output", a_file / "x.csv")
+    code, _, err = run_cli(capsys, "search", good, "--index", index, "--output", a_file / "x.csv")
     one_line_error(code, err, "is a file, so no folder can be created under it")
-    code, _, err = run(capsys, "search", good, "--index", index, "--output", tmp_path / "p.csv", "--hdf5", index)
+    code, _, err = run_cli(capsys, "search", good, "--index", index, "--output", tmp_path / "p.csv", "--hdf5", index)
     one_line_error(code, err, "--hdf5", "is an existing folder")
     assert a_file.read_text() == "keep me\n" and digest(index) == before
     assert not (tmp_path / "p.csv").exists()
@@ -273,7 +267,7 @@ def test_read_only_output_folder(models, good, index, tmp_path, capsys):
                      ("search", good, "--index", index, "--output", folder / "copynce_candidates.csv"),
                      ("evaluate", tmp_path / "p.csv", "--ground-truth", tmp_path / "g.csv",
                       "--output", folder / "copynce_report")):
-            code, _, err = run(capsys, *argv)
+            code, _, err = run_cli(capsys, *argv)
             one_line_error(code, err, "is not writable", str(folder))
             assert not (folder / Path(argv[-1]).name).exists()
     finally:
@@ -283,7 +277,7 @@ def test_read_only_output_folder(models, good, index, tmp_path, capsys):
 
 def test_a_failure_after_the_work_leaves_the_previous_output_intact(models, good, index, tmp_path, capsys):
     predictions = tmp_path / "candidates.csv"
-    assert run(capsys, "search", good, "--index", index, "--output", predictions)[0] == 0
+    assert run_cli(capsys, "search", good, "--index", index, "--output", predictions)[0] == 0
     before = digest(predictions)
     # a descriptor of another width: the search fails after every query has been embedded
     from conftest import TINY_VIT
@@ -293,7 +287,7 @@ def test_a_failure_after_the_work_leaves_the_previous_output_intact(models, good
     other = tmp_path / "other"
     CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=24, **TINY_VIT)).save_pretrained(other)
     CopyNCEImageProcessor(size={"height": 32, "width": 32}).save_pretrained(other)
-    code, _, err = run(capsys, "search", good, "--index", index, "--model", other, "--output", predictions)
+    code, _, err = run_cli(capsys, "search", good, "--index", index, "--model", other, "--output", predictions)
     one_line_error(code, err, "descriptors but the index holds")
     assert digest(predictions) == before
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary file left behind
@@ -307,13 +301,13 @@ def test_search_and_match_count_and_name_what_they_skip(models, good, index, tmp
     noise(seed=1).transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(queries / "Q1.png")
     (queries / "Q2.jpg").write_bytes(b"")
     candidates = tmp_path / "candidates.csv"
-    code, out, err = run(capsys, "search", queries, "--index", index, "--k", "2", "--output", candidates)
+    code, out, err = run_cli(capsys, "search", queries, "--index", index, "--k", "2", "--output", candidates)
     assert code == 0, err
     assert out.strip().splitlines()[-1] == "search: read 3 query images, skipped 1 (1 empty file), wrote 4 predictions"
     with candidates.open("a", newline="") as handle:
         csv.writer(handle).writerow(["Q9", "R0", "0.5"])  # a query whose file does not exist
     caplog.set_level(logging.WARNING)
-    code, out, err = run(capsys, "match", candidates, "--queries", queries, "--references", good, "--matcher",
+    code, out, err = run_cli(capsys, "match", candidates, "--queries", queries, "--references", good, "--matcher",
                          models["matcher"], "--output", tmp_path / "scored.csv")
     assert code == 0, err
     assert out.strip().splitlines()[-1] == "match: read 5 candidate pairs, skipped 1 (1 missing), wrote 4 pairs"
@@ -336,22 +330,22 @@ def test_evaluate_refuses_predictions_that_cannot_be_scored(tmp_path, capsys, ca
     (report / "metrics.json").write_text('{"old": 1}\n')
     before = digest(report)
     with_extensions = _write(tmp_path / "ext.csv", [("q00.jpg", "r00", 0.9), ("q01.jpg", "r01", 0.8)])
-    code, _, err = run(capsys, "evaluate", with_extensions, "--ground-truth", truth, "--output", report)
+    code, _, err = run_cli(capsys, "evaluate", with_extensions, "--ground-truth", truth, "--output", report)
     one_line_error(code, err, "'q00.jpg'", "ground truth 'q00'", "strip the file extensions")
     duplicate = _write(tmp_path / "dup.csv", [("q00", "r00", 0.9), ("q00", "r00", 0.8)])
-    code, _, err = run(capsys, "evaluate", duplicate, "--ground-truth", truth, "--output", report)
+    code, _, err = run_cli(capsys, "evaluate", duplicate, "--ground-truth", truth, "--output", report)
     one_line_error(code, err, "duplicate", "'q00'", "'r00'")
     infinite = _write(tmp_path / "inf.csv", [("q00", "r00", "inf")])
-    code, _, err = run(capsys, "evaluate", infinite, "--ground-truth", truth, "--output", report)
+    code, _, err = run_cli(capsys, "evaluate", infinite, "--ground-truth", truth, "--output", report)
     one_line_error(code, err, "not a finite number")
     empty = _write(tmp_path / "empty.csv", [])
-    code, _, err = run(capsys, "evaluate", empty, "--ground-truth", truth, "--output", report)
+    code, _, err = run_cli(capsys, "evaluate", empty, "--ground-truth", truth, "--output", report)
     one_line_error(code, err, "no predictions")
     assert digest(report) == before
 
     caplog.set_level(logging.WARNING)
     partial = _write(tmp_path / "partial.csv", [("q00", "r00", 0.9), ("q01", "r01", 0.8), ("zz", "r01", 0.1)])
-    code, out, err = run(capsys, "evaluate", partial, "--ground-truth", truth, "--output", report)
+    code, out, err = run_cli(capsys, "evaluate", partial, "--ground-truth", truth, "--output", report)
     assert code == 0, err
     assert "1 of the 3 predicted query ids are not in the ground truth" in caplog.text
     assert out.strip().splitlines()[-1] == "evaluate: read 3 predictions in 1 file(s), skipped 0, wrote 2 files"
@@ -449,7 +443,7 @@ def test_a_damaged_weights_file_is_one_line(models, good, tmp_path, capsys):
     shutil.copytree(models["descriptor"], damaged)
     weights = damaged / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # an interrupted download
-    code, _, err = run(capsys, "index", good, "--model", damaged, "--output", tmp_path / "idx")
+    code, _, err = run_cli(capsys, "index", good, "--model", damaged, "--output", tmp_path / "idx")
     one_line_error(code, err, "cannot load the model", "a weights file is damaged or incomplete")
 
 
@@ -475,21 +469,21 @@ def test_evaluate_reads_excel_csv_and_refuses_utf16_and_split_scores_in_one_line
     truth.write_text("query_id,reference_id\nq00,r00\nq01,r01\n", encoding="utf-8-sig")  # Excel "CSV UTF-8"
     excel = tmp_path / "excel.csv"
     excel.write_text("query_id,reference_id,score\nq00,r00,0.9\nq01,r01,0.8\n", encoding="utf-8-sig")
-    code, out, err = run(capsys, "evaluate", excel, "--ground-truth", truth, "--output", tmp_path / "report")
+    code, out, err = run_cli(capsys, "evaluate", excel, "--ground-truth", truth, "--output", tmp_path / "report")
     assert code == 0, err
     assert json.loads((tmp_path / "report" / "metrics.json").read_text())["excel"]["micro_ap"] == 1.0
     utf16 = tmp_path / "utf16.csv"
     utf16.write_text(excel.read_text(encoding="utf-8-sig"), encoding="utf-16")
-    code, _, err = run(capsys, "evaluate", utf16, "--ground-truth", truth, "--output", tmp_path / "report")
+    code, _, err = run_cli(capsys, "evaluate", utf16, "--ground-truth", truth, "--output", tmp_path / "report")
     one_line_error(code, err, "is UTF-16 text; save it as UTF-8 CSV")
     comma = tmp_path / "comma.csv"
     comma.write_text("query_id,reference_id,score\nq00,r00,0,9\nq01,r01,0,8\n")
-    code, _, err = run(capsys, "evaluate", comma, "--ground-truth", truth, "--output", tmp_path / "report")
+    code, _, err = run_cli(capsys, "evaluate", comma, "--ground-truth", truth, "--output", tmp_path / "report")
     one_line_error(code, err, "line 2: 4 fields, but the header has 3 (a decimal comma in the score?")
     caplog.set_level(logging.WARNING)
     renamed = tmp_path / "renamed.csv"
     renamed.write_text("query_id,reference_id,score\nq00,ref-a,0.9\nq01,ref-b,0.8\n")
-    code, _, err = run(capsys, "evaluate", renamed, "--ground-truth", truth, "--output", tmp_path / "report")
+    code, _, err = run_cli(capsys, "evaluate", renamed, "--ground-truth", truth, "--output", tmp_path / "report")
     assert code == 0, err
     assert "none of the 2 predicted reference ids is in the ground truth" in caplog.text and "muAP is 0" in caplog.text
 
@@ -498,5 +492,5 @@ def test_search_names_a_damaged_index_folder_and_how_to_rebuild_it(models, good,
     damaged = tmp_path / "damaged"
     shutil.copytree(index, damaged)
     (damaged / "index.faiss").write_bytes(b"\0" * 64)
-    code, _, err = run(capsys, "search", good, "--index", damaged, "--output", tmp_path / "found.csv")
+    code, _, err = run_cli(capsys, "search", good, "--index", damaged, "--output", tmp_path / "found.csv")
     one_line_error(code, err, "is damaged; build it again with `copynce index`", "index.faiss")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval.calibration import (
@@ -172,18 +173,10 @@ def collection(tmp_path_factory):
     return root
 
 
-def _cli(capsys, *argv):
-    from copynce_hf.cli import main
-
-    code = main(["--quiet", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_path, capsys):
     args = ["calibrate", collection / "refs", "--sample", 3, "--num-distractors", 2, "--seed", 4,
             "--models", models["descriptor"], "--matcher", models["matcher"], "--k", 3]
-    code, out, err = _cli(capsys, *args, "--output", tmp_path / "a.json")
+    code, out, err = run_cli(capsys, *args, "--output", tmp_path / "a.json")
     assert code == 0, err
     assert "matcher" in out and "0.99" in out and "--calibration" in out
     first = json.loads((tmp_path / "a.json").read_text())
@@ -197,11 +190,11 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
     assert provenance["counts"]["indexed_references"] == 6
     assert provenance["counts"]["matcher_pairs"] == 5 * 3  # 5 queries, top 3 each
     assert first["pipeline"]["descriptors"] == [str(Path(models["descriptor"]).resolve())]
-    code, _, err = _cli(capsys, *args, "--output", tmp_path / "b.json")
+    code, _, err = run_cli(capsys, *args, "--output", tmp_path / "b.json")
     assert code == 0, err
     assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()  # deterministic given the seed
     # given distractors: every reference stays indexed, the distractors come from the folder
-    code, _, err = _cli(capsys, "calibrate", collection / "refs", "--distractors", collection / "others", "--sample", 2,
+    code, _, err = run_cli(capsys, "calibrate", collection / "refs", "--distractors", collection / "others", "--sample", 2,
                         "--models", models["descriptor"], "--matcher", "none", "--output", tmp_path / "c.json")
     assert code == 0, err
     third = json.loads((tmp_path / "c.json").read_text())
@@ -243,12 +236,12 @@ def test_detect_decides_with_a_calibration(models, collection, tmp_path, capsys)
 
     base = ["detect", collection / "queries", "--references", collection / "refs", "--models", models["descriptor"],
             "--matcher", models["matcher"], "--k", 2, "--ground-truth", collection / "gt.csv"]
-    code, _, err = _cli(capsys, *base, "--output", tmp_path / "plain")
+    code, _, err = run_cli(capsys, *base, "--output", tmp_path / "plain")
     assert code == 0, err
     scores = sorted(p.score for p in read_predictions(tmp_path / "plain" / "predictions.csv"))
     threshold = (scores[2] + scores[3]) / 2  # 3 of the 6 pairs are above it
     _hand_calibration(models, threshold, tmp_path / "calibration.json")
-    code, out, err = _cli(capsys, *base, "--output", tmp_path / "found", "--calibration", tmp_path / "calibration.json",
+    code, out, err = run_cli(capsys, *base, "--output", tmp_path / "found", "--calibration", tmp_path / "calibration.json",
                           "--precision", 0.9)
     assert code == 0, err
     rows = (tmp_path / "found" / "predictions.csv").read_text().splitlines()
@@ -279,13 +272,13 @@ def test_detect_calibration_errors(models, collection, tmp_path, capsys):
         (["--aux", collection / "others"], "score_normalisation=False, but this run uses score_normalisation=True"),
     ]
     for extra, message in cases:
-        code, _, err = _cli(capsys, *base, *extra, "--output", tmp_path / "out")
+        code, _, err = run_cli(capsys, *base, *extra, "--output", tmp_path / "out")
         assert code == 2 and message in err.strip().splitlines()[-1], err
-    code, _, err = _cli(capsys, "detect", collection / "queries", "--references", collection / "refs",
+    code, _, err = run_cli(capsys, "detect", collection / "queries", "--references", collection / "refs",
                         "--calibration", tmp_path / "calibration.json", "--output", tmp_path / "out")
     assert code == 2 and "was made with the descriptor model(s) " + str(Path(models["descriptor"]).resolve()) in err
     assert "but this run uses embedded:descriptor" in err
-    code, _, err = _cli(capsys, *base[:-2], "--precision", 0.9, "--output", tmp_path / "out")
+    code, _, err = run_cli(capsys, *base[:-2], "--precision", 0.9, "--output", tmp_path / "out")
     assert code == 2 and "--precision needs --calibration" in err
     assert not (tmp_path / "out" / "predictions.csv").exists()  # refused before any work
 

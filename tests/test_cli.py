@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models
+from conftest import run_cli, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -43,15 +43,9 @@ def images(tmp_path_factory):
     return root
 
 
-def run(capsys, *argv):
-    code = main(["--quiet", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_find_copies_session(models, images, tmp_path, capsys):
     idx = tmp_path / "idx"
-    code, out, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx)
+    code, out, err = run_cli(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx)
     assert code == 0, err
     assert "indexed 5 references" in out
     index = DescriptorIndex.load(idx)
@@ -61,7 +55,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
     assert json.loads((idx / "index.json").read_text())["config"]["kind"] == "flat"
 
     candidates = tmp_path / "candidates.csv"
-    code, out, err = run(
+    code, out, err = run_cli(
         capsys, "search", images / "queries", "--index", idx, "--k", 3, "--output", candidates,
         "--save-descriptors", tmp_path / "q.safetensors", "--hdf5", tmp_path / "disc21.hdf5",
     )
@@ -81,9 +75,9 @@ def test_find_copies_session(models, images, tmp_path, capsys):
 
     # score normalisation with an auxiliary index subtracts the same bias from every pair of a query
     aux = tmp_path / "aux_idx"
-    assert run(capsys, "index", images / "aux", "--model", models["descriptor"], "--output", aux)[0] == 0
+    assert run_cli(capsys, "index", images / "aux", "--model", models["descriptor"], "--output", aux)[0] == 0
     normalized = tmp_path / "normalized.csv"
-    code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 3, "--score-norm", aux,
+    code, _, err = run_cli(capsys, "search", images / "queries", "--index", idx, "--k", 3, "--score-norm", aux,
                        "--output", normalized)
     assert code == 0, err
     raw = {(p.query_id, p.reference_id): p.score for p in predictions}
@@ -95,7 +89,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
 
     # feature stretching: score = -||beta * mean(top-5 aux sims) * z_q - z_r||^2
     stretched = tmp_path / "stretched.csv"
-    code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 5, "--stretch", aux,
+    code, _, err = run_cli(capsys, "search", images / "queries", "--index", idx, "--k", 5, "--stretch", aux,
                        "--output", stretched)
     assert code == 0, err
     for p in read_predictions(stretched):
@@ -105,7 +99,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
         assert p.score == pytest.approx(-float(np.square(z - r).sum()), abs=1e-4)
 
     scored = tmp_path / "scored.csv"
-    code, out, err = run(
+    code, out, err = run_cli(
         capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
         "--matcher", models["matcher"], "--output", scored,
     )
@@ -115,7 +109,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
     assert all(0.0 <= p.score <= 1.0 for p in rescored)
 
     crops = tmp_path / "crops.csv"
-    code, _, err = run(
+    code, _, err = run_cli(
         capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
         "--matcher", models["matcher"], "--output", crops, "--local-crops", "--top", 1, "--reference-grid", 2,
     )
@@ -127,7 +121,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
         assert score >= plain[pair] - 1e-5
 
     report = tmp_path / "report"
-    code, out, err = run(capsys, "evaluate", scored, candidates, "--ground-truth", images / "gt.csv",
+    code, out, err = run_cli(capsys, "evaluate", scored, candidates, "--ground-truth", images / "gt.csv",
                          "--output", report)
     assert code == 0, err
     metrics = json.loads((report / "metrics.json").read_text())
@@ -153,7 +147,7 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
             "--models", models["descriptor"], models["descriptor"], "--matcher", models["matcher"],
             "--aux", images / "aux", "--descriptor-lce", "matcher-views", "--matcher-lce", "paper", "--candidates", 3,
             "--k", 2, "--ground-truth", images / "gt.csv", "--gallery", 2]
-    code, out, err = run(capsys, *args)
+    code, out, err = run_cli(capsys, *args)
     assert code == 0, err
     predictions = read_predictions(out_dir / "predictions.csv")
     assert sorted({p.query_id for p in predictions}) == ["Q0", "Q1", "Q2"]
@@ -171,23 +165,23 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert sorted(p.name for p in (out_dir / "indexes").iterdir()) == ["descriptor", "descriptor-2"]
     assert len(DescriptorIndex.load(out_dir / "indexes" / "descriptor" / "references")) == 50
     assert "muAP" in out and "candidate recall" in out
-    code, _, err = run(capsys, *args)
+    code, _, err = run_cli(capsys, *args)
     assert code == 0, err
     assert read_predictions(out_dir / "predictions.csv") == predictions
 
     # descriptors only: scores are the merged (best) descriptor similarities
     plain = tmp_path / "plain"
-    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output", plain,
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", plain,
                        "--models", models["descriptor"], "--matcher", "none", "--k", 1)
     assert code == 0, err
     assert len(read_predictions(plain / "predictions.csv")) == 3 and not (plain / "metrics.json").exists()
-    code, _, err = run(capsys, "detect", images / "queries", "--references", tmp_path / "missing", "--output", plain)
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", tmp_path / "missing", "--output", plain)
     assert_one_line_error(code, err, "does not exist")
 
 
 def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, capsys):
     out_dir = tmp_path / "paper"
-    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output", out_dir,
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", out_dir,
                        "--models", models["descriptor"], "--matcher", models["matcher"], "--aux", images / "aux",
                        "--preset", "paper", "--candidates", 2, "--k", 1, "--k-end", 3)
     assert code == 0, err
@@ -201,14 +195,14 @@ def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, c
     assert DescriptorIndex.load(out_dir / "indexes" / "descriptor" / "auxiliary").info["views"] == "authors"
     predictions = read_predictions(out_dir / "predictions.csv")
     assert sorted(p.query_id for p in predictions) == ["Q0", "Q1", "Q2"]
-    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
                        tmp_path / "fast", "--models", models["descriptor"], "--matcher", "none", "--k", 1)
     assert code == 0, err
     html = (tmp_path / "fast" / "report.html").read_text()
     for key, value in (("preset", "fast (k given)"), ("descriptor LCE", "none"), ("matcher LCE", "none"),
                        ("score normalisation", "off"), ("candidates per query", "50")):
         assert f"<tr><th>{key}</th><td>{value}</td></tr>" in html
-    code, _, err = run(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
                        tmp_path / "bad", "--models", models["descriptor"], "--matcher", "none", "--k-start", 5,
                        "--k-end", 2)
     assert_one_line_error(code, err, "k_start=5", "k_end=2")
@@ -216,19 +210,19 @@ def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, c
 
 def test_index_and_search_with_matcher_views(models, images, tmp_path, capsys):
     idx = tmp_path / "idx"
-    code, out, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx,
+    code, out, err = run_cli(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx,
                          "--descriptor-lce", "matcher-views")
     assert code == 0, err
     index = DescriptorIndex.load(idx)
     assert len(index) == 50 and index.info["views"] == "matcher-views" and index.references.ids[:2] == ["R0#0", "R0#1"]
     candidates = tmp_path / "c.csv"
-    code, _, err = run(capsys, "search", images / "queries", "--index", idx, "--k", 2, "--output", candidates,
+    code, _, err = run_cli(capsys, "search", images / "queries", "--index", idx, "--k", 2, "--output", candidates,
                        "--descriptor-lce", "matcher-views")
     assert code == 0, err
     rows = read_predictions(candidates)
     assert len(rows) == 6 and {p.reference_id for p in rows} <= {f"R{i}" for i in range(5)}
     scored = tmp_path / "s.csv"
-    code, _, err = run(capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
+    code, _, err = run_cli(capsys, "match", candidates, "--queries", images / "queries", "--references", images / "refs",
                        "--matcher", models["matcher"], "--matcher-lce", "paper", "--output", scored)
     assert code == 0, err
     assert {(p.query_id, p.reference_id) for p in read_predictions(scored)} == {(p.query_id, p.reference_id)
@@ -238,7 +232,7 @@ def test_index_and_search_with_matcher_views(models, images, tmp_path, capsys):
 def test_visualize_writes_maps(models, images, tmp_path, capsys):
     for kind in ("descriptor", "matcher"):
         out_dir = tmp_path / kind
-        code, out, err = run(
+        code, out, err = run_cli(
             capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
             "--model", models[kind], "--patch", "1,0", "--output", out_dir,
         )
@@ -249,7 +243,7 @@ def test_visualize_writes_maps(models, images, tmp_path, capsys):
         assert (maps["entropy"] >= -1e-6).all() and (maps["entropy"] <= np.log(4) + 1e-5).all()
         for name in ("token_affinity.png", "affinity_entropy.png"):
             assert (out_dir / name).read_bytes()[:4] == b"\x89PNG"
-    code, _, err = run(capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
+    code, _, err = run_cli(capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
                        "--model", models["descriptor"], "--patch", "2,0", "--output", tmp_path / "bad")
     assert code == 2 and "outside the query's 2x2 patch grid" in err
 
@@ -264,16 +258,16 @@ def assert_one_line_error(code, err, *fragments):
 
 
 def test_error_missing_and_empty_folder(models, tmp_path, capsys):
-    code, _, err = run(capsys, "index", tmp_path / "nowhere", "--model", models["descriptor"], "--output", tmp_path / "o")
+    code, _, err = run_cli(capsys, "index", tmp_path / "nowhere", "--model", models["descriptor"], "--output", tmp_path / "o")
     assert_one_line_error(code, err, "does not exist", "nowhere")
     (tmp_path / "empty").mkdir()
-    code, _, err = run(capsys, "index", tmp_path / "empty", "--model", models["descriptor"], "--output", tmp_path / "o")
+    code, _, err = run_cli(capsys, "index", tmp_path / "empty", "--model", models["descriptor"], "--output", tmp_path / "o")
     assert_one_line_error(code, err, "holds no image file")
     assert not (tmp_path / "o").exists()
 
 
 def test_error_ivfpq_on_too_few_references(models, images, tmp_path, capsys):
-    code, _, err = run(capsys, "index", images / "refs", "--model", models["descriptor"], "--index-type", "ivfpq",
+    code, _, err = run_cli(capsys, "index", images / "refs", "--model", models["descriptor"], "--index-type", "ivfpq",
                        "--output", tmp_path / "o")
     assert_one_line_error(code, err, "at least 256 references", "flat")
 
@@ -283,16 +277,16 @@ def test_error_ground_truth_unknown_columns(images, tmp_path, capsys):
     preds.write_text("query_id,reference_id,score\nQ0,R0,0.9\n")
     gt = tmp_path / "gt.csv"
     gt.write_text("query,ref\nQ0,R0\n")
-    code, _, err = run(capsys, "evaluate", preds, "--ground-truth", gt, "--output", tmp_path / "r")
+    code, _, err = run_cli(capsys, "evaluate", preds, "--ground-truth", gt, "--output", tmp_path / "r")
     assert_one_line_error(code, err, "unknown column", "'query'")
 
 
 def test_error_duplicate_predictions(images, tmp_path, capsys):
     preds = tmp_path / "dup.csv"
     preds.write_text("query_id,reference_id,score\nQ0,R0,0.9\nQ1,R3,0.5\nQ0,R0,0.4\n")
-    code, _, err = run(capsys, "evaluate", preds, "--ground-truth", images / "gt.csv", "--output", tmp_path / "r")
+    code, _, err = run_cli(capsys, "evaluate", preds, "--ground-truth", images / "gt.csv", "--output", tmp_path / "r")
     assert_one_line_error(code, err, "duplicate", "'Q0'", "'R0'")
-    code, _, err = run(capsys, "match", preds, "--queries", images / "queries", "--references", images / "refs",
+    code, _, err = run_cli(capsys, "match", preds, "--queries", images / "queries", "--references", images / "refs",
                        "--output", tmp_path / "m.csv")
     assert_one_line_error(code, err, "duplicate")
 
@@ -301,7 +295,7 @@ def test_error_missing_embedded_model(images, tmp_path, capsys, monkeypatch):
     from copynce_hf.evaluation import models
 
     monkeypatch.setitem(models.DEFAULTS, "descriptor", tmp_path / "pretrained" / "descriptor")
-    code, _, err = run(capsys, "index", images / "refs", "--output", tmp_path / "o")
+    code, _, err = run_cli(capsys, "index", images / "refs", "--output", tmp_path / "o")
     assert_one_line_error(code, err, "embedded model folder", "--model")
 
 

@@ -8,10 +8,9 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models, tiny_models
+from conftest import run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
-from copynce_hf.cli import main
 from copynce_hf.retrieval import (
     Descriptor,
     DetectConfig,
@@ -68,16 +67,10 @@ def test_identical_images_form_one_group_and_no_image_is_its_own_pair(collection
     assert (tmp_path / "idx" / "tiny" / "references" / "identity.json").is_file()  # detect's index cache
 
 
-def run(capsys, *argv):
-    code = main(["--quiet", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, capsys):
     models = save_tiny_models(tmp_path / "models", seed=0)
     output = tmp_path / "found"
-    code, out, err = run(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
+    code, out, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
                          "--threshold", 0.9999, "--candidates", 2, "--output", output)
     assert code == 0, err
     assert "wrote 1 groups of copies (3 images)" in out and "dedup: read 10 images, skipped 0" in out
@@ -90,13 +83,13 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
     report = (output / "report.html").read_text()
     assert "Group 0: 3 images" in report and "R1_again" in report
 
-    code, _, err = run(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
+    code, _, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
                        "--output", tmp_path / "x")
     assert code == 2 and "--matcher none decides by descriptor cosine" in err and "--threshold" in err
     single = tmp_path / "single"
     single.mkdir()
     shutil.copy(collection / "R0.png", single / "R0.png")
-    code, _, err = run(capsys, "dedup", single, "--model", models["descriptor"], "--matcher", "none",
+    code, _, err = run_cli(capsys, "dedup", single, "--model", models["descriptor"], "--matcher", "none",
                        "--threshold", 0.9, "--output", tmp_path / "y")
     assert code == 2 and "needs at least 2 images, got 1" in err
 
@@ -112,19 +105,19 @@ def test_dedup_threshold_from_a_calibration_file(collection, tmp_path, capsys):
     Calibration(pipeline, {"descriptor": rows}).save(tmp_path / "calibration.json")
     dedup_args = ("dedup", collection, "--model", models["descriptor"], "--matcher", "none",
                   "--calibration", tmp_path / "calibration.json")
-    code, out, err = run(capsys, *dedup_args, "--output", tmp_path / "found")
+    code, out, err = run_cli(capsys, *dedup_args, "--output", tmp_path / "found")
     assert code == 0, err
     assert "wrote 1 groups of copies (3 images)" in out
     assert "descriptor score 0.9999 at precision 0.9 in" in (tmp_path / "found" / "report.html").read_text()
 
-    code, _, err = run(capsys, *dedup_args, "--precision", 0.99, "--output", tmp_path / "x")
+    code, _, err = run_cli(capsys, *dedup_args, "--precision", 0.99, "--output", tmp_path / "x")
     assert code == 2 and "no descriptor score reached precision 0.99" in err
-    code, _, err = run(capsys, *dedup_args, "--threshold", 0.5, "--output", tmp_path / "x")
+    code, _, err = run_cli(capsys, *dedup_args, "--threshold", 0.5, "--output", tmp_path / "x")
     assert code == 2 and "give --threshold or --calibration, not both" in err
-    code, _, err = run(capsys, *dedup_args, "--descriptor-lce", "matcher-views", "--output", tmp_path / "x")
+    code, _, err = run_cli(capsys, *dedup_args, "--descriptor-lce", "matcher-views", "--output", tmp_path / "x")
     assert code == 2 and "made with descriptor_lce 'none', but this dedup run uses 'matcher-views'" in err
     Calibration({**pipeline, "descriptors": ["embedded:descriptor"]}, {"descriptor": rows}).save(tmp_path / "other.json")
-    code, _, err = run(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
+    code, _, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
                        "--calibration", tmp_path / "other.json", "--output", tmp_path / "x")
     assert code == 2 and "made with descriptor model(s) ['embedded:descriptor']" in err
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models
+from conftest import run_cli, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -61,12 +61,6 @@ def collection(tmp_path_factory):
     return root
 
 
-def run(capsys, *argv):
-    code = main(["--quiet", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.fixture(scope="module")
 def folder_index(models, collection, tmp_path_factory):
     """The index of the image folder: what every dataset form of the same images must give."""
@@ -83,7 +77,7 @@ def assert_same_descriptors(index: DescriptorIndex, expected: DescriptorIndex, i
 
 def test_index_dataset_from_a_parquet_file(models, collection, folder_index, tmp_path, capsys, caplog):
     output = tmp_path / "idx"
-    code, out, err = run(capsys, "index", "--dataset", collection / "refs.parquet", "--id-column", "name",
+    code, out, err = run_cli(capsys, "index", "--dataset", collection / "refs.parquet", "--id-column", "name",
                          "--model", models["descriptor"], "--output", output, "--chunk-size", 4)
     assert code == 0, err
     assert "index: read 15 images, skipped 1 (1 not an image), wrote 14 descriptors" in out
@@ -97,7 +91,7 @@ def test_index_dataset_from_a_parquet_file(models, collection, folder_index, tmp
 def test_index_a_streamed_dataset_in_chunks(models, collection, folder_index, tmp_path, capsys):
     """Parquet shards read as a stream, 4 rows per chunk: the ids without an id column are the row numbers."""
     output = tmp_path / "idx"
-    code, out, err = run(capsys, "index", "--dataset", collection / "shards", "--streaming", "--model",
+    code, out, err = run_cli(capsys, "index", "--dataset", collection / "shards", "--streaming", "--model",
                          models["descriptor"], "--output", output, "--chunk-size", 4, "--index-type", "hnsw")
     assert code == 0, err
     assert "read 15 images, skipped 1 (1 not an image)" in out
@@ -121,7 +115,7 @@ def test_streamed_source_reads_chunks_in_order(collection):
 
 def test_index_a_save_to_disk_folder_by_split(models, collection, folder_index, tmp_path, capsys):
     output = tmp_path / "idx"
-    code, out, err = run(capsys, "index", "--dataset", collection / "saved", "--split", "extra", "--id-column", "name",
+    code, out, err = run_cli(capsys, "index", "--dataset", collection / "saved", "--split", "extra", "--id-column", "name",
                          "--model", models["descriptor"], "--output", output)
     assert code == 0, err
     index = DescriptorIndex.load(output)
@@ -139,7 +133,7 @@ def test_index_a_save_to_disk_folder_by_split(models, collection, folder_index, 
 ])
 def test_index_dataset_errors(models, collection, tmp_path, capsys, options, message):
     options = [option.format(root=collection) for option in options]
-    code, _, err = run(capsys, "index", *options, "--model", models["descriptor"], "--output", tmp_path / "o")
+    code, _, err = run_cli(capsys, "index", *options, "--model", models["descriptor"], "--output", tmp_path / "o")
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
@@ -150,14 +144,14 @@ def test_duplicate_ids_of_a_streamed_dataset_are_refused(models, tmp_path, capsy
     features = datasets.Features({"id": datasets.Value("string"), "image": datasets.Image()})
     datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "dup.parquet"))
     for streaming in ([], ["--streaming"]):
-        code, _, err = run(capsys, "index", "--dataset", tmp_path / "dup.parquet", *streaming, "--chunk-size", 2,
+        code, _, err = run_cli(capsys, "index", "--dataset", tmp_path / "dup.parquet", *streaming, "--chunk-size", 2,
                            "--model", models["descriptor"], "--output", tmp_path / "o")
         assert code == 2 and "'a' appears twice" in err, err
 
 
 def test_detect_reads_queries_from_a_dataset(models, collection, tmp_path, capsys):
     """Queries from a Parquet file: found by their id column, the corrupt row skipped and counted."""
-    code, out, err = run(capsys, "detect", "--query-dataset", collection / "refs.parquet", "--id-column", "name",
+    code, out, err = run_cli(capsys, "detect", "--query-dataset", collection / "refs.parquet", "--id-column", "name",
                          "--references", collection / "refs", "--matcher", "none", "--models", models["descriptor"],
                          "--candidates", 3, "--k", 1, "--gallery", 1, "--output", tmp_path / "found")
     assert code == 0, err
@@ -206,12 +200,12 @@ def test_index_killed_with_sigkill_resumes_from_its_last_chunk(models, collectio
     written = sorted(path.name for path in (tmp_path / ".killed.chunks").glob("chunk-*.safetensors"))
     assert 1 <= len(written) < 8
 
-    code, out, err = run(capsys, *_index_command(models, collection / "refs.parquet", killed))
+    code, out, err = run_cli(capsys, *_index_command(models, collection / "refs.parquet", killed))
     assert code == 0, err
     assert f"resumed after {len(written)} complete chunk(s)" in out
     assert "read 15 images, skipped 1 (1 not an image), wrote 14 descriptors" in out
     uninterrupted = tmp_path / "uninterrupted"
-    assert run(capsys, *_index_command(models, collection / "refs.parquet", uninterrupted))[0] == 0
+    assert run_cli(capsys, *_index_command(models, collection / "refs.parquet", uninterrupted))[0] == 0
     resumed, expected = DescriptorIndex.load(killed), DescriptorIndex.load(uninterrupted)
     assert resumed.references.ids == expected.references.ids
     np.testing.assert_array_equal(resumed.references.descriptors, expected.references.descriptors)

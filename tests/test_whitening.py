@@ -7,10 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models, tiny_models
+from conftest import run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
-from copynce_hf.cli import main
 from copynce_hf.modeling.errors import ConfigError, PredictionsError
 from copynce_hf.retrieval import (
     Descriptor,
@@ -113,21 +112,15 @@ def folders(tmp_path_factory):
     return root
 
 
-def run(capsys, *argv):
-    code = main(["--quiet", *map(str, argv)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_copynce_index_whitens_and_search_applies_the_stored_transform(folders, tmp_path, capsys):
     models = save_tiny_models(tmp_path / "models", seed=0)
-    code, out, err = run(capsys, "index", folders / "refs", "--model", models["descriptor"], "--output",
+    code, out, err = run_cli(capsys, "index", folders / "refs", "--model", models["descriptor"], "--output",
                          tmp_path / "idx", "--whiten-from", folders / "sample", "--whiten-dim", 8)
     assert code == 0, err
     assert "whitened to 8-d from 20 sample views" in out
     index = DescriptorIndex.load(tmp_path / "idx")
     assert index.whitening.dim == 8 and index.index.d == 8 and index.references.dim == 16
-    code, out, err = run(capsys, "search", folders / "queries", "--index", tmp_path / "idx", "--k", 2, "--output",
+    code, out, err = run_cli(capsys, "search", folders / "queries", "--index", tmp_path / "idx", "--k", 2, "--output",
                          tmp_path / "found.csv", "--save-descriptors", tmp_path / "q.safetensors")
     assert code == 0, err
     queries = DescriptorSet.load(tmp_path / "q.safetensors")
@@ -138,10 +131,10 @@ def test_copynce_index_whitens_and_search_applies_the_stored_transform(folders, 
         assert float(score) == pytest.approx(
             float(expected[queries.ids.index(query), index.references.ids.index(reference)]), abs=1e-5)
 
-    code, _, err = run(capsys, "index", folders / "refs", "--model", models["descriptor"], "--output",
+    code, _, err = run_cli(capsys, "index", folders / "refs", "--model", models["descriptor"], "--output",
                        tmp_path / "idx3", "--whiten-from", folders / "refs")
     assert code == 2 and "needs at least 17 sample images, got 6" in err
-    code, _, err = run(capsys, "index", folders / "refs", "--model", models["descriptor"], "--output",
+    code, _, err = run_cli(capsys, "index", folders / "refs", "--model", models["descriptor"], "--output",
                        tmp_path / "idx4", "--whiten-dim", 4)
     assert code == 2 and "--whiten-dim needs --whiten-from FOLDER" in err
 
@@ -174,7 +167,7 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
 
 
 def test_detect_refuses_a_calibration_for_whitened_descriptor_scores(folders, tmp_path, capsys):
-    code, _, err = run(capsys, "detect", folders / "queries", "--references", folders / "refs", "--matcher", "none",
+    code, _, err = run_cli(capsys, "detect", folders / "queries", "--references", folders / "refs", "--matcher", "none",
                        "--whiten-from", folders / "sample", "--calibration", tmp_path / "calibration.json",
                        "--output", tmp_path / "found")
     assert code == 2 and "descriptor thresholds without whitening" in err
