@@ -22,7 +22,8 @@ Two measurements:
    default) and edit by edit (``fuse=False``), in alternated rounds; each path's figures are its
    fastest round (load from other jobs only ever adds time).
 2. End to end: a ``DataLoader`` over :class:`CopyPairDataset` with the :class:`PixTraceCollator`
-   and 0, 1, 2 workers, pairs per second after a warm-up batch (training recipe, fused).
+   and 0, 1, 2 workers, pairs per second after a warm-up batch per worker, timed over whole rounds of
+   the workers (at least three; :func:`delivered_per_second`) (training recipe, fused).
 
 With ``--config <training config>`` the image size, patch size, batch (pairs per step: twice the
 slots with ``hard_negative_slots``) and the query and reference recipes of the loader are the
@@ -175,18 +176,46 @@ def compare_paths(images, size: int, patch: int, count: int, recipes=("training"
 
 def loader_throughput(images, size: int, patch: int, workers: int, batch_size: int, batches: int,
                       query_recipe: str = "training", reference_recipe: str = "off") -> float:
-    """Pairs per second delivered by the DataLoader (after one warm-up batch per worker)."""
+    """Pairs per second delivered by a ``DataLoader`` over :class:`CopyPairDataset` with the
+    :class:`PixTraceCollator` (fused rendering), in the steady state: :func:`delivered_per_second`."""
     dataset = CopyPairDataset(images, CopyPairMaker(size, query_recipe, reference_recipe), seed=0, positive_rate=1.0)
-    sampler = CopyPairBatchSampler(len(images), batch_size, seed=0, num_batches=batches + max(1, workers))
+    sampler = CopyPairBatchSampler(len(images), batch_size, seed=0,
+                                   num_batches=max(1, workers) + timed_batches(batches, workers))
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=PixTraceCollator(size, patch),
                                          num_workers=workers, prefetch_factor=4 if workers else None)
+    return delivered_per_second(loader, batch_size, workers, batches)
+
+
+#: Whole rounds of the workers (one batch each) timed at the least by :func:`delivered_per_second`.
+MIN_TIMED_ROUNDS = 3
+
+
+def timed_batches(batches: int, workers: int) -> int:
+    """``batches`` rounded up to whole rounds of ``workers`` batches, and to at least :data:`MIN_TIMED_ROUNDS`
+    rounds (``workers`` 0: the main process makes every batch, ``batches`` as asked)."""
+    if workers <= 0:
+        return max(1, batches)
+    rounds = max(MIN_TIMED_ROUNDS, -(-batches // workers))
+    return rounds * workers
+
+
+def delivered_per_second(loader, batch_size: int, workers: int, batches: int) -> float:
+    """Items per second ``loader`` delivers after a warm-up of one batch per worker, over whole rounds.
+
+    Every worker makes whole batches, so ``W`` workers deliver ``W`` batches per round. Timing fewer
+    batches than a round measures only some workers' second batch against a whole round's time: with
+    16 workers and 10 timed batches the rate comes out near 10/16 of the steady one. So the timed
+    batches are :func:`timed_batches` (whole rounds, at least :data:`MIN_TIMED_ROUNDS`); the loader must
+    yield ``max(1, workers) + timed_batches(batches, workers)`` batches.
+    """
     iterator = iter(loader)
     for _ in range(max(1, workers)):  # warm-up: start the workers, fill their first batch
         next(iterator)
+    count = timed_batches(batches, workers)
     start = time.perf_counter()
-    for _ in range(batches):
+    for _ in range(count):
         next(iterator)
-    return batches * batch_size / (time.perf_counter() - start)
+    return count * batch_size / (time.perf_counter() - start)
 
 
 def training_config(name: str | None):
@@ -255,7 +284,7 @@ def main(argv=None):
     parser.add_argument("--patch_size", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--batches", type=int, default=6, help="timed batches per worker setting")
+    parser.add_argument("--batches", type=int, default=6, help="timed batches per worker setting (rounded up to whole rounds of the workers, at least 3)")
     parser.add_argument("--split_pairs", type=int, default=64, help="pairs timed for the per-stage split")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds of fused / edit-by-edit timing")
     parser.add_argument("--recipes", nargs="+", default=["training", "paper_descriptor", "paper_matcher"],

@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-steps", type=int, default=10, help="training: timed optimiser steps per config")
     parser.add_argument("--train-batch", type=int, default=None, help="training: pairs per step (default: config)")
     parser.add_argument("--workers", type=int, nargs="+", default=[16], help="data: DataLoader workers")
-    parser.add_argument("--loader-batches", type=int, default=10, help="data: timed batches per setting")
+    parser.add_argument("--loader-batches", type=int, default=10, help="data: timed batches per setting (rounded up to whole rounds of the workers, at least 3)")
     parser.add_argument("--image-folder", default=None, help="data: a folder of originals (default: those of benchmarks.dataloader)")
     return parser
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import TINY_VIT
 from PIL import Image
@@ -488,6 +490,36 @@ def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_pa
     assert saved["split"] == {} and saved["batch_size"] == bench.training_config(None).pairs_per_batch
     assert saved["model_pairs_per_second"] > 0 and saved["pairs_per_second"]["0"] > 0 and saved["device"] == "cpu"
     assert result["query_recipe"] == "training"
+
+
+class _SleepingItems(torch.utils.data.Dataset):
+    """Items that each take ``seconds`` of wall time and almost no CPU, so a loader's steady rate is known."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return index
+
+
+def test_loader_rate_is_timed_over_whole_rounds_of_the_workers():
+    """Fewer timed batches than workers would time only some workers' second batch against a round's time
+    (about batches / workers of the steady rate); the rate is timed over at least three whole rounds."""
+    from benchmarks import dataloader as bench
+
+    assert bench.timed_batches(10, 16) == 48 and bench.timed_batches(40, 16) == 48
+    assert bench.timed_batches(50, 16) == 64 and bench.timed_batches(6, 2) == 6 and bench.timed_batches(1, 0) == 1
+    workers, batch, seconds = 4, 4, 0.02
+    loader = torch.utils.data.DataLoader(_SleepingItems(seconds), batch_size=batch, num_workers=workers,
+                                         prefetch_factor=4)
+    steady = workers / seconds  # 200 items/s: every worker makes one item per `seconds`
+    rate = bench.delivered_per_second(loader, batch, workers, batches=1)
+    # timing 1 batch of a round of 4 gave about 0.38 of the steady rate here; whole rounds give nearly all of it
+    assert 0.7 * steady < rate < 1.15 * steady
 
 
 def test_bench_dataloader_selects_large_originals_and_times_the_draws_in_both_paths(tmp_path):
