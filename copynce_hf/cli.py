@@ -186,7 +186,7 @@ def cmd_index(args) -> int:
         write_index_from_files,
     )
     from .retrieval.chunked_extraction import source_identity, work_folder_of
-    from .retrieval.chunked_scoring import digest, model_fingerprint
+    from .retrieval.work_folder import digest, model_fingerprint
 
     check_output_folder(args.output)
     check_model_path(args.model)

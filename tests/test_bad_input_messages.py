@@ -185,6 +185,31 @@ def test_identity_of_a_cache_is_removed_before_its_files_are_rewritten(tmp_path,
     assert not (cache / "identity.json").exists()  # so no later run takes the half-written files for the old images
 
 
+def test_a_cache_of_other_images_is_rebuilt_with_a_warning_naming_the_change(tmp_path, reference_folder, caplog):
+    """A reference file replaced since the index was cached (same id, another modification time): the stored
+    identity differs in ``files`` only; the warning names it (as a resumable job's does) and the index is rebuilt."""
+    descriptor, _, processor = tiny_models(3)
+    model = Descriptor("tiny", descriptor, processor)
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.INFO, logger="copynce_hf"):
+        view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+        assert "computed from other inputs" not in caplog.text  # a new cache: nothing to warn about
+        view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    assert f"reusing the index in {cache}" in caplog.text
+    changed = reference_folder / "r0.png"
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="copynce_hf"):
+        view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    assert (f"the files of the index in {cache} were computed from other inputs (changed: files); "
+            "computing them again") in caplog.text
+    assert "reusing" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="copynce_hf"):  # rebuilt for the new file: reused from now on
+        view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
+    assert f"reusing the index in {cache}" in caplog.text and "other inputs" not in caplog.text
+
+
 # ------------------------------------------------------------------------------------- detect's words
 def test_detect_names_its_views_in_plain_words_and_counts_what_it_could(tmp_path, reference_folder):
     descriptor, matcher, processor = tiny_models(3)

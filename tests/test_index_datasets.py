@@ -266,7 +266,7 @@ def test_a_descriptor_model_has_a_fingerprint(models):
     import torch
 
     from copynce_hf.evaluation.models import load_model
-    from copynce_hf.retrieval.chunked_scoring import model_fingerprint
+    from copynce_hf.retrieval.work_folder import model_fingerprint
 
     model, _ = load_model(models["descriptor"], "descriptor", "--model")
     assert any(tensor.dim() == 0 for tensor in model.state_dict().values())

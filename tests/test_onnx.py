@@ -207,7 +207,7 @@ def test_match_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
 def test_weight_fingerprint_of_an_onnx_model_follows_its_graph_files(onnx_cache, tmp_path):
     import shutil
 
-    from copynce_hf.retrieval.chunked_scoring import model_fingerprint
+    from copynce_hf.retrieval.work_folder import model_fingerprint
 
     first = model_fingerprint(load_model(onnx_cache["matcher"], "matcher", runtime="onnx")[0])
     assert model_fingerprint(load_model(onnx_cache["matcher"], "matcher", runtime="onnx")[0]) == first

@@ -1,15 +1,26 @@
-"""The work folder both resumable jobs keep (re-scoring's ``identity.json`` + JSON chunks, indexing's ``work.json``
-+ safetensors chunks): chunks are kept for the same identity only, a change is named, a killed run's temporary
-files are removed."""
+"""What a saved result was computed from: the digests of an identity (their values are what the identity files of
+existing folders hold, so they must not change), the stored-vs-current comparison, and the work folder both
+resumable jobs keep (re-scoring's ``identity.json`` + JSON chunks, indexing's ``work.json`` + safetensors chunks):
+chunks are kept for the same identity only, a change is named, a killed run's temporary files are removed."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import pytest
 
 from copynce_hf.outputs import StagedFile
-from copynce_hf.retrieval.work_folder import WorkFolder, changed_inputs
+from copynce_hf.retrieval.work_folder import (
+    WorkFolder,
+    changed_inputs,
+    digest,
+    file_stamp,
+    holds_identity,
+    image_stamps,
+    lines_digest,
+)
 
 KINDS = [("identity.json", ".json"), ("work.json", ".safetensors")]  # re-scoring's, indexing's
 
@@ -69,3 +80,33 @@ def test_changed_inputs():
     assert changed_inputs({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 0}) == ["b", "c"]
     assert changed_inputs(None, {"a": 1}) == ["a"]
     assert changed_inputs({"a": 1}, {"a": 1}) == []
+
+
+def test_digests_keep_the_values_stored_in_existing_folders(tmp_path):
+    # the values written into identity files before these helpers moved here: a change would discard saved work
+    assert digest({"b": [1, 2], "a": "x"}) == "66511172710b641a3dd69a8ea81b50f4"
+    assert lines_digest(["q1\tr1", "q2\tr2"]) == "266777826536978c7b8a42d5ed7d0657"
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"12345")
+    os.utime(image, ns=(0, 1_700_000_000_123_456_789))
+    assert file_stamp(image) == [5, 1_700_000_000_123_456_789] and file_stamp(tmp_path / "gone.jpg") is None
+    lines = [json.dumps(["a", str(image), 5, 1_700_000_000_123_456_789]), json.dumps(["gone", None]),
+             json.dumps(["lost", str(tmp_path / "lost.jpg"), None]), json.dumps(["m", "in memory"])]
+    images = {"a": str(image), "lost": tmp_path / "lost.jpg", "m": object()}
+    assert image_stamps(images, ["m", "a", "gone", "a", "lost"]) == lines_digest(lines)  # sorted ids, once each
+    os.utime(image, ns=(0, 1_700_000_001_000_000_000))  # the file replaced: another stamp
+    assert image_stamps(images, ["m", "a", "gone", "lost"]) != lines_digest(lines)
+
+
+def test_holds_identity_compares_as_json_and_names_what_changed(tmp_path, caplog):
+    path = tmp_path / "identity.json"
+    with caplog.at_level(logging.WARNING, logger="copynce_hf"):
+        assert holds_identity(path, {"a": 1}, "the index in here") is False  # nothing stored
+        assert "(changed: unknown, identity.json is missing or unreadable); starting fresh" in caplog.text
+        caplog.clear()
+        path.write_text(json.dumps({"a": [1, 2], "b": "x"}))
+        assert holds_identity(path, {"b": "x", "a": (1, 2)}, "the index in here") is True
+        assert holds_identity(path, {"a": [1, 2], "b": "y"}) is False and caplog.text == ""  # nothing saved to name
+        assert holds_identity(path, {"a": [1, 3]}, "the index in here", then="computing them again") is False
+    assert caplog.text.strip().endswith(
+        "the index in here were computed from other inputs (changed: a, b); computing them again")

@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-import torch
 from tqdm.auto import tqdm
 
 from ..modeling.errors import ConfigError
 from .presets import DEFAULT_CHUNK_SIZE
-from .work_folder import WorkFolder
+from .work_folder import WorkFolder, digest, image_stamps, lines_digest, model_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -82,56 +79,10 @@ def plan_chunks(pairs: Sequence[tuple[str, str]], chunk_size: int) -> list[list[
 # --------------------------------------------------------------------------- identity of the inputs
 
 
-def digest(value) -> str:
-    """A short digest of a JSON-able value (dict keys sorted)."""
-    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def lines_digest(lines: Iterable[str]) -> str:
-    """A short digest of many lines of text (millions of pairs), hashed in blocks without one big string."""
-    hasher, lines = hashlib.blake2b(digest_size=16), iter(lines)
-    while block := list(itertools.islice(lines, 65536)):
-        hasher.update(("\n".join(block) + "\n").encode("utf-8"))
-    return hasher.hexdigest()
-
-
-def model_fingerprint(model) -> str:
-    """A digest of a model's class, config and every tensor of its state dict (names, dtypes, shapes, bytes):
-    equal for the same weights wherever they were loaded from, different after any change."""
-    hasher = hashlib.blake2b(digest_size=16)
-    config = getattr(model, "config", None)
-    hasher.update(type(model).__name__.encode())
-    if config is not None and hasattr(config, "to_json_string"):
-        hasher.update(config.to_json_string(use_diff=False).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.detach().to("cpu").contiguous()
-        hasher.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        if tensor.numel():
-            hasher.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # 0-d tensors too
-    return hasher.hexdigest()
-
-
-def image_stamps(images: Mapping, ids) -> str:
-    """A digest of the images ``ids`` name in ``images`` (id -> path or in-memory image): each file's name, size
-    and modification time, so that a replaced file changes it; an in-memory image counts by its id only."""
-    def stamp(image_id: str) -> str:
-        image = images[image_id] if image_id in images else None
-        if not isinstance(image, (str, os.PathLike)):
-            return json.dumps([image_id, None if image is None else "in memory"])
-        try:
-            stat = os.stat(image)
-            return json.dumps([image_id, os.fspath(image), stat.st_size, stat.st_mtime_ns])
-        except OSError:
-            return json.dumps([image_id, os.fspath(image), None])
-
-    return lines_digest(stamp(image_id) for image_id in sorted(set(ids)))
-
-
 def scoring_identity(model, image_processor, settings: dict, query_images: Mapping, reference_images: Mapping,
                      pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
     """What the scores of ``pairs`` depend on, as digests: the model's weights, the scoring settings with the
-    image processor's, and the query and reference images the pairs name (:func:`image_stamps`)."""
+    image processor's, and the query and reference images the pairs name (the digests of :mod:`.work_folder`)."""
     processor = image_processor.to_dict() if hasattr(image_processor, "to_dict") else repr(image_processor)
     return {"model": model_fingerprint(model), "settings": digest({**settings, "image_processor": processor}),
             "queries": image_stamps(query_images, [query for query, _ in pairs]),
@@ -236,8 +187,8 @@ def score_in_chunks(
         score_chunk: scores the pairs of one chunk (:data:`ChunkScorer`).
         chunk_size: pairs per chunk (whole queries; a larger query is a chunk of its own).
         folder: where completed chunks are kept and resumed from; ``None``: nowhere.
-        identity: input name -> digest of what the scores depend on (:func:`digest`, :func:`model_fingerprint`,
-            :func:`image_stamps`); the pairs and the chunk size are added here. Needed with ``folder``.
+        identity: input name -> digest of what the scores depend on (:func:`scoring_identity`, or the digests of
+            :mod:`.work_folder`); the pairs and the chunk size are added here. Needed with ``folder``.
         accelerator: an ``accelerate.Accelerator`` whose processes share the chunks (every process calls this
             function with the same pairs) and whose autocast the scoring runs in; ``None``: this process scores
             every chunk itself.

@@ -42,8 +42,12 @@ from .search import search_references
 from .view_search import extract_view_descriptors
 from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
 from .whitening import Whitening
+from .work_folder import file_stamp, holds_identity
 
 logger = logging.getLogger(__name__)
+
+#: The file of a cache folder (an index, query views, a whitening sample) holding what its files were computed from.
+_IDENTITY_FILE = "identity.json"
 
 #: How the log lines name the views of each ``descriptor_lce`` / ``matcher_lce`` mode.
 _DESCRIPTOR_VIEWS = {"none": "whole images", "matcher-views": "LCE: 26 query x 10 reference views",
@@ -179,21 +183,17 @@ class SourceImages:
 
 
 def _file_stamps(source) -> list | None:
-    """(size, mtime) of every image file of ``source``, so that a changed file invalidates a saved index."""
+    """:func:`~.work_folder.file_stamp` of every image file of ``source``, so that a changed file invalidates a saved
+    index; ``None`` for a source without files."""
     files = getattr(source, "files", None) or getattr(source, "images", None)
     if files is None or not all(isinstance(f, (str, os.PathLike)) for f in files):
         return None
-    stamps = []
-    for file in files:
-        try:
-            stat = os.stat(file)
-            stamps.append([stat.st_size, stat.st_mtime_ns])
-        except OSError:
-            stamps.append(None)
-    return stamps
+    return [file_stamp(file) for file in files]
 
 
 def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: str = "reference") -> dict:
+    """What a cache folder's views depend on (``identity.json`` beside its files): the model, the views, the role,
+    where the images come from, their ids and their files' :func:`_file_stamps`."""
     folder = getattr(source, "folder", None)
     return {"model": descriptor.source or descriptor.name, "views": preset.name, "role": role,
             "source": str(Path(folder).resolve()) if folder is not None else getattr(source, "identity", None),
@@ -201,17 +201,15 @@ def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: st
             "files": _file_stamps(source)}
 
 
-def _stored_identity(folder: Path) -> dict | None:
-    try:
-        return json.loads((folder / "identity.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def _reuse(folder: str | os.PathLike | None, identity: dict, load: Callable[[], object], what: str):
     """What ``load`` reads from ``folder`` when the folder was written for ``identity``; ``None`` when it was
-    not, or when its files are damaged (then logged: the caller computes and rewrites them)."""
-    if folder is None or _stored_identity(Path(folder)) != identity:
+    not (a warning names the inputs that changed, :func:`~.work_folder.holds_identity`), or when its files are
+    damaged (then logged): the caller computes and rewrites them."""
+    if folder is None:
+        return None
+    folder = Path(folder)
+    saved = f"the files of {what} in {folder}" if folder.is_dir() and any(folder.iterdir()) else None
+    if not holds_identity(folder / _IDENTITY_FILE, identity, saved, then="computing them again"):
         return None
     try:
         loaded = load()
@@ -235,9 +233,9 @@ def _rewriting(folder: str | os.PathLike, identity: dict):
     (atomically) only once every file is, so that a run killed in between leaves a folder no run reuses."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "identity.json").unlink(missing_ok=True)
+    (folder / _IDENTITY_FILE).unlink(missing_ok=True)
     yield
-    with StagedFile(folder / "identity.json") as temporary:
+    with StagedFile(folder / _IDENTITY_FILE) as temporary:
         temporary.write_text(json.dumps(identity) + "\n", encoding="utf-8")
 
 

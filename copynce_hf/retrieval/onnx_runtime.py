@@ -62,7 +62,7 @@ class _OnnxModel:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The graph files' bytes (uint8 tensors by file name), which hold the weights: what a fingerprint of the
-        model's weights (:func:`~.chunked_scoring.model_fingerprint`, the identity of saved scores) reads."""
+        model's weights (:func:`~.work_folder.model_fingerprint`, the identity of saved scores) reads."""
         return {file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8)) for file in self.graph_files.values()}
 
     def _check_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:

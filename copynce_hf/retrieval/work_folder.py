@@ -1,13 +1,23 @@
-"""The work folder of a resumable job: its completed chunks, tied to the inputs they were computed from.
+"""What a saved result was computed from, and the work folder of a resumable job.
 
-Two jobs keep one: matcher re-scoring (:mod:`.chunked_scoring`: ``identity.json`` and ``chunk-NNNNNN.json``)
-and descriptor extraction (:mod:`.chunked_extraction`, ``copynce index``: ``work.json`` and
+A result kept on disk for a later run (a chunk of scores, an index, descriptors) is reused only when it was
+computed from the same inputs: its *identity*, input name -> digest (or any JSON-able value), is stored beside it
+and compared with the current one. This module holds that vocabulary:
+
+- :func:`digest`, :func:`lines_digest`, :func:`model_fingerprint`, :func:`file_stamp`, :func:`image_stamps`: the
+  digests an identity is made of (a value, many lines, a model's weights, image files' sizes and times);
+- :func:`holds_identity`: whether an identity file holds the current identity; when it does not, a warning names
+  the inputs that changed (:func:`changed_inputs`). Both resumable jobs use it through :class:`WorkFolder`, and the
+  cached indexes and query views of ``copynce detect`` (:mod:`.detect`) directly.
+
+Two jobs keep a work folder: matcher re-scoring (:mod:`.chunked_scoring`: ``identity.json`` and
+``chunk-NNNNNN.json``) and descriptor extraction (:mod:`.chunked_extraction`, ``copynce index``: ``work.json`` and
 ``chunk-NNNNNN.safetensors``). A :class:`WorkFolder` owns what they share:
 
-- the identity file: input name -> digest (or any JSON-able value) of what the chunks depend on;
+- the identity file;
 - :meth:`WorkFolder.open`: before a run, the temporary files a killed run left (``.<name>.partial-<pid>...``,
-  :class:`~copynce_hf.outputs.StagedFile`) are removed; chunks of another identity are deleted, with a warning
-  that names the inputs that changed, and the new identity is written;
+  :class:`~copynce_hf.outputs.StagedFile`) are removed; chunks of another identity are deleted, with the warning
+  of :func:`holds_identity`, and the new identity is written;
 - chunk ``i``'s file name and its atomic writing (a file that exists is complete).
 
 Each job keeps its own chunk format and decides which of the chunks present it can reuse.
@@ -16,15 +26,77 @@ Each job keeps its own chunk format and decides which of the chunks present it c
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+
+import torch
 
 from ..outputs import StagedFile
 
 logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- digests of the inputs
+
+
+def digest(value) -> str:
+    """A short digest of a JSON-able value (dict keys sorted)."""
+    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def lines_digest(lines: Iterable[str]) -> str:
+    """A short digest of many lines of text (millions of pairs), hashed in blocks without one big string."""
+    hasher, lines = hashlib.blake2b(digest_size=16), iter(lines)
+    while block := list(itertools.islice(lines, 65536)):
+        hasher.update(("\n".join(block) + "\n").encode("utf-8"))
+    return hasher.hexdigest()
+
+
+def model_fingerprint(model) -> str:
+    """A digest of a model's class, config and every tensor of its state dict (names, dtypes, shapes, bytes):
+    equal for the same weights wherever they were loaded from, different after any change."""
+    hasher = hashlib.blake2b(digest_size=16)
+    config = getattr(model, "config", None)
+    hasher.update(type(model).__name__.encode())
+    if config is not None and hasattr(config, "to_json_string"):
+        hasher.update(config.to_json_string(use_diff=False).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().to("cpu").contiguous()
+        hasher.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            hasher.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))  # 0-d tensors too
+    return hasher.hexdigest()
+
+
+def file_stamp(path: str | os.PathLike) -> list[int] | None:
+    """``[size, modification time in ns]`` of the file ``path``, so that a replaced file changes it; ``None`` when
+    it cannot be read."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def image_stamps(images: Mapping, ids) -> str:
+    """A digest of the images ``ids`` name in ``images`` (id -> path or in-memory image): each file's name and
+    :func:`file_stamp`; an in-memory image counts by its id only."""
+    def stamp(image_id: str) -> str:
+        image = images[image_id] if image_id in images else None
+        if not isinstance(image, (str, os.PathLike)):
+            return json.dumps([image_id, None if image is None else "in memory"])
+        return json.dumps([image_id, os.fspath(image), *(file_stamp(image) or [None])])
+
+    return lines_digest(stamp(image_id) for image_id in sorted(set(ids)))
+
+
+# --------------------------------------------------------------------------- stored identity vs current identity
 
 
 def changed_inputs(stored, identity: dict) -> list[str]:
@@ -32,6 +104,35 @@ def changed_inputs(stored, identity: dict) -> list[str]:
     not a dict counts as empty) and ``identity``, sorted."""
     stored = stored if isinstance(stored, dict) else {}
     return sorted(key for key in {*stored, *identity} if stored.get(key) != identity.get(key))
+
+
+def as_stored(identity: dict) -> dict:
+    """``identity`` as it reads back from its JSON file (a tuple becomes a list, other values their text)."""
+    return json.loads(json.dumps(identity, default=str))
+
+
+def holds_identity(identity_path: Path, identity: dict, saved: str | None = None,
+                   then: str = "starting fresh") -> bool:
+    """Whether the identity file ``identity_path`` holds ``identity`` (compared as JSON, :func:`as_stored`).
+
+    When it does not and ``saved`` names results kept for the stored identity (``"the 3 chunk(s) in work/"``),
+    a warning says they were computed from other inputs, names the inputs that changed (or says the identity
+    file is missing or unreadable) and ends with ``then``, what happens instead.
+    """
+    stored = None
+    with contextlib.suppress(OSError, ValueError):
+        stored = json.loads(Path(identity_path).read_text(encoding="utf-8"))
+    identity = as_stored(identity)
+    if stored == identity:
+        return True
+    if saved is not None:
+        changed = ", ".join(changed_inputs(stored, identity)) if isinstance(stored, dict) else (
+            f"unknown, {Path(identity_path).name} is missing or unreadable")
+        logger.warning("%s were computed from other inputs (changed: %s); %s", saved, changed, then)
+    return False
+
+
+# --------------------------------------------------------------------------- the work folder of a resumable job
 
 
 class WorkFolder:
@@ -47,7 +148,7 @@ class WorkFolder:
 
     def __init__(self, folder: str | os.PathLike, identity: dict, identity_file: str, chunk_suffix: str):
         self.folder = Path(folder)
-        self.identity = json.loads(json.dumps(identity, default=str))
+        self.identity = as_stored(identity)
         self.identity_path = self.folder / identity_file
         self.chunk_suffix = chunk_suffix
 
@@ -68,17 +169,10 @@ class WorkFolder:
         """
         for temporary in self.folder.glob(".*.partial-*"):
             temporary.unlink(missing_ok=True)
-        stored = None
-        with contextlib.suppress(OSError, ValueError):
-            stored = json.loads(self.identity_path.read_text(encoding="utf-8"))
-        if stored == self.identity:
-            return True
         stale = self.chunk_files()
-        if stale:
-            changed = ", ".join(changed_inputs(stored, self.identity)) if isinstance(stored, dict) else (
-                f"unknown, {self.identity_path.name} is missing or unreadable")
-            logger.warning("the %d chunk(s) in %s were computed from other inputs (changed: %s); starting fresh",
-                           len(stale), self.folder, changed)
+        if holds_identity(self.identity_path, self.identity, f"the {len(stale)} chunk(s) in {self.folder}" if stale
+                          else None):
+            return True
         self.folder.mkdir(parents=True, exist_ok=True)
         self.identity_path.unlink(missing_ok=True)
         for path in stale:
