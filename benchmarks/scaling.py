@@ -45,7 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from copynce_hf.training.ema import WITHOUT_EMA_FOLDER
+from copynce_hf.training.ema import SUMMARY_FILE, run_folder_of
 from copynce_hf.training.options import command_option
 
 from .common import read_json
@@ -215,8 +215,8 @@ def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> Scalin
         SystemExit: the summary or the quality record is missing, or the record is not a descriptor's.
     """
     folder = Path(folder)
-    trained_weights = folder.name == WITHOUT_EMA_FOLDER
-    summary_path = (folder.parent if trained_weights else folder) / "training_summary.json"
+    run, trained_weights = run_folder_of(folder)
+    summary_path = run / SUMMARY_FILE
     record = read_json(Path(quality_path)) if Path(quality_path).is_file() else None
     if not summary_path.is_file():
         raise SystemExit(f"{summary_path}: missing (the continued run's training_summary.json)")
@@ -227,7 +227,7 @@ def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> Scalin
     pairs = int(summary["pairs_per_process"]) * processes
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
     return ScalingRow(
-        run=f"{folder.parent.name if trained_weights else folder.name}/{record['system']}",
+        run=f"{run.name}/{record['system']}",
         variant="baseline" if config.get("copynce_weight", 1.0) == 0 else "copynce",
         recipe=summary.get("query_recipe") or "training",
         precision={"no": "fp32", None: "fp32"}.get(summary.get("mixed_precision"), str(summary.get("mixed_precision"))),

@@ -34,7 +34,7 @@ from safetensors import safe_open
 
 from . import hub
 from .modeling.errors import ConfigError, CopyNCEError
-from .training.ema import WITHOUT_EMA_FOLDER
+from .training.ema import SUMMARY_FILE, run_folder_of
 from .training.options import command_option
 
 __all__ = ["CARD_METRICS", "MAX_BYTES", "Export", "ExportReport", "card_settings", "card_training_rows", "export_model",
@@ -142,11 +142,8 @@ def training_settings(source: Path) -> dict:
     folder holds their moving average): the rows are the run's, and a row says which weights these are.
     """
     settings: dict = {"training data": "600 `train`-split images of the ImageNet sample (research use only)"}
-    source = Path(source)
-    trained_of_averaged = source.name == WITHOUT_EMA_FOLDER and (source.parent / "training_summary.json").is_file()
-    if trained_of_averaged:
-        source = source.parent
-    path = source / "training_summary.json"
+    source, trained_of_averaged = run_folder_of(source)
+    path = source / SUMMARY_FILE
     if not path.is_file():  # an exported folder exported again: its card keeps the run's rows
         settings.update(card_training_rows(Path(source) / "README.md"))
     else:

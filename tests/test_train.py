@@ -255,7 +255,7 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(train_script
 
 
 def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(train_script, tmp_path, images):
-    from copynce_hf.training import ema_decay_at
+    from copynce_hf.training import ema_decay_at, run_folder_of
 
     decay, steps = 0.3, 5
     run = tmp_path / "ema"  # bf16 autocast: the average's evaluation runs under it too
@@ -280,6 +280,7 @@ def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(tr
     assert any("eval_without_ema/micro_ap" in h and "eval/micro_ap" in h for h in summary["history"] if h["step"] == 2)
     assert "these are the averaged weights" in (run / "README.md").read_text()
     assert "not their average" in (run / "without_ema" / "README.md").read_text()
+    assert run_folder_of(run / "without_ema") == (run, True) and run_folder_of(run) == (run, False)
     # A run resumed from step 3 restores the average and its update count with the checkpoint.
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
@@ -289,6 +290,21 @@ def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(tr
     for name, value in _weights(resumed).items():
         torch.testing.assert_close(value, averaged[name], rtol=0, atol=1e-6, msg=name)
 
+
+
+def test_the_run_of_a_without_ema_folder_is_its_parent_when_the_parent_holds_the_summary(tmp_path):
+    """``run_folder_of``: where the summary describing a model folder's weights lives (the export card and the
+    scaling table's continued rows both read it)."""
+    from copynce_hf.training import WITHOUT_EMA_FOLDER, run_folder_of
+
+    run = tmp_path / "run"
+    (run / WITHOUT_EMA_FOLDER).mkdir(parents=True)
+    assert run_folder_of(run / WITHOUT_EMA_FOLDER) == (run / WITHOUT_EMA_FOLDER, False)  # no run summary beside it
+    (run / "training_summary.json").write_text("{}")
+    assert run_folder_of(str(run / WITHOUT_EMA_FOLDER)) == (run, True)
+    assert run_folder_of(run) == (run, False)
+    (tmp_path / "exported").mkdir()  # a folder of another name keeps its own summary, if any
+    assert run_folder_of(tmp_path / "exported") == (tmp_path / "exported", False)
 
 def test_matcher_tiny_run(train_script, tmp_path, images):
     output = tmp_path / "matcher"

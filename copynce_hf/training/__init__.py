@@ -13,7 +13,7 @@
 """
 
 from .config import CONFIG_DIR, DEFAULT_CONFIG, TrainingConfig, load_config
-from .ema import WITHOUT_EMA_FOLDER, build_weight_ema, ema_decay_at
+from .ema import WITHOUT_EMA_FOLDER, build_weight_ema, ema_decay_at, run_folder_of
 from .evaluation import CopyDetectionTask, build_copy_detection_task, evaluate_copy_detection
 from .optim import build_optimizer, build_scheduler, warmup_steps_for
 from .options import build_parser, parse_args, parse_overrides
@@ -35,6 +35,7 @@ __all__ = [
     "load_config",
     "parse_args",
     "parse_overrides",
+    "run_folder_of",
     "save_trained_model",
     "warmup_steps_for",
 ]

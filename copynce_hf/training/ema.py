@@ -13,18 +13,34 @@ while the learning rate is high and ties with them once a cosine schedule has an
 run stopped or read before its end.
 
 A run with ``ema_decay`` saves the average as its model folder and the trained weights in its
-:data:`WITHOUT_EMA_FOLDER` subfolder.
+:data:`WITHOUT_EMA_FOLDER` subfolder; :func:`run_folder_of` finds a model folder's run (its summary).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-__all__ = ["WITHOUT_EMA_FOLDER", "build_weight_ema", "ema_decay_at"]
+__all__ = ["SUMMARY_FILE", "WITHOUT_EMA_FOLDER", "build_weight_ema", "ema_decay_at", "run_folder_of"]
 
 #: Subfolder of a run's output folder with the trained weights when the model folder holds their average.
 WITHOUT_EMA_FOLDER = "without_ema"
+#: The run summary's file name in the run's output folder (written by :mod:`.summary`).
+SUMMARY_FILE = "training_summary.json"
+
+
+def run_folder_of(model_folder: str | os.PathLike) -> tuple[Path, bool]:
+    """``(run folder, trained_of_averaged)`` of a saved model folder: the folder whose ``training_summary.json``
+    describes its weights, and whether they are the trained weights of a run whose model folder holds their
+    average. A :data:`WITHOUT_EMA_FOLDER` subfolder beside its run's summary gives ``(its parent, True)``; any
+    other folder (a run's model folder, an exported one) gives ``(itself, False)``. The summary need not exist."""
+    model_folder = Path(model_folder)
+    if model_folder.name == WITHOUT_EMA_FOLDER and (model_folder.parent / SUMMARY_FILE).is_file():
+        return model_folder.parent, True
+    return model_folder, False
 
 
 def ema_decay_at(ema_decay: float, updates: int) -> float:

@@ -17,15 +17,12 @@ from accelerate import Accelerator
 from ..outputs import StagedFile
 from .checkpoints import TrainingProgress
 from .config import TrainingConfig
-from .ema import WITHOUT_EMA_FOLDER
+from .ema import SUMMARY_FILE, WITHOUT_EMA_FOLDER
 from .saving import save_trained_model
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SUMMARY_FILE", "build_summary", "save_run", "weights_checksum"]
-
-#: The summary's file name in the run's output folder.
-SUMMARY_FILE = "training_summary.json"
+__all__ = ["build_summary", "save_run", "weights_checksum"]
 
 
 def weights_checksum(model: torch.nn.Module) -> torch.Tensor:
