@@ -454,18 +454,29 @@ def _pipeline_identity(args, config) -> dict:
                              args.preset, config, score_normalisation=bool(args.aux))
 
 
-def _pipeline_models(args):
-    """``(descriptors, matcher or None)`` of a ``detect``/``calibrate`` command line."""
+def _model_label(path, default, runtime: str) -> str:
+    """How reports (and the index caches' identity) name a model: its folder or Hub id, else the embedded
+    ``default``, with ``(ONNX Runtime)`` when ``--runtime onnx`` runs it."""
+    return str(path or default) + (" (ONNX Runtime)" if runtime == "onnx" else "")
+
+
+def _descriptors(paths: list, option: str, runtime: str) -> list:
+    """The :class:`~copynce_hf.retrieval.Descriptor` of each descriptor model path (``None``: the embedded one)."""
     from .retrieval import Descriptor
 
-    runtime = getattr(args, "runtime", "torch")
-    on_onnx = " (ONNX Runtime)" if runtime == "onnx" else ""  # part of the index caches' identity
-    paths = args.models or [None]
-    descriptors = [Descriptor(name, *_descriptor_model(path, "--models", runtime),
-                              source=str(path or DEFAULT_DESCRIPTOR) + on_onnx)
-                   for name, path in zip(_model_names(paths), paths)]
-    matcher = None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher", runtime=runtime)
-    return descriptors, matcher
+    return [Descriptor(name, *_descriptor_model(path, option, runtime),
+                       source=_model_label(path, DEFAULT_DESCRIPTOR, runtime))  # part of the index caches' identity
+            for name, path in zip(_model_names(paths), paths)]
+
+
+def _matcher_model(args):
+    """``(model, image processor)`` of ``--matcher`` run by ``--runtime``; ``None`` for ``--matcher none``."""
+    return None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher", runtime=args.runtime)
+
+
+def _pipeline_models(args):
+    """``(descriptors, matcher or None)`` of a ``detect``/``calibrate`` command line."""
+    return _descriptors(args.models or [None], "--models", args.runtime), _matcher_model(args)
 
 
 def _calibration_point(args, config):
@@ -556,8 +567,7 @@ def cmd_detect(args) -> int:
     settings = {
         "queries": args.query_dataset or str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
         "descriptors": ", ".join(d.source for d in descriptors),
-        "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER)
-        + (" (ONNX Runtime)" if args.runtime == "onnx" else ""),
+        "matcher": "none" if matcher is None else _model_label(args.matcher, DEFAULT_MATCHER, args.runtime),
         "preset": args.preset + (f" ({', '.join(sorted(explicit))} given)" if explicit else ""),
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
@@ -612,6 +622,7 @@ def cmd_calibrate(args) -> int:
     calibration = calibrate(references, descriptors, matcher, pipeline, config, auxiliary, distractors,
                             sample=args.sample, num_distractors=args.num_distractors, seed=args.seed,
                             progress=not args.quiet, log=say)
+    calibration.provenance["runtime"] = args.runtime
     calibration.save(args.output)
     print(format_calibration(calibration))
     counts = calibration.provenance["counts"]
@@ -666,7 +677,7 @@ def cmd_dedup(args) -> int:
     import time
 
     from .precision import make_accelerator
-    from .retrieval import Descriptor, DetectConfig, dedup, write_groups, write_predictions
+    from .retrieval import DetectConfig, dedup, write_groups, write_predictions
     from .retrieval.gallery import write_group_gallery
 
     start = time.perf_counter()
@@ -680,9 +691,8 @@ def cmd_dedup(args) -> int:
                           batch_size=args.batch_size, num_workers=args.num_workers, whiten_dim=args.whiten_dim,
                           chunk_size=args.chunk_size)
     threshold, origin = _dedup_threshold(args, config)
-    name = _model_names([args.model])[0]
-    descriptor = Descriptor(name, *_descriptor_model(args.model), source=str(args.model or DEFAULT_DESCRIPTOR))
-    matcher = None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher")
+    [descriptor] = _descriptors([args.model], "--model", args.runtime)
+    matcher = _matcher_model(args)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
 
@@ -691,7 +701,7 @@ def cmd_dedup(args) -> int:
     def say(line: str) -> None:
         _say("dedup", line, args.quiet or not accelerator.is_main_process)
 
-    say(f"{len(source)} images, descriptor: {name}, matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}, "
+    say(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}, "
         f"threshold {origin}")
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=not args.quiet, log=say, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
@@ -701,7 +711,7 @@ def cmd_dedup(args) -> int:
     rows = write_groups(output / "groups.csv", result.groups)
     write_predictions(output / "pairs.csv", result.pairs)
     settings = {"images": str(Path(args.images).resolve()), "descriptor": descriptor.source,
-                "matcher": "none" if matcher is None else str(args.matcher or DEFAULT_MATCHER),
+                "matcher": "none" if matcher is None else _model_label(args.matcher, DEFAULT_MATCHER, args.runtime),
                 "threshold": origin, "candidates per image": args.candidates,
                 "descriptor LCE": args.descriptor_lce, "matcher LCE": args.matcher_lce,
                 "whitening": f"learned from {args.whiten_from}" if args.whiten_from else "off",
@@ -974,6 +984,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the sample, the distractors and the edits (default 0)")
     _add_pipeline_options(p)
     _add_model_loading(p)
+    _add_runtime(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_calibrate)
 
@@ -1002,6 +1013,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chunk_size(p)
     _add_whitening(p)
     _add_model_loading(p)
+    _add_runtime(p)
     _add_image_input(p)
     p.set_defaults(handler=cmd_dedup)
 
@@ -1149,7 +1161,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the model's ONNX graphs (opset 18, dynamic batch axis, the image processor's input size) "
         "with its config, image processor and onnx.json into OUTPUT: descriptor.onnx for a descriptor; "
         "matcher_encoder.onnx and matcher_fusion.onnx for a matcher (its two stages, so that encoder tokens are "
-        "cached per image). index, search, match and detect run them with --runtime onnx.",
+        "cached per image). index, search, match, detect, dedup and calibrate run them with --runtime onnx.",
     )
     p.add_argument("model", nargs="?", help=f"model folder or Hub id (default: the embedded descriptor, "
                    f"{DEFAULT_DESCRIPTOR}, or matcher with --kind matcher)")

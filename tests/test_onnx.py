@@ -8,6 +8,7 @@ command-line tests reuse it); a tiny matcher in the form of folders saved before
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -204,9 +205,57 @@ def test_match_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
     assert sorted(use_cache["matcher"].parent.iterdir()) == sorted(use_cache.values())  # the cached export reused
 
 
-def test_weight_fingerprint_of_an_onnx_model_follows_its_graph_files(onnx_cache, tmp_path):
-    import shutil
 
+def test_dedup_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+    """``copynce dedup --runtime onnx`` (the embedded descriptor and matcher from the cache) verifies the same pairs
+    with the same scores and finds the same groups as the PyTorch models."""
+    queries, references = cropped_queries(tmp_path)
+    collection = tmp_path / "collection"
+    shutil.copytree(references, collection)
+    for query in queries.iterdir():  # four crops of references: four groups to find
+        shutil.copy(query, collection / query.name)
+    pairs, groups = {}, {}
+    for runtime in ("torch", "onnx"):
+        code = main(["--quiet", "dedup", str(collection), "--runtime", runtime, "--candidates", "2", "--gallery", "1",
+                     "--output", str(tmp_path / runtime)])
+        assert code == 0, capsys.readouterr().err
+        pairs[runtime] = {(p.query_id, p.reference_id): p.score
+                          for p in read_predictions(tmp_path / runtime / "pairs.csv")}
+        groups[runtime] = [line.split(",")[:2] for line in (tmp_path / runtime / "groups.csv").read_text().splitlines()]
+    assert pairs["onnx"].keys() == pairs["torch"].keys()
+    for pair, score in pairs["torch"].items():
+        assert abs(pairs["onnx"][pair] - score) <= TOLERANCE, pair
+    assert groups["onnx"] == groups["torch"] and len({group for group, _ in groups["torch"][1:]}) >= 1
+    assert "(ONNX Runtime)" in (tmp_path / "onnx" / "report.html").read_text(encoding="utf-8")
+    identity = json.loads((tmp_path / "onnx" / "indexes" / "embedded-descriptor" / "references" / "identity.json")
+                          .read_text())
+    assert identity["model"].endswith("(ONNX Runtime)")  # a torch index cache is not taken for the ONNX one
+
+
+def test_calibrate_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):
+    """``copynce calibrate --runtime onnx`` chooses the thresholds the PyTorch models give (same copies, same
+    scores to TOLERANCE) and records the runtime."""
+    _, references = cropped_queries(tmp_path)
+    calibrations = {}
+    for runtime in ("torch", "onnx"):
+        code = main(["--quiet", "calibrate", str(references), "--sample", "3", "--num-distractors", "2", "--k", "3",
+                     "--candidates", "3", "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.json")])
+        assert code == 0, capsys.readouterr().err
+        calibrations[runtime] = json.loads((tmp_path / f"{runtime}.json").read_text())
+    torch_file, onnx_file = calibrations["torch"], calibrations["onnx"]
+    assert (torch_file["provenance"].pop("runtime"), onnx_file["provenance"].pop("runtime")) == ("torch", "onnx")
+    assert onnx_file["pipeline"] == torch_file["pipeline"] and onnx_file["provenance"] == torch_file["provenance"]
+    assert set(torch_file["stages"]) == {"descriptor", "matcher"}
+    for stage, rows in torch_file["stages"].items():
+        for torch_row, onnx_row in zip(rows, onnx_file["stages"][stage], strict=True):
+            assert (onnx_row["precision"], onnx_row["recall"]) == (torch_row["precision"], torch_row["recall"])
+            if torch_row["threshold"] is None:
+                assert onnx_row["threshold"] is None
+            else:
+                assert abs(onnx_row["threshold"] - torch_row["threshold"]) <= TOLERANCE, (stage, torch_row)
+    assert any(row["threshold"] is not None for rows in torch_file["stages"].values() for row in rows)
+
+def test_weight_fingerprint_of_an_onnx_model_follows_its_graph_files(onnx_cache, tmp_path):
     from copynce_hf.retrieval.work_folder import model_fingerprint
 
     first = model_fingerprint(load_model(onnx_cache["matcher"], "matcher", runtime="onnx")[0])

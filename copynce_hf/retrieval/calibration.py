@@ -14,10 +14,11 @@ The file (JSON, ``"format": "copynce-calibration"``, ``"version": 1``)::
      "stages": {"descriptor": [{"precision": 0.9, "threshold": 0.41, "recall": 0.83}, ...],
                 "matcher": [...]},
      "provenance": {"recipe": {...}, "seed": 0, "sample_ids": [...], "distractor_ids": [...],
-                    "counts": {...}, ...}}
+                    "counts": {...}, "runtime": "torch" | "onnx", ...}}
 
-``threshold`` is ``null`` where no score reaches the precision (then ``recall`` is 0). Stages:
-``descriptor`` scores what ``detect --matcher none`` outputs (the merged descriptor candidates,
+``threshold`` is ``null`` where no score reaches the precision (then ``recall`` is 0). The runtime that ran the
+models (``copynce calibrate --runtime``) is recorded, not checked: both give the same scores (to about 1e-4).
+Stages: ``descriptor`` scores what ``detect --matcher none`` outputs (the merged descriptor candidates,
 score-normalised when an auxiliary set is used), ``matcher`` what ``detect`` outputs with the matcher.
 
 Threshold choice (the DISC21 "threshold at P90", generalised): pool every prediction, sort by
