@@ -832,7 +832,8 @@ def _add_whitening(parser: argparse.ArgumentParser) -> None:
 
 def _add_search_knobs(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("approximate search knobs")
-    group.add_argument("--ef-search", type=_positive_int, help="HNSW: beam width at search time (default 128)")
+    group.add_argument("--ef-search", type=_positive_int, help="HNSW: beam width at search time (default 128; a search for k "
+                       "neighbours uses at least k)")
     group.add_argument("--nprobe", type=_positive_int, help="IVF-PQ: inverted lists visited per query (default 32)")
     group.add_argument(
         "--k-factor", type=_positive_int, help="IVF-PQ: candidates re-ranked exactly per neighbour (default 8)"

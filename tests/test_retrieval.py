@@ -117,12 +117,12 @@ class CallSizes:
     def __init__(self, index):
         self.index, self.calls, self.ntotal = index, [], index.ntotal
 
-    def search(self, queries, k):
+    def search(self, queries, k, params=None):
         self.calls.append(len(queries))
-        return self.index.search(queries, k)
+        return self.index.search(queries, k, params=params)
 
 
-@pytest.mark.parametrize("kind", ["flat", "ivfpq"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
 def test_search_sends_faiss_bounded_batches_with_the_same_result(kind):
     """faiss keeps every query's working candidates of one call (ivfpq with re-ranking: k x k_factor each), so
     search must not hand it all the queries at once: at most SEARCH_BATCH_SIZE per call, results unchanged."""
@@ -187,6 +187,49 @@ def test_approximate_index_recall_against_exact(tmp_path, capsys):
     assert recall_low_ef < recall_hnsw  # the knob is applied after loading
     assert recall_ivfpq >= 0.9
     assert recall_sampled >= 0.9
+
+
+def test_hnsw_walks_a_beam_of_at_least_the_neighbours_asked_for(tmp_path):
+    """faiss stops an HNSW walk after efSearch candidates whatever k is, so 200 neighbours asked for at
+    ef_search 16 used to be the leftovers of a 16-wide walk (recall@200 0.65-0.70 here); search widens the
+    beam to k for the call. An index folder written with the old defaults (efConstruction 40) loads, keeps
+    its recorded settings and gets the same widened beam; its scores stay the exact cosines of the rows found."""
+    refs = DescriptorSet([str(i) for i in range(3000)], unit_vectors(3000, 32, 12))
+    queries = unit_vectors(50, 32, 13)
+    exact = DescriptorIndex.build(refs).search(queries, 200)[1]
+    DescriptorIndex.build(refs, IndexConfig(kind="hnsw", ef_search=16, ef_construction=40)).save(tmp_path / "old")
+    index = DescriptorIndex.load(tmp_path / "old")
+    assert (index.config.ef_search, index.config.ef_construction) == (16, 40)
+    scores, narrow = index.search(queries, 200)
+    recall = np.mean([len(set(a) & set(e)) / 200 for a, e in zip(narrow, exact)])
+    assert recall >= 0.95, recall
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", queries, refs.descriptors[narrow]), atol=1e-5)
+    assert index.config.ef_search == 16  # the widened beam is the call's, not the index's
+    index.set_search_parameters(ef_search=200)
+    np.testing.assert_array_equal(index.search(queries, 200)[1], narrow)
+
+
+def clustered_copies(seed: int, count: int = 20_000, dim: int = 64, per_cluster: int = 1000, copies: int = 500):
+    """References ``unit(centre + 0.5 g / sqrt(D))`` in clusters of ``per_cluster`` (two of a cluster at cosine
+    ~0.8) and copies ``unit(source + 1.5 g / sqrt(D))`` of random references (~0.55 to the source): the
+    structure of ``benchmarks.scale``'s synthetic descriptors, small."""
+    rng = np.random.default_rng(seed)
+    centres = unit_vectors(count // per_cluster, dim, seed + 100)
+    points = centres[rng.integers(0, len(centres), count)] + 0.5 / np.sqrt(dim) * rng.standard_normal((count, dim))
+    points = (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+    queries = points[rng.integers(0, count, copies)] + 1.5 / np.sqrt(dim) * rng.standard_normal((copies, dim))
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    return DescriptorSet([str(i) for i in range(count)], points), queries
+
+
+@pytest.mark.slow
+def test_hnsw_default_build_finds_copies_among_clusters_of_close_rivals():
+    """On copies among clusters of close rivals, a graph built at efConstruction 40 (the old default) left exact
+    search's top-1 on 4-5 % of the queries at efSearch 128 (seeds 0-2; 0-0.4 % at the default)."""
+    refs, queries = clustered_copies(seed=0)
+    exact = DescriptorIndex.build(refs).search(queries, 1)[1][:, 0]
+    found = DescriptorIndex.build(refs, IndexConfig(kind="hnsw")).search(queries, 1)[1][:, 0]
+    assert np.mean(found == exact) >= 0.99
 
 
 def test_ivfpq_training_sample_is_a_fixed_subset_of_the_references():
