@@ -16,7 +16,9 @@ Parts (``--parts``):
   search ``--queries`` queries for the ``--k`` nearest references (400: the merged candidates of
   ``copynce detect --preset paper``), and quality on the copy queries: found@1 (the query's
   source ranked first), source recall@k (the source among the k), and the agreement of each
-  approximate index with exact search (top-1 equal, overlap of the top 10).
+  approximate index with exact search (top-1 equal, overlap of the top 10). ``--hnsw-ef-construction``
+  and ``--hnsw-ef-search`` change the ``hnsw`` index's settings (``--hnsw-ef-construction 40``: the
+  default before the 1M measurements showed it loses the copies).
 * ``models``: milliseconds per image of descriptor extraction and, for the matcher with its
   encoder-token cache, per encoded image (or view) and per fused pair, for the embedded models and
   ViT-S/16 at 224 (random weights; ``configs/*_vits16_224.yaml``).
@@ -177,9 +179,10 @@ def _reset_peak() -> None:
         pass
 
 
-def _measure_index(kind: str, data: Path, k: int, found_path: Path, stride: int = 1) -> dict:
+def _measure_index(kind: str, data: Path, k: int, found_path: Path, stride: int = 1,
+                   settings: dict | None = None) -> dict:
     """Build the package's ``kind`` index over ``data``'s references and search every ``stride``-th of its
-    queries (in this process)."""
+    queries (in this process); ``settings`` change :class:`IndexConfig` fields (default: the package's)."""
     import faiss
 
     from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, IndexConfig
@@ -190,7 +193,7 @@ def _measure_index(kind: str, data: Path, k: int, found_path: Path, stride: int 
     descriptors = DescriptorSet([str(i) for i in range(len(references))], references)
     loaded = _resident_mib()
     _reset_peak()
-    config = IndexConfig(kind=kind)
+    config = IndexConfig(kind=kind, **(settings or {}))
     start, start_cpu = time.perf_counter(), time.process_time()
     index = DescriptorIndex.build(descriptors, config)
     build_seconds, build_cpu = time.perf_counter() - start, time.process_time() - start_cpu
@@ -200,8 +203,11 @@ def _measure_index(kind: str, data: Path, k: int, found_path: Path, stride: int 
     _, found = index.search(queries, k)
     search_seconds, search_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     np.save(found_path, found)
+    search_parameters = config.search_parameters()
+    if kind == "hnsw":  # the build's beam, and the beam this k actually searched with
+        search_parameters = f"efConstruction={config.ef_construction}, efSearch={config.hnsw_beam(k)}"
     return {"kind": kind, "factory": config.factory_string(len(references), references.shape[1]),
-            "search_parameters": config.search_parameters(), "build_seconds": build_seconds,
+            "search_parameters": search_parameters, "settings": dict(settings or {}), "build_seconds": build_seconds,
             "build_cpu_seconds": build_cpu, "search_seconds": search_seconds, "search_cpu_seconds": search_cpu,
             "k": k, "queries_per_cpu_second": len(queries) / search_cpu,
             "resident_mib_data_loaded": loaded, "resident_mib_after_build": built,
@@ -210,11 +216,13 @@ def _measure_index(kind: str, data: Path, k: int, found_path: Path, stride: int 
             "faiss_threads": faiss.omp_get_max_threads()}
 
 
-def _run_child(kind: str, data: Path, k: int, found_path: Path, stride: int = 1) -> dict:
+def _run_child(kind: str, data: Path, k: int, found_path: Path, stride: int = 1,
+               settings: dict | None = None) -> dict:
     """:func:`_measure_index` in a fresh interpreter, one thread (its peak memory is its own)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "benchmarks.scale", "--child", kind, "--child-data", str(data),
-               "--k", str(k), "--child-found", str(found_path), "--child-stride", str(stride)]
+               "--k", str(k), "--child-found", str(found_path), "--child-stride", str(stride),
+               "--child-settings", json.dumps(settings or {})]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if completed.returncode != 0:
         raise RuntimeError(f"index child {kind} on {data} failed (exit {completed.returncode}):\n"
@@ -224,7 +232,7 @@ def _run_child(kind: str, data: Path, k: int, found_path: Path, stride: int = 1)
 
 def bench_faiss_scale(size: int, work_dir: Path, num_queries: int = DISC21_QUERIES, k: int = 400,
                       kinds=INDEX_KINDS, seed: int = 0, exact_queries: int | None = None, on_result=None,
-                      **generator) -> dict:
+                      hnsw_settings: dict | None = None, **generator) -> dict:
     """Build time, peak memory, search time and quality of each index kind over ``size`` references.
 
     The descriptors are generated once and kept in ``work_dir/data-<size>.npz`` for the children;
@@ -232,7 +240,8 @@ def bench_faiss_scale(size: int, work_dir: Path, num_queries: int = DISC21_QUERI
     With ``exact_queries``, exact search runs on every ``ceil(num_queries / exact_queries)``-th query
     only (its time is linear in the number of queries: ``search_cpu_seconds`` is then scaled to all
     of them, and ``searched_queries`` says how many ran), and the agreement figures use those queries.
-    ``on_result(entry)`` is called after every index (to save partial results).
+    ``on_result(entry)`` is called after every index (to save partial results). ``hnsw_settings`` change
+    the ``hnsw`` index's :class:`IndexConfig` fields (e.g. ``{"ef_construction": 40}``, the old default).
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     data = work_dir / f"data-{size}-seed{seed}.npz"
@@ -251,7 +260,8 @@ def bench_faiss_scale(size: int, work_dir: Path, num_queries: int = DISC21_QUERI
     for kind in ("flat", *[kind for kind in kinds if kind != "flat"]):
         found_path = work_dir / f"found-{size}-{kind}.npy"
         logger.info("N=%d %s: building and searching in a child process", size, kind)
-        measured = _run_child(kind, data, k, found_path, stride if kind == "flat" else 1)
+        measured = _run_child(kind, data, k, found_path, stride if kind == "flat" else 1,
+                              hnsw_settings if kind == "hnsw" else None)
         found = np.load(found_path)
         if kind == "flat":
             exact = found
@@ -544,6 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--child-data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-found", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-stride", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--child-settings", type=json.loads, default={}, help=argparse.SUPPRESS)
+    parser.add_argument("--hnsw-ef-construction", type=int, default=None,
+                        help="faiss: the hnsw index's efConstruction (default: the package's)")
+    parser.add_argument("--hnsw-ef-search", type=int, default=None,
+                        help="faiss: the hnsw index's efSearch (default: the package's; a search for k neighbours "
+                             "walks a beam of at least k)")
     parser.add_argument("--exact-queries", type=int, default=None,
                         help="faiss: exact search on this many of the queries (evenly spaced), its time scaled "
                              "to all (default: all)")
@@ -553,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     if args.child:  # one index, measured in this fresh process; the result is the last line of stdout
-        result = _measure_index(args.child, args.child_data, args.k, args.child_found, args.child_stride)
+        result = _measure_index(args.child, args.child_data, args.k, args.child_found, args.child_stride,
+                                args.child_settings)
         print(json.dumps(result))
         return result
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
@@ -578,8 +595,12 @@ def main(argv: list[str] | None = None) -> dict:
                     figures["sizes"][str(size)] = entry
                     save()
 
+                hnsw_settings = {name: value for name, value in (("ef_construction", args.hnsw_ef_construction),
+                                                                 ("ef_search", args.hnsw_ef_search))
+                                 if value is not None}
                 bench_faiss_scale(size, Path(args.output_dir) / "scale-work", args.queries, args.k,
-                                  tuple(args.kinds), args.seed, args.exact_queries, on_result=keep)
+                                  tuple(args.kinds), args.seed, args.exact_queries, on_result=keep,
+                                  hnsw_settings=hnsw_settings)
         elif part == "models":
             figures = bench_model_costs(tuple(args.models), args.batch_size, args.repeats)
         else:

@@ -76,6 +76,16 @@ def test_bench_faiss_scale_measures_the_package_indexes_in_child_processes(tmp_p
     assert "| 1,500 | flat (`Flat` ) |" in table and "(50 run)" in table
 
 
+def test_bench_faiss_scale_hnsw_settings_reach_the_child_and_its_row(tmp_path):
+    entry = bench_faiss_scale(1500, tmp_path, num_queries=40, k=200, kinds=("hnsw",), seed=1,
+                              hnsw_settings={"ef_construction": 40, "ef_search": 64})
+    hnsw = entry["indexes"]["hnsw"]
+    assert hnsw["settings"] == {"ef_construction": 40, "ef_search": 64}
+    assert hnsw["search_parameters"] == "efConstruction=40, efSearch=200"  # the beam widened to k = 200
+    assert entry["indexes"]["flat"]["settings"] == {}
+    assert "efConstruction=40, efSearch=200" in markdown_tables({"parts": {"faiss": {"sizes": {"1500": entry}}}})
+
+
 def test_disc21_workload_uses_the_paper_preset_counts():
     counts = paper_preset_counts()
     assert counts == {"candidates": 400, "descriptor_query_views": 45, "descriptor_reference_views": 9,
