@@ -474,6 +474,11 @@ def _matcher_model(args):
     return None if args.matcher == "none" else load_model(args.matcher, "matcher", "--matcher", runtime=args.runtime)
 
 
+def _matcher_label(args) -> str:
+    """How progress lines and reports name ``--matcher``: ``none``, else :func:`_model_label`'s name."""
+    return "none" if args.matcher == "none" else _model_label(args.matcher, DEFAULT_MATCHER, args.runtime)
+
+
 def _pipeline_models(args):
     """``(descriptors, matcher or None)`` of a ``detect``/``calibrate`` command line."""
     return _descriptors(args.models or [None], "--models", args.runtime), _matcher_model(args)
@@ -531,7 +536,7 @@ def cmd_detect(args) -> int:
         _say("detect", line, args.quiet or not accelerator.is_main_process)
 
     say(f"{len(queries)} queries, {len(references)} references, descriptors: {', '.join(d.name for d in descriptors)}, "
-        f"matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}")
+        f"matcher: {_matcher_label(args)}")
     say(f"preset {args.preset}" + (f" with {', '.join(sorted(explicit))} given" if explicit else "")
         + f": descriptor LCE {config.descriptor_lce}, {config.candidates} candidates, matcher LCE "
         f"{config.matcher_lce}, top {config.k}, score normalisation "
@@ -567,7 +572,7 @@ def cmd_detect(args) -> int:
     settings = {
         "queries": args.query_dataset or str(Path(args.queries).resolve()), "references": str(Path(args.references).resolve()),
         "descriptors": ", ".join(d.source for d in descriptors),
-        "matcher": "none" if matcher is None else _model_label(args.matcher, DEFAULT_MATCHER, args.runtime),
+        "matcher": _matcher_label(args),
         "preset": args.preset + (f" ({', '.join(sorted(explicit))} given)" if explicit else ""),
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of {args.aux}"
@@ -701,8 +706,7 @@ def cmd_dedup(args) -> int:
     def say(line: str) -> None:
         _say("dedup", line, args.quiet or not accelerator.is_main_process)
 
-    say(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {'none' if matcher is None else args.matcher or DEFAULT_MATCHER}, "
-        f"threshold {origin}")
+    say(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {_matcher_label(args)}, threshold {origin}")
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=not args.quiet, log=say, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
                    accelerator=accelerator)
@@ -711,8 +715,7 @@ def cmd_dedup(args) -> int:
     rows = write_groups(output / "groups.csv", result.groups)
     write_predictions(output / "pairs.csv", result.pairs)
     settings = {"images": str(Path(args.images).resolve()), "descriptor": descriptor.source,
-                "matcher": "none" if matcher is None else _model_label(args.matcher, DEFAULT_MATCHER, args.runtime),
-                "threshold": origin, "candidates per image": args.candidates,
+                "matcher": _matcher_label(args), "threshold": origin, "candidates per image": args.candidates,
                 "descriptor LCE": args.descriptor_lce, "matcher LCE": args.matcher_lce,
                 "whitening": f"learned from {args.whiten_from}" if args.whiten_from else "off",
                 "groups": len(result.groups), "images in groups": rows}
