@@ -47,6 +47,7 @@ from pathlib import Path
 
 from copynce_hf.training.ema import SUMMARY_FILE, run_folder_of
 from copynce_hf.training.options import command_option
+from copynce_hf.training.summary import training_seconds_of
 
 from .common import read_json
 from .quality import WITHOUT_EMA_SUFFIX
@@ -86,6 +87,9 @@ class ScalingRow:
 _SHOWN_OPTIONS = {"config", "dataset", "output_dir", "seed", "max_steps", "warmup_steps", "mixed_precision",
                   "query_recipe", "ema_decay", "model.copynce_weight"}
 
+#: Options that change how a run is kept and watched, not what it learns: never part of a series.
+_BOOKKEEPING_OPTIONS = {"resume", "checkpointing_steps", "logging_steps", "eval_steps", "report_to"}
+
 
 #: The curve's schedule shape: 40 warm-up steps per 324 optimiser steps, stretched with the run (80 for
 #: 648, ...). A run whose warm-up has another share is a probe and gets its own series.
@@ -101,16 +105,21 @@ def warmup_option(warmup_steps: int | None, steps: int) -> str:
 
 
 def other_options(command: str) -> str:
-    """The ``--key value`` options of a training command (after ``train.py``) outside :data:`_SHOWN_OPTIONS`,
-    as ``"key value, key value"`` in command order ("" for none)."""
+    """The ``--key value`` options of a training command (after ``train.py``) outside :data:`_SHOWN_OPTIONS`
+    and :data:`_BOOKKEEPING_OPTIONS`, as ``"key value, key value"`` in command order ("" for none)."""
     words = shlex.split(command)
     start = next((i + 1 for i, word in enumerate(words) if word.endswith("train.py")), 0)
     found = []
     for index in range(start, len(words) - 1):
         word = words[index]
-        if word.startswith("--") and word[2:] not in _SHOWN_OPTIONS and not words[index + 1].startswith("--"):
-            found.append(f"{word[2:]} {words[index + 1]}")
+        key = word[2:]
+        if word.startswith("--") and key not in _SHOWN_OPTIONS | _BOOKKEEPING_OPTIONS and not words[index + 1].startswith("--"):
+            found.append(f"{key} {words[index + 1]}")
     return ", ".join(found)
+
+
+def _minutes(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds / 60
 
 
 def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
@@ -152,7 +161,7 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
                 seed=int(record.get("seed") if record.get("seed") is not None else run["seed"]),
                 steps=steps,
                 pairs=pairs,
-                wall_minutes=None if run.get("wall_seconds") is None else run["wall_seconds"] / 60,
+                wall_minutes=_minutes(training_seconds_of(summary, run.get("wall_seconds"))),
                 metrics=record["metrics"],
                 held_out_micro_ap=(summary.get("eval_without_ema" if trained_weights else "eval") or {}).get("micro_ap"),
                 ema_decay=ema_decay,
@@ -234,7 +243,7 @@ def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> Scalin
         seed=int(summary.get("seed", record.get("seed") or 0)),
         steps=steps,
         pairs=int(pairs_before) + pairs,
-        wall_minutes=None if summary.get("wall_seconds") is None else summary["wall_seconds"] / 60,
+        wall_minutes=_minutes(training_seconds_of(summary, summary.get("wall_seconds"))),
         metrics=record["metrics"],
         held_out_micro_ap=(summary.get("eval_without_ema" if trained_weights else "eval") or {}).get("micro_ap"),
         ema_decay=None if trained_weights else summary.get("ema_decay"),

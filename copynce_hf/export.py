@@ -36,6 +36,7 @@ from . import hub
 from .modeling.errors import ConfigError, CopyNCEError
 from .training.ema import SUMMARY_FILE, run_folder_of
 from .training.options import command_option
+from .training.summary import training_seconds_of
 
 __all__ = ["CARD_METRICS", "MAX_BYTES", "Export", "ExportReport", "card_settings", "card_training_rows", "export_model",
            "read_results",
@@ -162,8 +163,9 @@ def training_settings(source: Path) -> dict:
             settings["initialised from"] = f"`{summary['init_from_dino']}`"
         if summary.get("pairs_per_process") and summary.get("num_processes"):
             settings["training pairs seen"] = int(summary["pairs_per_process"]) * int(summary["num_processes"])
-        if summary.get("wall_seconds") is not None:
-            settings["training wall time"] = f"{float(summary['wall_seconds']) / 60:.1f} min"
+        seconds = training_seconds_of(summary, summary.get("wall_seconds"))
+        if seconds is not None:
+            settings["training wall time"] = f"{float(seconds) / 60:.1f} min"
         if summary.get("mixed_precision") is not None:
             settings["mixed precision"] = {"no": "none (float32)"}.get(summary["mixed_precision"],
                                                                       summary["mixed_precision"])

@@ -437,7 +437,8 @@ def test_scaling_series_name_the_options_a_probe_changed():
 
     command = ("taskset -c 1 python -m accelerate.commands.launch --num_processes 1 --cpu scripts/train.py --config "
                "c.yaml --dataset d --output_dir o --seed 0 --max_steps 324 --warmup_steps 40 --mixed_precision bf16 "
-               "--model.copynce_weight 0 --learning_rate 2e-3 --model.koleo_scope all_embeddings --ema_decay 0.99")
+               "--model.copynce_weight 0 --learning_rate 2e-3 --model.koleo_scope all_embeddings --ema_decay 0.99 "
+               "--checkpointing_steps 100 --resume latest")
     assert other_options(command) == "learning_rate 2e-3, model.koleo_scope all_embeddings"
     assert other_options("python scripts/train.py --config c.yaml --max_steps 4") == ""
 
@@ -462,15 +463,19 @@ def test_scaling_rows_count_accumulated_pairs_and_name_a_probed_warm_up(tmp_path
             "name": run.name, "variant": "copynce", "seed": 0, "wall_seconds": 60.0,
             "command": f"python scripts/train.py --config c.yaml --max_steps {steps} --warmup_steps {warmup} "
                        f"--per_device_train_batch_size 32 --mixed_precision bf16{extra}"}))
+        # a run resumed over sessions counts its training time in its summary (the driver's wall time is the
+        # last session's); an older summary without that count falls back to the driver's
+        timing = {"training_seconds": 1800.0} if probe == "warmup" else {}
         (run / "training_summary.json").write_text(json.dumps({
             "steps": steps, "warmup_steps": warmup, "pairs_per_process": 10368, "num_processes": 1,
-            "mixed_precision": "bf16", "eval": {"micro_ap": 0.5}}))
+            "mixed_precision": "bf16", "eval": {"micro_ap": 0.5}, **timing}))
         evaluate_system(run.name, SystemOutput([Prediction(q, r, 0.5) for q, r in zip(queries, references)]), task,
                         budget / "quality", {"family": "descriptor", "variant": "copynce", "seed": 0})
     rows = {row.steps: row for row in load_rows(folders)}
     assert rows[162].pairs == rows[324].pairs == 10368
     assert rows[162].series == "copynce / training recipe / bf16 / per_device_train_batch_size 32, gradient_accumulation_steps 2"
     assert rows[324].series == "copynce / training recipe / bf16 / warmup_steps 80, per_device_train_batch_size 32"
+    assert (rows[162].wall_minutes, rows[324].wall_minutes) == (1.0, 30.0)
 
 
 def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_path):

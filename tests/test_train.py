@@ -252,6 +252,27 @@ def test_resume_after_interruption_reproduces_the_uninterrupted_run(train_script
     for h in summary["history"]:
         if "train/loss" in h and h["step"] > 5:
             assert h["train/loss"] == pytest.approx(full_losses[h["step"]], abs=1e-5)
+    # the resumed run's training time counts the first session's loop up to its checkpoint as well
+    full_summary = json.loads((full / "training_summary.json").read_text())
+    assert 0 < full_summary["training_seconds"] <= full_summary["wall_seconds"]
+    assert summary["training_seconds"] > 0
+
+
+def test_training_time_adds_up_over_sessions_and_is_unknown_after_an_older_checkpoint():
+    from copynce_hf.training.checkpoints import TrainingProgress
+
+    first = TrainingProgress()
+    first.start_segment()
+    state = first.state_dict()
+    state["training_seconds"] = 100.0  # a first session that trained for 100 s before its checkpoint
+    second = TrainingProgress()
+    second.load_state_dict(state)
+    second.start_segment()
+    assert 100.0 <= second.training_seconds() < 110.0 and second.state_dict()["training_seconds"] >= 100.0
+    older = {key: value for key, value in state.items() if key != "training_seconds"}
+    third = TrainingProgress()
+    third.load_state_dict(older)
+    assert third.training_seconds() is None and third.step == state["step"]
 
 
 def test_weight_ema_is_the_warmed_up_average_of_the_steps_and_survives_resume(train_script, tmp_path, images):

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -35,7 +36,12 @@ LOADER_STATE = "data_loader_state_{process}.pt"
 
 
 class TrainingProgress:
-    """Where the run is; saved in every checkpoint (``accelerator.register_for_checkpointing``)."""
+    """Where the run is; saved in every checkpoint (``accelerator.register_for_checkpointing``).
+
+    It also counts the seconds of the training loop behind the current weights, over every session of a
+    resumed run (:meth:`training_seconds`): the loop time of the segments up to each one's last checkpoint
+    plus the current segment's. Steps redone after a restart (those after the last checkpoint) count once.
+    """
 
     def __init__(self):
         self.step = 0  # optimiser steps
@@ -44,12 +50,29 @@ class TrainingProgress:
         self.batch_in_epoch = 0  # batches consumed in the current streamed epoch
         self.skipped_images = 0  # unreadable images skipped, all processes
         self.history: list[dict] = []  # logged values, for the summary
+        # loop seconds of the segments before this one; None after resuming from a checkpoint that did not count them
+        self.seconds_before: float | None = 0.0
+        self._segment_started = time.perf_counter()
+
+    def start_segment(self) -> None:
+        """The training loop of this process starts (or resumes) now."""
+        self._segment_started = time.perf_counter()
+
+    def training_seconds(self) -> float | None:
+        """Seconds of the training loop behind the current weights, all segments (``None``: unknown, the run
+        resumed from a checkpoint written before this was counted)."""
+        if self.seconds_before is None:
+            return None
+        return self.seconds_before + time.perf_counter() - self._segment_started
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("step", "micro_batches", "epoch", "batch_in_epoch", "skipped_images",
-                                              "history")}
+        state = {k: getattr(self, k) for k in ("step", "micro_batches", "epoch", "batch_in_epoch", "skipped_images",
+                                               "history")}
+        return {**state, "training_seconds": self.training_seconds()}
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        self.seconds_before = state.pop("training_seconds", None)
         for key, value in state.items():
             setattr(self, key, value)
 

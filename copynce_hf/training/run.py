@@ -117,6 +117,7 @@ def train(run: TrainingRun) -> None:
                desc=f"training {config.model_type}", dynamic_ncols=True)
     model.train()
     budget = TimeBudget(accelerator, config.max_train_seconds)
+    progress.start_segment()
     while progress.micro_batches < total_micro:  # one pass per streamed epoch (map-style: one pass)
         loader = run.data.loader(progress, total_micro)
         for inputs, skipped, waited in run.data.batches(loader, progress, total_micro):

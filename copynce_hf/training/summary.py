@@ -22,7 +22,7 @@ from .saving import save_trained_model
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_summary", "save_run", "weights_checksum"]
+__all__ = ["build_summary", "save_run", "training_seconds_of", "weights_checksum"]
 
 
 def weights_checksum(model: torch.nn.Module) -> torch.Tensor:
@@ -30,6 +30,13 @@ def weights_checksum(model: torch.nn.Module) -> torch.Tensor:
     with torch.no_grad():
         values = [p.detach().double() for p in model.parameters()]
         return torch.stack([sum(v.sum() for v in values), sum((v * v).sum() for v in values)])
+
+
+def training_seconds_of(summary: dict, fallback: float | None = None) -> float | None:
+    """A run's training time from its summary: ``training_seconds`` (the loop, every session of a resumed
+    run; ``None`` where it resumed from a checkpoint that did not count it), or ``fallback`` for a summary
+    written before that key existed (e.g. the process's ``wall_seconds``)."""
+    return summary["training_seconds"] if "training_seconds" in summary else fallback
 
 
 def build_summary(config: TrainingConfig, accelerator: Accelerator, model: torch.nn.Module,
@@ -56,7 +63,8 @@ def build_summary(config: TrainingConfig, accelerator: Accelerator, model: torch
         "eval_without_ema": scored.get("eval_without_ema"),
         "weights_checksums": checksums.cpu().tolist(),
         "processes_agree": bool(torch.allclose(checksums, checksums[:1].expand_as(checksums), rtol=1e-12, atol=0)),
-        "wall_seconds": wall_seconds,
+        "wall_seconds": wall_seconds,  # this process's, from start-up to the end (this session of a resumed run)
+        "training_seconds": progress.training_seconds(),  # the loop's, every session of a resumed run
         "history": progress.history,
     }
 
