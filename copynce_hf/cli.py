@@ -502,10 +502,9 @@ def _calibration_point(args, config):
 def cmd_detect(args) -> int:
     import time
 
-    from .metrics.copy_detection.formulas import copy_detection_metrics, read_ground_truth_csv
+    from .metrics.copy_detection.formulas import read_ground_truth_csv
     from .precision import make_accelerator
     from .retrieval import detect, write_predictions
-    from .retrieval.calibration import decision_rates
     from .retrieval.gallery import write_gallery
 
     start = time.perf_counter()
@@ -554,18 +553,8 @@ def cmd_detect(args) -> int:
         write_predictions(output / "copies.csv", copies)
     metrics = None
     if ground_truth is not None:
-        columns = ([p.query_id for p in result.predictions], [p.reference_id for p in result.predictions],
-                   [p.score for p in result.predictions])
         with metric_warnings_logged(args.ground_truth):
-            metrics = copy_detection_metrics(*columns, ground_truth)
-        metrics["candidate_recall"] = result.candidate_recall(ground_truth)
-        metrics["num_candidates_per_query"] = result.candidates_per_query
-        if calibration is not None:
-            is_copy = [p.reference_id in ground_truth.get(p.query_id, ()) for p in result.predictions]
-            precision, recall = decision_rates(is_copy, columns[2], metrics["num_ground_truth_pairs"], decided)
-            metrics["decision"] = {"stage": calibration[0], "target_precision": calibration[1].precision,
-                                   "threshold": decided, "expected_recall": calibration[1].recall,
-                                   "precision": precision, "recall": recall}
+            metrics = result.metrics(ground_truth, calibration)
         with StagedFile(output / "metrics.json") as temporary:
             temporary.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)
