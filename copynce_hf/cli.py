@@ -311,7 +311,14 @@ def cmd_match(args) -> int:
     import shutil
 
     from .precision import make_accelerator
-    from .retrieval import LocalCrops, model_kind, read_predictions, rescore_predictions, write_predictions
+    from .retrieval import (
+        LocalCrops,
+        model_kind,
+        read_predictions,
+        rescore_predictions,
+        top_per_query,
+        write_predictions,
+    )
 
     check_output_file(args.output)
     check_model_path(args.matcher, "--matcher")
@@ -320,10 +327,7 @@ def cmd_match(args) -> int:
         raise PredictionsError(f"predictions file {args.predictions} holds no pair")
     read = len(candidates)
     if args.top is not None:
-        ranked: dict[str, list] = {}
-        for prediction in sorted(candidates, key=lambda p: -p.score):
-            ranked.setdefault(prediction.query_id, []).append(prediction)
-        candidates = [p for per_query in ranked.values() for p in per_query[: args.top]]
+        candidates = top_per_query(candidates, args.top)
     queries = folder_source(args.queries, args).lookup()
     references = folder_source(args.references, args).lookup()
     missing = sorted({f"{args.queries}/{p.query_id}.*" for p in candidates if p.query_id not in queries}
@@ -378,15 +382,15 @@ def cmd_evaluate(args) -> int:
         ground_truth = read_ground_truth_csv(args.ground_truth)
     except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
         raise PredictionsError(str(error)) from error
-    systems = {}
+    systems = {}  # name -> (predictions file, its predictions)
     for path in args.predictions:
         name = Path(path).stem if Path(path).stem not in systems else str(path)
-        systems[name] = read_predictions(path)
+        systems[name] = (path, read_predictions(path))
     results, curves = {}, {}
-    for name, predictions in systems.items():
+    for name, (path, predictions) in systems.items():
         columns = ([p.query_id for p in predictions], [p.reference_id for p in predictions],
                    [p.score for p in predictions])
-        with metric_warnings_logged(path):
+        with metric_warnings_logged(path):  # a warning names the file whose predictions raised it
             results[name] = copy_detection_metrics(*columns, ground_truth)
             curves[name] = precision_recall_curve(*columns, ground_truth)
     output = Path(args.output)
@@ -404,7 +408,7 @@ def cmd_evaluate(args) -> int:
             cells.append(("-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)).rjust(width + 2))
         print(metric.ljust(first) + "".join(cells))
     print(f"wrote {output / 'metrics.json'} and {output / 'pr_curve.png'}")
-    report_counts("evaluate", f"{sum(len(p) for p in systems.values())} predictions in {len(systems)} file(s)", [],
+    report_counts("evaluate", f"{sum(len(p) for _, p in systems.values())} predictions in {len(systems)} file(s)", [],
                   "wrote 2 files")
     return 0
 

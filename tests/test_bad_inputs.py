@@ -332,6 +332,10 @@ def test_evaluate_refuses_predictions_that_cannot_be_scored(tmp_path, capsys, ca
     with_extensions = _write(tmp_path / "ext.csv", [("q00.jpg", "r00", 0.9), ("q01.jpg", "r01", 0.8)])
     code, _, err = run_cli(capsys, "evaluate", with_extensions, "--ground-truth", truth, "--output", report)
     one_line_error(code, err, "'q00.jpg'", "ground truth 'q00'", "strip the file extensions")
+    good = _write(tmp_path / "good.csv", [("q00", "r00", 0.9)])  # beside a good file, the error names the bad one
+    code, _, err = run_cli(capsys, "evaluate", with_extensions, good, "--ground-truth", truth, "--output", report)
+    one_line_error(code, err, "ext.csv", "strip the file extensions")
+    assert "good.csv" not in err
     duplicate = _write(tmp_path / "dup.csv", [("q00", "r00", 0.9), ("q00", "r00", 0.8)])
     code, _, err = run_cli(capsys, "evaluate", duplicate, "--ground-truth", truth, "--output", report)
     one_line_error(code, err, "duplicate", "'q00'", "'r00'")
