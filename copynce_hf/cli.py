@@ -509,6 +509,7 @@ def cmd_detect(args) -> int:
     from .metrics.copy_detection.formulas import read_ground_truth_csv
     from .precision import make_accelerator
     from .retrieval import detect, write_predictions
+    from .retrieval.calibration import decision_report
     from .retrieval.gallery import write_gallery
 
     start = time.perf_counter()
@@ -558,7 +559,10 @@ def cmd_detect(args) -> int:
     metrics = None
     if ground_truth is not None:
         with metric_warnings_logged(args.ground_truth):
-            metrics = result.metrics(ground_truth, calibration)
+            metrics = result.metrics(ground_truth)
+        if calibration is not None:
+            metrics["decision"] = decision_report(result.predictions, ground_truth, *calibration,
+                                                  metrics["num_ground_truth_pairs"])
         with StagedFile(output / "metrics.json") as temporary:
             temporary.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     heatmap_model = matcher or (descriptors[0].model, descriptors[0].processor)

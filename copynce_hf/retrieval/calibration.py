@@ -97,6 +97,17 @@ def decision_rates(is_copy: Sequence[bool], scores: Sequence[float], num_positiv
     return (found / len(kept) if kept else None), found / max(num_positives, 1)
 
 
+def decision_report(predictions: Sequence, ground_truth: dict[str, list[str]], stage: str, point: OperatingPoint,
+                    num_positives: int) -> dict:
+    """How the calibrated ``point`` of ``stage`` decided on ``predictions`` (objects with ``query_id``,
+    ``reference_id``, ``score``) against ``ground_truth`` (query id -> reference ids; ``num_positives`` true
+    pairs): its threshold, the precision and recall it was calibrated for and those it gave here."""
+    is_copy = [p.reference_id in ground_truth.get(p.query_id, ()) for p in predictions]
+    precision, recall = decision_rates(is_copy, [p.score for p in predictions], num_positives, point.threshold)
+    return {"stage": stage, "target_precision": point.precision, "threshold": point.threshold,
+            "expected_recall": point.recall, "precision": precision, "recall": recall}
+
+
 def model_identity(path: str | os.PathLike | None, kind: str) -> str:
     """How a calibration names a model: ``embedded:<kind>`` for the package's embedded model, the absolute path
     of a local folder, or the Hub id as given."""

@@ -31,7 +31,6 @@ from pathlib import Path
 
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile
-from .calibration import OperatingPoint, decision_rates
 from .candidates import candidate_recall, merge_candidates, top_per_query
 from .chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, scoring_identity
 from .descriptors import DescriptorSet
@@ -159,25 +158,16 @@ class DetectResult:
     def candidate_recall(self, ground_truth: dict[str, list[str]]) -> float | None:
         return candidate_recall(self.candidates, ground_truth)
 
-    def metrics(self, ground_truth: dict[str, list[str]], decision: tuple[str, OperatingPoint] | None = None) -> dict:
+    def metrics(self, ground_truth: dict[str, list[str]]) -> dict:
         """The copy-detection metrics of :attr:`predictions` against ``ground_truth`` (query id -> reference
-        ids; muAP, RP90, recall@k, ...), with ``candidate_recall``, ``num_candidates_per_query`` and, given the
-        ``(stage, operating point)`` a calibration decides with, a ``decision`` entry: the precision and recall
-        of the pairs scored at or above its threshold beside the ones it was calibrated for."""
+        ids; muAP, RP90, recall@k, ...), with ``candidate_recall`` and ``num_candidates_per_query``."""
         from ..metrics.copy_detection.formulas import copy_detection_metrics
 
-        queries = [p.query_id for p in self.predictions]
-        references = [p.reference_id for p in self.predictions]
-        scores = [p.score for p in self.predictions]
-        metrics = copy_detection_metrics(queries, references, scores, ground_truth)
+        metrics = copy_detection_metrics([p.query_id for p in self.predictions],
+                                         [p.reference_id for p in self.predictions],
+                                         [p.score for p in self.predictions], ground_truth)
         metrics["candidate_recall"] = self.candidate_recall(ground_truth)
         metrics["num_candidates_per_query"] = self.candidates_per_query
-        if decision is not None:
-            stage, point = decision
-            is_copy = [reference in ground_truth.get(query, ()) for query, reference in zip(queries, references)]
-            precision, recall = decision_rates(is_copy, scores, metrics["num_ground_truth_pairs"], point.threshold)
-            metrics["decision"] = {"stage": stage, "target_precision": point.precision, "threshold": point.threshold,
-                                   "expected_recall": point.recall, "precision": precision, "recall": recall}
         return metrics
 
 
