@@ -79,10 +79,11 @@ BUNDLE = REPO_ROOT / ".gpu"
 TRAVEL_LIMIT = 64 * 2**20
 #: Packages the GPU machine's image lacks or holds in an older version (its list: the device notes),
 #: carried as wheels of the versions installed here ...
-WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic",
-          # the albumentations edits of the paper recipes (benchmarks.gpu_throughput's data part) and their needs
-          "albumentations", "albucore", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-          "stringzilla", "simsimd")
+WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic")
+#: The albumentations edits of the paper recipes and their needs: only benchmarks.gpu_throughput's data part
+#: uses them (the training runs' recipes do not), so a call without the throughput part leaves them (7.8 MB).
+THROUGHPUT_WHEELS = ("albumentations", "albucore", "pydantic", "pydantic-core", "annotated-types",
+                     "typing-inspection", "stringzilla", "simsimd")
 #: ... or, pure Python without a wheel (iopath) or too large as one (augly, 24 MB), as copies of the
 #: installed package (augly without the assets the runs' recipes do not read).
 COPIED = ("augly", "iopath")
@@ -95,10 +96,11 @@ UNUSED_AUGLY = ("tests", "audio", "video", "text", "assets/audio", "assets/text"
 
 def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample",
             splits_csv: Path = SHARED_DATA / "imagenet-sample-splits.csv", max_side: int = 256, quality: int = 80,
-            packages: bool = True, max_images: int | None = None) -> dict:
+            packages: bool = True, max_images: int | None = None, throughput: bool = True) -> dict:
     """Fill ``bundle`` with the train split (shrunk to ``max_side``, JPEG ``quality``: 64 MiB travel in all;
     its first ``max_images`` by name only, if given: a call that only measures throughput), with ``packages``,
-    the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote."""
+    the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote. Without ``throughput``,
+    ``run.sh`` skips ``benchmarks.gpu_throughput`` and the albumentations wheels stay behind."""
     from PIL import Image
 
     from copynce_hf.evaluation.minidisc import read_splits
@@ -118,17 +120,19 @@ def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample
             image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
         image.save(split / path.name, format="JPEG", quality=quality)
     if packages:
-        _bundle_packages(bundle)
+        _bundle_packages(bundle, WHEELS + (THROUGHPUT_WHEELS if throughput else ()))
     script = bundle / "run.sh"
-    script.write_text(RUN_SCRIPT, encoding="utf-8")
+    script.write_text(RUN_SCRIPT.replace("#!/bin/bash\n", "#!/bin/bash\n" + ("" if throughput else
+                                         "export SKIP_THROUGHPUT=1  # prepare --no-throughput\n"), 1),
+                      encoding="utf-8")
     return {"images": len(files), "bundle_bytes": _folder_bytes(bundle), "travelling_bytes": travelling_bytes(bundle)}
 
 
-def _bundle_packages(bundle: Path) -> None:
+def _bundle_packages(bundle: Path, names: tuple[str, ...]) -> None:
     wheels = bundle / "wheels"
     if wheels.exists():
         shutil.rmtree(wheels)
-    pins = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in names]
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                     "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
@@ -187,11 +191,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     .gpu/wheels/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD/.gpu/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/lib:$LD_LIBRARY_PATH PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HOME=/tmp/hf
-python3 -c "import torch, numpy, pyarrow, transformers, datasets, faiss, augly.image, albumentations, copynce_hf.training.run; \\
+python3 -c "import torch, numpy, pyarrow, transformers, datasets, faiss, augly.image, copynce_hf.training.run; \\
 print('torch', torch.__version__, 'numpy', numpy.__version__, 'pyarrow', pyarrow.__version__, \\
 'transformers', transformers.__version__, 'datasets', datasets.__version__)" 2>&1 | tee "$OUT/run.log" || exit 4
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/run.log"
 if [ -z "$SKIP_THROUGHPUT" ]; then  # benchmarks.gpu_throughput first (about 1.5 minutes), capped so training always runs
+    python3 -c "import albumentations" 2>&1 | tee -a "$OUT/run.log" || exit 4
     timeout "${THROUGHPUT_SECONDS:-200}" python3 -m benchmarks.gpu_throughput --device cuda --output-dir "$OUT" \\
         --repeats 5 --image-folder .gpu/train_split 2>&1 | grep -v "it/s\\]$" | tee -a "$OUT/run.log"
 fi
@@ -389,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     ready.add_argument("--quality", type=int, default=80, help="their JPEG quality")
     ready.add_argument("--max-images", type=int, default=None,
                        help="only the first N train images by name (a throughput-only call: SKIP_TRAINING=1)")
+    ready.add_argument("--no-throughput", dest="throughput", action="store_false",
+                       help="a call that only trains: run.sh skips benchmarks.gpu_throughput, no albumentations wheels")
     ready.add_argument("--no-packages", dest="packages", action="store_false",
                        help="the images and run.sh only (no wheels, AugLy or libmagic)")
     go = commands.add_parser("run", help="train and score on this machine, results under --output-dir")
@@ -419,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if args.command == "prepare":
         made = prepare(args.bundle, args.images, args.splits_csv, args.max_side, args.quality, args.packages,
-                       args.max_images)
+                       args.max_images, args.throughput)
         fits = made["travelling_bytes"] <= TRAVEL_LIMIT
         print(f"{made['images']} images; .gpu holds {made['bundle_bytes'] / 2**20:.1f} MiB; a device call sends "
               f"{made['travelling_bytes'] / 2**20:.1f} MiB of at most 64" + ("" if fits else ": TOO MUCH"))

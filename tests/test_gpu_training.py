@@ -82,6 +82,9 @@ def test_prepare_shrinks_the_train_split_under_its_names_and_writes_the_device_c
     script = (bundle / "run.sh").read_text()
     assert "benchmarks.gpu_training run --dataset .gpu/train_split --output-dir \"$OUT\" --work-dir /tmp" in script
     assert made["travelling_bytes"] > made["bundle_bytes"] > 0
+    assert "SKIP_THROUGHPUT=1" not in script
+    gpu_training.prepare(bundle, images, splits, max_side=64, packages=False, throughput=False)
+    assert (bundle / "run.sh").read_text().startswith("#!/bin/bash\nexport SKIP_THROUGHPUT=1")
 
 
 def test_chosen_trained_weights_travel_in_the_run_layout_so_the_card_names_them(tmp_path):
