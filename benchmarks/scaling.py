@@ -41,6 +41,7 @@ import argparse
 import math
 import shlex
 import statistics
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,9 @@ def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> Scalin
     if not isinstance(record, dict) or record.get("kind") != "quality" or "metrics" not in record:
         raise SystemExit(f"{quality_path}: not a python -m benchmarks.quality record")
     summary = read_json(summary_path)
+    seed = summary.get("seed", record.get("seed"))
+    if seed is None:  # summaries written before they recorded the seed, scored under a system name without one
+        raise SystemExit(f"{summary_path}: no seed (a summary older than its 'seed' key): add the run's seed there")
     steps, processes = int(summary["steps"]), int(summary.get("num_processes", 1))
     pairs = int(summary["pairs_per_process"]) * processes
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
@@ -240,7 +244,7 @@ def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> Scalin
         variant="baseline" if config.get("copynce_weight", 1.0) == 0 else "copynce",
         recipe=summary.get("query_recipe") or "training",
         precision={"no": "fp32", None: "fp32"}.get(summary.get("mixed_precision"), str(summary.get("mixed_precision"))),
-        seed=int(summary.get("seed", record.get("seed") or 0)),
+        seed=int(seed),
         steps=steps,
         pairs=int(pairs_before) + pairs,
         wall_minutes=_minutes(training_seconds_of(summary, summary.get("wall_seconds"))),
@@ -295,23 +299,33 @@ def scaling_table(rows: list[ScalingRow]) -> str:
 
 
 def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> Path:
-    """One PNG, a panel per metric: the metric against training pairs seen (log 2), a line per series."""
+    """One PNG, a panel per metric: the metric against training pairs seen (log 2), a line per series; a
+    colour per series (up to 20) and one legend below the panels, long series names wrapped."""
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 5.4), dpi=dpi)
-    FigureCanvasAgg(figure)
     by_series: dict[str, list[ScalingRow]] = defaultdict(list)
     for row in rows:
         by_series[row.series].append(row)
+    names = sorted(by_series)
+    labels = ["\n".join(textwrap.wrap(name, _LEGEND_WIDTH)) for name in names]
+    column = math.ceil(len(labels) / 2)  # the legend's two columns, filled column by column
+    legend_lines = sum(max(label.count("\n") + 1 for label in labels[i::column]) for i in range(column))
+    legend_inches = 0.3 + 0.19 * legend_lines
+    figure = Figure(figsize=(15, 4.4 + legend_inches), dpi=dpi)
+    FigureCanvasAgg(figure)
+    colours = colormaps["tab20" if len(names) > 10 else "tab10"].colors
     for index, (key, label) in enumerate(_METRICS):
         axes = figure.add_subplot(1, len(_METRICS), index + 1)
-        for series, members in sorted(by_series.items()):
+        for number, (series, legend_label) in enumerate(zip(names, labels)):
+            members = by_series[series]
+            colour = colours[number % len(colours)]
             budgets = sorted({r.pairs for r in members})
             means = [_mean([r for r in members if r.pairs == p], key) for p in budgets]
-            line, = axes.plot(budgets, means, marker="o", linewidth=1.5, label=series)
+            axes.plot(budgets, means, marker="o", linewidth=1.5, label=legend_label, color=colour)
             axes.scatter([r.pairs for r in members], [r.metrics[key] for r in members], s=12, alpha=0.5,
-                         color=line.get_color())
+                         color=colour)
         axes.set_xscale("log", base=2)
         budgets = sorted({r.pairs for r in rows})
         axes.set_xticks(budgets, [f"{p:,}" for p in budgets])
@@ -319,9 +333,13 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
         axes.set_xlabel("training pairs seen")
         axes.set_title(f"mini-DISC {label}")
         axes.grid(True, alpha=0.3)
-    handles, labels = figure.axes[0].get_legend_handles_labels()  # one legend for the panels, below them
-    figure.legend(handles, labels, loc="lower center", ncol=2, fontsize="small", frameon=False)
-    return save_png(figure, path, rect=(0, 0.04 + 0.045 * math.ceil(len(labels) / 2), 1, 1))
+    handles, legend_labels = figure.axes[0].get_legend_handles_labels()  # one legend for the panels, below them
+    figure.legend(handles, legend_labels, loc="lower center", ncol=2, fontsize="small", frameon=False)
+    return save_png(figure, path, rect=(0, legend_inches / (4.4 + legend_inches), 1, 1))
+
+
+#: Characters per line of a series name in the figure's legend (two columns across a 15-inch figure).
+_LEGEND_WIDTH = 95
 
 
 def main(argv: list[str] | None = None) -> list[ScalingRow]:

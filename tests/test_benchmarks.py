@@ -574,7 +574,7 @@ def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys
     (run / "without_ema" / "config.json").write_text(json.dumps({"copynce_weight": 5.0}))
     (run / "training_summary.json").write_text(json.dumps({
         "steps": 10, "pairs_per_process": 1280, "num_processes": 1, "mixed_precision": "bf16", "wall_seconds": 120,
-        "ema_decay": 0.998, "eval": {"micro_ap": 0.5}, "eval_without_ema": {"micro_ap": 0.6}}))
+        "seed": 0, "ema_decay": 0.998, "eval": {"micro_ap": 0.5}, "eval_without_ema": {"micro_ap": 0.6}}))
     task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
     evaluate_system("descriptor-copynce-seed0", SystemOutput(
         [Prediction(q.query_id, r, 0.5) for q, r in zip(task.queries, task.reference_ids)]), task,
@@ -594,6 +594,12 @@ def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys
         main(["--continued", str(run / "without_ema"), str(quality), "many"])
     with pytest.raises(SystemExit, match="not a python -m benchmarks.quality record"):
         continued_row(run / "without_ema", tmp_path / "missing.json", 128)
+    summary = json.loads((run / "training_summary.json").read_text())
+    (run / "training_summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "seed"}))
+    with pytest.raises(SystemExit, match="no seed"):  # an older summary and a named system: never a silent 0
+        continued_row(run / "without_ema", quality, 128)
+    (run / "training_summary.json").write_text(json.dumps(summary | {"seed": 3}))
+    assert continued_row(run / "without_ema", quality, 128).seed == 3
     page.write_text(page.read_text().replace("| 0.1000 |", "| n/a |", 1))
     with pytest.raises(SystemExit, match="not a row of the scaling table"):
         table_rows(page)

@@ -222,6 +222,7 @@ def test_tiny_run_decreases_loss_and_saves_a_loadable_model(train_script, tmp_pa
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first * 0.8, (first, last)
     assert 0.0 <= summary["eval"]["micro_ap"] <= 1.0 and summary["steps"] == 30
+    assert summary["seed"] == 0  # tiny_cpu.yaml's seed, recorded beside the run's numbers
     assert any((output / "logs").rglob("events.out.tfevents*"))
     model = AutoModel.from_pretrained(output)
     assert type(model).__name__ == "CopyNCEDescriptorModel" and model.config.hidden_size == 32
