@@ -206,10 +206,7 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
 
 def test_calibration_finds_planted_copies_with_the_embedded_models(collection):
     """The embedded models find copies of the collection's own images: the labels of the calibration pairs are
-    right (wrong labels would leave no threshold reaching 90 % precision, or one that keeps a copy or none).
-    The recall bound is a check of the labels, not of the matcher's quality: on these 8 copies of smooth
-    random images the first GPU-continued matcher kept 6 at 90 % precision and the second 3, while on
-    mini-DISC's 150 copies the second ranks higher (BENCHMARKS.md)."""
+    right (wrong labels would leave no threshold reaching 90 % precision)."""
     from copynce_hf.evaluation.models import load_model
     from copynce_hf.evaluation.self_calibration import calibrate
     from copynce_hf.retrieval import Descriptor, ImageFolderSource
@@ -221,7 +218,7 @@ def test_calibration_finds_planted_copies_with_the_embedded_models(collection):
                             distractors=ImageFolderSource(collection / "others"), sample=8, progress=False,
                             log=lambda line: None)
     matcher = calibration.point(0.9, "matcher")
-    assert matcher.threshold is not None and matcher.recall >= 0.25  # at least 2 of the 8 copies
+    assert matcher.threshold is not None and matcher.recall >= 0.5
     thresholds = [row.threshold for row in calibration.stages["matcher"] if row.threshold is not None]
     assert thresholds == sorted(thresholds)
 
