@@ -42,6 +42,9 @@ What ``run`` does, each step in this process, in this order:
    ``knn_graph.safetensors``; the runs' folders go to ``--work-dir`` (``run.sh``: ``/tmp/gpu-work``, so that
    ``$OUT`` holds only what the device call sends back: at most 8 files).
 
+The report's ``better`` compares one draw of 30 held-out copies, where good models differ by about one query:
+decide an export afterwards, here, on ten draws (``python -m benchmarks.held_out``, BENCHMARKS.md).
+
 Every run also stops at its ``max_train_seconds`` (1.2 x its budget), so a slower machine cuts a run
 short rather than the device call. The held-out images are the last 40 of the train split
 (``num_eval_images`` of the configs), which neither the embedded models nor these runs train on.

@@ -54,7 +54,7 @@ from .common import read_json
 from .quality import WITHOUT_EMA_SUFFIX
 from .report import save_png
 
-__all__ = ["ScalingRow", "continued_row", "load_rows", "merge_rows", "scaling_table", "save_scaling_figure",
+__all__ = ["ScalingRow", "continued_row", "load_rows", "merge_rows", "scaling_table", "save_scaling_figure", "spaced_ticks",
            "table_rows", "main"]
 
 _METRICS = (("micro_ap", "muAP"), ("recall_at_p90", "RP90"), ("recall_at_rank1", "recall@1"))
@@ -298,6 +298,16 @@ def scaling_table(rows: list[ScalingRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spaced_ticks(values: list[int], min_ratio: float = 1.25) -> list[int]:
+    """The ascending ``values`` that get a labelled tick on a log axis: each at least ``min_ratio`` times the
+    last one kept, so that two runs at nearly the same budget do not print their labels over each other."""
+    kept: list[int] = []
+    for value in values:
+        if not kept or value >= min_ratio * kept[-1]:
+            kept.append(value)
+    return kept
+
+
 def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> Path:
     """One PNG, a panel per metric: the metric against training pairs seen (log 2), a line per series; a
     colour per series (up to 20) and one legend below the panels, long series names wrapped."""
@@ -327,7 +337,7 @@ def save_scaling_figure(rows: list[ScalingRow], path: Path, dpi: int = 110) -> P
             axes.scatter([r.pairs for r in members], [r.metrics[key] for r in members], s=12, alpha=0.5,
                          color=colour)
         axes.set_xscale("log", base=2)
-        budgets = sorted({r.pairs for r in rows})
+        budgets = spaced_ticks(sorted({r.pairs for r in rows}))
         axes.set_xticks(budgets, [f"{p:,}" for p in budgets])
         axes.minorticks_off()
         axes.set_xlabel("training pairs seen")

@@ -432,6 +432,14 @@ def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
         load_rows([tmp_path / "missing"])
 
 
+def test_scaling_figure_labels_only_budgets_apart_on_its_log_axis():
+    from benchmarks.scaling import spaced_ticks
+
+    # two runs at nearly the same budget (984,064 and 1,001,472 pairs) get one label, not two printed over each other
+    assert spaced_ticks([10368, 20736, 474112, 984064, 1001472]) == [10368, 20736, 474112, 984064]
+    assert spaced_ticks([100, 110, 124, 126]) == [100, 126] and spaced_ticks([]) == []
+
+
 def test_scaling_series_name_the_options_a_probe_changed():
     from benchmarks.scaling import other_options
 
