@@ -42,7 +42,7 @@ from .search import search_references
 from .view_search import extract_view_descriptors
 from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
 from .whitening import Whitening
-from .work_folder import file_stamp, holds_identity
+from .work_folder import file_stamp, holds_identity, lines_digest
 
 logger = logging.getLogger(__name__)
 
@@ -194,22 +194,24 @@ class SourceImages:
         return self.source.load(self.position[image_id])
 
 
-def _file_stamps(source) -> list | None:
-    """:func:`~.work_folder.file_stamp` of every image file of ``source``, so that a changed file invalidates a saved
-    index; ``None`` for a source without files."""
+def _file_stamps(source) -> str | None:
+    """A digest of :func:`~.work_folder.file_stamp` of every image file of ``source``, in order, so that a changed
+    file invalidates a saved index; ``None`` for a source without files."""
     files = getattr(source, "files", None) or getattr(source, "images", None)
     if files is None or not all(isinstance(f, (str, os.PathLike)) for f in files):
         return None
-    return [file_stamp(file) for file in files]
+    return lines_digest(json.dumps(file_stamp(file)) for file in files)
 
 
 def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: str = "reference") -> dict:
     """What a cache folder's views depend on (``identity.json`` beside its files): the model, the views, the role,
-    where the images come from, their ids and their files' :func:`_file_stamps`."""
+    where the images come from, how many there are, and digests of their ids and of their files' stamps, in the
+    order of the index's rows (digests, so that the file stays a few hundred bytes for a million references)."""
     folder = getattr(source, "folder", None)
+    ids = list(source.ids)
     return {"model": descriptor.source or descriptor.name, "views": preset.name, "role": role,
             "source": str(Path(folder).resolve()) if folder is not None else getattr(source, "identity", None),
-            "images": list(source.ids),
+            "num_images": len(ids), "images": lines_digest(json.dumps(image_id) for image_id in ids),
             "files": _file_stamps(source)}
 
 
