@@ -189,6 +189,14 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
     assert not set(provenance["sample_ids"]) & set(provenance["distractor_ids"])  # held out: not copies, not indexed
     assert provenance["counts"]["indexed_references"] == 6
     assert provenance["counts"]["matcher_pairs"] == 5 * 3  # 5 queries, top 3 each
+    # each stage's pooled metrics on the calibration copies; RP90 is the recall kept at precision 0.9
+    assert "matcher on the calibration copies: muAP" in out
+    for stage in ("descriptor", "matcher"):
+        found = provenance["metrics"][stage]
+        assert set(found) == {"micro_ap", "recall_at_p90", "recall_at_rank1"}
+        assert all(0.0 <= value <= 1.0 for value in found.values())
+        at_p90 = next(row["recall"] for row in first["stages"][stage] if row["precision"] == 0.9)
+        assert found["recall_at_p90"] == pytest.approx(at_p90)
     assert first["pipeline"]["descriptors"] == [str(Path(models["descriptor"]).resolve())]
     code, _, err = run_cli(capsys, *args, "--output", tmp_path / "b.json")
     assert code == 0, err

@@ -6,6 +6,8 @@ edits the training recipes never draw), and distractor images (a given folder, o
 the index) are edited the same way; their originals are not indexed, so they must not match. The
 detection pipeline then runs on these queries against the (remaining) references, and each stage's
 pooled predictions give the thresholds at the target precisions (:mod:`copynce_hf.retrieval.calibration`).
+The file also keeps each stage's muAP, RP90 and recall@1 on these copies (``provenance["metrics"]``): how
+the pipeline does on copies of this collection, a way to compare models or settings without labels.
 
 What the thresholds promise depends on the share of copies among the queries (here ``sample`` copies
 for ``distractors`` distractors) and on how far the recipe's edits resemble the copies met in practice.
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..images import load_image
+from ..metrics.copy_detection.formulas import copy_detection_metrics
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.calibration import PRECISIONS, Calibration, operating_points
@@ -160,26 +163,47 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
     points = {}
     counts = {"copies": copies, "distractors": len(made.distractor_ids), "indexed_references": len(made.indexed_ids),
               "unreadable_originals": len(unreadable), "skipped_queries": len(result.skipped_queries)}
+    metrics = {}
     for stage, predictions in stages.items():
         is_copy = [p.reference_id in ground_truth.get(p.query_id, ()) for p in predictions]
         points[stage] = operating_points(is_copy, [p.score for p in predictions], copies, precisions)
         counts[f"{stage}_pairs"] = len(predictions)
+        metrics[stage] = _stage_metrics(predictions, ground_truth)
     provenance = {
         "references": str(Path(references.folder).resolve()),
         "distractors": str(Path(distractors.folder).resolve()) if distractors is not None else None,
         "distractor_source": made.distractor_source, "seed": seed,
         "recipe": CopyRecipe.minidisc_queries().to_dict(), "recipe_name": "minidisc_queries",
-        "detect_config": dataclasses.asdict(config), "counts": counts,
+        "detect_config": dataclasses.asdict(config), "counts": counts, "metrics": metrics,
         "sample_ids": made.sample_ids, "distractor_ids": made.distractor_ids,
     }
     return Calibration(pipeline, points, provenance, source=None)
 
 
+#: The numbers of :func:`copy_detection_metrics` a calibration keeps per stage.
+STAGE_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1")
+
+
+def _stage_metrics(predictions, ground_truth: dict[str, list[str]]) -> dict[str, float] | None:
+    """muAP, RP90 and recall@1 of one stage's predictions on the calibration copies (the task's pooled metrics,
+    as on DISC21); ``None`` when the stage predicted nothing."""
+    if not predictions:
+        return None
+    found = copy_detection_metrics([p.query_id for p in predictions], [p.reference_id for p in predictions],
+                                   np.array([p.score for p in predictions], dtype=np.float64), ground_truth)
+    return {key: float(found[key]) for key in STAGE_METRICS}
+
+
 def format_calibration(calibration: Calibration) -> str:
-    """The thresholds as a small text table (one line per stage and precision)."""
+    """The thresholds as a small text table (one line per stage and precision), then each stage's muAP, RP90 and
+    recall@1 on the calibration copies (files written before they were recorded have none)."""
     lines = [f"{'stage':<11}{'precision':>10}{'threshold':>11}{'recall':>8}"]
     for stage, rows in calibration.stages.items():
         for row in rows:
             threshold = "-" if row.threshold is None else f"{row.threshold:.4f}"
             lines.append(f"{stage:<11}{row.precision:>10g}{threshold:>11}{row.recall:>8.3f}")
+    for stage, found in (calibration.provenance.get("metrics") or {}).items():
+        if found:
+            lines.append(f"{stage} on the calibration copies: muAP {found['micro_ap']:.3f}, "
+                         f"RP90 {found['recall_at_p90']:.3f}, recall@1 {found['recall_at_rank1']:.3f}")
     return "\n".join(lines)
