@@ -257,7 +257,10 @@ def test_detect_presets():
     paper = DetectConfig.from_preset("paper", k=3)
     assert (paper.descriptor_lce, paper.matcher_lce, paper.candidates, paper.k) == ("authors", "paper", 400, 3)
     assert DetectConfig.from_preset("fast") == DetectConfig()  # fast is the CPU-sized default
-    assert set(DETECT_PRESETS) == {"paper", "fast"}
+    assert set(DETECT_PRESETS) == {"paper", "fast", "accurate"}
+    accurate = DetectConfig.from_preset("accurate")
+    assert (accurate.descriptor_lce, accurate.matcher_lce, accurate.candidates, accurate.k) == ('matcher-views', 'paper', 2, 10)
+    assert (accurate.alpha, accurate.k_start, accurate.k_end) == (1.0, 0, 9)
     with pytest.raises(ConfigError, match="unknown detect preset 'slow'"):
         DetectConfig.from_preset("slow")
     with pytest.raises(ConfigError, match="k_start=3, k_end=2"):

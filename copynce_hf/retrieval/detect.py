@@ -12,8 +12,8 @@ Stages (supplementary "More about Candidates List for Matcher"):
    :mod:`.matcher_cache`) and keep the top ``k`` per query; without a matcher the top ``k`` merged
    candidates are the answer.
 
-:data:`~.presets.DETECT_PRESETS` names two whole settings: ``paper`` (the authors' inference) and ``fast``
-(the CPU-sized defaults of :class:`DetectConfig`).
+:data:`~.presets.DETECT_PRESETS` names three whole settings: ``paper`` (the authors' inference), ``fast``
+(the CPU-sized defaults of :class:`DetectConfig`) and ``accurate`` (local crops on a CPU budget).
 
 Used by ``copynce detect``, the demo and the benchmarks (through :mod:`copynce_hf.evaluation`).
 """
