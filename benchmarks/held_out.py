@@ -13,8 +13,8 @@ task, precision and engine of a training run's own evaluation
         --output outputs/gpu3/held_out_descriptor.json
 
 The models are evaluated as saved (their own configuration, float32 here); ``--kind`` names the training
-config whose evaluation is used (``configs/bench_descriptor.yaml`` or ``configs/bench_matcher.yaml``); a matcher's held-out task does
-not read its hard-negative graph, so none is needed.
+config whose evaluation is used (``configs/bench_descriptor.yaml`` or ``configs/bench_matcher.yaml``); a
+matcher's held-out task does not read its hard-negative graph, so none is needed.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ from .common import read_json
 from .quality import WITHOUT_EMA_SUFFIX
 from .report import save_png
 
-__all__ = ["ScalingRow", "continued_row", "load_rows", "merge_rows", "scaling_table", "save_scaling_figure", "spaced_ticks",
-           "table_rows", "main"]
+__all__ = ["ScalingRow", "continued_row", "load_rows", "merge_rows", "scaling_table", "save_scaling_figure",
+           "spaced_ticks", "table_rows", "main"]
 
 _METRICS = (("micro_ap", "muAP"), ("recall_at_p90", "RP90"), ("recall_at_rank1", "recall@1"))
 

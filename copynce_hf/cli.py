@@ -938,8 +938,8 @@ def build_parser() -> argparse.ArgumentParser:
         "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes).",
         epilog="Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
         "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 1.3 s per query with "
-        "the embedded 112-px models on one core. accurate (--descriptor-lce matcher-views --candidates 2 --matcher-lce paper, auxiliary ranks 0-9): about 3.3 s "
-        "per query on one core. paper (the authors' inference: --descriptor-lce authors, "
+        "the embedded 112-px models on one core. accurate (--descriptor-lce matcher-views --candidates 2 "
+        "--matcher-lce paper, auxiliary ranks 0-9): about 3.3 s per query on one core. paper (the authors' inference: --descriptor-lce authors, "
         "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "
         "costs about 45 descriptor passes + 26 encoder passes + 35 fusion passes per merged candidate per query, "
         "i.e. roughly 6 minutes per query with 400 candidates (the descriptor LCE finds fewer among few "

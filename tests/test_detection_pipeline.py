@@ -259,7 +259,8 @@ def test_detect_presets():
     assert DetectConfig.from_preset("fast") == DetectConfig()  # fast is the CPU-sized default
     assert set(DETECT_PRESETS) == {"paper", "fast", "accurate"}
     accurate = DetectConfig.from_preset("accurate")
-    assert (accurate.descriptor_lce, accurate.matcher_lce, accurate.candidates, accurate.k) == ('matcher-views', 'paper', 2, 10)
+    assert (accurate.descriptor_lce, accurate.matcher_lce, accurate.candidates, accurate.k) == (
+        "matcher-views", "paper", 2, 10)
     assert (accurate.alpha, accurate.k_start, accurate.k_end) == (1.0, 0, 9)
     with pytest.raises(ConfigError, match="unknown detect preset 'slow'"):
         DetectConfig.from_preset("slow")

@@ -1,4 +1,4 @@
-"""benchmarks/held_out.py: held-out scores over several draws of copies, here with tiny models and the bundled images."""
+"""benchmarks/held_out.py: held-out scores over several draws of copies, with tiny models and the bundled images."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def test_every_model_is_scored_on_every_draw_and_compared_with_the_first(tiny, k
     assert models["other"]["better"] == (models["other"]["mean"]["micro_ap"] > models["current"]["mean"]["micro_ap"])
     # each draw is the training run's own held-out task with that seed
     config_file = held_out.DESCRIPTOR_CONFIG if kind == "descriptor" else held_out.MATCHER_CONFIG
-    overrides = {"dataset": str(ASSET_IMAGES), "model_name_or_path": tiny[1][kind], "model": None, "init_from_dino": None,
-                 "seed": 1, "num_eval_images": 5, "mixed_precision": "no", "dataloader_num_workers": 0}
+    overrides = {"dataset": str(ASSET_IMAGES), "model_name_or_path": tiny[1][kind], "model": None,
+                 "init_from_dino": None, "seed": 1, "num_eval_images": 5, "mixed_precision": "no", "dataloader_num_workers": 0}
     if kind == "matcher":
         overrides.update(knn_graph=None, hard_negative_mining="off")
     run_config = load_config(config_file, overrides)

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from ..images import load_image
-from ..metrics.copy_detection.formulas import copy_detection_metrics
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.calibration import PRECISIONS, Calibration, operating_points
 from ..retrieval.candidates import top_per_query
 from ..retrieval.detect import Descriptor, DetectConfig, detect
+from ..retrieval.predictions import prediction_metrics
 from ..retrieval.sources import ImageFolderSource, ImageListSource
 from .minidisc import QueryEntry, draw_queries
 
@@ -180,7 +180,7 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
     return Calibration(pipeline, points, provenance, source=None)
 
 
-#: The numbers of :func:`copy_detection_metrics` a calibration keeps per stage.
+#: The numbers of :func:`~copynce_hf.retrieval.predictions.prediction_metrics` a calibration keeps per stage.
 STAGE_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1")
 
 
@@ -189,8 +189,7 @@ def _stage_metrics(predictions, ground_truth: dict[str, list[str]]) -> dict[str,
     as on DISC21); ``None`` when the stage predicted nothing."""
     if not predictions:
         return None
-    found = copy_detection_metrics([p.query_id for p in predictions], [p.reference_id for p in predictions],
-                                   np.array([p.score for p in predictions], dtype=np.float64), ground_truth)
+    found = prediction_metrics(predictions, ground_truth)
     return {key: float(found[key]) for key in STAGE_METRICS}
 
 

@@ -36,7 +36,7 @@ from .chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, sc
 from .descriptors import DescriptorSet
 from .index import DescriptorIndex, IndexConfig
 from .matcher_cache import MatcherScorer
-from .predictions import Prediction
+from .predictions import Prediction, prediction_metrics
 from .presets import DEFAULT_CANDIDATES, DETECT_PRESETS
 from .search import search_references
 from .view_search import extract_view_descriptors
@@ -161,11 +161,7 @@ class DetectResult:
     def metrics(self, ground_truth: dict[str, list[str]]) -> dict:
         """The copy-detection metrics of :attr:`predictions` against ``ground_truth`` (query id -> reference
         ids; muAP, RP90, recall@k, ...), with ``candidate_recall`` and ``num_candidates_per_query``."""
-        from ..metrics.copy_detection.formulas import copy_detection_metrics
-
-        metrics = copy_detection_metrics([p.query_id for p in self.predictions],
-                                         [p.reference_id for p in self.predictions],
-                                         [p.score for p in self.predictions], ground_truth)
+        metrics = prediction_metrics(self.predictions, ground_truth)
         metrics["candidate_recall"] = self.candidate_recall(ground_truth)
         metrics["num_candidates_per_query"] = self.candidates_per_query
         return metrics

@@ -12,11 +12,11 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ..metrics.copy_detection.formulas import read_csv_rows
+from ..metrics.copy_detection.formulas import copy_detection_metrics, read_csv_rows
 from ..modeling.errors import PredictionsError
 from ..outputs import StagedFile
 
@@ -30,6 +30,13 @@ class Prediction(NamedTuple):
     query_id: str
     reference_id: str
     score: float
+
+
+def prediction_metrics(predictions: Sequence[Prediction], ground_truth) -> dict:
+    """:func:`~copynce_hf.metrics.copy_detection.formulas.copy_detection_metrics` of P predictions, pooled as on
+    DISC21 (``ground_truth``: query id -> reference ids, or a DISC21 CSV path)."""
+    return copy_detection_metrics([p.query_id for p in predictions], [p.reference_id for p in predictions],
+                                  [float(p.score) for p in predictions], ground_truth)
 
 
 def check_unique(predictions: Iterable[Prediction], source: str = "predictions") -> None:

@@ -7,7 +7,9 @@ top-k (up to 390 candidates per query and descriptor), score normalisation over 
 neighbours of ranks 1-4 (their ``score_normalization.py --start 1 --end 5``, end exclusive), 400
 merged candidates, matcher LCE (35 view pairs per candidate), top 10 per query. ``fast`` is sized
 for a CPU: whole-image descriptors, 50 candidates, one matcher pass per candidate, ranks 0-9.
-``accurate`` spends a few more seconds per query on a CPU: descriptor LCE with the matcher's 26 query / 10 reference views, matcher LCE (35 view pairs) on the top 2, ranks 0-9; chosen over `fast` on held-out training images (BENCHMARKS.md, "A third preset, chosen on held-out images").
+``accurate`` spends a few more seconds per query on a CPU: descriptor LCE with the matcher's 26 query / 10
+reference views, matcher LCE (35 view pairs) on the top 2, ranks 0-9; chosen over ``fast`` on held-out
+training images (BENCHMARKS.md, "A third preset, chosen on held-out images").
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alp
 DETECT_PRESETS: dict[str, dict] = {
     "fast": {"descriptor_lce": "none", "matcher_lce": "none", "candidates": DEFAULT_CANDIDATES, "k": 10,
              "alpha": 1.0, "k_start": 0, "k_end": 9},
-    "accurate": {"descriptor_lce": "matcher-views", "matcher_lce": "paper", "candidates": 2, "k": 10, "alpha": 1.0, "k_start": 0, "k_end": 9},
+    "accurate": {"descriptor_lce": "matcher-views", "matcher_lce": "paper", "candidates": 2, "k": 10,
+                 "alpha": 1.0, "k_start": 0, "k_end": 9},
     "paper": {"descriptor_lce": "authors", "matcher_lce": "paper", "candidates": 400, "k": 10,
               "alpha": 1.0, "k_start": 1, "k_end": 4},
 }
