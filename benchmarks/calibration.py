@@ -47,10 +47,10 @@ def measure(folder: Path, threads: int = 1) -> dict:
     """Run the calibrated pipeline on mini-DISC's queries and compare each threshold with what it gives."""
     import torch
 
-    from copynce_hf.evaluation.models import DEFAULT_DESCRIPTOR, load_model
     from copynce_hf.metrics.copy_detection.formulas import read_ground_truth_csv
+    from copynce_hf.model_loading import DEFAULT_DESCRIPTOR, load_model
     from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, detect, top_per_query
-    from copynce_hf.retrieval.calibration import (
+    from copynce_hf.retrieval.apps.calibration import (
         Calibration,
         decision_rates,
         model_identity,

@@ -7,7 +7,7 @@ The collection: the first ``--images`` images of the ``train`` split of ``../sha
 the reference or distractor splits), plus copies made with the mini-DISC query recipe
 (``CopyRecipe.minidisc_queries()``, the evaluation recipe) of ``--copied`` of them, two copies each for the
 first ``--twice`` of those. A true pair is two images of the same original (the original and a copy, or two
-copies). The embedded models run :func:`copynce_hf.retrieval.dedup` once; the groups are then formed again
+copies). The embedded models run :func:`copynce_hf.retrieval.apps.dedup` once; the groups are then formed again
 from the verified pairs at several thresholds (matcher scores) and from the descriptor candidates alone
 (cosines). Each row reports the pair precision and recall of its groups (every two images sharing a group
 count as a pair), of its edges (the verified pairs at or above the threshold, before the groups join them),
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from copynce_hf.evaluation.models import load_model
+from copynce_hf.model_loading import load_model
 from copynce_hf.pixtrace import CopyRecipe
 from copynce_hf.retrieval import (
     Descriptor,

@@ -69,7 +69,7 @@ def torch_model_folders(name: str, folder: Path) -> dict[str, Path | None]:
 
 
 def onnx_folder(source: Path | None, kind: str, target: Path) -> Path:
-    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.model_loading import load_model
     from copynce_hf.onnx_export import export_onnx, is_onnx_folder
 
     if not is_onnx_folder(target):
@@ -105,7 +105,7 @@ def bench_size(name: str, output_dir: Path, threads: list[int], rounds: int) -> 
     from PIL import Image
 
     from copynce_hf.data import ASSET_IMAGES
-    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import MatcherScorer, load_onnx_model
 
     files = {path.stem: path for path in sorted(ASSET_IMAGES.glob("*.jpg"))}

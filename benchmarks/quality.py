@@ -11,7 +11,7 @@ random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model f
 ``--runs-dir``, written by ``python -m benchmarks.training``, plus ``--descriptor`` entries) and
 ``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
 ``descriptor-copynce-seed<k>``, plus ``--matcher`` entries) and ``pipeline`` (the embedded models
-through :func:`copynce_hf.retrieval.detect`, one system per added stage, see :data:`PIPELINE_STAGES`;
+through :func:`copynce_hf.retrieval.apps.detect`, one system per added stage, see :data:`PIPELINE_STAGES`;
 score normalisation uses the ``train`` split as the auxiliary set). Each system's result is written to
 ``<output-dir>/<system>.json`` as soon as it finishes (metrics, PR curve arrays, predictions,
 timing, machine, command), so an interrupted run loses nothing already done;
@@ -286,8 +286,8 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
     With ``lce_every`` > 1 the last stage (matcher LCE) runs on every ``lce_every``-th query (in id order) to
     bound its cost, and its record also scores the previous stage's predictions on the same queries.
     """
-    from copynce_hf.evaluation import load_model
     from copynce_hf.evaluation.minidisc import read_splits
+    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import Descriptor, DetectConfig, ImageListSource
 
     train = read_splits(task.config.splits_csv, task.config.image_folder).get("train", [])

@@ -21,7 +21,7 @@ Parts (``--parts``):
   for the benchmark ViT and ViT-S/16 at 224; plus end-to-end ``extract_descriptors`` images per
   second (image processing and batching included) for the benchmark ViT.
 * ``faiss``: queries per second of k=10 search over N random 512-d unit vectors, exact
-  (``flat``) against the approximate indexes of :mod:`copynce_hf.retrieval.index` (``hnsw``,
+  (``flat``) against the approximate indexes of :mod:`copynce_hf.retrieval.search.index` (``hnsw``,
   ``ivfpq``), with build time and recall@10 (overlap with the exact top-10). Queries are noisy
   copies of database vectors (cosine about 0.7 to their source), as copy-detection queries are;
   ``found@1`` is the share whose source is ranked first.

@@ -42,18 +42,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import __version__
-from .evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
+from .model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 from .modeling.errors import SKIP_REASONS, ConfigError, CopyNCEError, PredictionsError
 from .outputs import StagedFile, StagedFolder, check_output_file, check_output_folder
-from .retrieval.calibration import PRECISIONS as CALIBRATED_PRECISIONS
-from .retrieval.presets import (
+from .retrieval.apps.calibration import PRECISIONS as CALIBRATED_PRECISIONS
+from .retrieval.search.presets import (
     DEFAULT_CANDIDATES,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INDEX_CHUNK_SIZE,
     DETECT_PRESET_FIELDS,
     DETECT_PRESETS,
 )
-from .retrieval.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
+from .retrieval.search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
 logger = logging.getLogger("copynce_hf.cli")
 
@@ -185,8 +185,8 @@ def cmd_index(args) -> int:
         learn_whitening,
         write_index_from_files,
     )
-    from .retrieval.chunked_extraction import source_identity, work_folder_of
-    from .retrieval.work_folder import digest, model_fingerprint
+    from .retrieval.jobs.chunked_extraction import source_identity, work_folder_of
+    from .retrieval.jobs.work_folder import digest, model_fingerprint
 
     check_output_folder(args.output)
     check_model_path(args.model)
@@ -310,10 +310,10 @@ def cmd_search(args) -> int:
 def cmd_match(args) -> int:
     import shutil
 
+    from .modeling.configuration_copynce import model_kind
     from .precision import make_accelerator
     from .retrieval import (
         LocalCrops,
-        model_kind,
         read_predictions,
         rescore_predictions,
         top_per_query,
@@ -451,7 +451,7 @@ def _detect_config(args):
 
 
 def _pipeline_identity(args, config) -> dict:
-    from .retrieval.calibration import model_identity, pipeline_identity
+    from .retrieval.apps.calibration import model_identity, pipeline_identity
 
     return pipeline_identity([model_identity(path, "descriptor") for path in args.models or [None]],
                              None if args.matcher == "none" else model_identity(args.matcher, "matcher"),
@@ -491,7 +491,7 @@ def _pipeline_models(args):
 def _calibration_point(args, config):
     """The calibrated operating point ``detect --calibration`` decides with (``None`` without the option);
     checked before any model loads."""
-    from .retrieval.calibration import Calibration
+    from .retrieval.apps.calibration import Calibration
 
     if args.calibration is None:
         if args.precision is not None:
@@ -509,8 +509,8 @@ def cmd_detect(args) -> int:
     from .metrics.copy_detection.formulas import read_ground_truth_csv
     from .precision import make_accelerator
     from .retrieval import detect, write_predictions
-    from .retrieval.calibration import decision_report
-    from .retrieval.gallery import write_gallery
+    from .retrieval.apps.calibration import decision_report
+    from .retrieval.reports.gallery import write_gallery
 
     start = time.perf_counter()
     # every input and the output folder are checked before any model runs
@@ -654,8 +654,8 @@ def cmd_export_onnx(args) -> int:
 def _dedup_threshold(args, config) -> tuple[float, str]:
     """``(threshold, where it comes from)`` of ``copynce dedup``: ``--threshold``, a calibration file's at
     ``--precision``, or 0.5 with a matcher."""
-    from .retrieval.calibration import Calibration, model_identity
-    from .retrieval.dedup import calibrated_threshold
+    from .retrieval.apps.calibration import Calibration, model_identity
+    from .retrieval.apps.dedup import calibrated_threshold
 
     if args.calibration is not None:
         if args.threshold is not None:
@@ -680,7 +680,7 @@ def cmd_dedup(args) -> int:
 
     from .precision import make_accelerator
     from .retrieval import DetectConfig, dedup, write_groups, write_predictions
-    from .retrieval.gallery import write_group_gallery
+    from .retrieval.reports.gallery import write_group_gallery
 
     start = time.perf_counter()
     check_output_folder(args.output)

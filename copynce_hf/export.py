@@ -111,7 +111,7 @@ def load_float32(folder: Path, kind: str):
     """``(model, image_processor)`` of a saved folder, in float32, checked to be a ``kind`` model."""
     from transformers import AutoImageProcessor, AutoModel
 
-    from .retrieval.rescoring import model_kind
+    from .modeling.configuration_copynce import model_kind
 
     folder = Path(folder)
     if not (folder / "config.json").is_file():

@@ -5,7 +5,7 @@
     OUT/descriptor.onnx          pixel_values (B, 3, H, W) -> descriptors (B, D), patch_tokens (B, L, C)
 
 and for a matcher, its two stages as two graphs, so that the encoder-token cache of
-:mod:`copynce_hf.retrieval.matcher_cache` works as with PyTorch (one encoder pass per image view,
+:mod:`copynce_hf.retrieval.jobs.matcher_cache` works as with PyTorch (one encoder pass per image view,
 one fusion pass per view pair)::
 
     OUT/matcher_encoder.onnx     pixel_values (B, 3, H, W) -> tokens (B, 1 + L, C)
@@ -21,7 +21,7 @@ versions that made them. The batch axis is dynamic; the image size is the image 
 it registers, and its ONNX package (optimum-onnx 0.1) requires transformers 4.x.
 
 :func:`cache_folder` names where ``--runtime onnx`` keeps the export of a model folder given rather than
-an exported one (:func:`copynce_hf.evaluation.models.load_model` exports it there once).
+an exported one (:func:`copynce_hf.model_loading.load_model` exports it there once).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _graph_modules(model):
     """The graphs of ``model`` as ``{name: (module, example inputs, input names, output names, dynamic axes)}``."""
     import torch
 
-    from .retrieval.rescoring import model_kind
+    from .modeling.configuration_copynce import model_kind
 
     size = model.config.image_size
     pixels = torch.zeros(2, model.config.num_channels, size, size)  # batch 2: a batch of 1 would be specialised
@@ -134,7 +134,7 @@ def export_onnx(model, processor, output: str | os.PathLike, source: str = "") -
     import torch
 
     from . import __version__
-    from .retrieval.rescoring import model_kind
+    from .modeling.configuration_copynce import model_kind
 
     kind = model_kind(model)
     size = model.config.image_size

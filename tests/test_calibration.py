@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 
 from copynce_hf.modeling.errors import ConfigError
-from copynce_hf.retrieval.calibration import (
+from copynce_hf.retrieval.apps.calibration import (
     Calibration,
     OperatingPoint,
     decision_rates,
@@ -18,7 +18,7 @@ from copynce_hf.retrieval.calibration import (
     operating_points,
     pipeline_identity,
 )
-from copynce_hf.retrieval.detect import DetectConfig
+from copynce_hf.retrieval.apps.detect import DetectConfig
 
 
 def _pipeline(matcher="embedded:matcher", preset="fast", score_normalisation=False, **overrides):
@@ -101,7 +101,7 @@ def test_check_pipeline_names_both_sides():
 
 
 def test_model_identity(tmp_path):
-    from copynce_hf.evaluation.models import DEFAULT_DESCRIPTOR
+    from copynce_hf.model_loading import DEFAULT_DESCRIPTOR
 
     assert model_identity(None, "matcher") == "embedded:matcher"
     assert model_identity(DEFAULT_DESCRIPTOR, "descriptor") == "embedded:descriptor"
@@ -215,8 +215,8 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
 def test_calibration_finds_planted_copies_with_the_embedded_models(collection):
     """The embedded models find copies of the collection's own images: the labels of the calibration pairs are
     right (wrong labels would leave no threshold reaching 90 % precision)."""
-    from copynce_hf.evaluation.models import load_model
     from copynce_hf.evaluation.self_calibration import calibrate
+    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import Descriptor, ImageFolderSource
 
     config = DetectConfig.from_preset("fast", k=2, candidates=4)

@@ -292,7 +292,7 @@ def test_error_duplicate_predictions(images, tmp_path, capsys):
 
 
 def test_error_missing_embedded_model(images, tmp_path, capsys, monkeypatch):
-    from copynce_hf.evaluation import models
+    from copynce_hf import model_loading as models
 
     monkeypatch.setitem(models.DEFAULTS, "descriptor", tmp_path / "pretrained" / "descriptor")
     code, _, err = run_cli(capsys, "index", images / "refs", "--output", tmp_path / "o")

@@ -95,7 +95,7 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
 
 
 def test_dedup_threshold_from_a_calibration_file(collection, tmp_path, capsys):
-    from copynce_hf.retrieval.calibration import Calibration, OperatingPoint, model_identity
+    from copynce_hf.retrieval.apps.calibration import Calibration, OperatingPoint, model_identity
 
     models = save_tiny_models(tmp_path / "models", seed=0)
     pipeline = {"descriptors": [model_identity(models["descriptor"], "descriptor")], "matcher": None,
@@ -142,7 +142,7 @@ def planted_collection(folder, side: int = 160, seed: int = 0) -> list[list[str]
 
 
 def test_planted_copies_are_grouped_with_the_embedded_models(tmp_path):
-    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.model_loading import load_model
 
     truth = planted_collection(tmp_path)
     assert sum(len(group) for group in truth) == 6 + 9  # 12 originals, 9 copies, 12 true pairs

@@ -216,7 +216,7 @@ def test_index_killed_with_sigkill_resumes_from_its_last_chunk(models, collectio
 
 def test_chunks_are_reused_only_for_the_same_inputs(models, tmp_path, caplog):
     """Complete chunks of the same model, source and settings are reused; those of other inputs are removed."""
-    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import ImageListSource, extract_in_chunks
 
     rng = np.random.default_rng(2)
@@ -246,7 +246,7 @@ def test_chunks_are_reused_only_for_the_same_inputs(models, tmp_path, caplog):
 
 def test_local_files_stamp_follows_the_files(tmp_path):
     """What ties chunks to a local dataset: a changed, added or renamed file changes it."""
-    from copynce_hf.retrieval.sources import local_files_stamp
+    from copynce_hf.retrieval.search.sources import local_files_stamp
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train-0.parquet").write_bytes(b"1234")
@@ -265,8 +265,8 @@ def test_a_descriptor_model_has_a_fingerprint(models):
     (num_batches_tracked), which is hashed like any tensor."""
     import torch
 
-    from copynce_hf.evaluation.models import load_model
-    from copynce_hf.retrieval.work_folder import model_fingerprint
+    from copynce_hf.model_loading import load_model
+    from copynce_hf.retrieval.jobs.work_folder import model_fingerprint
 
     model, _ = load_model(models["descriptor"], "descriptor", "--model")
     assert any(tensor.dim() == 0 for tensor in model.state_dict().values())
@@ -285,7 +285,7 @@ def test_extraction_lets_go_of_its_images(models):
 
     from accelerate import Accelerator
 
-    from copynce_hf.evaluation.models import load_model
+    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import ImageListSource, extract_descriptors
 
     rng = np.random.default_rng(4)

@@ -226,3 +226,97 @@ def test_scripts_are_thin_entry_points():
 def test_the_training_loop_fits_one_screen():
     """``training/run.py``'s ``train`` reads top to bottom on one screen (DINOv2's ``do_train`` is ~80 lines)."""
     assert function_length(PACKAGE / "training" / "run.py", "train") <= 60
+
+
+#: retrieval's layers, lowest first: a module of one imports no module of a later one.
+RETRIEVAL_LAYERS = ("search", "jobs", "apps", "reports")
+
+
+def upward_imports(root: Path, package: str, layers: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(module, imported module) for each import from a layer of ``package`` into a later layer of it."""
+    def layer_of(module: str) -> int | None:
+        parts = module.split(".")
+        prefix = package.split(".")
+        if parts[: len(prefix)] != prefix or len(parts) <= len(prefix) or parts[len(prefix)] not in layers:
+            return None
+        return layers.index(parts[len(prefix)])
+
+    found = []
+    for module, imports in _imports(root).items():
+        own = layer_of(module)
+        if own is None:
+            continue
+        found += [(module, target) for target, _ in imports if (layer_of(target) or 0) > own]
+    return sorted(set(found))
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    package = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/r/__init__.py": "",
+        "pkg/r/low/__init__.py": "",
+        "pkg/r/low/a.py": "def f():\n    from ..high.b import g\n    return g\n",
+        "pkg/r/high/__init__.py": "",
+        "pkg/r/high/b.py": "from ..low.a import f\n\ndef g():\n    return f\n",
+    })
+    assert upward_imports(package, "pkg.r", ("low", "high")) == [("pkg.r.low.a", "pkg.r.high.b")]
+
+
+def test_retrieval_layers_import_only_the_layers_below():
+    assert {path.name for path in (PACKAGE / "retrieval").iterdir() if path.is_dir() and
+            (path / "__init__.py").exists()} == set(RETRIEVAL_LAYERS)
+    assert [path.name for path in (PACKAGE / "retrieval").glob("*.py")] == ["__init__.py"]
+    assert upward_imports(PACKAGE, "copynce_hf.retrieval", RETRIEVAL_LAYERS) == []
+
+
+def long_functions(root: Path, limit: int) -> list[tuple[str, str, int]]:
+    """(file, function, lines) for each function or method of ``root`` longer than ``limit`` lines, decorators
+    and argument declarations included (the shipped copies of the model code under ``pretrained/`` are skipped:
+    they are the same files as ``modeling/``)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "pretrained" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
+                if node.end_lineno - start + 1 > limit:
+                    found.append((str(path.relative_to(root)), node.name, node.end_lineno - start + 1))
+    return found
+
+
+def crowded_folders(root: Path, limit: int) -> list[tuple[str, int]]:
+    """(folder, modules) for each package folder of ``root`` with more than ``limit`` modules directly in it."""
+    found = []
+    for folder in sorted([root, *(path for path in root.rglob("*") if path.is_dir())]):
+        count = len([path for path in folder.glob("*.py") if path.name != "__init__.py"])
+        if count > limit:
+            found.append((str(folder.relative_to(root.parent)), count))
+    return found
+
+
+def test_the_length_checks_measure_what_they_name(tmp_path):
+    package = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "@staticmethod\ndef long(\n    x,\n):\n" + "    x += 1\n" * 3 + "    return x\n",
+        "pkg/many/__init__.py": "",
+        **{f"pkg/many/m{i}.py": "" for i in range(4)},
+    })
+    assert long_functions(package, 7) == [("a.py", "long", 8)] and long_functions(package, 8) == []
+    assert crowded_folders(package, 3) == [("pkg/many", 4)] and crowded_folders(package, 4) == []
+
+
+def test_no_function_is_longer_than_a_screen():
+    """80 lines at the most (DINOv2's ``do_train``); a longer one splits into named steps."""
+    assert long_functions(PACKAGE, 80) == []
+
+
+def test_no_folder_holds_more_than_fifteen_modules():
+    assert crowded_folders(PACKAGE, 15) == []
+
+
+def test_the_command_line_is_one_module_per_command():
+    """``copynce_hf/commands/`` holds the commands; no ``cli.py`` of hundreds of lines beside it."""
+    cli = PACKAGE / "cli.py"
+    assert not cli.exists() or len(cli.read_text(encoding="utf-8").splitlines()) < 200
+    assert (PACKAGE / "commands").is_dir()

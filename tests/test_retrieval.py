@@ -126,7 +126,7 @@ class CallSizes:
 def test_search_sends_faiss_bounded_batches_with_the_same_result(kind):
     """faiss keeps every query's working candidates of one call (ivfpq with re-ranking: k x k_factor each), so
     search must not hand it all the queries at once: at most SEARCH_BATCH_SIZE per call, results unchanged."""
-    from copynce_hf.retrieval.index import SEARCH_BATCH_SIZE
+    from copynce_hf.retrieval.search.index import SEARCH_BATCH_SIZE
 
     refs = DescriptorSet([f"R{i}" for i in range(400)], unit_vectors(400, 16, 3))
     queries = unit_vectors(SEARCH_BATCH_SIZE + 5, 16, 4)
@@ -233,7 +233,7 @@ def test_hnsw_default_build_finds_copies_among_clusters_of_close_rivals():
 
 
 def test_ivfpq_training_sample_is_a_fixed_subset_of_the_references():
-    from copynce_hf.retrieval.index import _training_rows
+    from copynce_hf.retrieval.search.index import _training_rows
 
     rows = _training_rows(1000, 300)
     assert rows.shape == (300,) and len(set(rows.tolist())) == 300 and 0 <= rows.min() and rows.max() < 1000

@@ -15,8 +15,8 @@ import copynce_hf
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The retrieval package itself is light (its names load on first access); its search and detection are not.
-HEAVY = ("torch", "transformers", "accelerate", "faiss", "augly", "datasets", "copynce_hf.retrieval.index",
-         "copynce_hf.retrieval.detect", "copynce_hf.pipelines", "copynce_hf.modeling.modeling_copynce",
+HEAVY = ("torch", "transformers", "accelerate", "faiss", "augly", "datasets", "copynce_hf.retrieval.search.index",
+         "copynce_hf.retrieval.apps.detect", "copynce_hf.pipelines", "copynce_hf.modeling.modeling_copynce",
          "copynce_hf.training")
 
 
@@ -46,13 +46,13 @@ def test_auto_classes_and_pipeline_task_are_registered_on_first_use():
                    "assert AutoConfig.for_model('copynce-vit').model_type == 'copynce-vit'")
     # Registering the models loads the modelling code, not retrieval, pipelines, faiss or augly.
     assert state["transformers"] and state["copynce_hf.modeling.modeling_copynce"]
-    assert not any(state[name] for name in ("faiss", "augly", "copynce_hf.retrieval.index",
-                                             "copynce_hf.retrieval.detect", "copynce_hf.pipelines",
+    assert not any(state[name] for name in ("faiss", "augly", "copynce_hf.retrieval.search.index",
+                                             "copynce_hf.retrieval.apps.detect", "copynce_hf.pipelines",
                                              "copynce_hf.training"))
     state = loaded("import copynce_hf\nfrom transformers import pipeline\n"
                    "from transformers.pipelines import PIPELINE_REGISTRY\n"
                    "assert 'image-copy-detection' in PIPELINE_REGISTRY.get_supported_tasks()")
-    assert state["copynce_hf.pipelines"] and not state["copynce_hf.retrieval.index"] and not state["faiss"]
+    assert state["copynce_hf.pipelines"] and not state["copynce_hf.retrieval.search.index"] and not state["faiss"]
     # transformers imported before copynce_hf: registered at once.
     run_python("from transformers import AutoConfig, pipeline\nimport copynce_hf\n"
                "from transformers.pipelines import PIPELINE_REGISTRY\n"

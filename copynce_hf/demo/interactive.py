@@ -31,8 +31,8 @@ import torch
 from PIL import Image
 
 from ..evaluation.demo_task import BUNDLED_IMAGES, input_overlap, probe_patch
-from ..evaluation.models import load_model
 from ..images import load_image
+from ..model_loading import load_model
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyEditor, CopyRecipe, CopyResult
 from ..retrieval import (

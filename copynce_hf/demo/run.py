@@ -35,9 +35,9 @@ from ..evaluation.demo_task import (
     traced_patches,
     true_pair_overlap,
 )
-from ..evaluation.models import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, load_model
 from ..images import load_image
 from ..metrics.plots import save_pr_curves
+from ..model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, load_model
 from ..modeling.errors import CopyNCEError
 from ..retrieval import affinity_maps, save_affinity_figures
 from .figures import save_overlap_figure, save_thumbnail

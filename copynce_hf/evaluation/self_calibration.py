@@ -5,7 +5,7 @@ query recipe (:meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe
 edits the training recipes never draw), and distractor images (a given folder, or references left out of
 the index) are edited the same way; their originals are not indexed, so they must not match. The
 detection pipeline then runs on these queries against the (remaining) references, and each stage's
-pooled predictions give the thresholds at the target precisions (:mod:`copynce_hf.retrieval.calibration`).
+pooled predictions give the thresholds at the target precisions (:mod:`copynce_hf.retrieval.apps.calibration`).
 The file also keeps each stage's muAP, RP90 and recall@1 on these copies (``provenance["metrics"]``): how
 the pipeline does on copies of this collection, a way to compare models or settings without labels.
 
@@ -26,11 +26,11 @@ import numpy as np
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
-from ..retrieval.calibration import PRECISIONS, Calibration, operating_points
-from ..retrieval.candidates import top_per_query
-from ..retrieval.detect import Descriptor, DetectConfig, detect
-from ..retrieval.predictions import prediction_metrics
-from ..retrieval.sources import ImageFolderSource, ImageListSource
+from ..retrieval.apps.calibration import PRECISIONS, Calibration, operating_points
+from ..retrieval.apps.detect import Descriptor, DetectConfig, detect
+from ..retrieval.search.candidates import top_per_query
+from ..retrieval.search.predictions import prediction_metrics
+from ..retrieval.search.sources import ImageFolderSource, ImageListSource
 from .minidisc import QueryEntry, draw_queries
 
 __all__ = ["CalibrationQueries", "calibration_queries", "calibrate", "format_calibration"]
@@ -128,18 +128,18 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
               sample: int = 100, num_distractors: int | None = None, seed: int = DEFAULT_SEED,
               precisions: Sequence[float] = PRECISIONS, progress: bool = True,
               log: Callable[[str], None] = print) -> Calibration:
-    """Make the calibration copies, run :func:`~copynce_hf.retrieval.detect` on them and choose the thresholds.
+    """Make the calibration copies, run :func:`~copynce_hf.retrieval.apps.detect` on them and choose the thresholds.
 
     Args:
         references: the collection (an :class:`ImageFolderSource`).
         descriptors, matcher, auxiliary, config: the pipeline, as given to :func:`detect`.
-        pipeline: its identity (:func:`~copynce_hf.retrieval.calibration.pipeline_identity`), stored in the file.
+        pipeline: its identity (:func:`~copynce_hf.retrieval.apps.calibration.pipeline_identity`), stored in the file.
         distractors, sample, num_distractors, seed: see :func:`calibration_queries`.
         precisions: target precisions.
         progress, log: progress bars; one line per step.
 
     Returns:
-        the :class:`~copynce_hf.retrieval.calibration.Calibration`; stage ``descriptor`` scores the top ``k``
+        the :class:`~copynce_hf.retrieval.apps.calibration.Calibration`; stage ``descriptor`` scores the top ``k``
         merged descriptor candidates per query (what ``detect --matcher none`` outputs), stage ``matcher``
         (with a matcher) the matcher's top ``k``.
     """
@@ -180,7 +180,7 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
     return Calibration(pipeline, points, provenance, source=None)
 
 
-#: The numbers of :func:`~copynce_hf.retrieval.predictions.prediction_metrics` a calibration keeps per stage.
+#: The numbers of :func:`~copynce_hf.retrieval.search.predictions.prediction_metrics` a calibration keeps per stage.
 STAGE_METRICS = ("micro_ap", "recall_at_p90", "recall_at_rank1")
 
 

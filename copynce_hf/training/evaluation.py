@@ -21,7 +21,8 @@ from PIL import Image
 from ..data.loading import ImageDecoder
 from ..data.pairs import CopyPairMaker
 from ..evaluation.systems import DescriptorSystem, MatcherRescoring, score_predictions
-from ..retrieval import ImageListSource, Prediction, model_kind
+from ..modeling.configuration_copynce import model_kind
+from ..retrieval import ImageListSource, Prediction
 from .checkpoints import TrainingProgress
 
 logger = logging.getLogger(__name__)

@@ -88,6 +88,16 @@ def _check_positive_int(key: str, value) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, value, "must be an integer > 0")
 
 
+def model_kind(model) -> str:
+    """``"matcher"`` or ``"descriptor"``, from the ``model_type`` of a model's config (or of a config)."""
+    model_type = getattr(getattr(model, "config", model), "model_type", "") or ""
+    if "matcher" in model_type:
+        return "matcher"
+    if "descriptor" in model_type:
+        return "descriptor"
+    raise ConfigError(f"model type {model_type!r} is neither a CopyNCE matcher nor a CopyNCE descriptor")
+
+
 class CustomPipelines(dict):
     """A saved folder's ``custom_pipelines`` (task -> the pipeline code the folder carries) where some
     tasks are also registered with ``transformers`` from the installed package.

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..images import load_image
-from ..modeling.errors import ImageLoadError
+from ...images import load_image
+from ...modeling.errors import ImageLoadError
 
 #: File extensions treated as images when listing a folder (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -146,7 +146,7 @@ class DatasetImageSource:
 
     def __init__(self, dataset, image_column: str | None = None, id_column: str | None = None,
                  max_pixels: int | None = None, name: str = "dataset"):
-        from ..data.loading import standardise_image_columns
+        from ...data.loading import standardise_image_columns
 
         self.name, self.max_pixels = name, max_pixels
         self.dataset = standardise_image_columns(dataset, image_column, id_column, name)
@@ -256,7 +256,7 @@ def open_dataset_source(name: str, split: str = "train", image_column: str | Non
     is then read as it goes, nothing downloaded ahead). Raises :class:`ConfigError` naming the dataset and the
     missing split or column.
     """
-    from ..data.loading import load_image_dataset
+    from ...data.loading import load_image_dataset
 
     dataset = load_image_dataset(name, split=split, streaming=streaming, image_column=image_column,
                                  id_column=id_column)

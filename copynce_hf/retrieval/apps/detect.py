@@ -29,20 +29,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..modeling.errors import ConfigError, PredictionsError
-from ..outputs import StagedFile
-from .candidates import candidate_recall, merge_candidates, top_per_query
-from .chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, scoring_identity
-from .descriptors import DescriptorSet
-from .index import DescriptorIndex, IndexConfig
-from .matcher_cache import MatcherScorer
-from .predictions import Prediction, prediction_metrics
-from .presets import DEFAULT_CANDIDATES, DETECT_PRESETS
-from .search import search_references
-from .view_search import extract_view_descriptors
-from .views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
-from .whitening import Whitening
-from .work_folder import file_stamp, holds_identity, lines_digest
+from ...modeling.errors import ConfigError, PredictionsError
+from ...outputs import StagedFile
+from ..jobs.chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, scoring_identity
+from ..jobs.matcher_cache import MatcherScorer
+from ..jobs.work_folder import file_stamp, holds_identity, lines_digest
+from ..search.candidates import candidate_recall, merge_candidates, top_per_query
+from ..search.descriptors import DescriptorSet
+from ..search.index import DescriptorIndex, IndexConfig
+from ..search.predictions import Prediction, prediction_metrics
+from ..search.presets import DEFAULT_CANDIDATES, DETECT_PRESETS
+from ..search.references import search_references
+from ..search.view_search import extract_view_descriptors
+from ..search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
+from ..search.whitening import Whitening
 
 logger = logging.getLogger(__name__)
 
@@ -363,7 +363,7 @@ def detect(
     names = [d.name for d in descriptors]
     if len(set(names)) != len(names):
         raise ConfigError(f"descriptor names must differ, got {names}")
-    from ..precision import make_accelerator
+    from ...precision import make_accelerator
 
     accelerator = accelerator or make_accelerator()
     preset = ViewPreset(config.descriptor_lce)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..modeling.errors import ConfigError
+from ...modeling.errors import ConfigError
 
 
 def auxiliary_similarities(queries: np.ndarray, auxiliary: np.ndarray, k: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..modeling.errors import ConfigError
+from ...modeling.errors import ConfigError
 from .descriptors import DescriptorSet
 from .extract import extract_descriptors
 from .index import DescriptorIndex

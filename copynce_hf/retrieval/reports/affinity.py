@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..images import load_image
-from ..modeling.errors import ConfigError
-from ..modeling.losses_copynce import affinity_entropy, token_affinity_logits
-from .rescoring import model_kind
+from ...images import load_image
+from ...modeling.configuration_copynce import model_kind
+from ...modeling.errors import ConfigError
+from ...modeling.losses_copynce import affinity_entropy, token_affinity_logits
 
 
 @dataclass

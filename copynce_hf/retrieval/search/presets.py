@@ -1,4 +1,4 @@
-"""Named whole settings of ``copynce detect`` / :func:`copynce_hf.retrieval.detect`, and the defaults of
+"""Named whole settings of ``copynce detect`` / :func:`copynce_hf.retrieval.apps.detect`, and the defaults of
 ``copynce index`` (no heavy imports, so that the command line can list them in ``--help``).
 
 ``paper`` is the authors' inference (their evaluation code, and supplementary "More about

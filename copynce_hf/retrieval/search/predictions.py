@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ..metrics.copy_detection.formulas import copy_detection_metrics, read_csv_rows
-from ..modeling.errors import PredictionsError
-from ..outputs import StagedFile
+from ...metrics.copy_detection.formulas import copy_detection_metrics, read_csv_rows
+from ...modeling.errors import PredictionsError
+from ...outputs import StagedFile
 
 #: Column names of the DISC21 matching-track CSV, in order.
 PREDICTION_COLUMNS = ("query_id", "reference_id", "score")

@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from ..modeling.errors import ConfigError
+from ...modeling.errors import ConfigError
 
 #: ``--descriptor-lce`` choices: views embedded per image at search time.
 DESCRIPTOR_LCE_MODES = ("none", "matcher-views", "authors")

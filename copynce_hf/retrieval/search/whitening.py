@@ -23,8 +23,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from ..modeling.errors import ConfigError, PredictionsError
-from ..outputs import give_default_mode
+from ...modeling.errors import ConfigError, PredictionsError
+from ...outputs import give_default_mode
 
 WHITENING_FORMAT = "copynce-whitening"
 

@@ -37,8 +37,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..modeling.errors import ConfigError
-from ..outputs import StagedFile
+from ...modeling.errors import ConfigError
+from ...outputs import StagedFile
 
 CALIBRATION_FORMAT = "copynce-calibration"
 CALIBRATION_VERSION = 1
@@ -71,7 +71,7 @@ def operating_points(is_copy: Sequence[bool], scores: Sequence[float], num_posit
         num_positives: the number of copy pairs that exist (recall denominator), found or not.
         precisions: target precisions, each in (0, 1].
     """
-    from ..metrics.copy_detection.formulas import precision_recall, recall_at_precision
+    from ...metrics.copy_detection.formulas import precision_recall, recall_at_precision
 
     precisions = [float(p) for p in precisions]
     for target in precisions:
@@ -111,7 +111,7 @@ def decision_report(predictions: Sequence, ground_truth: dict[str, list[str]], s
 def model_identity(path: str | os.PathLike | None, kind: str) -> str:
     """How a calibration names a model: ``embedded:<kind>`` for the package's embedded model, the absolute path
     of a local folder, or the Hub id as given."""
-    from ..evaluation.models import DEFAULTS
+    from ...model_loading import DEFAULTS
 
     if path is None:
         return f"embedded:{kind}"

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..modeling.errors import ConfigError, PredictionsError
+from ...modeling.errors import ConfigError, PredictionsError
 from .descriptors import DescriptorSet, concatenate_descriptor_files, read_descriptor_header
 from .predictions import Prediction
 from .whitening import Whitening

@@ -29,9 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..modeling.errors import ConfigError, PredictionsError
-from ..outputs import StagedFile
-from .descriptors import DescriptorSet
+from ...modeling.errors import ConfigError, PredictionsError
+from ...outputs import StagedFile
+from ..search.descriptors import DescriptorSet
+from ..search.index import DescriptorIndex
+from ..search.predictions import Prediction
+from ..search.references import search_references
+from ..search.view_search import owner_of
+from ..search.views import ViewPreset
 from .detect import (
     Descriptor,
     DetectConfig,
@@ -41,11 +46,6 @@ from .detect import (
     query_view_descriptors,
     view_index,
 )
-from .index import DescriptorIndex
-from .predictions import Prediction
-from .search import search_references
-from .view_search import owner_of
-from .views import ViewPreset
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def dedup(
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result, as with :func:`~.detect.detect`.
     """
-    from ..precision import make_accelerator
+    from ...precision import make_accelerator
 
     accelerator = accelerator or make_accelerator()
     config = config or DetectConfig()

@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..modeling.errors import SKIP_REASONS, ImageLoadError
+from ...modeling.errors import SKIP_REASONS, ImageLoadError
 from .descriptors import DescriptorSet
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def extract_descriptors(
         A :class:`DescriptorSet` with float32 descriptors (N, D) in source order, without the
         unreadable images, whose ids are listed in ``skipped``.
     """
-    from ..precision import make_accelerator
+    from ...precision import make_accelerator
 
     accelerator = accelerator or make_accelerator()
     dataset = ProcessedImages(source, image_processor)

@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from ..modeling.errors import ConfigError
-from .presets import DEFAULT_CHUNK_SIZE
+from ...modeling.errors import ConfigError
+from ..search.presets import DEFAULT_CHUNK_SIZE
 from .work_folder import WorkFolder, digest, image_stamps, lines_digest, model_fingerprint
 
 logger = logging.getLogger(__name__)

@@ -30,11 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..modeling.errors import ImageLoadError, PredictionsError
-from .descriptors import read_descriptor_header
-from .presets import DEFAULT_INDEX_CHUNK_SIZE
-from .view_search import extract_view_descriptors, owner_of
-from .views import ViewPreset
+from ...modeling.errors import ImageLoadError, PredictionsError
+from ..search.descriptors import read_descriptor_header
+from ..search.presets import DEFAULT_INDEX_CHUNK_SIZE
+from ..search.view_search import extract_view_descriptors, owner_of
+from ..search.views import ViewPreset
 from .work_folder import WorkFolder
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def extract_in_chunks(
     """
     from accelerate.utils import broadcast_object_list
 
-    from ..precision import make_accelerator
+    from ...precision import make_accelerator
 
     accelerator = accelerator or make_accelerator()
     preset = preset or ViewPreset("none")

@@ -19,8 +19,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from ..modeling.errors import PredictionsError
-from ..outputs import give_default_mode
+from ...modeling.errors import PredictionsError
+from ...outputs import give_default_mode
 
 DESCRIPTORS_FORMAT = "copynce-descriptors"
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from ..outputs import StagedFile
+from ...outputs import StagedFile
 
 logger = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from ..images import load_image
-from ..modeling.errors import ImageLoadError
-from .views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
+from ...images import load_image
+from ...modeling.errors import ImageLoadError
+from ..search.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class MatcherScorer:
             anything with ``device`` whose stages :func:`matcher_stages` can call.
         image_processor: its image processor.
         lce: ``none`` (full images, 1 view pair), ``paper`` (35 view pairs) or ``all`` (260), see
-            :func:`copynce_hf.retrieval.views.matcher_view_pairs`.
+            :func:`copynce_hf.retrieval.search.views.matcher_view_pairs`.
         batch_size: view pairs per fusion pass and views per encoder pass.
         cache_size: reference views whose tokens are kept (least recently used dropped first).
         query_views, reference_views, view_pairs: override the LCE mode's views (image -> list of

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..modeling.errors import ConfigError
+from .modeling.errors import ConfigError
 
 #: Embedded model folders (float16 safetensors, see ``copynce_hf/pretrained/README.md``), the defaults everywhere.
-PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
 DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
 DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
 DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
@@ -79,8 +79,8 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoImageProcessor, AutoModel
 
-    from ..onnx_export import is_onnx_folder
-    from ..retrieval import model_kind
+    from .modeling.configuration_copynce import model_kind
+    from .onnx_export import is_onnx_folder
 
     if kind not in (None, "descriptor", "matcher"):
         raise ConfigError(f"model kind must be 'descriptor' or 'matcher', got {kind!r}")
@@ -123,8 +123,8 @@ def _load_onnx(path: str | Path | None, kind: str | None, option: str):
     embedded model of ``kind``) exported first into its cache folder, once (:func:`copynce_hf.onnx_export.cache_folder`)."""
     import logging
 
-    from ..onnx_export import cache_folder, export_onnx, is_onnx_folder
-    from ..retrieval.onnx_runtime import load_onnx_model
+    from .onnx_export import cache_folder, export_onnx, is_onnx_folder
+    from .retrieval.search.onnx_runtime import load_onnx_model
 
     if not is_onnx_folder(path):
         folder = Path(path) if path is not None else DEFAULTS[kind or "descriptor"]

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..modeling.errors import ConfigError, ShapeError
-from ..modeling.modeling_copynce import CopyNCEDescriptorOutput, CopyNCEMatcherOutput
-from ..onnx_export import GRAPHS, read_manifest
+from ...modeling.errors import ConfigError, ShapeError
+from ...modeling.modeling_copynce import CopyNCEDescriptorOutput, CopyNCEMatcherOutput
+from ...onnx_export import GRAPHS, read_manifest
 
 
 def _session(file: Path, threads: int | None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..modeling.errors import ConfigError
+from ...modeling.errors import ConfigError
 from .predictions import Prediction
 
 

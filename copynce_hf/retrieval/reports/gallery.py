@@ -21,9 +21,9 @@ from pathlib import Path
 from jinja2 import Environment
 from PIL import Image
 
-from ..images import load_image
+from ...images import load_image
+from ..search.predictions import Prediction
 from .affinity import affinity_maps, save_affinity_figures
-from .predictions import Prediction
 
 THUMBNAIL_SIDE = 160
 #: Characters of each id kept in a pair's gallery folder name (file names stop at 255 bytes).

@@ -26,24 +26,21 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from ..images import load_image
-from ..modeling.errors import SKIP_REASONS, ConfigError, ImageLoadError, PredictionsError
-from .chunked_scoring import DEFAULT_CHUNK_SIZE, ChunkScorer, PairScores, score_in_chunks, scoring_identity
-from .predictions import Prediction
+from ...images import load_image
+from ...modeling.configuration_copynce import model_kind
+from ...modeling.errors import SKIP_REASONS, ConfigError, ImageLoadError, PredictionsError
+from ..jobs.chunked_scoring import (
+    DEFAULT_CHUNK_SIZE,
+    ChunkScorer,
+    PairScores,
+    score_in_chunks,
+    scoring_identity,
+)
+from ..search.predictions import Prediction
 
 logger = logging.getLogger(__name__)
 
 _ROTATIONS = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180, 270: Image.Transpose.ROTATE_270}
-
-
-def model_kind(model) -> str:
-    """``"matcher"`` or ``"descriptor"``, from the ``model_type`` of a model's config (or of a config)."""
-    model_type = getattr(getattr(model, "config", model), "model_type", "") or ""
-    if "matcher" in model_type:
-        return "matcher"
-    if "descriptor" in model_type:
-        return "descriptor"
-    raise ConfigError(f"model type {model_type!r} is neither a CopyNCE matcher nor a CopyNCE descriptor")
 
 
 def grid_boxes(width: int, height: int, grid: int, crop_scale: float) -> list[tuple[int, int, int, int]]:
@@ -238,7 +235,7 @@ def rescore_predictions(
         local_crops: grid views for local crops ensembling (every query view against every
             reference view); ``None`` compares the whole images, or uses ``matcher_lce``.
         matcher_lce: for a matcher without ``local_crops``: ``none``, ``paper`` (the paper's 35 view
-            pairs) or ``all`` (260), see :mod:`copynce_hf.retrieval.views`.
+            pairs) or ``all`` (260), see :mod:`copynce_hf.retrieval.search.views`.
         max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
         accelerator: an ``accelerate.Accelerator`` whose processes share the pairs (call this on every
             process; the model moves to its device); ``None``: this process scores every pair.
@@ -296,7 +293,7 @@ def _matcher_chunks(model, image_processor, query_files, reference_files, batch_
                     matcher_lce, max_pixels) -> ChunkScorer:
     """Chunks scored by a matcher through one :class:`~.matcher_cache.MatcherScorer` (its token cache lives on
     from chunk to chunk)."""
-    from .matcher_cache import MatcherScorer
+    from ..jobs.matcher_cache import MatcherScorer
 
     views = {}
     if local_crops is not None:
