@@ -1,6 +1,6 @@
 """Render the benchmark results (saved JSON) as Markdown tables and PNG plots for BENCHMARKS.md.
 
-    python -m benchmarks.report                                  # -> BENCHMARKS.md + benchmarks/figures/
+    python -m benchmarks.report                  # -> outputs/benchmarks/report.md + benchmarks/figures/
     python -m benchmarks.report --output /tmp/B.md --figures-dir /tmp/figs
 
 Reads what the other entry points wrote (nothing is recomputed):
@@ -289,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
     parser.add_argument("--runs-dir", type=Path, default=None, help="default: <results-dir>/runs")
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
+    # not BENCHMARKS.md itself: the page is written by hand from such tables (and benchmarks/LOG.md keeps each run)
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT_DIR / "report.md")
     parser.add_argument("--figures-dir", type=Path, default=REPO_ROOT / "benchmarks" / "figures")
     return parser
 

@@ -223,10 +223,10 @@ def test_detect_names_its_views_in_plain_words_and_counts_what_it_could(tmp_path
     assert result.skipped_references == {"empty": "empty file"} and result.skipped_queries == {"empty": "empty file"}
 
 
-def test_detect_help_states_the_measured_matcher_cost_of_the_readme():
+def test_detect_help_states_the_measured_matcher_cost_of_the_detection_guide():
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["detect"].format_help().split())
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `--matcher-lce none`"))
+    guide = (Path(__file__).resolve().parents[1] / "docs/detection.md").read_text()
+    row = next(line for line in guide.splitlines() if line.startswith("| `--matcher-lce none`"))
     stated = row.split("for C = 10, ")[1].split(" for C = 50")[0]  # "1.3 s"
     assert f"about {stated} per query on one CPU core with --matcher-lce none" in help_text
 

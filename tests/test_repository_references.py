@@ -24,7 +24,8 @@ BINARY = {".png", ".jpg", ".jpeg", ".gif", ".safetensors", ".faiss", ".bin", ".p
 #: Folders searched, besides the file's own folder, for a referenced document.
 DOCUMENT_ROOTS = (REPO, REPO / "copynce_hf", REPO / "model_cards")
 #: Examples of output names in tests and report code (files those programs create), not references.
-GENERATED = {"B.md", "tmp/B.md", "gpu_throughput.md"}  # the last: benchmarks.gpu_throughput's tables
+GENERATED = {"B.md", "tmp/B.md", "gpu_throughput.md",  # benchmarks.gpu_throughput's tables
+             "report.md", "outputs/benchmarks/report.md"}  # benchmarks.report's tables
 
 MARKDOWN_PATH = re.compile(r"(?<![\w/.-])((?:\.\./|\./)*[A-Za-z0-9_-][\w.-]*(?:/[\w.-]+)*\.md)\b")
 OUTSIDE = re.compile(r"(\.\./)+shared(/[\w-]+)?|/work/[\w-]+")
