@@ -2,6 +2,8 @@
 # nothing later pulls a CUDA build.
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
+# test workers: one per core this process may use (pytest-xdist); TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count())")
 STAMP := .make-installed
 
 .PHONY: install browser test lint train bench demo space space-bundle sync-model-code clean
@@ -25,7 +27,7 @@ install: $(STAMP)
 
 test: install browser
 	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces
-	$(PYTHON) -m pytest -q --timeout=900 tests  # no -x: every test runs, then the target fails if any did
+	$(PYTHON) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal tests  # no -x: every test runs, then the target fails if any did
 
 lint: install
 	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces

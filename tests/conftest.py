@@ -18,6 +18,26 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 IMAGENET_SAMPLE = SHARED_DATA / "imagenet-sample"
 SPLITS_CSV = SHARED_DATA / "imagenet-sample-splits.csv"
 
+# Under pytest-xdist (`make test` runs one worker per core) each worker, and every process it starts, uses one
+# thread: two workers of two threads each on two cores would spin for cores they do not get. Set before any
+# test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_variable, "1")
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Each test starts without an ``Accelerator`` left by an earlier one in the same worker process: accelerate
+    keeps one process-wide state, and a test that asks for another precision would otherwise depend on which
+    tests ran before it in its worker."""
+    if "accelerate" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    yield
+
 
 #: Prepended to a script run by :func:`run_without_copynce_hf`: any import of copynce_hf fails.
 BLOCK_COPYNCE_HF = textwrap.dedent(
