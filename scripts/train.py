@@ -11,7 +11,12 @@ The run lives in :mod:`copynce_hf.training.run` (so that a regular install train
 
 import sys
 
-from copynce_hf.training.run import cli, main  # noqa: F401  (main: for scripts and tests that load this file)
+from copynce_hf.threads import apply_thread_policy
+
+if __name__ == "__main__":
+    apply_thread_policy()  # before torch loads (copynce_hf.threads)
+
+from copynce_hf.training.run import cli, main  # noqa: E402, F401  (main: for scripts and tests that load this file)
 
 if __name__ == "__main__":
     sys.exit(cli())

@@ -214,3 +214,22 @@ def test_stock_feature_extraction_runs_the_shipped_descriptor_without_copynce_hf
     output = run_without_copynce_hf(FEATURES_WITHOUT_COPYNCE_HF, [folder, image], tmp_path)
     assert "Do you wish to run the custom code" not in output
     assert f"SHAPE {json.loads((folder / 'config.json').read_text())['descriptor_dim']}" in output, output
+
+
+def test_saving_the_embedded_matchers_pipeline_keeps_its_card_and_research_only_licence(tmp_path):
+    """``pipeline(...).save_pretrained`` of a folder with a card and a licence file carries both (the
+    embedded weights are research-only: a saved copy without its LICENSE would drop that)."""
+    from huggingface_hub import ModelCard
+
+    from copynce_hf.model_loading import DEFAULT_MATCHER
+
+    detector = pipeline("image-copy-detection", model=str(DEFAULT_MATCHER))
+    detector.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "LICENSE").read_bytes() == (DEFAULT_MATCHER / "LICENSE").read_bytes()
+    card = ModelCard.load(tmp_path / "saved" / "README.md")
+    assert (card.data.license, card.data.license_link) == ("other", "LICENSE")
+    # a folder without a card (a model built in memory) saves as before, with nothing invented
+    bare = tmp_path / "bare"
+    detector.model.config._name_or_path = ""
+    detector.save_pretrained(bare)
+    assert not (bare / "LICENSE").exists() and not (bare / "README.md").exists()

@@ -2,7 +2,11 @@
 
 import sys
 
-from .run import main
+from ..threads import apply_thread_policy
 
 if __name__ == "__main__":
+    apply_thread_policy()  # before torch loads (copynce_hf.threads)
+
+    from .run import main
+
     sys.exit(main())

@@ -2,6 +2,10 @@
 
 import sys
 
-from .run import cli
+from ..threads import apply_thread_policy
+
+apply_thread_policy()  # before torch loads (copynce_hf.threads)
+
+from .run import cli  # noqa: E402
 
 sys.exit(cli())

@@ -34,7 +34,7 @@ from transformers.pipelines import Pipeline
 
 from .errors import MIN_IMAGE_SIDE, ConfigError, ImageLoadError, empty_image_error, small_image_error
 
-__all__ = ["TASK", "ImageCopyDetectionPipeline"]
+__all__ = ["TASK", "ImageCopyDetectionPipeline", "carry_card_and_licence"]
 
 TASK = "image-copy-detection"
 _KINDS = {"copynce-descriptor": "descriptor", "copynce-matcher": "matcher"}
@@ -99,6 +99,29 @@ def _as_pairs(query, reference):
     raise ConfigError("image-copy-detection needs a query and a reference image, or a list of (query, reference) pairs")
 
 
+def carry_card_and_licence(source: str | os.PathLike | None, target: str | os.PathLike) -> list[str]:
+    """Copy the model card (``README.md``) and the licence file its metadata links (``license_link``) from
+    the local folder the weights were loaded from into ``target``, where ``target`` lacks them: the weights'
+    licence (the embedded models' is research-only) stays with the weights. Returns the names copied."""
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    card = os.path.join(source, "README.md") if source and os.path.isdir(source) else None
+    if card is None or not os.path.isfile(card) or os.path.abspath(source) == os.path.abspath(target):
+        return []
+    link = getattr(ModelCard.load(card).data, "license_link", None)
+    names = ["README.md"] + ([link] if link and "://" not in link else [])
+    copied = []
+    for name in names:
+        origin, destination = os.path.join(source, name), os.path.join(target, name)
+        if os.path.isfile(origin) and not os.path.exists(destination):
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            shutil.copyfile(origin, destination)
+            copied.append(name)
+    return copied
+
+
 class ImageCopyDetectionPipeline(Pipeline):
     """Copy score of (query, reference) image pairs with a CopyNCE matcher or descriptor.
 
@@ -141,6 +164,7 @@ class ImageCopyDetectionPipeline(Pipeline):
         custom_object_save(self, save_directory)
         self.model.save_pretrained(save_directory, **kwargs)
         self.image_processor.save_pretrained(save_directory, **kwargs)
+        carry_card_and_licence(getattr(self.model.config, "_name_or_path", None), save_directory)
 
     def __call__(self, query, reference=None, **kwargs):
         """Score one pair (``query``, ``reference``) or several (see the module docstring)."""
