@@ -233,3 +233,31 @@ def test_saving_the_embedded_matchers_pipeline_keeps_its_card_and_research_only_
     detector.model.config._name_or_path = ""
     detector.save_pretrained(bare)
     assert not (bare / "LICENSE").exists() and not (bare / "README.md").exists()
+
+
+def test_registering_the_task_again_prints_no_overwrite_warning():
+    """A second registration (``save_for_hub`` registers too) or a reload stays quiet; the entry stays ours."""
+    import importlib
+
+    from transformers.pipelines import PIPELINE_REGISTRY
+    from transformers.utils import logging as transformers_logging
+
+    import copynce_hf.pipelines as registration
+
+    messages = []
+
+    class Collect(transformers_logging.logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    logger = transformers_logging.get_logger("transformers.pipelines.base")
+    logger.addHandler(handler)
+    try:
+        registration.register_pipeline()
+        importlib.reload(registration)
+    finally:
+        logger.removeHandler(handler)
+    assert not [message for message in messages if "already registered" in message]
+    impl = PIPELINE_REGISTRY.supported_tasks["image-copy-detection"]["impl"]
+    assert impl.__qualname__ == "ImageCopyDetectionPipeline"
