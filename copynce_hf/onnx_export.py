@@ -37,6 +37,14 @@ from .modeling.errors import ConfigError
 from .outputs import StagedFolder
 
 logger = logging.getLogger(__name__)
+#: The exporter's registry logs one line per torchvision operator it cannot register when torchvision is
+#: absent (it never is here: the package does not use torchvision); :class:`_QuietRegistry` drops those.
+_EXPORTER_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+class _QuietRegistry(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("torchvision is not installed")
 
 #: The ONNX opset of the exported graphs (ONNX Runtime 1.14 and later run it).
 ONNX_OPSET = 18
@@ -131,9 +139,6 @@ def export_onnx(model, processor, output: str | os.PathLike, source: str = "") -
     Returns:
         ``output``, written atomically (a failed export leaves no half folder behind).
     """
-    import torch
-
-    from . import __version__
     from .modeling.configuration_copynce import model_kind
 
     kind = model_kind(model)
@@ -143,6 +148,20 @@ def export_onnx(model, processor, output: str | os.PathLike, source: str = "") -
         raise ConfigError(f"{source or 'the model'}: the image processor makes {processed[0]}x{processed[1]} inputs "
                           f"but the model's image_size is {size}; the ONNX graphs take the model's size only")
     model.eval()
+    quiet = _QuietRegistry()
+    logging.getLogger(_EXPORTER_REGISTRY_LOGGER).addFilter(quiet)
+    try:
+        return _export_graphs(model, processor, kind, source, output)
+    finally:
+        logging.getLogger(_EXPORTER_REGISTRY_LOGGER).removeFilter(quiet)
+
+
+def _export_graphs(model, processor, kind: str, source: str, output: str | os.PathLike) -> Path:
+    """Write the graphs of ``model`` and its config, processor and manifest into ``output`` (staged)."""
+    import torch
+
+    from . import __version__
+
     with StagedFolder(output) as staging:
         for name, (module, inputs, input_names, output_names, dynamic) in _graph_modules(model).items():
             module.eval()
@@ -155,6 +174,7 @@ def export_onnx(model, processor, output: str | os.PathLike, source: str = "") -
             program.save(str(staging / GRAPHS[kind][name]))
         model.config.save_pretrained(staging)
         processor.save_pretrained(staging)
+        size = model.config.image_size
         manifest = {"kind": kind, "graphs": GRAPHS[kind], "opset": ONNX_OPSET, "image_size": [size, size],
                     "source": source, "exporter": "torch.onnx.export (dynamo)", "torch": torch.__version__,
                     "copynce_hf": __version__}

@@ -8,6 +8,7 @@ command-line tests reuse it); a tiny matcher in the form of folders saved before
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -124,9 +125,17 @@ def test_export_onnx_command_on_a_tiny_matcher_of_the_old_form(tmp_path, capsys)
         model.segment_embeddings.normal_()  # zero at initialisation: make them count
     model.save_pretrained(tmp_path / "tiny")
     CopyNCEImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "tiny")
-    code = main(["--quiet", "export-onnx", str(tmp_path / "tiny"), str(tmp_path / "exported")])
+    torch_messages = []  # what the exporter's registry logs (torch prints it through its own handler)
+    collect = logging.Handler()
+    collect.emit = lambda record: torch_messages.append(record.getMessage())
+    logging.getLogger("torch.onnx._internal.exporter._registration").addHandler(collect)
+    try:
+        code = main(["--quiet", "export-onnx", str(tmp_path / "tiny"), str(tmp_path / "exported")])
+    finally:
+        logging.getLogger("torch.onnx._internal.exporter._registration").removeHandler(collect)
     out = capsys.readouterr().out
     assert code == 0
+    assert not [text for text in torch_messages if "torchvision is not installed" in text]  # the exporter's notes
     assert "matcher_encoder.onnx, matcher_fusion.onnx (opset 18" in out
     onnx_model, processor = load_model(tmp_path / "exported", "matcher", runtime="onnx")
     compare_matchers(model, onnx_model, bundled_pixels(processor))
