@@ -419,3 +419,22 @@ def test_a_partial_id_overlap_is_a_warning_with_counts():
     with pytest.warns(UserWarning, match="1 of the 3 predicted query ids are not in the ground truth"):
         results = copy_detection_metrics(["q00", "q01", "zz"], ["r00", "r01", "r02"], [0.9, 0.8, 0.7], truth)
     assert results["num_predictions"] == 3
+
+
+def test_figures_with_cjk_ids_save_without_a_warning_per_character(tmp_path, caplog):
+    """Ids in any script: no matplotlib glyph warning (with its source line) per character; where no installed
+    font has the characters, one log line says they are drawn as boxes."""
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    from copynce_hf.metrics.plots import _fallback_fonts, save_figure
+
+    figure = Figure(figsize=(2, 1))
+    figure.suptitle("查询图片 / 参考图片")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_figure(figure, tmp_path / "ids.png")
+    assert (tmp_path / "ids.png").stat().st_size > 0
+    boxes = [record for record in caplog.records if "drawn as boxes" in record.getMessage()]
+    assert len(boxes) == (0 if _fallback_fonts() else 1)

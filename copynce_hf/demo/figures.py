@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..metrics.plots import save_figure
+
 __all__ = ["figure_image", "overlap_figure", "save_overlap_figure", "save_thumbnail"]
 
 
@@ -86,14 +88,14 @@ def save_overlap_figure(
     figure = overlap_figure(query_image, reference_image, overlap_qr, patch, patch_size, title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, bbox_inches="tight")
+    save_figure(figure, path, bbox_inches="tight")
     return path
 
 
 def figure_image(figure) -> Image.Image:
     """A matplotlib figure rendered to an RGB PIL image (tight bounding box, the figure's dpi)."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight")
+    save_figure(figure, buffer, format="png", bbox_inches="tight")
     buffer.seek(0)
     with Image.open(buffer) as image:
         return image.convert("RGB")

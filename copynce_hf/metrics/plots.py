@@ -7,7 +7,9 @@ other programs that use matplotlib.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,7 +19,40 @@ from matplotlib.figure import Figure
 
 from .copy_detection.formulas import micro_average_precision
 
-__all__ = ["save_pr_curves"]
+__all__ = ["save_figure", "save_pr_curves"]
+
+logger = logging.getLogger(__name__)
+#: Words in the names of fonts that cover Chinese, Japanese and Korean ids, used after matplotlib's default font
+#: where one is installed (matplotlib draws each character with the first font of the list that has it).
+_WIDE_FONT_WORDS = ("CJK", "Han Sans", "WenQuanYi", "Droid Sans Fallback", "Unifont")
+
+
+def _fallback_fonts() -> list[str]:
+    """Installed fonts covering CJK characters (possibly none), by family name."""
+    from matplotlib import font_manager
+
+    return sorted({font.name for font in font_manager.fontManager.ttflist
+                   if any(word in font.name for word in _WIDE_FONT_WORDS)})
+
+
+def save_figure(figure: Figure, path, **kwargs) -> None:
+    """``figure.savefig(path, **kwargs)`` drawing ids in any script: characters the default font lacks come from
+    an installed CJK font where there is one; otherwise they are drawn as boxes and one log line says so (rather
+    than matplotlib's warning per character, with its source line)."""
+    from matplotlib import rc_context
+
+    families = ["DejaVu Sans", *_fallback_fonts()]
+    with warnings.catch_warnings(record=True) as caught, rc_context({"font.family": families}):
+        warnings.simplefilter("always")
+        figure.savefig(path, **kwargs)
+    missing = [str(warning.message) for warning in caught if "missing from font" in str(warning.message)]
+    for warning in caught:
+        if "missing from font" not in str(warning.message):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if missing:
+        logger.warning("%s: %d characters of its labels are drawn as boxes (no installed font has them; a font "
+                       "such as Noto Sans CJK would draw them)", path if isinstance(path, (str, os.PathLike))
+                       else "a figure", len(missing))
 
 
 def _envelope(precision: np.ndarray, recall: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -91,5 +126,5 @@ def save_pr_curves(
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
+    save_figure(figure, path, format="png")
     return path

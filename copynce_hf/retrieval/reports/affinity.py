@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from ...images import load_image
+from ...metrics.plots import save_figure
 from ...modeling.configuration_copynce import model_kind
 from ...modeling.errors import ConfigError
 from ...modeling.losses_copynce import affinity_entropy, token_affinity_logits
@@ -169,9 +170,9 @@ def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: 
     folder.mkdir(parents=True, exist_ok=True)
     affinity_figure, entropy_figure = affinity_figures(maps, title)
     affinity_path = folder / "token_affinity.png"
-    affinity_figure.savefig(affinity_path, bbox_inches="tight")
+    save_figure(affinity_figure, affinity_path, bbox_inches="tight")
     entropy_path = folder / "affinity_entropy.png"
-    entropy_figure.savefig(entropy_path, bbox_inches="tight")
+    save_figure(entropy_figure, entropy_path, bbox_inches="tight")
 
     arrays_path = folder / "maps.npz"
     np.savez(arrays_path, affinity=maps.affinity, entropy=maps.entropy, patch=np.array(maps.patch))
