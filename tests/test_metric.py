@@ -283,8 +283,13 @@ def test_ground_truth_csv_errors_name_the_problem(tmp_path):
     ragged.write_text("query_id,reference_id\nQ0,R1,R2\n")
     with pytest.raises(ValueError, match="line 2: expected 2 fields"):
         read_ground_truth_csv(ragged)
-    with pytest.raises(FileNotFoundError, match="nowhere.csv"):
+    with pytest.raises(FileNotFoundError, match=r"ground-truth file '.*nowhere.csv' does not exist"):
         read_ground_truth_csv(tmp_path / "nowhere.csv")
+    # the same words as a missing predictions file
+    from copynce_hf.retrieval import read_predictions
+
+    with pytest.raises(ValueError, match=r"predictions file '.*nowhere.csv' does not exist"):
+        read_predictions(tmp_path / "nowhere.csv")
 
 
 # ----------------------------------------------------------------- random cases vs brute force

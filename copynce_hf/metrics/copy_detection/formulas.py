@@ -105,7 +105,7 @@ def read_ground_truth_csv(path: str | os.PathLike) -> dict[str, list[str]]:
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"ground-truth file not found: {path}")
+        raise FileNotFoundError(f"ground-truth file {path!r} does not exist")
     reader = iter(read_csv_rows(path, "ground-truth file"))
     header = next(reader, None)
     if header is None:
