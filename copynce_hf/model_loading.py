@@ -53,6 +53,41 @@ def _load_error(error: Exception, path, option: str) -> ConfigError:
     return ConfigError(f"cannot load the model {str(path)!r} ({option}): {first_line}")
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub's host answers a TCP connection within ``timeout`` seconds (one name lookup and one
+    connection; never where ``HF_HUB_OFFLINE`` is set)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+
+
+def resolve_hub_id(path: str | Path, option: str = "--model") -> str | Path:
+    """``path`` as it is where it is a local folder or the Hub can be reached; where the Hub cannot be reached,
+    the folder of the Hub id's snapshot in the local Hugging Face cache, or at once a :class:`ConfigError`
+    (instead of transformers' five retries per file, each logged, about half a minute for a mistyped name)."""
+    if Path(os.fspath(path)).expanduser().exists() or hub_reachable():
+        return path
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(str(path), local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError) as error:
+        hub = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub cannot be reached from this machine"
+        raise ConfigError(f"cannot load the model {str(path)!r} ({option}): there is no such folder here, {hub} "
+                          f"and its cache holds no such model ({type(error).__name__}){_MADE_BY}") from None
+
+
 def load_model(path: str | Path | None = None, kind: str | None = None, option: str = "--model",
                default: str | Path | None = None, runtime: str = "torch"):
     """``(model, image_processor)`` of a saved CopyNCE folder or Hub id, in float32, in eval mode.
@@ -74,12 +109,6 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
             or it is not a CopyNCE model (checked from its configuration, before the weights load) or not a
             ``kind``.
     """
-    # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
-    import torch
-    from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel
-
-    from .modeling.configuration_copynce import model_kind
     from .onnx_export import is_onnx_folder
 
     if kind not in (None, "descriptor", "matcher"):
@@ -100,6 +129,14 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
             )
         path = folder
     check_model_path(path, option)
+    path = resolve_hub_id(path, option)  # before torch loads: a mistyped name fails in a second
+    # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
+    import torch
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoImageProcessor, AutoModel
+
+    from .modeling.configuration_copynce import model_kind
+
     try:  # the configuration first: a folder of another architecture is refused before its weights load
         config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:

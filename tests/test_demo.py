@@ -254,7 +254,7 @@ def test_a_model_name_that_is_neither_a_folder_nor_on_the_hub_says_both(monkeypa
         load_model("my-descriptor", "descriptor")
     message = str(raised.value)
     assert message.startswith("cannot load the model 'my-descriptor' (--model): there is no such folder here, "
-                              "and as a Hub id: "), message
+                              "HF_HUB_OFFLINE is set and its cache holds no such model"), message
     assert "written by training, `python -m copynce_hf.training --output_dir DIR`" in message
     assert "nothing here trains" not in message and "\n" not in message
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import TINY_VIT
+from conftest import TINY_VIT, tiny_models
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import eval_results_to_model_index, model_index_to_eval_results
 from PIL import Image
@@ -331,3 +331,40 @@ def test_push_to_hub_uploads_one_prepared_folder_in_one_commit(monkeypatch):
     assert {"README.md", "config.json", "model.safetensors", "preprocessor_config.json"} <= set(files)
     assert 'AutoModel.from_pretrained("org/tiny", trust_remote_code=True)' in readme
     assert not Path(upload["folder_path"]).exists()  # the temporary folder is cleaned up
+
+
+def test_a_mistyped_bare_model_name_fails_at_once_when_the_hub_is_unreachable(monkeypatch, caplog):
+    """No Hub (an endpoint on a closed local port): one clear error, no retries logged, no torch loaded first."""
+    from huggingface_hub import constants
+
+    from copynce_hf.model_loading import load_model
+    from copynce_hf.modeling.errors import ConfigError
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ConfigError, match=r"'nosuchmodel' \(--model\): there is no such folder here, the Hub "
+                                          r"cannot be reached from this machine and its cache holds no such model"):
+        load_model("nosuchmodel", "descriptor")
+    assert not [record for record in caplog.records if "Retrying" in record.getMessage()]
+
+
+def test_a_hub_id_in_the_local_cache_loads_without_the_hub(tmp_path, monkeypatch):
+    """Offline, a Hub id whose snapshot is in the Hugging Face cache loads from there (the layout
+    ``huggingface_hub`` writes: ``models--org--name/refs/main`` naming a snapshot folder)."""
+    from huggingface_hub import constants
+
+    from copynce_hf.model_loading import load_model
+
+    descriptor, _, processor = tiny_models(0)
+    repository = tmp_path / "hub" / "models--someone--tiny-descriptor"
+    snapshot = repository / "snapshots" / "0123456789abcdef"
+    descriptor.save_pretrained(snapshot)
+    processor.save_pretrained(snapshot)
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    model, loaded_processor = load_model("someone/tiny-descriptor", "descriptor")
+    assert model.config.descriptor_dim == descriptor.config.descriptor_dim
+    for name, weight in descriptor.state_dict().items():
+        assert torch.equal(model.state_dict()[name], weight), name
