@@ -272,7 +272,7 @@ def convert_authors_checkpoint(checkpoint: str | Path, model_type: str, output: 
         checkpoint: ``descriptor_vits_224.pth.tar`` or ``matcher_vits_224.pth.tar`` (or a checkpoint
             of their training code in the same format).
         model_type: "descriptor" or "matcher".
-        output: the folder to write.
+        output: the folder to write (checked first: :func:`~copynce_hf.outputs.check_output_folder`).
         push_to_hub: a Hub repository id to upload the folder to.
         allow_pickle: see :func:`read_authors_checkpoint`.
         model_id: the name in the model card (default: ``push_to_hub`` or the folder name).
@@ -281,7 +281,9 @@ def convert_authors_checkpoint(checkpoint: str | Path, model_type: str, output: 
         The folder.
     """
     from .hub import save_for_hub
+    from .outputs import check_output_folder
 
+    check_output_folder(output)  # before the checkpoint is read
     state_dict = read_authors_checkpoint(checkpoint, allow_pickle=allow_pickle)
     model = convert_authors_state_dict(state_dict, model_type)
     size = model.config.image_size

@@ -1,4 +1,5 @@
-"""One model loader for the CLI, the demo, the benchmarks and ``copynce detect``: the embedded defaults and Auto loading."""
+"""One model loader for the CLI, the demo, the benchmarks and ``copynce detect``: the embedded defaults and Auto loading;
+and ``copynce export-onnx``, a loaded model exported for ONNX Runtime (:func:`export_model_onnx`)."""
 
 from __future__ import annotations
 
@@ -177,3 +178,20 @@ def _load_onnx(path: str | Path | None, kind: str | None, option: str):
             export_onnx(model, processor, target, source=str(folder.resolve()))
         path = target
     return load_onnx_model(path, kind, option)
+
+
+def export_model_onnx(path: str | Path | None, output: str | Path, kind: str | None = None) -> tuple[Path, dict]:
+    """``copynce export-onnx`` as one call: the model ``path`` (``None``: the embedded model of ``kind``, else the
+    descriptor) loaded and its ONNX graphs written into the folder ``output``
+    (:func:`copynce_hf.onnx_export.export_onnx`), the output and the path checked first. Returns ``(folder, graph
+    name -> file name)``."""
+    from .onnx_export import export_onnx, read_manifest
+    from .outputs import check_output_folder
+
+    check_output_folder(output)
+    check_model_path(path, "MODEL")
+    model, processor = load_model(path, kind, "MODEL")
+    local = Path(str(model.name_or_path))
+    source = str(local.resolve()) if local.exists() else str(model.name_or_path)
+    folder = export_onnx(model, processor, output, source)
+    return folder, read_manifest(folder)["graphs"]

@@ -13,14 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from copynce_hf.cli import add_convert_original_arguments, cmd_convert_original
+from copynce_hf.commands.convert_original import add_arguments, run
 from copynce_hf.modeling.errors import CopyNCEError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_convert_original_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
+    parser = add_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     try:
-        return cmd_convert_original(parser.parse_args(argv))
+        return run(parser.parse_args(argv))
     except CopyNCEError as error:
         print(f"convert_copynce_original: error: {error}", file=sys.stderr)
         return 2

@@ -107,16 +107,16 @@ def test_minidisc_fingerprint_is_pinned():
 
 def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
     import benchmarks.quality
-    import copynce_hf.cli
     import copynce_hf.demo.run
     import copynce_hf.demo.systems
     from copynce_hf import model_loading
     from copynce_hf.evaluation import demo_task, minidisc, systems
+    from copynce_hf.retrieval.apps import pipeline_settings  # the models of copynce detect, calibrate, dedup
 
     assert benchmarks.quality.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
     assert benchmarks.quality.MiniDisc is minidisc.MiniDisc
     assert copynce_hf.demo.run.DemoTask is demo_task.DemoTask
-    assert copynce_hf.cli.load_model is model_loading.load_model is copynce_hf.demo.run.load_model
+    assert pipeline_settings.load_model is model_loading.load_model is copynce_hf.demo.run.load_model
 
 
 def test_evaluation_recipe_differs_from_training_recipe(tmp_path):

@@ -12,6 +12,7 @@ from conftest import run_cli
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval.apps.calibration import (
     Calibration,
+    Decision,
     OperatingPoint,
     decision_rates,
     model_identity,
@@ -98,6 +99,16 @@ def test_check_pipeline_names_both_sides():
         calibration.check_pipeline(_pipeline(score_normalisation=True))
     with pytest.raises(ConfigError, match="descriptor_lce='none', but this run uses descriptor_lce='authors'"):
         calibration.check_pipeline(_pipeline(descriptor_lce="authors"))
+
+
+def test_the_decision_takes_the_stage_of_the_run():
+    """A run with the embedded matcher (``embedded:matcher``, its default) decides on the matcher stage, a run
+    without matcher on the descriptor stage."""
+    calibration = _calibration()
+    assert calibration.decision(_pipeline(), 0.9) == Decision("matcher", OperatingPoint(0.9, 0.3, 0.9))
+    assert calibration.decision(_pipeline(matcher=None), 0.95) == Decision("descriptor", OperatingPoint(0.95, 0.5, 0.6))
+    with pytest.raises(ConfigError, match="--preset fast, but this run uses --preset paper"):
+        calibration.decision(_pipeline(preset="paper"), 0.9)
 
 
 def test_model_identity(tmp_path):
@@ -311,3 +322,35 @@ def test_calibration_queries_are_seeded_and_refuse_a_too_small_collection(collec
         Image.new("RGB", (32, 32)).save(tmp_path / "two" / f"{name}.png")
     with pytest.raises(ConfigError, match="calibrating without --distractors needs at least 3"):
         calibration_queries(ImageFolderSource(tmp_path / "two"), 5)
+
+
+def test_the_default_matcher_decides_with_the_matcher_stage(collection, tmp_path, capsys):
+    """``calibrate`` then ``detect --calibration`` and ``dedup --calibration`` with the default (embedded) models: the
+    decision uses the matcher stage's threshold, since the default matcher is the embedded one (issue 41: ``detect``
+    took the descriptor stage's threshold to decide on matcher scores when ``--matcher`` was left out)."""
+    from copynce_hf.retrieval.apps.calibration import Calibration
+
+    code, _, err = run_cli(capsys, "calibrate", collection / "refs", "--distractors", collection / "others",
+                           "--sample", 8, "--k", 2, "--candidates", 4, "--output", tmp_path / "calibration.json")
+    assert code == 0, err
+    calibration = Calibration.load(tmp_path / "calibration.json")
+    assert calibration.pipeline["matcher"] == "embedded:matcher"
+    matcher, descriptor = (calibration.point(0.9, stage).threshold for stage in ("matcher", "descriptor"))
+    assert f"{matcher:.4f}" != f"{descriptor:.4f}"  # the two stages' thresholds tell the decisions apart
+
+    code, out, err = run_cli(capsys, "detect", collection / "queries", "--references", collection / "refs", "--k", 2,
+                             "--candidates", 4, "--ground-truth", collection / "gt.csv", "--calibration",
+                             tmp_path / "calibration.json", "--precision", 0.9, "--output", tmp_path / "found")
+    assert code == 0, err
+    decision = json.loads((tmp_path / "found" / "metrics.json").read_text())["decision"]
+    assert decision["stage"] == "matcher" and decision["threshold"] == matcher
+    assert f"at or above the threshold {matcher:.4f}" in out
+    assert f"{matcher:.4f} (matcher score at precision 0.9" in (tmp_path / "found" / "report.html").read_text()
+    rows = [row.split(",") for row in (tmp_path / "found" / "predictions.csv").read_text().splitlines()[1:]]
+    assert rows and all((row[3] == "1") == (float(row[2]) >= matcher) for row in rows)
+
+    code, _, err = run_cli(capsys, "dedup", collection / "refs", "--calibration", tmp_path / "calibration.json",
+                           "--output", tmp_path / "groups")
+    assert code == 0, err
+    report = (tmp_path / "groups" / "report.html").read_text()
+    assert f"matcher score {matcher:.4g} at precision 0.9" in report and "descriptor score" not in report

@@ -320,3 +320,33 @@ def test_index_from_descriptor_files_equals_the_in_memory_build(tmp_path, kind):
     for got, want in zip(built.search(queries, 5), expected.search(queries, 5)):
         np.testing.assert_array_equal(got, want)
     assert built.info == {"model": "m"} and built.config.kind == kind
+
+
+def test_index_chunks_and_the_caches_of_detect_and_dedup_share_one_identity(models, collection, tmp_path,
+                                                                             monkeypatch):
+    """``copynce index``'s chunks (``work.json``) and the index ``detect`` and ``dedup`` cache (``identity.json``)
+    are tied to the same inputs, named the same way (:func:`views_identity`); the chunks add their chunk and batch
+    sizes."""
+    import json
+
+    from copynce_hf.model_loading import load_model
+    from copynce_hf.retrieval import Descriptor, ImageFolderSource, ViewPreset, dedup, view_index
+    from copynce_hf.retrieval.jobs.chunked_extraction import ChunkedDescriptors
+    from copynce_hf.retrieval.jobs.work_folder import views_identity
+
+    monkeypatch.setattr(ChunkedDescriptors, "remove", lambda self: None)  # keep the work folder to read it
+    code = main(["--quiet", "index", str(collection / "refs"), "--model", models["descriptor"], "--output",
+                 str(tmp_path / "idx"), "--chunk-size", "5", "--batch-size", "3"])
+    assert code == 0
+    chunks = json.loads((tmp_path / ".idx.chunks" / "work.json").read_text())
+    model, processor = load_model(models["descriptor"], "descriptor")
+    source = ImageFolderSource(collection / "refs")
+    expected = json.loads(json.dumps(views_identity(model, processor, source, "none", "reference")))
+    assert chunks == {**expected, "chunk_size": 5, "batch_size": 3}
+    assert expected["model"] and expected["num_images"] == IMAGES and len(expected["files"]) == 32
+
+    descriptor = Descriptor("tiny", model, processor, source="a label for reports only")
+    view_index(descriptor, source, ViewPreset("none"), tmp_path / "detect-cache", progress=False)
+    assert json.loads((tmp_path / "detect-cache" / "identity.json").read_text()) == expected
+    dedup(source, descriptor, None, threshold=0.99, index_folder=tmp_path / "dedup", progress=False)
+    assert json.loads((tmp_path / "dedup" / "tiny" / "references" / "identity.json").read_text()) == expected

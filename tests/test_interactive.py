@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from copynce_hf.cli import DEFAULT_MATCHER
 from copynce_hf.demo import interactive
 from copynce_hf.evaluation.demo_task import input_overlap
 from copynce_hf.images import load_image
+from copynce_hf.model_loading import DEFAULT_MATCHER
 from copynce_hf.modeling.errors import ConfigError, ImageLoadError
 from copynce_hf.pixtrace import CoordinateTable, replay
 from copynce_hf.retrieval import affinity_maps

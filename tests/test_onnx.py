@@ -239,9 +239,10 @@ def test_dedup_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
     assert groups["onnx"] == groups["torch"] and len({group for group, _ in groups["torch"][1:]}) >= 1
     assert "(ONNX Runtime)" in (tmp_path / "onnx" / "report.html").read_text(encoding="utf-8")
     assert "matcher (ONNX Runtime)," in err  # the progress line names the runtime as the report does
-    identity = json.loads((tmp_path / "onnx" / "indexes" / "embedded-descriptor" / "references" / "identity.json")
-                          .read_text())
-    assert identity["model"].endswith("(ONNX Runtime)")  # a torch index cache is not taken for the ONNX one
+    torch_cache, onnx_cache = (json.loads((tmp_path / runtime / "indexes" / "embedded-descriptor" / "references" /
+                                           "identity.json").read_text()) for runtime in ("torch", "onnx"))
+    # a torch index cache is not taken for the ONNX one: the caches are tied to the models' weights (the ONNX graphs)
+    assert onnx_cache["model"] != torch_cache["model"] and onnx_cache["files"] == torch_cache["files"]
 
 
 def test_calibrate_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_path, capsys):

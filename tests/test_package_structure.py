@@ -320,3 +320,12 @@ def test_the_command_line_is_one_module_per_command():
     cli = PACKAGE / "cli.py"
     assert not cli.exists() or len(cli.read_text(encoding="utf-8").splitlines()) < 200
     assert (PACKAGE / "commands").is_dir()
+    # each command module declares its subcommand (register) and runs it (run); the shared options live in one module
+    shared = {"__init__.py", "options.py", "console.py"}
+    commands = sorted(path for path in (PACKAGE / "commands").glob("*.py") if path.name not in shared)
+    defined = {path.stem: {node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
+                           if isinstance(node, ast.FunctionDef)} for path in commands}
+    assert len(commands) == 10 and all({"register", "run"} <= names for names in defined.values()), defined
+    # the entry point defines no command of its own (no handler, no option group): it registers them
+    entry = {node.name for node in ast.parse(cli.read_text(encoding="utf-8")).body if isinstance(node, ast.FunctionDef)}
+    assert entry == {"build_parser", "main"}

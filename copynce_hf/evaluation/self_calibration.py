@@ -12,6 +12,7 @@ the pipeline does on copies of this collection, a way to compare models or setti
 What the thresholds promise depends on the share of copies among the queries (here ``sample`` copies
 for ``distractors`` distractors) and on how far the recipe's edits resemble the copies met in practice.
 Everything is drawn from ``seed``: the same seed, references and models give the same file.
+:func:`calibrate_to_file` is ``copynce calibrate`` as one call (a :class:`CalibrateRequest` in, the file out).
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ import numpy as np
 
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
+from ..outputs import check_output_file
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.apps.calibration import PRECISIONS, Calibration, operating_points
 from ..retrieval.apps.detect import Descriptor, DetectConfig, detect
+from ..retrieval.apps.pipeline_settings import PipelineSettings
 from ..retrieval.search.candidates import top_per_query
 from ..retrieval.search.predictions import prediction_metrics
-from ..retrieval.search.sources import ImageFolderSource, ImageListSource
+from ..retrieval.search.sources import ImageFolderSource, ImageInput, ImageListSource
 from .minidisc import QueryEntry, draw_queries
 
-__all__ = ["CalibrationQueries", "calibration_queries", "calibrate", "format_calibration"]
+__all__ = ["CalibrateRequest", "CalibrationQueries", "calibrate", "calibrate_to_file", "calibration_queries",
+           "format_calibration"]
 
 #: Default seed of the calibration copies (mini-DISC's queries use 20250806: a calibration never redraws them).
 DEFAULT_SEED = 0
@@ -206,3 +210,51 @@ def format_calibration(calibration: Calibration) -> str:
             lines.append(f"{stage} on the calibration copies: muAP {found['micro_ap']:.3f}, "
                          f"RP90 {found['recall_at_p90']:.3f}, recall@1 {found['recall_at_rank1']:.3f}")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class CalibrateRequest:
+    """A ``copynce calibrate`` run.
+
+    Attributes:
+        references: folder of the collection's reference images.
+        output: the calibration JSON file to write.
+        pipeline: the models, preset and settings calibrated
+            (:class:`~copynce_hf.retrieval.apps.pipeline_settings.PipelineSettings`), as ``detect`` will run them.
+        distractors, sample, num_distractors, seed: see :func:`calibration_queries`.
+        images: how images are read (sub-folders, size limit).
+        progress: progress bars.
+        log: receives one line per step.
+    """
+
+    references: str
+    output: str
+    pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
+    distractors: str | None = None
+    sample: int = 100
+    num_distractors: int | None = None
+    seed: int = DEFAULT_SEED
+    images: ImageInput = dataclasses.field(default_factory=ImageInput)
+    progress: bool = True
+    log: Callable[[str], None] = print
+
+
+def calibrate_to_file(request: CalibrateRequest) -> tuple[Calibration, int]:
+    """Run ``copynce calibrate``: the output, models and folders checked before any model loads, then
+    :func:`calibrate` with the request's pipeline, its file written (with the runtime that ran the models).
+    Returns ``(the calibration, the number of reference images listed)``."""
+    check_output_file(request.output)
+    settings, images = request.pipeline, request.images
+    settings.models.check_paths()
+    references = images.folder(request.references)
+    distractors = images.folder(request.distractors) if request.distractors else None
+    auxiliary = images.folder(settings.aux) if settings.aux else None
+    config = settings.config()
+    pipeline = settings.identity()
+    descriptors, matcher = settings.models.load_descriptors(), settings.models.load_matcher()
+    calibration = calibrate(references, descriptors, matcher, pipeline, config, auxiliary, distractors,
+                            sample=request.sample, num_distractors=request.num_distractors, seed=request.seed,
+                            progress=request.progress, log=request.log)
+    calibration.provenance["runtime"] = settings.models.runtime
+    calibration.save(request.output)
+    return calibration, len(references)

@@ -5,11 +5,14 @@ checks it):
 
 * :mod:`.search`: image sources, descriptors and their extraction, LCE views, faiss indexes, whitening, score
   normalisation, candidates, the one search (:func:`search_references`) and the one prediction type;
-* :mod:`.jobs`: resumable work on disk: chunked extraction and scoring, the work folder, the matcher's
-  encoder-token cache;
+* :mod:`.jobs`: resumable work on disk: chunked extraction and scoring, the work folder and the one identity of
+  descriptors kept on disk (``views_identity``), the matcher's encoder-token cache;
 * :mod:`.apps`: what a user runs: matcher re-scoring of predictions, ``detect`` (the paper's pipeline),
-  ``dedup`` (copies inside one collection), calibration files (a threshold for a precision);
-* :mod:`.reports`: what people look at: affinity maps and match galleries.
+  ``dedup`` (copies inside one collection), calibration files (a threshold for a precision), and each command's
+  request and one call (``indexing``, ``searching``, ``matching``, ``detect_run``, ``dedup_run``; the models and
+  settings a run names in ``pipeline_settings``);
+* :mod:`.reports`: what people look at: affinity maps, match and group galleries, the output folders of
+  ``copynce detect`` and ``dedup`` (``run_folders``), ``copynce evaluate``'s metrics and curves.
 
 The detection flow (see docs/ARCHITECTURE.md)::
 

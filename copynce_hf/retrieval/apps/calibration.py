@@ -61,6 +61,20 @@ class OperatingPoint:
     recall: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """A calibrated decision: pairs that ``stage`` scores at or above ``point.threshold`` are copies (``source``: the
+    calibration file)."""
+
+    stage: str
+    point: OperatingPoint
+    source: str | None = None
+
+    @property
+    def threshold(self) -> float:
+        return self.point.threshold
+
+
 def operating_points(is_copy: Sequence[bool], scores: Sequence[float], num_positives: int,
                      precisions: Iterable[float] = PRECISIONS) -> list[OperatingPoint]:
     """The threshold and recall at each target precision.
@@ -106,6 +120,13 @@ def decision_report(predictions: Sequence, ground_truth: dict[str, list[str]], s
     precision, recall = decision_rates(is_copy, [p.score for p in predictions], num_positives, point.threshold)
     return {"stage": stage, "target_precision": point.precision, "threshold": point.threshold,
             "expected_recall": point.recall, "precision": precision, "recall": recall}
+
+
+def calibrated_decision(path: str | os.PathLike, precision: float | None, pipeline: dict[str, Any]) -> Decision:
+    """The decision of ``copynce detect --calibration PATH --precision P`` (``precision`` ``None``: 0.9) for a run of
+    the pipeline identity ``pipeline``: read before any model loads, refused when the run differs from the one
+    calibrated (:meth:`Calibration.decision`)."""
+    return Calibration.load(path).decision(pipeline, 0.9 if precision is None else precision)
 
 
 def model_identity(path: str | os.PathLike | None, kind: str) -> str:
@@ -157,9 +178,18 @@ class Calibration:
     def name(self) -> str:
         return f"calibration {self.source!r}" if self.source else "the calibration"
 
-    def stage_for(self, matcher: str | None) -> str:
-        """The stage whose scores a detect run with ``matcher`` (or none) outputs."""
-        return "descriptor" if matcher is None else "matcher"
+    def stage_for(self, pipeline: dict[str, Any]) -> str:
+        """The stage whose scores a run of the pipeline identity ``pipeline`` (:func:`pipeline_identity`) outputs:
+        ``matcher`` when it names a matcher (the embedded one included: ``embedded:matcher``), ``descriptor`` for a
+        run without one (``"matcher": None``, ``--matcher none``)."""
+        return "descriptor" if pipeline["matcher"] is None else "matcher"
+
+    def decision(self, pipeline: dict[str, Any], precision: float) -> Decision:
+        """How a run of ``pipeline`` (:func:`pipeline_identity`) decides at ``precision``: the threshold of the stage
+        whose scores it outputs (:meth:`stage_for`), once :meth:`check_pipeline` accepts the run."""
+        self.check_pipeline(pipeline)
+        stage = self.stage_for(pipeline)
+        return Decision(stage, self.point(precision, stage), self.source)
 
     def point(self, precision: float, stage: str) -> OperatingPoint:
         """The row of ``stage`` at ``precision``.

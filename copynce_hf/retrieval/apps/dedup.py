@@ -169,7 +169,7 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
         if made_with != used:
             raise ConfigError(f"{calibration.name} was made with {name} {made_with!r}, but this dedup run uses "
                               f"{used!r}; calibrate again with it or pass --threshold")
-    stage = calibration.stage_for(matcher)
+    stage = calibration.stage_for({"matcher": matcher})
     point = calibration.point(precision, stage)
     return point.threshold, (f"{stage} score {point.threshold:.4g} at precision {point.precision:g} in "
                              f"{calibration.source} (expected recall {point.recall:.3f})")
@@ -210,79 +210,117 @@ def dedup(
     """
     from ...precision import make_accelerator
 
-    accelerator = accelerator or make_accelerator()
     config = config or DetectConfig()
     if len(source) < 2:
         raise ConfigError(f"deduplication needs at least 2 images, got {len(source)}")
-    preset = ViewPreset(config.descriptor_lce)
-    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers, "accelerator": accelerator}
+    run = _DedupRun(source, descriptor, matcher, config, accelerator or make_accelerator(), progress, log)
     folder = Path(index_folder) / descriptor.name if index_folder is not None else None
-    seconds: dict[str, float] = {}
-    whitening = None
-    if whiten_from is not None:
-        start = time.perf_counter()
-        whitening = learn_whitening(descriptor, whiten_from, preset, config.whiten_dim,
-                                    folder / "whitening" if folder else None, progress=progress,
-                                    description="whitening sample", **extract)
-        seconds["whitening"] = time.perf_counter() - start
-        log(f"whitening learned from {whitening.samples} sample views ({whitening.input_dim} -> {whitening.dim} "
-            "dimensions)")
-    start = time.perf_counter()
-    index = view_index(descriptor, source, preset, folder / "references" if folder else None, progress=progress,
-                       description=f"{descriptor.name}: image views", whitening=whitening, **extract)
-    seconds["index"] = time.perf_counter() - start
-    skipped: dict[str, str] = {}
-    note_skips(index.references, skipped)
-    if preset.name == "none":
-        queries = index.references  # one view per image: the indexed descriptors are the query descriptors
-    else:
-        queries, _, _ = query_view_descriptors(descriptor, source, preset, folder / "queries" if folder else None,
-                                               progress=progress, description=f"{descriptor.name}: query views",
-                                               **extract)
-        note_skips(queries, skipped)
+    index, queries, skipped = run.descriptors(folder, whiten_from)
     readable = [image_id for image_id in source.ids if image_id not in skipped]
     if len(readable) < 2:
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
                                f"{len(source)}")
     order = {image_id: i for i, image_id in enumerate(source.ids)}
     start = time.perf_counter()
-    candidates = self_search_pairs(index, queries, preset, config.candidates, order)
-    seconds["self-search"] = time.perf_counter() - start
+    candidates = self_search_pairs(index, queries, run.preset, config.candidates, order)
+    run.seconds["self-search"] = time.perf_counter() - start
     log(f"{descriptor.name}: {len(candidates)} candidate pairs among {len(readable)} images "
         f"(the {config.candidates} nearest other images of each)")
+    pairs = run.verify(candidates, rescoring_folder)
+    start = time.perf_counter()
+    groups = run.groups(pairs, threshold, lambda missing: _descriptor_scores(index, queries, run.preset, missing))
+    run.seconds["groups"] = time.perf_counter() - start
+    log(f"{len(groups)} groups of copies ({sum(len(group) for group in groups)} images) at threshold "
+        f"{threshold:.4g}")
+    return DedupResult(groups, pairs, candidates, threshold, run.seconds, skipped, run.cost)
 
-    cost = None
-    if matcher is not None:
+
+@dataclasses.dataclass
+class _DedupRun:
+    """The steps of :func:`dedup` over one collection: its inputs, settings, times and matcher passes."""
+
+    source: object
+    descriptor: Descriptor
+    matcher: tuple | None
+    config: DetectConfig
+    accelerator: object
+    progress: bool
+    log: Callable[[str], None]
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    cost: dict[str, int] | None = None
+
+    @property
+    def preset(self) -> ViewPreset:
+        return ViewPreset(self.config.descriptor_lce)
+
+    @property
+    def extract(self) -> dict:
+        return {"batch_size": self.config.batch_size, "num_workers": self.config.num_workers,
+                "accelerator": self.accelerator}
+
+    def descriptors(self, folder: Path | None, whiten_from) -> tuple[DescriptorIndex, DescriptorSet, dict[str, str]]:
+        """Step 1: ``(index of the collection's views, its query views, id -> reason of each image left out)``,
+        whitened when ``whiten_from`` is given; cached in ``folder`` as ``detect`` caches them."""
+        descriptor, progress = self.descriptor, self.progress
+        whitening = None
+        if whiten_from is not None:
+            start = time.perf_counter()
+            whitening = learn_whitening(descriptor, whiten_from, self.preset, self.config.whiten_dim,
+                                        folder / "whitening" if folder else None, progress=progress,
+                                        description="whitening sample", **self.extract)
+            self.seconds["whitening"] = time.perf_counter() - start
+            self.log(f"whitening learned from {whitening.samples} sample views ({whitening.input_dim} -> "
+                     f"{whitening.dim} dimensions)")
+        start = time.perf_counter()
+        index = view_index(descriptor, self.source, self.preset, folder / "references" if folder else None,
+                           progress=progress, description=f"{descriptor.name}: image views", whitening=whitening,
+                           **self.extract)
+        self.seconds["index"] = time.perf_counter() - start
+        skipped: dict[str, str] = {}
+        note_skips(index.references, skipped)
+        if self.preset.name == "none":
+            return index, index.references, skipped  # one view per image: the indexed descriptors are the queries
+        queries, _, _ = query_view_descriptors(descriptor, self.source, self.preset,
+                                               folder / "queries" if folder else None, progress=progress,
+                                               description=f"{descriptor.name}: query views", **self.extract)
+        note_skips(queries, skipped)
+        return index, queries, skipped
+
+    def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
+        """The matcher's score of each pair (:func:`~.detect.matcher_scores`); its passes add to :attr:`cost`."""
+        scores, cost = matcher_scores(pairs, *self.matcher, self.source, self.source, self.config, self.accelerator,
+                                      folder, self.progress, self.log)
+        self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
+        return scores
+
+    def verify(self, candidates: list[Prediction], folder) -> list[Prediction]:
+        """Step 2: the candidate pairs scored by the matcher (chunks kept in ``folder``), or as they are without
+        one."""
+        if self.matcher is None:
+            return list(candidates)
         start = time.perf_counter()
         pair_ids = [(p.query_id, p.reference_id) for p in candidates]
-        scores, cost = matcher_scores(pair_ids, *matcher, source, source, config, accelerator, rescoring_folder,
-                                      progress, log)
+        scores = self.matcher_scores(pair_ids, folder)
         pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
-        seconds["matcher"] = time.perf_counter() - start
-        log(f"matcher: {len(pairs)} pairs verified ({cost['encoded_views']} encoder passes, "
-            f"{cost['fused_pairs']} fusion passes)")
-    else:
-        pairs = list(candidates)
+        self.seconds["matcher"] = time.perf_counter() - start
+        self.log(f"matcher: {len(pairs)} pairs verified ({self.cost['encoded_views']} encoder passes, "
+                 f"{self.cost['fused_pairs']} fusion passes)")
+        return pairs
 
-    start = time.perf_counter()
-    edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
-    members = connected_groups(source.ids, edges)
-    scored = {(p.query_id, p.reference_id): p.score for p in pairs}
-    missing = [(group[0], member) for group in members for member in group[1:] if (group[0], member) not in scored]
-    if missing and matcher is not None:
-        extra, more = matcher_scores(missing, *matcher, source, source, config, accelerator, None, progress, log)
-        cost = {name: cost[name] + more[name] for name in cost}
-    elif missing:
-        extra = _descriptor_scores(index, queries, preset, missing)
-    else:
-        extra = []
-    scored.update({pair: score for pair, score in zip(missing, extra)})
-    groups = [[(group[0], None), *((member, scored.get((group[0], member))) for member in group[1:])]
-              for group in members]
-    seconds["groups"] = time.perf_counter() - start
-    in_groups = sum(len(group) for group in groups)
-    log(f"{len(groups)} groups of copies ({in_groups} images) at threshold {threshold:.4g}")
-    return DedupResult(groups, pairs, candidates, threshold, seconds, skipped, cost)
+    def groups(self, pairs: list[Prediction], threshold: float,
+               descriptor_scores: Callable[[list[tuple[str, str]]], list[float]]) -> list[list[tuple[str, float | None]]]:
+        """Step 3: the connected components of the pairs scored at or above ``threshold``, each member with its
+        score to the group's first image (scored now, by the matcher or ``descriptor_scores``, when that pair was
+        not a candidate)."""
+        edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
+        members = connected_groups(self.source.ids, edges)
+        scored = {(p.query_id, p.reference_id): p.score for p in pairs}
+        missing = [(group[0], member) for group in members for member in group[1:] if (group[0], member) not in scored]
+        if missing:
+            extra = self.matcher_scores(missing, None) if self.matcher is not None else descriptor_scores(missing)
+            scored.update(zip(missing, extra))
+        return [[(group[0], None), *((member, scored.get((group[0], member))) for member in group[1:])]
+                for group in members]
 
 
 #: The header of ``groups.csv``.

@@ -33,7 +33,7 @@ from ...modeling.errors import ConfigError, PredictionsError
 from ...outputs import StagedFile
 from ..jobs.chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, scoring_identity
 from ..jobs.matcher_cache import MatcherScorer
-from ..jobs.work_folder import file_stamp, holds_identity, lines_digest
+from ..jobs.work_folder import holds_identity, views_identity
 from ..search.candidates import candidate_recall, merge_candidates, top_per_query
 from ..search.descriptors import DescriptorSet
 from ..search.index import DescriptorIndex, IndexConfig
@@ -115,7 +115,8 @@ class DetectConfig:
 @dataclasses.dataclass
 class Descriptor:
     """A descriptor model taking part in the search: ``name`` (for logs and index folders), model, processor,
-    and where it came from (``source``, recorded with a saved index)."""
+    and where it came from (``source``: how reports name it, recorded with a saved index; caches are tied to the
+    model's weights, not to this name)."""
 
     name: str
     model: object
@@ -190,27 +191,6 @@ class SourceImages:
         return self.source.load(self.position[image_id])
 
 
-def _file_stamps(source) -> str | None:
-    """A digest of :func:`~.work_folder.file_stamp` of every image file of ``source``, in order, so that a changed
-    file invalidates a saved index; ``None`` for a source without files."""
-    files = getattr(source, "files", None) or getattr(source, "images", None)
-    if files is None or not all(isinstance(f, (str, os.PathLike)) for f in files):
-        return None
-    return lines_digest(json.dumps(file_stamp(file)) for file in files)
-
-
-def _index_identity(descriptor: Descriptor, source, preset: ViewPreset, role: str = "reference") -> dict:
-    """What a cache folder's views depend on (``identity.json`` beside its files): the model, the views, the role,
-    where the images come from, how many there are, and digests of their ids and of their files' stamps, in the
-    order of the index's rows (digests, so that the file stays a few hundred bytes for a million references)."""
-    folder = getattr(source, "folder", None)
-    ids = list(source.ids)
-    return {"model": descriptor.source or descriptor.name, "views": preset.name, "role": role,
-            "source": str(Path(folder).resolve()) if folder is not None else getattr(source, "identity", None),
-            "num_images": len(ids), "images": lines_digest(json.dumps(image_id) for image_id in ids),
-            "files": _file_stamps(source)}
-
-
 def _reuse(folder: str | os.PathLike | None, identity: dict, load: Callable[[], object], what: str):
     """What ``load`` reads from ``folder`` when the folder was written for ``identity``; ``None`` when it was
     not (a warning names the inputs that changed, :func:`~.work_folder.holds_identity`), or when its files are
@@ -253,13 +233,13 @@ def query_view_descriptors(descriptor: Descriptor, source, preset: ViewPreset, f
                            progress: bool = True, description: str = "query views",
                            **extract) -> tuple[DescriptorSet, float, bool]:
     """Descriptors of every view of the query images; kept in ``folder`` and reused from it for the same
-    images (ids, file sizes and times), model and views.
+    images (ids, file sizes and times), model and views (:func:`~..jobs.work_folder.views_identity`).
 
     Returns:
         ``(descriptors, seconds, reused)``: ``seconds`` is the extraction time, measured now or, when the
         descriptors are reused, as measured when they were computed (so that costs stay comparable).
     """
-    identity = _index_identity(descriptor, source, preset, "query")
+    identity = views_identity(descriptor.model, descriptor.processor, source, preset.name, "query")
     reused = _reuse(folder, identity, lambda: DescriptorSet.load(Path(folder) / "descriptors.safetensors"),
                     "query descriptors")
     if reused is not None:
@@ -285,7 +265,7 @@ def learn_whitening(descriptor: Descriptor, source, preset: ViewPreset, dim: int
     """The :class:`~.whitening.Whitening` (``dim`` directions) learned from the descriptors of ``source``'s images
     (their reference views, as indexed); the sample's descriptors are written to ``folder`` and reused from it
     for the same images, model and views (whatever ``dim``)."""
-    identity = _index_identity(descriptor, source, preset, "whitening sample")
+    identity = views_identity(descriptor.model, descriptor.processor, source, preset.name, "whitening sample")
     sample = _reuse(folder, identity, lambda: DescriptorSet.load(Path(folder) / "descriptors.safetensors"),
                     "the whitening sample's descriptors")
     if sample is None:
@@ -302,8 +282,9 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
                whitening: Whitening | None = None, **extract) -> DescriptorIndex:
     """An exact index over the views of ``source``'s images (whitened with ``whitening`` when given); written to
     ``folder`` and reused from it when it was built from the same images, model, views and whitening
-    (``identity.json`` beside the index files)."""
-    identity = _index_identity(descriptor, source, preset)
+    (``identity.json`` beside the index files: :func:`~..jobs.work_folder.views_identity`, the identity
+    ``copynce index`` keeps with its chunks, and the whitening's fingerprint)."""
+    identity = views_identity(descriptor.model, descriptor.processor, source, preset.name, "reference")
     if whitening is not None:
         identity["whitening"] = whitening.fingerprint()
     reused = _reuse(folder, identity, lambda: DescriptorIndex.load(folder), "the index")
@@ -314,7 +295,8 @@ def view_index(descriptor: Descriptor, source, preset: ViewPreset, folder: str |
     if len(views) == 0:
         raise PredictionsError(f"none of the {len(source)} images could be read ({description})")
     index = DescriptorIndex.build(views, config or IndexConfig(kind="flat"),
-                                  info={"model": identity["model"], "views": preset.name}, whitening=whitening)
+                                  info={"model": descriptor.source or descriptor.name, "views": preset.name},
+                                  whitening=whitening)
     if folder is not None and _is_main_process():
         with _rewriting(folder, identity):
             index.save(folder)
@@ -358,84 +340,107 @@ def detect(
             applied to references, queries and auxiliary images; ``None``: no whitening.
     """
     config = config or DetectConfig()
+    names = [d.name for d in descriptors]
     if not descriptors:
         raise ConfigError("detect needs at least one descriptor model")
-    names = [d.name for d in descriptors]
     if len(set(names)) != len(names):
         raise ConfigError(f"descriptor names must differ, got {names}")
     from ...precision import make_accelerator
 
     accelerator = accelerator or make_accelerator()
-    preset = ViewPreset(config.descriptor_lce)
-    extract = {"batch_size": config.batch_size, "num_workers": config.num_workers, "accelerator": accelerator}
-    seconds: dict[str, float] = {}
-    per_model: dict[str, list[Prediction]] = {}
-    skipped: list[str] = []
-    reused: list[str] = []
-    skipped_queries: dict[str, str] = {}
-    skipped_references: dict[str, str] = {}
+    stage = _DescriptorStage(queries, references, auxiliary, whiten_from, config, ViewPreset(config.descriptor_lce),
+                             {"batch_size": config.batch_size, "num_workers": config.num_workers,
+                              "accelerator": accelerator}, progress, log)
+    result = DetectResult([], [], {}, {})
     for descriptor in descriptors:
         folder = Path(index_folder) / descriptor.name if index_folder is not None else None
-        start = time.perf_counter()
-        whitening = None
-        if whiten_from is not None:
-            whitening = learn_whitening(descriptor, whiten_from, preset, config.whiten_dim,
-                                        folder / "whitening" if folder else None, progress=progress,
-                                        description=f"{descriptor.name}: whitening sample", **extract)
-            log(f"{descriptor.name}: whitening learned from {whitening.samples} sample views "
-                f"({whitening.input_dim} -> {whitening.dim} dimensions)")
-        index = view_index(descriptor, references, preset, folder / "references" if folder else None,
-                           progress=progress, description=f"{descriptor.name}: reference views",
-                           whitening=whitening, **extract)
-        seconds[f"index:{descriptor.name}"] = time.perf_counter() - start
-        note_skips(index.references, skipped_references)
-        auxiliary_index = None
-        if auxiliary is not None:
-            start = time.perf_counter()
-            auxiliary_index = view_index(descriptor, auxiliary, preset, folder / "auxiliary" if folder else None,
-                                         progress=progress, description=f"{descriptor.name}: auxiliary views",
-                                         whitening=whitening, **extract)
-            seconds[f"auxiliary:{descriptor.name}"] = time.perf_counter() - start
-        query_views, extract_seconds, reused_views = query_view_descriptors(
-            descriptor, queries, preset, folder / "queries" if folder else None, progress=progress,
-            description=f"{descriptor.name}: query views", **extract)
-        seconds[f"query views:{descriptor.name}"] = extract_seconds
-        if reused_views:
-            reused.append(f"query views:{descriptor.name}")
-        start = time.perf_counter()
-        skipped.extend(q for q in query_views.skipped if q not in skipped)
-        note_skips(query_views, skipped_queries)
-        if len(query_views) == 0:
-            raise PredictionsError(f"none of the {len(queries)} query images could be read")
-        per_model[descriptor.name] = search_references(
-            index, query_views, config.candidates, query_views=preset, auxiliary=auxiliary_index, alpha=config.alpha,
-            k_start=config.k_start, k_end=config.k_end)
-        seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
-        log(f"{descriptor.name}: {len(per_model[descriptor.name])} candidate pairs "
-            f"({_DESCRIPTOR_VIEWS[config.descriptor_lce]}{', score-normalised' if auxiliary is not None else ''})")
-    candidates = merge_candidates(per_model.values(), config.candidates)
-    per_query = min(config.candidates, len(references) - len(skipped_references))
+        result.per_model[descriptor.name] = stage.candidates(descriptor, folder, result)
+    result.candidates = merge_candidates(result.per_model.values(), config.candidates)
+    result.candidates_per_query = min(config.candidates, len(references) - len(result.skipped_references))
     if len(descriptors) > 1:
-        log(f"merged: {len(candidates)} candidate pairs (top {per_query} per query)")
-    found = {"skipped": skipped, "reused": reused, "skipped_queries": skipped_queries,
-             "skipped_references": skipped_references, "candidates_per_query": per_query}
+        log(f"merged: {len(result.candidates)} candidate pairs (top {result.candidates_per_query} per query)")
     if matcher is None:
-        return DetectResult(top_per_query(candidates, config.k), candidates, per_model, seconds, None, **found)
-
+        result.predictions = top_per_query(result.candidates, config.k)
+        return result
     start = time.perf_counter()
-    pairs = [(p.query_id, p.reference_id) for p in candidates]
-    scores, cost = matcher_scores(pairs, *matcher, queries, references, config, accelerator, rescoring_folder,
-                                   progress, log)
+    pairs = [(p.query_id, p.reference_id) for p in result.candidates]
+    scores, result.matcher_cost = matcher_scores(pairs, *matcher, queries, references, config, accelerator,
+                                                 rescoring_folder, progress, log)
     rescored = [Prediction(q, r, s) for (q, r), s in zip(pairs, scores) if s is not None]
-    skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scores) if s is None)
-    seconds["matcher"] = time.perf_counter() - start
+    result.skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scores) if s is None)
+    result.seconds["matcher"] = time.perf_counter() - start
     on = f" on {accelerator.num_processes} processes" if accelerator.num_processes > 1 else ""
-    log(f"matcher: {len(rescored)} pairs re-scored{on} ({cost['encoded_views']} encoder passes, "
-        f"{cost['fused_pairs']} fusion passes)")
+    log(f"matcher: {len(rescored)} pairs re-scored{on} ({result.matcher_cost['encoded_views']} encoder passes, "
+        f"{result.matcher_cost['fused_pairs']} fusion passes)")
     if not rescored:
         raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
-    return DetectResult(top_per_query(rescored, config.k), candidates, per_model, seconds, cost, **found)
+    result.predictions = top_per_query(rescored, config.k)
+    return result
 
+
+@dataclasses.dataclass
+class _DescriptorStage:
+    """Stage 1 of :func:`detect` for one descriptor after another: its inputs and settings, held once."""
+
+    queries: object
+    references: object
+    auxiliary: object
+    whiten_from: object
+    config: DetectConfig
+    preset: ViewPreset
+    extract: dict
+    progress: bool
+    log: Callable[[str], None]
+
+    def whitening(self, descriptor: Descriptor, folder: Path | None) -> Whitening | None:
+        """The descriptor's whitening learned from ``whiten_from`` (``None`` without it), cached in ``folder``."""
+        if self.whiten_from is None:
+            return None
+        whitening = learn_whitening(descriptor, self.whiten_from, self.preset, self.config.whiten_dim,
+                                    folder / "whitening" if folder else None, progress=self.progress,
+                                    description=f"{descriptor.name}: whitening sample", **self.extract)
+        self.log(f"{descriptor.name}: whitening learned from {whitening.samples} sample views "
+                 f"({whitening.input_dim} -> {whitening.dim} dimensions)")
+        return whitening
+
+    def index(self, descriptor: Descriptor, source, folder: Path | None, role: str, whitening) -> DescriptorIndex:
+        """The index of ``source``'s views (``role``: ``references`` or ``auxiliary``), cached in ``folder/role``."""
+        return view_index(descriptor, source, self.preset, folder / role if folder else None, progress=self.progress,
+                          description=f"{descriptor.name}: {role.rstrip('s')} views", whitening=whitening,
+                          **self.extract)
+
+    def candidates(self, descriptor: Descriptor, folder: Path | None, result: DetectResult) -> list[Prediction]:
+        """The descriptor's ``candidates`` best references of every query (score-normalised with an auxiliary
+        set); its times, skipped images and reused caches are added to ``result``."""
+        start = time.perf_counter()
+        whitening = self.whitening(descriptor, folder)
+        index = self.index(descriptor, self.references, folder, "references", whitening)
+        result.seconds[f"index:{descriptor.name}"] = time.perf_counter() - start
+        note_skips(index.references, result.skipped_references)
+        auxiliary_index = None
+        if self.auxiliary is not None:
+            start = time.perf_counter()
+            auxiliary_index = self.index(descriptor, self.auxiliary, folder, "auxiliary", whitening)
+            result.seconds[f"auxiliary:{descriptor.name}"] = time.perf_counter() - start
+        query_views, extract_seconds, reused_views = query_view_descriptors(
+            descriptor, self.queries, self.preset, folder / "queries" if folder else None, progress=self.progress,
+            description=f"{descriptor.name}: query views", **self.extract)
+        result.seconds[f"query views:{descriptor.name}"] = extract_seconds
+        if reused_views:
+            result.reused.append(f"query views:{descriptor.name}")
+        start = time.perf_counter()
+        result.skipped.extend(q for q in query_views.skipped if q not in result.skipped)
+        note_skips(query_views, result.skipped_queries)
+        if len(query_views) == 0:
+            raise PredictionsError(f"none of the {len(self.queries)} query images could be read")
+        config = self.config
+        found = search_references(index, query_views, config.candidates, query_views=self.preset,
+                                  auxiliary=auxiliary_index, alpha=config.alpha, k_start=config.k_start,
+                                  k_end=config.k_end)
+        result.seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
+        self.log(f"{descriptor.name}: {len(found)} candidate pairs ({_DESCRIPTOR_VIEWS[config.descriptor_lce]}"
+                 f"{', score-normalised' if self.auxiliary is not None else ''})")
+        return found
 
 
 def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,

@@ -4,8 +4,9 @@ atomically, so that a killed run resumes from its last complete chunk.
 The work folder (``copynce index`` uses ``.<index folder name>.chunks/`` beside the index folder,
 :func:`work_folder_of`, so that the index folder is only written once the index is complete) holds:
 
-- ``work.json``: what the chunks are computed from (model, source, views, chunk size, batch size, image
-  size limit: the ``identity`` given by the caller). Chunks of another identity are removed before a run
+- ``work.json``: what the chunks are computed from (the ``identity`` given by the caller: for ``copynce index``
+  the one identity of descriptors kept on disk, :func:`~.work_folder.views_identity`, with the chunk and
+  batch sizes). Chunks of another identity are removed before a run
   starts, with a warning naming the inputs that changed (:mod:`.work_folder`, shared with the resumable
   re-scoring of :mod:`.chunked_scoring`), so a chunk is only ever reused for the inputs it was computed from;
 - ``chunk-000000.safetensors``, ``chunk-000001.safetensors``, ...: chunk ``i`` holds the descriptors of the
@@ -22,7 +23,6 @@ its share of each chunk and the main process writes the chunk.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -44,14 +44,6 @@ def work_folder_of(output: str | os.PathLike) -> Path:
     """The work folder of the index folder ``output``: the hidden folder ``.<name>.chunks`` beside it."""
     output = Path(output)
     return output.with_name(f".{output.name}.chunks")
-
-
-def source_identity(source) -> dict:
-    """What a source's descriptors depend on: its ``identity`` (datasets, folders), else a hash of its ids."""
-    identity = getattr(source, "identity", None)
-    if identity is not None:
-        return identity
-    return {"ids": hashlib.sha256("\0".join(source.ids).encode()).hexdigest()}
 
 
 class _Slice:

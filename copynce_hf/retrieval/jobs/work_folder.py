@@ -6,9 +6,12 @@ and compared with the current one. This module holds that vocabulary:
 
 - :func:`digest`, :func:`lines_digest`, :func:`model_fingerprint`, :func:`file_stamp`, :func:`image_stamps`: the
   digests an identity is made of (a value, many lines, a model's weights, image files' sizes and times);
+- :func:`views_identity` (with :func:`source_identity`): the one identity of descriptors kept on disk, whichever
+  command keeps them (``copynce index``'s chunks; the indexes, query views and whitening samples ``detect`` and
+  ``dedup`` cache);
 - :func:`holds_identity`: whether an identity file holds the current identity; when it does not, a warning names
   the inputs that changed (:func:`changed_inputs`). Both resumable jobs use it through :class:`WorkFolder`, and the
-  cached indexes and query views of ``copynce detect`` (:mod:`.detect`) directly.
+  cached indexes and query views of ``copynce detect`` (:mod:`~copynce_hf.retrieval.apps.detect`) directly.
 
 Two jobs keep a work folder: matcher re-scoring (:mod:`.chunked_scoring`: ``identity.json`` and
 ``chunk-NNNNNN.json``) and descriptor extraction (:mod:`.chunked_extraction`, ``copynce index``: ``work.json`` and
@@ -94,6 +97,38 @@ def image_stamps(images: Mapping, ids) -> str:
         return json.dumps([image_id, os.fspath(image), *(file_stamp(image) or [None])])
 
     return lines_digest(stamp(image_id) for image_id in sorted(set(ids)))
+
+
+def source_identity(source) -> dict:
+    """What the images of a source are, for a cache of their descriptors (digests, so that it stays a few hundred
+    bytes for a million images):
+
+    - ``source``: where they come from (the source's own ``identity``: a folder, a dataset and its fingerprint);
+    - ``num_images``, ``images``: how many, and a digest of their ids in order;
+    - ``files``: a digest of their files' :func:`file_stamp` in order, so that a replaced file changes it;
+    - ``max_pixels``: the size limit that decides which images are skipped.
+
+    A value the source cannot tell is ``None`` (a stream knows no ids before it is read; a dataset or in-memory
+    images have no files).
+    """
+    ids = getattr(source, "ids", None)
+    files = getattr(source, "files", None) or getattr(source, "images", None)
+    on_disk = files is not None and all(isinstance(file, (str, os.PathLike)) for file in files)
+    return {"source": getattr(source, "identity", None),
+            "num_images": None if ids is None else len(ids),
+            "images": None if ids is None else lines_digest(json.dumps(image_id) for image_id in ids),
+            "files": lines_digest(json.dumps(file_stamp(file)) for file in files) if on_disk else None,
+            "max_pixels": getattr(source, "max_pixels", None)}
+
+
+def views_identity(model, processor, source, views: str, role: str) -> dict:
+    """The one identity of descriptors computed from a source's images and kept on disk: ``copynce index``'s
+    chunks, and the indexes, query views and whitening samples that ``detect`` and ``dedup`` cache. The model's
+    weights (:func:`model_fingerprint`) and image processor settings (:func:`digest`), the views (a
+    :class:`~copynce_hf.retrieval.search.views.ViewPreset` name), the role (``reference``, ``query``, ...) and
+    :func:`source_identity`."""
+    return {"model": model_fingerprint(model), "image_processor": digest(processor.to_dict()), "views": views,
+            "role": role, **source_identity(source)}
 
 
 # --------------------------------------------------------------------------- stored identity vs current identity

@@ -177,3 +177,23 @@ def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: 
     arrays_path = folder / "maps.npz"
     np.savez(arrays_path, affinity=maps.affinity, entropy=maps.entropy, patch=np.array(maps.patch))
     return {"token_affinity": affinity_path, "affinity_entropy": entropy_path, "maps": arrays_path}
+
+
+def visualize_pair(query: str | os.PathLike, reference: str | os.PathLike, output: str | os.PathLike,
+                   patch: tuple[int, int], model: str | os.PathLike | None = None, temperature: float | None = None,
+                   max_pixels: int | None = None) -> dict[str, Path]:
+    """``copynce visualize`` as one call: the maps of the query patch ``patch`` (row, column) over ``reference``
+    with ``model`` (a descriptor or matcher folder or Hub id; ``None``: the embedded descriptor), written into the
+    folder ``output`` (:func:`save_affinity_figures`, moved into place once complete). The output and the model are
+    checked before any image is read. Returns the files written, by name (``token_affinity``, ...)."""
+    from ...model_loading import DEFAULT_DESCRIPTOR, check_model_path, load_model
+    from ...outputs import StagedFolder, check_output_folder
+
+    check_output_folder(output)
+    check_model_path(model)
+    images = [load_image(path, max_pixels=max_pixels) for path in (query, reference)]
+    loaded, processor = load_model(model, None, "--model", default=DEFAULT_DESCRIPTOR)
+    maps = affinity_maps(loaded, processor, *images, patch, temperature=temperature)
+    with StagedFolder(output) as staging:
+        written = save_affinity_figures(maps, staging, title=f"{Path(query).name} vs {Path(reference).name}")
+    return {key: Path(output) / path.name for key, path in written.items()}

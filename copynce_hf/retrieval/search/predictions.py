@@ -9,16 +9,21 @@ that names the pair.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import logging
 import math
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ...metrics.copy_detection.formulas import copy_detection_metrics, read_csv_rows
+from ...metrics.copy_detection.formulas import copy_detection_metrics, read_csv_rows, read_ground_truth_csv
 from ...modeling.errors import PredictionsError
 from ...outputs import StagedFile
+
+logger = logging.getLogger(__name__)
 
 #: Column names of the DISC21 matching-track CSV, in order.
 PREDICTION_COLUMNS = ("query_id", "reference_id", "score")
@@ -37,6 +42,29 @@ def prediction_metrics(predictions: Sequence[Prediction], ground_truth) -> dict:
     DISC21 (``ground_truth``: query id -> reference ids, or a DISC21 CSV path)."""
     return copy_detection_metrics([p.query_id for p in predictions], [p.reference_id for p in predictions],
                                   [float(p.score) for p in predictions], ground_truth)
+
+
+def read_ground_truth(path: str | os.PathLike) -> dict[str, list[str]]:
+    """A DISC21 ground-truth CSV (``query_id,reference_id``) as query id -> reference ids; a missing or malformed file
+    is a :class:`PredictionsError` naming it."""
+    try:
+        return read_ground_truth_csv(path)
+    except (OSError, ValueError) as error:  # the metric module is standalone and raises built-in types
+        raise PredictionsError(str(error)) from error
+
+
+@contextlib.contextmanager
+def metric_warnings_logged(source: str | os.PathLike):
+    """Around a metric call: its warnings become one logged line each, its ``ValueError`` a
+    :class:`PredictionsError`; both name ``source`` (the file whose predictions or ground truth raised them)."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    except ValueError as error:  # the metric module is standalone and raises built-in types
+        raise PredictionsError(f"{source}: {error}") from error
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        logger.warning("%s: %s", source, message)
 
 
 def check_unique(predictions: Iterable[Prediction], source: str = "predictions") -> None:

@@ -6,14 +6,18 @@ raising :class:`ImageLoadError` for a bad file). Folder ids are the file names w
 extension (DISC21 style: ``Q00001.jpg`` has id ``Q00001``); dataset ids come from an id column, else
 the row number. A streamed dataset (:class:`StreamedImageSource`) has no random access: it is read
 once, in chunks (:meth:`StreamedImageSource.chunks`). :func:`open_dataset_source` opens any dataset
-the training loader opens (Hub id, Parquet file, ``save_to_disk`` folder, image folder).
+the training loader opens (Hub id, Parquet file, ``save_to_disk`` folder, image folder). :class:`ImageInput`
+holds how a command reads its images (``--recursive``, ``--max-pixels``, the dataset options) and opens them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -21,7 +25,9 @@ from pathlib import Path
 from PIL import Image
 
 from ...images import load_image
-from ...modeling.errors import ImageLoadError
+from ...modeling.errors import SKIP_REASONS, ConfigError, ImageLoadError
+
+logger = logging.getLogger(__name__)
 
 #: File extensions treated as images when listing a folder (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -107,16 +113,9 @@ class ImageFolderSource:
 
     @property
     def identity(self) -> dict:
-        """What a cache of this source's descriptors is tied to: the folder and a hash of its image files' names,
-        sizes and modification times."""
-        digest = hashlib.sha256()
-        for path in self.files:
-            try:
-                stat = path.stat()
-                digest.update(f"{image_id(path, self.folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-            except OSError:  # gone since the folder was listed
-                digest.update(f"{image_id(path, self.folder)}\0missing\n".encode())
-        return {"folder": str(self.folder.resolve()), "files": digest.hexdigest()}
+        """Where a cache of this source's descriptors comes from: the folder (its files' ids, sizes and modification
+        times are digested beside it, :func:`~copynce_hf.retrieval.jobs.work_folder.source_identity`)."""
+        return {"folder": str(self.folder.resolve())}
 
 
 def _undecoded_image(value, where: str):
@@ -296,3 +295,67 @@ class ImageListSource:
         if callable(image) and not isinstance(image, Image.Image):
             image = image()
         return image.convert("RGB") if isinstance(image, Image.Image) else load_image(image)
+
+
+@dataclasses.dataclass
+class ImageInput:
+    """How a run reads its images: the image options every command shares.
+
+    Attributes:
+        recursive: also read the images of sub-folders (ids keep the relative path).
+        max_pixels: size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+        split, image_column, id_column, streaming: how a dataset is read (:func:`open_dataset_source`).
+        progress: ``datasets``' progress bars while a dataset loads.
+    """
+
+    recursive: bool = False
+    max_pixels: int | None = None
+    split: str = "train"
+    image_column: str | None = None
+    id_column: str | None = None
+    streaming: bool = False
+    progress: bool = True
+
+    def folder(self, folder: str | os.PathLike) -> ImageFolderSource:
+        """The images of ``folder``; a warning names the sub-folders left out without ``recursive``."""
+        source = ImageFolderSource(folder, recursive=self.recursive, max_pixels=self.max_pixels)
+        ignored = source.ignored_subfolders
+        if ignored:
+            names = ", ".join(p.name for p in ignored[:3])
+            logger.warning("%s: %d sub-folder(s) not read (%s%s); pass --recursive to include them", folder,
+                           len(ignored), names, ", ..." if len(ignored) > 3 else "")
+        return source
+
+    def whitening_sample(self, folder: str | os.PathLike | None, dim: int | None) -> ImageFolderSource | None:
+        """The sample images a whitening is learned from (``--whiten-from``; ``None`` without them); a number of
+        whitened dimensions without a sample is a :class:`ConfigError`."""
+        if folder is None and dim is not None:
+            raise ConfigError("--whiten-dim needs --whiten-from FOLDER (the sample images the whitening is learned "
+                              "from)")
+        return self.folder(folder) if folder is not None else None
+
+    def folder_or_dataset(self, folder: str | os.PathLike | None, dataset: str | None, dataset_option: str):
+        """The images of ``folder`` (:meth:`folder`) or of ``dataset`` (:func:`open_dataset_source`); exactly one
+        is given (else a :class:`ConfigError` naming ``dataset_option``, the option that names a dataset)."""
+        if (folder is None) == (dataset is None):
+            raise ConfigError(f"give either a folder of images or {dataset_option} NAME_OR_PATH"
+                              + (", not both" if folder is not None else ""))
+        if dataset is None:
+            return self.folder(folder)
+        if not self.progress:
+            import datasets
+
+            datasets.disable_progress_bars()
+        return open_dataset_source(dataset, self.split, self.image_column, self.id_column, self.streaming,
+                                   self.max_pixels)
+
+
+def count_text(reasons: Iterable[str]) -> str:
+    """How many images were skipped and why: ``["too small", "empty file", "too small"]`` ->
+    ``"3 (1 empty file, 2 too small)"`` (reasons in the order of :data:`~copynce_hf.modeling.errors.SKIP_REASONS`)."""
+    counts = Counter(reasons)
+    if not counts:
+        return "0"
+    order = {reason: i for i, reason in enumerate(SKIP_REASONS)}
+    parts = [f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda item: order.get(item[0], 99))]
+    return f"{sum(counts.values())} ({', '.join(parts)})"

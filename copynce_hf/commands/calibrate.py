@@ -1,0 +1,64 @@
+"""``copynce calibrate``: score thresholds at 90/95/99 % precision from known copies of the user's own references
+(no labels), for ``copynce detect --calibration`` and ``copynce dedup --calibration``."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import options
+from .console import progress_log
+
+DESCRIPTION = (
+    "Edit a sample of REFERENCES with the mini-DISC query recipe (edits the training recipes never "
+    "draw) and edit distractor images (--distractors, or references held out of the index), run the detect "
+    "pipeline on these copies and write OUTPUT (JSON): per stage (descriptor, matcher), the score threshold "
+    "at precision 0.9, 0.95 and 0.99 with the recall expected at each, and what reproduces it (models, "
+    "preset, recipe, seed, sample ids, counts). Needs no labels. Use the same models and preset in "
+    "`copynce detect --calibration OUTPUT`."
+)
+EPILOG = (
+    "The precision promised holds for queries that hold copies and non-copies in about the ratio "
+    "--sample : --num-distractors, with edits like the recipe's: fewer copies among real queries mean a lower "
+    "precision at the same threshold."
+)
+
+
+def register(commands) -> argparse.ArgumentParser:
+    """Add ``calibrate`` and its options to the ``copynce`` subcommands."""
+    p = commands.add_parser(
+        "calibrate", help="score thresholds at 90/95/99 %% precision from known copies of your own references",
+        description=DESCRIPTION, epilog=EPILOG,
+    )
+    p.add_argument("references", help="folder of reference images")
+    p.add_argument("--output", required=True, help="calibration JSON file to write")
+    p.add_argument("--sample", type=options.positive_int, default=100, help="references copied (default 100)")
+    p.add_argument("--distractors", metavar="FOLDER", help="images that are not references and not copies of them; "
+                   "default: references held out of the index")
+    p.add_argument("--num-distractors", type=options.positive_int,
+                   help="distractor copies (default: --sample; held-out references: at most half the folder)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample, the distractors and the edits (default 0)")
+    options.add_pipeline_options(p)
+    options.add_model_loading(p)
+    options.add_runtime(p)
+    options.add_image_input(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args) -> int:
+    from ..evaluation.self_calibration import CalibrateRequest, calibrate_to_file, format_calibration
+    from .console import report_counts
+
+    request = CalibrateRequest(args.references, args.output, options.pipeline_settings(args),
+                               distractors=args.distractors, sample=args.sample, num_distractors=args.num_distractors,
+                               seed=args.seed, images=options.image_input(args), progress=not args.quiet,
+                               log=progress_log("calibrate", args.quiet))
+    calibration, references = calibrate_to_file(request)
+    print(format_calibration(calibration))
+    counts = calibration.provenance["counts"]
+    print(f"wrote {args.output} ({counts['copies']} copies, {counts['distractors']} distractors, seed {args.seed}); "
+          f"use it with: copynce detect ... --calibration {args.output} --precision 0.9")
+    report_counts("calibrate", f"{references} reference images",
+                  ["unreadable"] * (counts["unreadable_originals"] + counts["skipped_queries"]),
+                  "wrote 1 file")
+    return 0

@@ -1,0 +1,24 @@
+"""What the ``copynce`` commands print besides their results: progress lines on stderr and the closing line of
+counts on stdout."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+
+
+def progress_log(command: str, quiet: bool) -> Callable[[str], None]:
+    """The progress lines of ``command`` on stderr (``copynce detect: ...``); silent with ``--quiet``."""
+    def say(line: str) -> None:
+        if not quiet:
+            print(f"copynce {command}: {line}", file=sys.stderr)
+
+    return say
+
+
+def report_counts(command: str, read: str, skipped: Iterable[str], written: str) -> None:
+    """The closing line of a command: ``index: read 12 images, skipped 2 (1 empty file, 1 too small), wrote ...``
+    (``skipped``: the reason of each image left out)."""
+    from ..retrieval.search.sources import count_text
+
+    print(f"{command}: read {read}, skipped {count_text(skipped)}, {written}")

@@ -1,0 +1,80 @@
+"""``copynce dedup``: every group of copies inside one folder (self-search, matcher verification, connected
+groups), with a group gallery."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import options
+from .console import progress_log
+
+DESCRIPTION = (
+    "Search every image of IMAGES among the others (itself left out) with the descriptor, verify "
+    "each candidate pair once with the matcher, and join the pairs scored at or above the threshold into "
+    "groups (connected components). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first: the score "
+    "of each member with the group's first image), OUTPUT/pairs.csv (every verified pair and its score), "
+    "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes and OUTPUT/rescoring (reused by the "
+    "next run: a run cut short resumes)."
+)
+EPILOG = (
+    "Scores are copy probabilities with the matcher (default threshold 0.5), cosines with --matcher "
+    "none (then --threshold or --calibration is required). Cost on one CPU core with the embedded models: about 30 "
+    "ms per image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once)."
+)
+
+
+def register(commands) -> argparse.ArgumentParser:
+    """Add ``dedup`` and its options to the ``copynce`` subcommands."""
+    from ..model_loading import DEFAULT_DESCRIPTOR
+
+    p = commands.add_parser("dedup", help="find every group of copies inside one folder", description=DESCRIPTION,
+                            epilog=EPILOG)
+    p.add_argument("images", help="folder of images")
+    p.add_argument("--output", required=True, help="folder for groups.csv, pairs.csv, report.html, indexes/")
+    p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
+    options.add_matcher(p)
+    p.add_argument("--threshold", type=float,
+                   help="pairs scored at or above it are copies (default: from --calibration, else 0.5 with a "
+                   "matcher; required without one)")
+    options.add_calibration(p)
+    options.add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
+    p.add_argument("--gallery", type=options.positive_int, default=8, help="groups shown in report.html (default 8)")
+    options.add_chunk_size(p)
+    options.add_whitening(p)
+    options.add_model_loading(p)
+    options.add_runtime(p)
+    options.add_image_input(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def request_of(args):
+    """The :class:`~copynce_hf.retrieval.apps.dedup_run.DedupRequest` of a ``copynce dedup`` command line."""
+    from ..retrieval.apps.dedup_run import DedupRequest
+    from ..retrieval.apps.pipeline_settings import PipelineModels
+
+    return DedupRequest(args.images, args.output, PipelineModels([args.model], args.matcher, args.runtime, "--model"),
+                        threshold=args.threshold, calibration=args.calibration, precision=args.precision,
+                        candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
+                        batch_size=args.batch_size, num_workers=args.num_workers, chunk_size=args.chunk_size,
+                        whiten_dim=args.whiten_dim, whiten_from=args.whiten_from, input=options.image_input(args),
+                        gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
+
+
+def run(args) -> int:
+    import time
+    from pathlib import Path
+
+    from ..retrieval.reports.run_folders import write_dedup_folder
+    from .console import report_counts
+
+    start = time.perf_counter()
+    found = write_dedup_folder(request_of(args))
+    if found is None:  # another process of `accelerate launch`: the main one writes
+        return 0
+    output, result = Path(args.output), found.result
+    print(f"wrote {len(result.groups)} groups of copies ({found.rows} images) to {output / 'groups.csv'}, "
+          f"{len(result.pairs)} verified pairs to {output / 'pairs.csv'} and the group gallery to {found.report} "
+          f"({time.perf_counter() - start:.0f} s)")
+    report_counts("dedup", f"{len(found.source)} images", result.skipped.values(), f"wrote {found.rows} group rows")
+    return 0

@@ -1,0 +1,100 @@
+"""``copynce detect``: the whole pipeline in one go (descriptors, merged candidates, matcher verification),
+with evaluation against a ground truth, calibrated decisions and a match gallery."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import options
+from .console import progress_log
+
+DESCRIPTION = (
+    "Search the references of every query image with one or more descriptors (optionally with "
+    "local crops ensembling and score normalisation), merge their candidates, verify them with the matcher "
+    "(optionally with local crops ensembling) and write OUTPUT/predictions.csv (query_id,reference_id,score), "
+    "OUTPUT/report.html (a gallery of the top and borderline matches with heatmaps) and, with --ground-truth, "
+    "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run, the matcher's "
+    "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes)."
+)
+EPILOG = (
+    "Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
+    "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 1.3 s per query with "
+    "the embedded 112-px models on one core. accurate (--descriptor-lce matcher-views --candidates 2 "
+    "--matcher-lce paper, auxiliary ranks 0-9): about 3.3 s per query on one core. paper (the authors' inference: "
+    "--descriptor-lce authors, "
+    "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "
+    "costs about 45 descriptor passes + 26 encoder passes + 35 fusion passes per merged candidate per query, "
+    "i.e. roughly 6 minutes per query with 400 candidates (the descriptor LCE finds fewer among few "
+    "references: about 124 per query on mini-DISC's 300), and 9 descriptor passes per reference (README 'Find copies "
+    "of my images'). Cost per "
+    "pass on one CPU core (one thread) with the embedded 112-px models: about 30 ms per descriptor view, 20 ms "
+    "per matcher encoder view and 25 ms per matcher fusion pair. --matcher-lce none: 1 fusion per candidate; paper: "
+    "26 query views encoded once, then 35 "
+    "fusions per candidate; all: 260 per candidate."
+)
+
+
+def register(commands) -> argparse.ArgumentParser:
+    """Add ``detect`` and its options to the ``copynce`` subcommands."""
+    p = commands.add_parser(
+        "detect", help="the whole pipeline: find which reference each query copies, evaluate, draw a match gallery",
+        description=DESCRIPTION, epilog=EPILOG,
+    )
+    p.add_argument("queries", nargs="?", help="folder of query images (or --query-dataset)")
+    p.add_argument("--references", required=True, help="folder of reference images")
+    p.add_argument("--output", required=True, help="folder for predictions.csv, report.html, metrics.json, indexes/")
+    options.add_pipeline_options(p)
+    options.add_dataset_input(p, "--query-dataset", "query images")
+    p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
+                   "recall@1, candidate recall)")
+    p.add_argument("--gallery", type=options.positive_int, default=8,
+                   help="cards per gallery in report.html (default 8)")
+    options.add_chunk_size(p)
+    options.add_calibration(p)
+    options.add_whitening(p)
+    options.add_model_loading(p)
+    options.add_runtime(p)
+    options.add_image_input(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def request_of(args):
+    """The :class:`~copynce_hf.retrieval.apps.detect_run.DetectRequest` of a ``copynce detect`` command line."""
+    from ..retrieval.apps.detect_run import DetectRequest
+
+    return DetectRequest(args.references, args.output, options.pipeline_settings(args), queries=args.queries,
+                         query_dataset=args.query_dataset, images=options.image_input(args),
+                         ground_truth=args.ground_truth, calibration=args.calibration, precision=args.precision,
+                         whiten_from=args.whiten_from, gallery=args.gallery, progress=not args.quiet,
+                         log=progress_log("detect", args.quiet))
+
+
+def run(args) -> int:
+    import time
+    from pathlib import Path
+
+    from ..retrieval.reports.run_folders import write_detect_folder
+    from .console import report_counts
+
+    start = time.perf_counter()
+    found = write_detect_folder(request_of(args))
+    if found is None:  # another process of `accelerate launch`: the main one writes
+        return 0
+    output, result, decision = Path(found.request.output), found.result, found.inputs.decision
+    queries = len({p.query_id for p in result.predictions})
+    print(f"wrote {found.count} predictions for {queries} queries to {output / 'predictions.csv'}, the match gallery "
+          f"to {found.report}" + (f" and {output / 'metrics.json'}" if found.metrics else "")
+          + f" ({time.perf_counter() - start:.0f} s)")
+    if decision is not None:
+        print(f"{len(found.copies)} pairs at or above the threshold {decision.threshold:.4f} (precision "
+              f"{decision.point.precision:g} by {args.calibration}) written to {output / 'copies.csv'}")
+    if found.metrics:
+        metrics, recall = found.metrics, found.metrics["candidate_recall"]
+        print(f"muAP {metrics['micro_ap']:.4f}  RP90 {metrics['recall_at_p90']:.4f}  recall@1 "
+              f"{metrics['recall_at_rank1']:.4f}  candidate recall " + ("-" if recall is None else f"{recall:.4f}"))
+    unscored = len(result.skipped) - len(result.skipped_queries)
+    report_counts("detect", f"{len(found.inputs.queries)} query and {len(found.inputs.references)} reference images",
+                  [*result.skipped_queries.values(), *result.skipped_references.values()],
+                  f"wrote {found.count} predictions" + (f" ({unscored} candidate pairs unscored)" if unscored else ""))
+    return 0

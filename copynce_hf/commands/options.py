@@ -1,0 +1,222 @@
+"""The options several ``copynce`` commands share, declared once: their argument groups (image input, datasets,
+model loading, runtime, whitening, search knobs, the matcher, LCE, verification, calibration, the pipeline, chunk
+size, quiet), the types that parse them, and the library objects built from them (:func:`image_input`,
+:func:`pipeline_settings`).
+
+Nothing heavy is imported here: building the parser (``copynce --help``) loads no torch, transformers or faiss.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
+from ..retrieval.apps.calibration import PRECISIONS as CALIBRATED_PRECISIONS
+from ..retrieval.search.presets import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_CHUNK_SIZE,
+    DETECT_PRESET_FIELDS,
+    DETECT_PRESETS,
+)
+from ..retrieval.search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
+
+# --------------------------------------------------------------------------- types
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def pixels(text: str) -> int:
+    """``--max-pixels``: a number of pixels, ``300000000``, ``300_000_000`` or ``300M``."""
+    cleaned = text.strip().replace("_", "")
+    scale = 1_000_000 if cleaned[-1:] in ("M", "m") else 1
+    try:
+        value = int(float(cleaned[:-1]) * scale) if scale > 1 else int(cleaned)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of pixels such as 400000000 or 400M, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 pixel, got {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- option groups
+
+
+def add_quiet(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress bars")
+
+
+def add_image_input(parser: argparse.ArgumentParser, folders: bool = True) -> None:
+    """``--max-pixels`` for every command that reads images; ``--recursive`` for those reading folders."""
+    from ..images import MAX_IMAGE_PIXELS, megapixels
+
+    group = parser.add_argument_group("image input")
+    group.add_argument(
+        "--max-pixels", type=pixels, default=None, metavar="N",
+        help=f"largest accepted image, width x height in pixels (default {MAX_IMAGE_PIXELS}, "
+        f"{megapixels(MAX_IMAGE_PIXELS)}; 400M = 400 megapixels); larger images are skipped with a warning",
+    )
+    if folders:
+        group.add_argument(
+            "--recursive", action="store_true",
+            help="also read the images of sub-folders (ids keep the relative path: cats/tom.jpg -> cats/tom)",
+        )
+
+
+def add_dataset_input(parser: argparse.ArgumentParser, option: str, images: str, streaming: bool = False) -> None:
+    """``OPTION NAME_OR_PATH`` (images from a dataset instead of a folder), ``--split``, ``--image-column``,
+    ``--id-column`` and, with ``streaming``, ``--streaming``."""
+    group = parser.add_argument_group(f"{images} from a dataset (instead of a folder)")
+    group.add_argument(option, metavar="NAME_OR_PATH",
+                       help="a Hub dataset id, a Parquet file, a save_to_disk folder or a folder of images")
+    group.add_argument("--split", default="train", help="its split (default train)")
+    group.add_argument("--image-column", help="its image column (default: the first Image column, or 'image')")
+    group.add_argument("--id-column", help="its id column (default: 'image_id', 'id', ... if present, else the "
+                       "row number)")
+    if streaming:
+        group.add_argument("--streaming", action="store_true",
+                           help="read it as a stream (a Hub dataset is not downloaded ahead; memory holds one chunk)")
+
+
+def add_model_loading(parser: argparse.ArgumentParser, batch_size: int = 64, unit: str = "images") -> None:
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=batch_size, help=f"{unit} per forward pass (default {batch_size})"
+    )
+    parser.add_argument(
+        "--num-workers", type=int, default=0, help="DataLoader worker processes reading images (default 0)"
+    )
+
+
+def add_chunk_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE, metavar="N",
+                        help="candidate pairs per chunk of re-scoring work (whole queries), the unit shared by the "
+                        "processes of `accelerate launch` and saved as it completes, so that the same command resumes "
+                        f"a run cut short (default {DEFAULT_CHUNK_SIZE})")
+
+
+def add_runtime(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime", choices=("torch", "onnx"), default="torch",
+        help="what runs the models: torch (default) or onnx (ONNX Runtime; a model option then names a folder of "
+        "copynce export-onnx, or a model folder exported once into ~/.cache/copynce_hf/onnx, $COPYNCE_ONNX_CACHE)",
+    )
+
+
+def add_whitening(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("whitening (SSCD's descriptor post-processing)")
+    group.add_argument("--whiten-from", metavar="FOLDER",
+                       help="sample images of the collection (not the queries' copies) to learn centering + PCA "
+                       "whitening from; references and queries are whitened, then L2-normalised (stored with the index)")
+    group.add_argument("--whiten-dim", type=positive_int, metavar="D",
+                       help="whitened directions kept (default: all); needs more than D sample images (views)")
+
+
+def add_search_knobs(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("approximate search knobs")
+    group.add_argument("--ef-search", type=positive_int, help="HNSW: beam width at search time (default 128; a search "
+                       "for k neighbours uses at least k)")
+    group.add_argument("--nprobe", type=positive_int, help="IVF-PQ: inverted lists visited per query (default 32)")
+    group.add_argument(
+        "--k-factor", type=positive_int, help="IVF-PQ: candidates re-ranked exactly per neighbour (default 8)"
+    )
+
+
+def add_matcher(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matcher", default=None,
+                   help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
+
+
+def defaults_text(default, presets: str) -> str:
+    """The end of a pipeline option's help: the command's own default, else the presets' values (``--preset``)."""
+    return f"(default {default})" if default is not None else f"({presets})"
+
+
+def add_matcher_lce(p, default: str | None = None) -> None:
+    """``--matcher-lce`` (detect, calibrate: ``default`` ``None``, the preset's; dedup, match: their own)."""
+    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default=default,
+                   help="the matcher's local crops ensembling: view pairs scored per candidate, none (1), paper "
+                   "(35) or all (260), the best one counting " + defaults_text(default, "fast: none, paper: paper"))
+
+
+def add_verification(p: argparse.ArgumentParser, candidates: int | None = None, descriptor_lce: str | None = None,
+                     matcher_lce: str | None = None) -> None:
+    """``--descriptor-lce``, ``--matcher-lce`` and ``--candidates``: which pairs the matcher verifies, and with which
+    views. Without defaults the ``--preset`` chosen fills them (detect, calibrate); dedup gives its own."""
+    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default=descriptor_lce,
+                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, a pair "
+                   "scores its best view pair) or authors (45 query views in 4 groups x 9 reference views, each query "
+                   "view keeps its top 100/10/10/4 references by group: up to 390 per query), then the best "
+                   "--candidates " + defaults_text(descriptor_lce, "fast: none, paper: authors"))
+    add_matcher_lce(p, matcher_lce)
+    p.add_argument("--candidates", type=positive_int, default=candidates,
+                   help="candidates of each query image verified by the matcher: its nearest references, merged over "
+                   "the descriptors (dedup: the nearest other images of each image) "
+                   + defaults_text(candidates, f"fast: {DEFAULT_CANDIDATES}, about 1.3 s per query on one CPU core "
+                                   "with --matcher-lce none; paper: 400, as the authors on GPUs"))
+
+
+def add_calibration(p: argparse.ArgumentParser) -> None:
+    """``--calibration`` and ``--precision``: copies decided at a threshold of ``copynce calibrate`` (detect, dedup)."""
+    p.add_argument("--calibration", metavar="FILE",
+                   help="calibration.json written by `copynce calibrate` with this run's models and settings: pairs "
+                   "scored at or above its threshold at --precision are copies (detect: the column copy of "
+                   "predictions.csv and OUTPUT/copies.csv; dedup: the pairs joined into groups)")
+    p.add_argument("--precision", type=float, metavar="P",
+                   help="the calibrated precision to decide at (default 0.9; the file holds "
+                   f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)})")
+
+
+def add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    """The models and settings of the detection pipeline (``detect``, ``calibrate``)."""
+    p.add_argument("--models", nargs="+", metavar="MODEL",
+                   help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
+    add_matcher(p)
+    p.add_argument("--preset", choices=tuple(DETECT_PRESETS), default="fast",
+                   help="whole settings: fast (CPU-sized, default), accurate (local crops on a CPU budget) or paper "
+                   "(the authors' inference, for GPUs); "
+                   "see below")
+    p.add_argument("--aux", metavar="FOLDER",
+                   help="images without copies of the queries (e.g. training images) for score normalisation")
+    p.add_argument("--alpha", type=float, help="score normalisation weight (presets: 1)")
+    p.add_argument("--k-start", type=non_negative_int,
+                   help="first auxiliary rank of score normalisation, from 0 (fast: 0, paper: 1)")
+    p.add_argument("--k-end", type=non_negative_int,
+                   help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
+    add_verification(p)
+    p.add_argument("--k", type=positive_int, help="predictions kept per query (presets: 10)")
+
+
+# --------------------------------------------------------------------------- what the options build
+
+
+def image_input(args):
+    """The :class:`~copynce_hf.retrieval.search.sources.ImageInput` of a command line (its image and dataset
+    options; those a command lacks keep their defaults)."""
+    from ..retrieval.search.sources import ImageInput
+
+    return ImageInput(recursive=getattr(args, "recursive", False), max_pixels=args.max_pixels,
+                      split=getattr(args, "split", "train"), image_column=getattr(args, "image_column", None),
+                      id_column=getattr(args, "id_column", None), streaming=getattr(args, "streaming", False),
+                      progress=not args.quiet)
+
+
+def pipeline_settings(args):
+    """The :class:`~copynce_hf.retrieval.apps.pipeline_settings.PipelineSettings` of a ``detect`` or ``calibrate``
+    command line: its models, preset, the preset fields given explicitly, ``--aux`` and the sizes."""
+    from ..retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
+
+    models = PipelineModels(args.models or [None], args.matcher, args.runtime)
+    overrides = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
+    return PipelineSettings(models, args.preset, overrides, args.aux, args.batch_size, args.num_workers,
+                            getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE), getattr(args, "whiten_dim", None))

@@ -1,0 +1,208 @@
+"""``copynce detect`` as one call: a :class:`DetectRequest` (inputs, pipeline, decision, outputs) in, the run's
+data files written and a :class:`DetectRun` out.
+
+:func:`run_detect` checks every input and the output folder, reads the calibrated decision and the ground truth
+before any model loads, loads the models (:mod:`.pipeline_settings`), runs :func:`~.detect.detect` with its caches in
+``OUTPUT/indexes`` and ``OUTPUT/rescoring``, and writes ``OUTPUT/predictions.csv`` (with the column ``copy`` when a
+calibration decides), ``OUTPUT/copies.csv`` (with a calibration) and ``OUTPUT/metrics.json`` (with a ground truth).
+The match gallery (``report.html``) is drawn from the returned run by
+:func:`copynce_hf.retrieval.reports.run_folders.write_detect_folder`, the one call of the command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ...modeling.errors import ConfigError
+from ...outputs import StagedFile, check_output_folder
+from ..search.predictions import Prediction, metric_warnings_logged, read_ground_truth, write_predictions
+from ..search.sources import ImageInput
+from .calibration import Decision, calibrated_decision, decision_report
+from .pipeline_settings import PipelineSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class DetectRequest:
+    """A ``copynce detect`` run.
+
+    Attributes:
+        references: folder of reference images.
+        output: the output folder.
+        pipeline: models, preset and settings (:class:`~.pipeline_settings.PipelineSettings`).
+        queries, query_dataset: the query images: a folder, or a dataset (:class:`~..search.sources.ImageInput`).
+        images: how images are read (sub-folders, size limit, dataset columns).
+        ground_truth: CSV ``query_id,reference_id``: metrics are written (``None``: none).
+        calibration, precision: a ``copynce calibrate`` file and the precision it decides at (default 0.9).
+        whiten_from: sample images to learn a whitening from (``None``: none).
+        gallery: cards per gallery in ``report.html``.
+        progress: progress bars.
+        log: receives one line per stage (on the main process only).
+    """
+
+    references: str
+    output: str
+    pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
+    queries: str | None = None
+    query_dataset: str | None = None
+    images: ImageInput = dataclasses.field(default_factory=ImageInput)
+    ground_truth: str | None = None
+    calibration: str | None = None
+    precision: float | None = None
+    whiten_from: str | None = None
+    gallery: int = 8
+    progress: bool = True
+    log: Callable[[str], None] = logger.info
+
+
+@dataclasses.dataclass
+class DetectInputs:
+    """What a detect run reads, opened and checked before any model loads."""
+
+    queries: object
+    references: object
+    auxiliary: object
+    whiten_from: object
+    ground_truth: dict[str, list[str]] | None
+    config: object
+    decision: Decision | None
+
+
+@dataclasses.dataclass
+class DetectRun:
+    """A finished detect run: its request, inputs, models and :class:`~.detect.DetectResult`, the predictions
+    written (``count``), the pairs decided copies, the metrics and the settings the report lists."""
+
+    request: DetectRequest
+    inputs: DetectInputs
+    descriptors: list
+    matcher: tuple | None
+    result: object
+    count: int = 0
+    copies: list[Prediction] = dataclasses.field(default_factory=list)
+    metrics: dict | None = None
+    report: Path | None = None
+
+    @property
+    def heatmap_model(self) -> tuple:
+        """The model whose heatmaps the report draws: the matcher, else the first descriptor."""
+        return self.matcher or (self.descriptors[0].model, self.descriptors[0].processor)
+
+    @property
+    def gallery_threshold(self) -> float:
+        """The score the report's borderline matches are nearest to: the decision's threshold, else 0.5 with a
+        matcher, else the median score."""
+        if self.inputs.decision is not None:
+            return self.inputs.decision.threshold
+        if self.matcher is not None:
+            return 0.5
+        return float(sorted(p.score for p in self.result.predictions)[len(self.result.predictions) // 2])
+
+
+def open_detect_inputs(request: DetectRequest) -> DetectInputs:
+    """Every input and the output folder checked, the images listed, the ground truth and the calibrated decision
+    read; nothing loads a model (a mistake costs no model work)."""
+    check_output_folder(request.output)
+    settings, images = request.pipeline, request.images
+    settings.models.check_paths()
+    queries = images.folder_or_dataset(request.queries, request.query_dataset, "--query-dataset")
+    references = images.folder(request.references)
+    auxiliary = images.folder(settings.aux) if settings.aux else None
+    ground_truth = read_ground_truth(request.ground_truth) if request.ground_truth else None
+    config = settings.config()
+    whiten_from = images.whitening_sample(request.whiten_from, settings.whiten_dim)
+    if whiten_from is not None and request.calibration is not None and not settings.models.has_matcher:
+        raise ConfigError("a calibration holds descriptor thresholds without whitening; with --whiten-from and "
+                          "--matcher none give no --calibration")
+    if request.calibration is None and request.precision is not None:
+        raise ConfigError("--precision needs --calibration FILE (written by `copynce calibrate`)")
+    decision = None
+    if request.calibration is not None:
+        decision = calibrated_decision(request.calibration, request.precision, settings.identity())
+    return DetectInputs(queries, references, auxiliary, whiten_from, ground_truth, config, decision)
+
+
+def run_detect(request: DetectRequest) -> DetectRun | None:
+    """Run ``copynce detect``: :func:`open_detect_inputs`, the models, :func:`~.detect.detect`, then
+    :func:`write_detect_data`. Returns the run on the main process, ``None`` on the others (``accelerate launch``)."""
+    from ...precision import make_accelerator
+    from .detect import detect
+
+    inputs = open_detect_inputs(request)
+    settings, config = request.pipeline, inputs.config
+    descriptors, matcher = settings.models.load_descriptors(), settings.models.load_matcher()
+    output = Path(request.output)
+    output.mkdir(parents=True, exist_ok=True)
+    accelerator = make_accelerator()
+    log = request.log if accelerator.is_main_process else (lambda line: None)
+    log(f"{len(inputs.queries)} queries, {len(inputs.references)} references, descriptors: "
+        f"{', '.join(d.name for d in descriptors)}, matcher: {settings.models.matcher_label()}")
+    log(f"preset {settings.preset}" + (f" with {', '.join(sorted(settings.overrides))} given" if settings.overrides
+                                       else "")
+        + f": descriptor LCE {config.descriptor_lce}, {config.candidates} candidates, matcher LCE "
+        f"{config.matcher_lce}, top {config.k}, score normalisation "
+        + (f"over auxiliary ranks {config.k_start}-{config.k_end}" if inputs.auxiliary is not None
+           else "off (no --aux folder given)"))
+    result = detect(inputs.queries, inputs.references, descriptors, matcher, inputs.auxiliary, config,
+                    index_folder=output / "indexes", progress=request.progress, log=log,
+                    rescoring_folder=output / "rescoring", accelerator=accelerator, whiten_from=inputs.whiten_from)
+    if not accelerator.is_main_process:
+        return None
+    run = DetectRun(request, inputs, descriptors, matcher, result)
+    write_detect_data(run)
+    return run
+
+
+def write_detect_data(run: DetectRun) -> None:
+    """``predictions.csv`` (its column ``copy`` from the decision), ``copies.csv`` (with a decision) and
+    ``metrics.json`` (with a ground truth: the metrics, and how the decision did) into the output folder."""
+    output, decision, predictions = Path(run.request.output), run.inputs.decision, run.result.predictions
+    decided = None if decision is None else decision.threshold
+    run.count = write_predictions(output / "predictions.csv", predictions, decision_threshold=decided)
+    run.copies = [p for p in predictions if decided is not None and p.score >= decided]
+    if decision is not None:
+        write_predictions(output / "copies.csv", run.copies)
+    ground_truth = run.inputs.ground_truth
+    if ground_truth is None:
+        return
+    with metric_warnings_logged(run.request.ground_truth):
+        run.metrics = run.result.metrics(ground_truth)
+    if decision is not None:
+        run.metrics["decision"] = decision_report(predictions, ground_truth, decision.stage, decision.point,
+                                                  run.metrics["num_ground_truth_pairs"])
+    with StagedFile(output / "metrics.json") as temporary:
+        temporary.write_text(json.dumps(run.metrics, indent=2) + "\n", encoding="utf-8")
+
+
+def report_settings(run: DetectRun) -> dict[str, object]:
+    """The settings ``report.html`` lists: inputs, models, preset, views, score normalisation, whitening and the
+    decision threshold."""
+    request, config, settings = run.request, run.inputs.config, run.request.pipeline
+    whitening = "off"
+    if request.whiten_from:
+        whitening = f"learned from {request.whiten_from}" + (f", {settings.whiten_dim} dimensions"
+                                                             if settings.whiten_dim else "")
+    found = {
+        "queries": request.query_dataset or str(Path(request.queries).resolve()),
+        "references": str(Path(request.references).resolve()),
+        "descriptors": ", ".join(d.source for d in run.descriptors),
+        "matcher": settings.models.matcher_label(),
+        "preset": settings.preset_text(),
+        "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
+        "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of "
+                                f"{settings.aux}" if settings.aux else "off"),
+        "candidates per query": config.candidates, "predictions per query": config.k,
+        "whitening": whitening,
+    }
+    decision = run.inputs.decision
+    if decision is not None:
+        point = decision.point
+        found["decision threshold"] = (f"{point.threshold:.4f} ({decision.stage} score at precision "
+                                       f"{point.precision:g} in {request.calibration}, expected recall "
+                                       f"{point.recall:.3f}): {len(run.copies)} copies")
+    return found

@@ -1,0 +1,134 @@
+"""The models and settings of a detection run as a user names them (``copynce detect``, ``calibrate``, ``dedup``):
+model paths or Hub ids (``None``: the embedded model; ``"none"``: no matcher), the runtime, the preset and the
+settings given explicitly; and what follows from them: the checks made before any model loads, the loaded
+:class:`~.detect.Descriptor` list and matcher, the names reports and logs give the models, the
+:class:`~.detect.DetectConfig` and the identity a calibration file is tied to (:mod:`.calibration`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ...model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
+from ..search.presets import DEFAULT_CHUNK_SIZE
+from .calibration import model_identity, pipeline_identity
+
+#: The ``matcher`` value of a run without matcher (descriptor scores decide).
+NO_MATCHER = "none"
+
+
+def model_names(paths: list[str | None]) -> list[str]:
+    """Short distinct names for descriptor models (index sub-folders, log lines); ``None`` is the embedded one."""
+    names: list[str] = []
+    for path in paths:
+        base = "embedded-descriptor" if path is None else Path(str(path).rstrip("/")).name or str(path)
+        base = "".join(c if c.isalnum() or c in "-_." else "-" for c in base)
+        name, n = base, 2
+        while name in names:
+            name, n = f"{base}-{n}", n + 1
+        names.append(name)
+    return names
+
+
+def model_label(path, default, runtime: str) -> str:
+    """How reports name a model: its folder or Hub id, else the embedded ``default``, with ``(ONNX Runtime)`` when
+    ``runtime`` is ``onnx``."""
+    return str(path or default) + (" (ONNX Runtime)" if runtime == "onnx" else "")
+
+
+@dataclasses.dataclass
+class PipelineModels:
+    """The models of a run, as named on the command line.
+
+    Attributes:
+        descriptors: descriptor model folders or Hub ids (``None``: the embedded descriptor); several are merged.
+        matcher: the matcher's folder or Hub id (``None``: the embedded matcher; :data:`NO_MATCHER`: none).
+        runtime: ``torch`` or ``onnx`` (:func:`~copynce_hf.model_loading.load_model`).
+        descriptor_option: the option that names the descriptors, for messages (``--models``, ``--model``).
+    """
+
+    descriptors: list[str | None] = dataclasses.field(default_factory=lambda: [None])
+    matcher: str | None = None
+    runtime: str = "torch"
+    descriptor_option: str = "--models"
+
+    @property
+    def has_matcher(self) -> bool:
+        return self.matcher != NO_MATCHER
+
+    def check_paths(self) -> None:
+        """Refuse a model path that names no model folder, before any model loads."""
+        for path in self.descriptors:
+            check_model_path(path, self.descriptor_option)
+        if self.has_matcher:
+            check_model_path(self.matcher, "--matcher")
+
+    def descriptor_identities(self) -> list[str]:
+        """How a calibration names the descriptors (:func:`~.calibration.model_identity`)."""
+        return [model_identity(path, "descriptor") for path in self.descriptors]
+
+    def matcher_identity(self) -> str | None:
+        """How a calibration names the matcher: ``embedded:matcher`` for the default, ``None`` without matcher."""
+        return model_identity(self.matcher, "matcher") if self.has_matcher else None
+
+    def descriptor_labels(self) -> list[str]:
+        return [model_label(path, DEFAULT_DESCRIPTOR, self.runtime) for path in self.descriptors]
+
+    def matcher_label(self) -> str:
+        """How progress lines and reports name the matcher: ``none``, else :func:`model_label`'s name."""
+        return self.matcher if not self.has_matcher else model_label(self.matcher, DEFAULT_MATCHER, self.runtime)
+
+    def load_descriptors(self) -> list:
+        """The :class:`~.detect.Descriptor` of each descriptor model, named by :func:`model_names`."""
+        from .detect import Descriptor
+
+        return [Descriptor(name, *load_model(path, "descriptor", self.descriptor_option, runtime=self.runtime),
+                           source=label)
+                for name, path, label in zip(model_names(self.descriptors), self.descriptors,
+                                             self.descriptor_labels())]
+
+    def load_matcher(self) -> tuple | None:
+        """``(model, image processor)`` of the matcher run by :attr:`runtime`; ``None`` without matcher."""
+        if not self.has_matcher:
+            return None
+        return load_model(self.matcher, "matcher", "--matcher", runtime=self.runtime)
+
+
+@dataclasses.dataclass
+class PipelineSettings:
+    """The whole pipeline of ``copynce detect`` and ``copynce calibrate``: models, preset and settings.
+
+    Attributes:
+        models: :class:`PipelineModels`.
+        preset: a name of :data:`~..search.presets.DETECT_PRESETS`.
+        overrides: the preset's fields given explicitly (``{"candidates": 7}``).
+        aux: a folder of images without copies of the queries, for score normalisation (``None``: off).
+        batch_size, num_workers, chunk_size, whiten_dim: as in :class:`~.detect.DetectConfig`.
+    """
+
+    models: PipelineModels = dataclasses.field(default_factory=PipelineModels)
+    preset: str = "fast"
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    aux: str | None = None
+    batch_size: int = 64
+    num_workers: int = 0
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    whiten_dim: int | None = None
+
+    def config(self):
+        """The :class:`~.detect.DetectConfig` of the preset with the overrides."""
+        from .detect import DetectConfig
+
+        return DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
+                                        chunk_size=self.chunk_size, whiten_dim=self.whiten_dim, **self.overrides)
+
+    def identity(self) -> dict[str, Any]:
+        """What a calibration of this pipeline is tied to (:func:`~.calibration.pipeline_identity`)."""
+        return pipeline_identity(self.models.descriptor_identities(), self.models.matcher_identity(), self.preset,
+                                 self.config(), score_normalisation=bool(self.aux))
+
+    def preset_text(self) -> str:
+        """The preset and the fields given over it: ``fast (candidates, k given)``."""
+        return self.preset + (f" ({', '.join(sorted(self.overrides))} given)" if self.overrides else "")

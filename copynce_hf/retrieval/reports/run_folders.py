@@ -1,0 +1,38 @@
+"""The output folders of ``copynce detect`` and ``copynce dedup``: the run (:mod:`..apps.detect_run`,
+:mod:`..apps.dedup_run`: the data files) and its gallery, ``report.html``, in one call each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..apps.dedup_run import DedupRequest, DedupRun, dedup_report_settings, run_dedup
+from ..apps.detect_run import DetectRequest, DetectRun, report_settings, run_detect
+from .gallery import write_gallery, write_group_gallery
+
+
+def write_detect_folder(request: DetectRequest) -> DetectRun | None:
+    """Run ``copynce detect`` (:func:`~..apps.detect_run.run_detect`) and draw its match gallery into
+    ``OUTPUT/report.html`` (the top and borderline matches, with heatmaps, settings, times per stage and metrics).
+    Returns the run (``run.report``: the page) on the main process, ``None`` on the others."""
+    run = run_detect(request)
+    if run is None:
+        return None
+    inputs = run.inputs
+    run.report = write_gallery(Path(request.output) / "report.html", run.result.predictions,
+                               inputs.queries.lookup(), inputs.references.lookup(), *run.heatmap_model,
+                               threshold=run.gallery_threshold, count=request.gallery, settings=report_settings(run),
+                               stages=run.result.seconds, metrics=run.metrics, ground_truth=inputs.ground_truth)
+    return run
+
+
+def write_dedup_folder(request: DedupRequest) -> DedupRun | None:
+    """Run ``copynce dedup`` (:func:`~..apps.dedup_run.run_dedup`) and draw its group gallery into
+    ``OUTPUT/report.html`` (the largest groups). Returns the run on the main process, ``None`` on the others."""
+    run = run_dedup(request)
+    if run is None:
+        return None
+    run.report = write_group_gallery(Path(request.output) / "report.html", run.result.groups, run.source.lookup(),
+                                     *run.heatmap_model, count=request.gallery, settings=dedup_report_settings(run),
+                                     stages=run.result.seconds)
+    return run
