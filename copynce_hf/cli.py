@@ -53,6 +53,7 @@ from .commands import (
     visualize,
 )
 from .modeling.errors import CopyNCEError
+from .threads import apply_thread_policy
 
 #: The commands, in the order ``copynce --help`` lists them.
 COMMANDS = (detect, calibrate, dedup, index, search, match, evaluate, visualize, export_onnx, convert_original)
@@ -87,13 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``copynce`` command; returns the exit status (0 on success, 2 on bad input)."""
+    """Run the ``copynce`` command; returns the exit status (0 on success, 2 on bad input).
+
+    Run from the command line (``argv`` None), it first sets the thread policy of :mod:`copynce_hf.threads`
+    (threads for the free cores, a passive wait); called with ``argv`` it leaves the caller's threads alone."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="copynce: %(levelname)s: %(message)s")
+    if argv is None:  # a process of its own (the console script, python -m, accelerate launch), not a caller's
+        apply_thread_policy()  # before the command loads torch (copynce_hf.threads)
     if args.quiet:
         from transformers.utils import logging as hf_logging
 
