@@ -243,6 +243,10 @@ def test_visualize_writes_maps(models, images, tmp_path, capsys):
         assert (maps["entropy"] >= -1e-6).all() and (maps["entropy"] <= np.log(4) + 1e-5).all()
         for name in ("token_affinity.png", "affinity_entropy.png"):
             assert (out_dir / name).read_bytes()[:4] == b"\x89PNG"
+        # the files it says it wrote are the files it wrote
+        assert sorted(path.name for path in out_dir.iterdir()) == ["affinity_entropy.png", "maps.npz",
+                                                                   "token_affinity.png"]
+        assert all(str(out_dir / name) in out for name in ("affinity_entropy.png", "maps.npz", "token_affinity.png"))
     code, _, err = run_cli(capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
                        "--model", models["descriptor"], "--patch", "2,0", "--output", tmp_path / "bad")
     assert code == 2 and "outside the query's 2x2 patch grid" in err

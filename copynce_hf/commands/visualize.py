@@ -47,6 +47,6 @@ def run(args) -> int:
 
     paths = visualize_pair(args.query, args.reference, args.output, args.patch, model=args.model,
                            temperature=args.temperature, max_pixels=args.max_pixels)
-    print(f"wrote {paths['token_affinity']} and {paths['affinity_entropy']}")
+    print(f"wrote {paths['token_affinity']}, {paths['affinity_entropy']} and {paths['maps']} (the raw maps)")
     report_counts("visualize", "2 images", [], f"wrote {len(paths)} files")
     return 0
