@@ -20,6 +20,7 @@ would make a shared model or index folder unreadable to others.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -170,3 +171,21 @@ class StagedFolder:
                         os.replace(item, target)
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def run_folder(folder: str | os.PathLike, results: tuple[str, ...]):
+    """Make the output folder of a run (yielded as a :class:`~pathlib.Path`). Where an input is refused during the
+    run (a :class:`CopyNCEError`) before any of ``results`` (file names) is written and this run made the folder,
+    the folder is removed: a refused run leaves no empty folder or half-built caches. A folder that existed
+    before (a rerun, resumed from its caches) is kept as it is."""
+    folder = Path(folder)
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except CopyNCEError:
+        if made and not any((folder / name).exists() for name in results):
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+

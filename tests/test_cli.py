@@ -179,6 +179,53 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert_one_line_error(code, err, "does not exist")
 
 
+def test_detect_refuses_ground_truth_ids_before_any_model_work(models, images, tmp_path, capsys, monkeypatch):
+    """Ground-truth ids with extensions (``Q0.png`` against ``Q0``) are refused before any model loads, with the
+    likely fix, and leave no output folder; a metric failure at the end says that predictions.csv is written."""
+    from copynce_hf.retrieval.apps import pipeline_settings
+
+    wrong = tmp_path / "gt_with_extensions.csv"
+    wrong.write_text("query_id,reference_id\nQ0.png,R0.png\nQ1.png,R1.png\nQ2.png,\n")
+    loads = []
+    monkeypatch.setattr(pipeline_settings, "load_model", lambda *a, **k: loads.append(a) or (_ for _ in ()).throw(
+        AssertionError("a model was loaded before the ground truth was checked")))
+    out_dir = tmp_path / "found"
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", out_dir,
+                           "--models", models["descriptor"], "--matcher", "none", "--ground-truth", wrong)
+    assert_one_line_error(code, err, "gt_with_extensions.csv", "not in the ground truth", "extension")
+    assert loads == [] and not out_dir.exists()
+    monkeypatch.undo()
+    # a ground truth whose ids match but which holds no copy pair fails in the metric, after the predictions
+    no_pairs = tmp_path / "gt_no_pairs.csv"
+    no_pairs.write_text("query_id,reference_id\nQ0,\nQ1,\nQ2,\n")
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", out_dir,
+                           "--models", models["descriptor"], "--matcher", "none", "--ground-truth", no_pairs)
+    assert_one_line_error(code, err, "no copy pair", "predictions.csv is written; the metrics are not")
+    assert (out_dir / "predictions.csv").is_file() and not (out_dir / "metrics.json").exists()
+
+
+def test_detect_refused_during_the_model_work_leaves_no_folder_it_made(models, images, tmp_path, capsys):
+    """References that are all unreadable are found only when they are read: the folder the run made goes too."""
+    broken = tmp_path / "broken_refs"
+    broken.mkdir()
+    for name in ("R0", "R1"):
+        (broken / f"{name}.png").write_bytes(b"not an image")
+    out_dir = tmp_path / "found"
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", broken, "--output", out_dir,
+                           "--models", models["descriptor"], "--matcher", "none")
+    assert code == 2 and not out_dir.exists(), err
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", broken, "--output", kept,
+                           "--models", models["descriptor"], "--matcher", "none")
+    assert code == 2 and (kept / "notes.txt").read_text() == "mine", err
+    # dedup the same
+    code, _, err = run_cli(capsys, "dedup", broken, "--output", out_dir, "--model", models["descriptor"],
+                           "--matcher", "none", "--threshold", "0.9")
+    assert code == 2 and not out_dir.exists(), err
+
+
 def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, capsys):
     out_dir = tmp_path / "paper"
     code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", out_dir,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...modeling.errors import ConfigError
-from ...outputs import check_output_folder
+from ...outputs import check_output_folder, run_folder
 from ..search.presets import DEFAULT_CHUNK_SIZE
 from ..search.sources import ImageInput
 from .calibration import Calibration
@@ -118,11 +118,8 @@ def dedup_threshold(request: DedupRequest, config) -> tuple[float, str]:
 
 def run_dedup(request: DedupRequest) -> DedupRun | None:
     """Run ``copynce dedup`` and write ``groups.csv`` and ``pairs.csv``; the run on the main process, ``None`` on
-    the others (``accelerate launch``)."""
-    from ...precision import make_accelerator
-    from ..search.predictions import write_predictions
-    from .dedup import dedup, write_groups
-
+    the others (``accelerate launch``). A refused input found during the model work removes the output folder
+    where this run made it."""
     check_output_folder(request.output)
     request.models.check_paths()
     source = request.input.folder(request.images)
@@ -130,8 +127,18 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
     config = request.config()
     threshold, origin = dedup_threshold(request, config)
     [descriptor], matcher = request.models.load_descriptors(), request.models.load_matcher()
-    output = Path(request.output)
-    output.mkdir(parents=True, exist_ok=True)
+    with run_folder(request.output, ("groups.csv",)) as output:
+        return _dedup_into(request, source, descriptor, matcher, (threshold, origin), whiten_from, config, output)
+
+
+def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tuple[float, str], whiten_from,
+                config, output: Path) -> DedupRun | None:
+    """The model work of :func:`run_dedup` into the existing folder ``output``."""
+    from ...precision import make_accelerator
+    from ..search.predictions import write_predictions
+    from .dedup import dedup, write_groups
+
+    threshold, origin = decision
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.models.matcher_label()}, "

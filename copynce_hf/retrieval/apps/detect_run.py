@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from ...modeling.errors import ConfigError
-from ...outputs import StagedFile, check_output_folder
+from ...metrics.copy_detection.formulas import check_id_overlap
+from ...modeling.errors import ConfigError, PredictionsError
+from ...outputs import StagedFile, check_output_folder, run_folder
 from ..search.predictions import Prediction, metric_warnings_logged, read_ground_truth, write_predictions
 from ..search.sources import ImageInput
 from .calibration import Decision, calibrated_decision, decision_report
@@ -114,6 +116,8 @@ def open_detect_inputs(request: DetectRequest) -> DetectInputs:
     references = images.folder(request.references)
     auxiliary = images.folder(settings.aux) if settings.aux else None
     ground_truth = read_ground_truth(request.ground_truth) if request.ground_truth else None
+    if ground_truth is not None:
+        check_ground_truth_ids(ground_truth, request.ground_truth, queries.ids, references.ids)
     config = settings.config()
     whiten_from = images.whitening_sample(request.whiten_from, settings.whiten_dim)
     if whiten_from is not None and request.calibration is not None and not settings.models.has_matcher:
@@ -127,17 +131,35 @@ def open_detect_inputs(request: DetectRequest) -> DetectInputs:
     return DetectInputs(queries, references, auxiliary, whiten_from, ground_truth, config, decision)
 
 
+def check_ground_truth_ids(ground_truth: dict[str, list[str]], path, query_ids, reference_ids) -> None:
+    """Refuse, before any model work, a ground truth whose ids cannot be those of the images (``q00.jpg`` against
+    ``q00``, ...): the metric's own check (:func:`check_id_overlap`) on every query and reference id. Its
+    warnings on a partial overlap are left to the metrics at the end, where they are logged once."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            check_id_overlap(list(query_ids), list(reference_ids), ground_truth)
+        except ValueError as error:
+            raise PredictionsError(f"{path}: {error}") from None
+
+
 def run_detect(request: DetectRequest) -> DetectRun | None:
     """Run ``copynce detect``: :func:`open_detect_inputs`, the models, :func:`~.detect.detect`, then
-    :func:`write_detect_data`. Returns the run on the main process, ``None`` on the others (``accelerate launch``)."""
+    :func:`write_detect_data`. Returns the run on the main process, ``None`` on the others (``accelerate launch``).
+    A refused input found during the model work removes the output folder where this run made it."""
+    inputs = open_detect_inputs(request)
+    models = request.pipeline.models
+    descriptors, matcher = models.load_descriptors(), models.load_matcher()
+    with run_folder(request.output, ("predictions.csv",)) as output:
+        return _detect_into(request, inputs, descriptors, matcher, output)
+
+
+def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matcher, output: Path):
+    """The model work of :func:`run_detect` into the existing folder ``output``."""
     from ...precision import make_accelerator
     from .detect import detect
 
-    inputs = open_detect_inputs(request)
     settings, config = request.pipeline, inputs.config
-    descriptors, matcher = settings.models.load_descriptors(), settings.models.load_matcher()
-    output = Path(request.output)
-    output.mkdir(parents=True, exist_ok=True)
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(inputs.queries)} queries, {len(inputs.references)} references, descriptors: "
@@ -170,8 +192,11 @@ def write_detect_data(run: DetectRun) -> None:
     ground_truth = run.inputs.ground_truth
     if ground_truth is None:
         return
-    with metric_warnings_logged(run.request.ground_truth):
-        run.metrics = run.result.metrics(ground_truth)
+    try:
+        with metric_warnings_logged(run.request.ground_truth):
+            run.metrics = run.result.metrics(ground_truth)
+    except PredictionsError as error:
+        raise PredictionsError(f"{error} ({output / 'predictions.csv'} is written; the metrics are not)") from None
     if decision is not None:
         run.metrics["decision"] = decision_report(predictions, ground_truth, decision.stage, decision.point,
                                                   run.metrics["num_ground_truth_pairs"])
