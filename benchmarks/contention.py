@@ -2,7 +2,8 @@
 
 Each run starts the command as a child process and reads its CPU time (user + system, children included)
 from ``resource.getrusage``. First ``--repeats`` runs on an otherwise idle machine, then ``--repeats`` runs
-beside ``--busy`` processes that each spin one core for as long as the command runs. The ratio that matters
+beside ``--busy`` processes that each spin one core, started ``--settle`` seconds before (so that the load average
+shows them, as it shows a user's other work). The ratio that matters
 is the worst contended CPU time over the median idle CPU time: a thread pool that spins while it waits for
 cores it does not get burns CPU time for nothing, so the ratio grows far above 1.
 
@@ -53,23 +54,24 @@ def run_once(command: list[str], env: dict) -> dict:
     return {"wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2)}
 
 
-def measure(command: list[str], busy: int, repeats: int, env: dict) -> dict:
-    """``repeats`` idle runs, then ``repeats`` runs beside ``busy`` spinning processes."""
+def measure(command: list[str], busy: int, repeats: int, env: dict, settle: float = 60.0) -> dict:
+    """``repeats`` idle runs, then ``repeats`` runs beside ``busy`` spinning processes, started ``settle`` seconds
+    before the first contended run (the load a user's other work has built up, as the load average shows it)."""
     runs = {"idle": [], "contended": []}
     for index in range(repeats):
         runs["idle"].append(run_once([part.replace("{run}", f"idle{index}") for part in command], env))
-    for index in range(repeats):
-        stop = multiprocessing.Event()
-        spinners = [multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(busy)]
-        for process in spinners:
-            process.start()
-        time.sleep(2.0)  # the spinners are running (and the load average begins to show them)
-        try:
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(busy)]
+    for process in spinners:
+        process.start()
+    try:
+        time.sleep(settle)
+        for index in range(repeats):
             runs["contended"].append(run_once([part.replace("{run}", f"busy{index}") for part in command], env))
-        finally:
-            stop.set()
-            for process in spinners:
-                process.join()
+    finally:
+        stop.set()
+        for process in spinners:
+            process.join()
     idle_cpu = statistics.median(run["cpu_seconds"] for run in runs["idle"])
     worst = max(run["cpu_seconds"] for run in runs["contended"])
     return {**runs, "idle_cpu_median": idle_cpu, "contended_cpu_worst": worst,
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside the command (default 2)")
     parser.add_argument("--repeats", type=int, default=3, help="runs idle and runs contended (default 3)")
+    parser.add_argument("--settle", type=float, default=60.0,
+                        help="seconds the busy processes run before the first contended run (default 60)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment of the command")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT_DIR / "contention.json"), help="result file")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a command (after --), --busy >= 0 and --repeats >= 1 are needed")
     result = {"created": now(), "machine": machine_info(), "command_line": command_line(), "command": command,
               "busy": args.busy, "repeats": args.repeats, "env": args.env,
-              **measure(command, args.busy, args.repeats, _parse_env(args.env))}
+              "settle_seconds": args.settle,
+              **measure(command, args.busy, args.repeats, _parse_env(args.env), args.settle)}
     write_json(args.output, result)
     print(f"idle CPU (median of {args.repeats}): {result['idle_cpu_median']:.1f} s; beside {args.busy} busy "
           f"processes, worst: {result['contended_cpu_worst']:.1f} s ({result['cpu_ratio_worst']:.2f}x); "

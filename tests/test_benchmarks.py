@@ -613,3 +613,24 @@ def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys
         table_rows(page)
     with pytest.raises(SystemExit, match="no scaling table"):
         table_rows(tmp_path / "quality" / "descriptor-copynce-seed0.json")
+
+
+def test_contention_benchmark_measures_a_command_idle_and_beside_busy_processes(tmp_path):
+    """benchmarks.contention: the child's CPU time is counted (a command that burns about 0.3 s of CPU), idle
+    and contended runs are kept apart, and the ratio is the worst contended over the median idle."""
+    import sys
+
+    from benchmarks import contention
+
+    burn = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3:\n    pass\n"
+    output = tmp_path / "contention.json"
+    assert contention.main(["--busy", "1", "--repeats", "2", "--settle", "0", "--output", str(output), "--",
+                            sys.executable, "-c", burn]) == 0
+    result = json.loads(output.read_text())
+    assert len(result["idle"]) == len(result["contended"]) == 2 and result["busy"] == 1
+    assert all(run["cpu_seconds"] >= 0.3 for run in result["idle"] + result["contended"])
+    worst = max(run["cpu_seconds"] for run in result["contended"])
+    assert result["cpu_ratio_worst"] == round(worst / result["idle_cpu_median"], 3)
+    with pytest.raises(SystemExit, match="exited 3"):
+        contention.main(["--repeats", "1", "--busy", "0", "--settle", "0", "--output", str(output), "--",
+                         sys.executable, "-c", "raise SystemExit(3)"])
