@@ -14,14 +14,20 @@ $(STAMP): setup.py
 	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train,space,onnx]"
 	@touch $(STAMP)
 
-# The Space's browser test drives Debian's chromium (never a browser download); without it the test skips.
-# Only `make test` (and CI) installs it, with apt-get when run as root (about 350 MB, said before it starts);
-# `make install`, `make demo` and the other targets never do.
+# The Space's browser test drives Debian's chromium (never a browser download); without it the test skips, and
+# fails in CI (CI set, as .ci/run does). Only `make test` (and CI) installs it, with apt-get when run as root
+# (about 350 MB, said before it starts); `make install`, `make demo` and the other targets never do. In CI a
+# failed install, or no chromium after this step, fails the target.
+IN_CI = case "$${CI:-}" in ""|0|false|no) false;; *) true;; esac
 browser:
 	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		echo "installing Debian's chromium (apt-get, about 350 MB) for the Space's browser test"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-		|| echo "chromium could not be installed: the Space's browser test will skip"; fi
+		|| { echo "chromium could not be installed: the Space's browser test will skip (and fail in CI)"; \
+		     if $(IN_CI); then exit 1; fi; }; fi
+	@if $(IN_CI) && [ -z "$${CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ] && ! command -v chromium >/dev/null 2>&1 \
+		&& ! command -v chromium-browser >/dev/null 2>&1; then \
+		echo "CI: no chromium for the Space's browser test (apt-get install chromium, as root)"; exit 1; fi
 
 install: $(STAMP)
 

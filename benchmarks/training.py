@@ -33,6 +33,7 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -78,17 +79,18 @@ class TrainingRun:
     def folder(self) -> Path:
         return self.output_dir / self.name
 
-    def command(self) -> list[str]:
+    def command(self, port: int | None = None) -> list[str]:
         """``accelerate launch`` (``processes`` CPU processes, or one GPU with bf16) of ``scripts/train.py``.
 
         With ``resume``, the run continues from its newest complete checkpoint (``--resume latest``;
         none yet: it starts fresh), so a run cut short by the end of a session goes on where it stopped.
+        Several CPU processes meet on ``port`` (``None``: a port free now, see :func:`free_port`).
         """
         if self.gpu:
             device = ["--mixed_precision", "bf16"]
         elif self.processes > 1:  # Accelerate runs several local CPU processes (gloo) through torchrun only
             device = ["--multi_gpu", "--mixed_precision", "no",  # with ACCELERATE_USE_CPU (environment())
-                      "--main_process_port", str(MULTI_PROCESS_PORT)]
+                      "--main_process_port", str(port or free_port())]
         else:
             device = ["--mixed_precision", "no", "--cpu"]
         command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(self.processes),
@@ -105,9 +107,9 @@ class TrainingRun:
         """Variables the launch needs beyond the thread counts: ``ACCELERATE_USE_CPU`` for several CPU processes."""
         return {"ACCELERATE_USE_CPU": "true"} if self.processes > 1 and not self.gpu else {}
 
-    def display_command(self) -> str:
+    def display_command(self, port: int | None = None) -> str:
         """:meth:`command` as a user would type it: ``accelerate launch``, paths relative to the repository."""
-        command = ["accelerate", "launch"] + self.command()[3:]
+        command = ["accelerate", "launch"] + self.command(port)[3:]
         variables = " ".join(f"{name}={value}" for name, value in self.environment().items())
         return (variables + " " if variables else "") + shlex.join(_relative(part) for part in command)
 
@@ -119,7 +121,12 @@ class TrainingRun:
         return data.get("returncode") == 0 and data.get("max_steps") == self.max_steps
 
 
-MULTI_PROCESS_PORT = 29631  # not torchrun's default 29500, which tests and other jobs on the machine use
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (bound to port 0, read back), where a multi-process run's processes meet:
+    never a fixed one, which two runs on one machine (or torchrun's default 29500 of other jobs) would share."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _relative(part: str) -> str:
@@ -190,7 +197,8 @@ def _environment(threads: int) -> dict[str, str]:
 
 def launch(run: TrainingRun, core: str | None, threads: int = 1, dry_run: bool = False):
     """Start ``run`` in the background (pinned to ``core``, e.g. ``"1"`` or ``"0,1"``, with ``taskset`` when available)."""
-    command = run.command()
+    port = free_port()
+    command = run.command(port)
     if core is not None and shutil.which("taskset"):
         command = ["taskset", "-c", str(core)] + command
     logger.info("%s: %s", run.name, " ".join(command))
@@ -202,7 +210,7 @@ def launch(run: TrainingRun, core: str | None, threads: int = 1, dry_run: bool =
     log = open(run.folder / "train.log", "a" if run.resume else "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                env={**_environment(threads), **run.environment()})
-    display = ("taskset -c " + str(core) + " " if command[0] == "taskset" else "") + run.display_command()
+    display = ("taskset -c " + str(core) + " " if command[0] == "taskset" else "") + run.display_command(port)
     return process, log, time.time(), display
 
 

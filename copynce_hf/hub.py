@@ -288,19 +288,9 @@ def build_model_card(
     dataset_ids = _as_list(datasets)
     base_models = _as_list(base_model)
     settings = dict(training_settings or {})
-    if license is None and license_name is None and license_link is None:
-        inherited = weights_license(_weights_source(config)) or {"license": DEFAULT_LICENSE}
-        license, license_name, license_link = (inherited.get(key) for key in ("license", "license_name",
-                                                                              "license_link"))
-    elif license is None:
-        raise CopyNCEError("license_name / license_link need license= (e.g. license='other')")
-    if license == "other" and not (license_name and license_link):
-        raise CopyNCEError("license='other' needs license_name and license_link (where the licence text is)")
-
+    licence = _card_license(config, license, license_name, license_link)
     card_data = ModelCardData(
-        license=license,
-        license_name=license_name,
-        license_link=license_link,
+        **licence,
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=["copy-detection", "copynce", "image-copy-detection", "pixtrace", "vision", "vit", kind],
@@ -310,23 +300,11 @@ def build_model_card(
         model_name=model_id.rstrip("/").split("/")[-1],
         eval_results=_eval_results(normalised, pipeline_tag) or None,
     )
-    result_rows = [
-        (
-            str(entry["dataset"]["dataset_name"]),
-            str(entry["dataset"].get("dataset_split", "")),
-            METRICS[key],
-            f"{value:.4f}",
-        )
-        for entry in normalised
-        for key, value in entry["metrics"].items()
-    ]
-    path = Path(template_path) if template_path is not None else TEMPLATE_DIR / f"{kind}.md"
-    if not path.is_file():
-        raise CopyNCEError(f"model card template {path} not found (the templates live in the repository's "
-                           "model_cards/ folder; pass template_path= when copynce_hf is installed without it)")
+    result_rows = _result_rows(normalised)
+    template = _card_template(template_path, kind)
     return ModelCard.from_template(
         card_data,
-        template_path=str(path),
+        template_path=str(template),
         model_id=model_id,
         pipeline_tag=pipeline_tag,
         architecture_rows=_architecture_rows(config, kind),
@@ -339,6 +317,44 @@ def build_model_card(
         transformers_requirement=TRANSFORMERS_REQUIREMENT,
         citation=CITATION,
     )
+
+
+def _card_license(config, license: str | None, license_name: str | None, license_link: str | None
+                  ) -> dict[str, str | None]:
+    """``{"license", "license_name", "license_link"}`` of the card: the ones given, else those of the weights
+    (the card of the folder the model was loaded from, else :data:`DEFAULT_LICENSE`)."""
+    if license is None and license_name is None and license_link is None:
+        inherited = weights_license(_weights_source(config)) or {"license": DEFAULT_LICENSE}
+        license, license_name, license_link = (inherited.get(key) for key in ("license", "license_name",
+                                                                              "license_link"))
+    elif license is None:
+        raise CopyNCEError("license_name / license_link need license= (e.g. license='other')")
+    if license == "other" and not (license_name and license_link):
+        raise CopyNCEError("license='other' needs license_name and license_link (where the licence text is)")
+    return {"license": license, "license_name": license_name, "license_link": license_link}
+
+
+def _result_rows(normalised: list[dict]) -> list[tuple[str, str, str, str]]:
+    """``(dataset, split, metric name, value)`` rows of the card's results table."""
+    return [
+        (
+            str(entry["dataset"]["dataset_name"]),
+            str(entry["dataset"].get("dataset_split", "")),
+            METRICS[key],
+            f"{value:.4f}",
+        )
+        for entry in normalised
+        for key, value in entry["metrics"].items()
+    ]
+
+
+def _card_template(template_path: str | Path | None, kind: str) -> Path:
+    """The Jinja template of the card: ``template_path``, else ``model_cards/<kind>.md``."""
+    path = Path(template_path) if template_path is not None else TEMPLATE_DIR / f"{kind}.md"
+    if not path.is_file():
+        raise CopyNCEError(f"model card template {path} not found (the templates live in the repository's "
+                           "model_cards/ folder; pass template_path= when copynce_hf is installed without it)")
+    return path
 
 
 def validate_model_card(card: ModelCard | str) -> ModelCardData:

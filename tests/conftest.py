@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import csv
+import importlib
+import importlib.util
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pytest
@@ -73,9 +78,55 @@ def run_without_copynce_hf(code: str, args: list[str], folder: Path, blocked: bo
     return result.stdout
 
 
-def requires_extra(module: str, extra: str):
-    """``pytest.importorskip`` whose reason names the setup.py extra that installs ``module``."""
-    return pytest.importorskip(module, reason=f"needs {module}, from the '{extra}' extra: pip install -e '.[{extra}]'")
+# Optional extras. The 'dev' extra's packages (pytest, tensorboard, albumentations) are the tests' own
+# requirements: tests import them directly and fail without them. A test using another extra (bench: h5py,
+# pdqhash, imagehash; space: gradio, playwright; onnx) or a tool (chromium, make) asks for it through
+# require_extra / has_extra / require_program (in the test or a fixture, never at a module's top level): it
+# skips, naming the extra, where a developer lacks it, and fails in CI, which installs them all (.ci/run).
+def in_ci() -> bool:
+    """Whether the tests run in CI (the ``CI`` environment variable set, as ``.ci/run`` and CI services do)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing_extra(reason: str) -> NoReturn:
+    """Skip the calling test (or module) for a missing optional extra or tool, saying ``reason``; in CI, where
+    every extra the tests use is installed (``.ci/run``: ``make install``, ``make browser``), fail instead."""
+    if in_ci():
+        pytest.fail(f"{reason}; in CI every extra the tests use must be installed (.ci/run)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_extra(module: str, extra: str):
+    """``module`` of the setup.py ``extra``, imported; where it is not installed the test skips, naming the
+    extra (:func:`missing_extra`: fails in CI)."""
+    if importlib.util.find_spec(module) is None:
+        missing_extra(f"needs {module}, from the '{extra}' extra: pip install -e '.[{extra}]'")
+    return importlib.import_module(module)
+
+
+def has_extra(module: str, extra: str) -> bool:
+    """Whether ``module`` of the setup.py ``extra`` is installed, for a test that checks the behaviour with and
+    without it; in CI a missing one fails the test (:func:`missing_extra`)."""
+    if importlib.util.find_spec(module) is not None:
+        return True
+    if in_ci():
+        missing_extra(f"needs {module}, from the '{extra}' extra: pip install -e '.[{extra}]'")
+    return False
+
+
+def require_program(name: str, install: str) -> str:
+    """The path of the program ``name``; where it is missing the test skips, saying ``install`` (fails in CI)."""
+    path = shutil.which(name)
+    if path is None:
+        missing_extra(f"{name} is not installed ({install})")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (bound to port 0, read back): two runs on one machine never collide."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def shared_split(split: str) -> list[Path]:

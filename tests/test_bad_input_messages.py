@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_models
+from conftest import require_extra, tiny_models
 from PIL import Image
 
 from copynce_hf.cli import build_parser
@@ -234,8 +234,9 @@ def test_detect_help_states_the_measured_matcher_cost_of_the_detection_guide():
 # ------------------------------------------------------------------------------------- the metric Space
 def test_metric_space_declares_the_gradio_it_runs_on():
     """The metric Space's README pins the Gradio of the project's Space, which builds its interface here."""
-    import gradio
     import yaml
+
+    gradio = require_extra("gradio", "space")
 
     folder = Path(COPY_DETECTION_METRIC_PATH)
     front = yaml.safe_load((folder / "README.md").read_text(encoding="utf-8").split("---")[1])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import save_tiny_models
+from conftest import free_port, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -165,7 +165,7 @@ def test_two_processes_detect_the_same_as_one_and_a_rerun_resumes(workspace, tmp
     two = tmp_path / "two"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               "29583", "-m", "copynce_hf.cli", *_detect_options(root, models, two)]
+               str(free_port()), "-m", "copynce_hf.cli", *_detect_options(root, models, two)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_environment(), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     _same(read_predictions(two / "predictions.csv"), expected)

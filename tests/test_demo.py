@@ -6,7 +6,6 @@ exported to float16 by the export, and the demo runs on a reduced task with them
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT_8_PIXEL_PATCHES
+from conftest import TINY_VIT_8_PIXEL_PATCHES, has_extra
 from PIL import Image
 from safetensors import safe_open
 from transformers import AutoModel
@@ -200,7 +199,7 @@ def test_demo_end_to_end_writes_report_and_prints_table(exported, tmp_path, caps
     printed = capsys.readouterr().out
     results = json.loads((output / "results.json").read_text())
     systems = ["CopyNCE descriptor", "CopyNCE descriptor + matcher"]
-    if importlib.util.find_spec("pdqhash") is not None:
+    if has_extra("pdqhash", "bench"):
         systems.insert(0, "PDQ")
     else:
         assert "PDQ skipped" in printed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -64,15 +65,29 @@ def test_untraced_pixels_are_exactly_the_covered_ones(edit):
     np.testing.assert_array_equal(new_table.coords[new_table.valid], table.coords[new_table.valid])
 
 
+def _opacity_key(edit) -> str:
+    return "opacity" if edit.name == "overlay_text" else "line_opacity"
+
+
 @pytest.mark.parametrize("edit", [e for e in EDITS if e.name in ("overlay_text", "overlay_stripes")],
                          ids=lambda e: e.name)
 def test_fully_covered_pixels_take_the_overlay_colour(edit):
+    """Opaque, the glyphs' and stripes' inner pixels (coverage 255) take the overlay's colour exactly; at the
+    edit's own opacity the same pixels (its coverage at its maximum, 255 x opacity) take the colour blended
+    over the background by that opacity."""
+    colour = np.asarray(edit.color if edit.name == "overlay_text" else edit.line_color, dtype=float)
+    opaque = dataclasses.replace(edit, **{_opacity_key(edit): 1.0})
+    edited, _ = opaque(background(), CoordinateTable.identity(HEIGHT, WIDTH))
+    full = opaque.coverage(HEIGHT, WIDTH) == 255
+    assert full.sum() > 100  # every case draws whole glyphs or stripes
+    assert np.all(np.asarray(edited)[full] == colour.astype(np.uint8))
+
+    opacity = getattr(edit, _opacity_key(edit))
     edited, _ = edit(background(), CoordinateTable.identity(HEIGHT, WIDTH))
     coverage = edit.coverage(HEIGHT, WIDTH)
-    colour = edit.color if edit.name == "overlay_text" else edit.line_color
-    full = coverage == 255
-    if full.any():
-        assert np.all(np.asarray(edited)[full] == np.asarray(colour, dtype=np.uint8))
+    np.testing.assert_array_equal(coverage == round(255 * opacity), full)
+    blended = opacity * colour + (1 - opacity) * np.asarray(BACKGROUND, dtype=float)
+    assert np.abs(np.asarray(edited)[full] - blended).max() <= 0.5  # rounded to 8 bits
 
 
 def test_partially_transparent_pixels_change_but_stay_traced():

@@ -246,7 +246,6 @@ def test_wide_blur_on_a_reduced_image_matches_the_exact_gaussian(sigma):
 def test_pointwise_albumentations_join_the_run_and_stay_close():
     """A pointwise albumentations operation between geometric edits is rendered inside the run at the
     working size (no true-size pass); the table is unchanged and the copy close to edit by edit."""
-    pytest.importorskip("albumentations", reason="the albumentations edit needs the 'train' extra")
     from copynce_hf.pixtrace.edits import Albumentation
     from copynce_hf.pixtrace.fused import _plan, _Run
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 from conftest import run_cli, save_tiny_models
@@ -18,8 +19,6 @@ from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, IndexConfig, read_predictions
-
-datasets = pytest.importorskip("datasets")
 
 IMAGES = 14
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import free_port
 
 from copynce_hf.modeling.errors import CopyNCEError
 from copynce_hf.modeling.losses_copynce import (
@@ -388,12 +388,6 @@ def test_affinity_entropy_matches_hand_formula_and_bounds():
 # ----------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_info_nce_gathers_negatives_across_processes(tmp_path):
     """Both InfoNCE forms and the paired KoLeo over two gloo processes equal the single-process global values."""
@@ -402,7 +396,7 @@ def test_info_nce_gathers_negatives_across_processes(tmp_path):
 
     g = torch.Generator().manual_seed(7)
     q, r = _unit(g, 6, 4), _unit(g, 6, 4)
-    mp.start_processes(distributed_worker, args=(2, _free_port(), q, r, str(tmp_path)), nprocs=2,
+    mp.start_processes(distributed_worker, args=(2, free_port(), q, r, str(tmp_path)), nprocs=2,
                        join=True, start_method="spawn")
     saved = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     for form in FORMS:

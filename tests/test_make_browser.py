@@ -5,19 +5,18 @@ The targets are dry-run (``make -n -B``: every recipe printed, none executed).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require_program
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def dry_run(target: str) -> str:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    result = subprocess.run(["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60)
+    make = require_program("make", "apt-get install make")
+    result = subprocess.run([make, "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

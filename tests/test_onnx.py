@@ -14,13 +14,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT, requires_extra, shrunk_asset_images
+from conftest import TINY_VIT, require_extra, shrunk_asset_images
 from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.model_loading import load_model
 from copynce_hf.modeling.errors import ConfigError, ShapeError
+from copynce_hf.onnx_export import CACHE_ENV, read_manifest
 from copynce_hf.retrieval import (
     DescriptorIndex,
     MatcherScorer,
@@ -29,13 +30,15 @@ from copynce_hf.retrieval import (
     write_predictions,
 )
 
-requires_extra("onnxruntime", "onnx")
-requires_extra("onnxscript", "onnx")
-
-from copynce_hf.onnx_export import CACHE_ENV, read_manifest  # noqa: E402
-
 TOLERANCE = 1e-4
 pytestmark = pytest.mark.slow  # the module exports three graphs of the embedded models (a minute on two idle cores)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def onnx_extra():
+    """Every test here needs the 'onnx' extra (skips without it; fails in CI)."""
+    for module in ("onnx", "onnxruntime", "onnxscript"):
+        require_extra(module, "onnx")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 from _oracles import ramp_check
-from conftest import ramp_image, requires_extra, shared_split
+from conftest import ramp_image, shared_split
 from PIL import Image
 from test_editor import assert_same_result, content_scores, textured_image
 
@@ -188,7 +188,6 @@ def test_smear_covers_exactly_the_pixels_it_paints():
 
 
 def test_albumentation_edit_replays_and_keeps_the_table():
-    requires_extra("albumentations", "train")
     image = textured_image(32, 40)
     table = CoordinateTable.identity(32, 40)
     for op in ("RandomRain", "GaussNoise", "InvertImg"):

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import requires_extra, tiny_models
+from conftest import require_extra, tiny_models
 from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError, ImageLoadError, PredictionsError
@@ -81,7 +81,7 @@ def test_descriptor_set_safetensors_round_trip_and_hdf5(tmp_path):
     with pytest.raises(PredictionsError, match="appears twice"):
         DescriptorSet(["a", "a"], unit_vectors(2, 8, 1))
 
-    h5py = requires_extra("h5py", "bench")
+    h5py = require_extra("h5py", "bench")
     queries = DescriptorSet(["Q0", "Q1"], unit_vectors(2, 8, 2))
     export_disc21_hdf5(tmp_path / "disc.hdf5", queries, refs)
     with h5py.File(tmp_path / "disc.hdf5", "r") as handle:
@@ -305,7 +305,8 @@ def test_folder_listing_and_errors(tmp_path):
 
 
 def test_dataset_source_reads_image_column(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     save_images(tmp_path / "imgs", ["a.png", "b.png"])
     ds = datasets.Dataset.from_dict(
         {"name": ["first", "second"], "img": [str(tmp_path / "imgs" / "a.png"), str(tmp_path / "imgs" / "b.png")]}
@@ -339,7 +340,6 @@ def test_grid_boxes_cover_and_overlap():
 
 @pytest.fixture(scope="module")
 def tiny():
-    pytest.importorskip("torch")
     return tiny_models(seed=2)
 
 
@@ -360,7 +360,8 @@ def test_extraction_skips_unreadable_images_and_matches_direct_forward(tiny, tmp
         direct = descriptor(pixel_values=pixels).descriptors.numpy()
     np.testing.assert_allclose(result.descriptors, direct, atol=1e-5)
 
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     ds = datasets.Dataset.from_dict({"image": [str(p) for p in source.files if p.stem != "broken"]}).cast_column(
         "image", datasets.Image()
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import require_extra, require_program
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPACE = REPO_ROOT / "spaces" / "copynce"
@@ -48,10 +48,10 @@ def test_space_readme_front_matter_matches_the_requirements():
     assert pinned and str(meta["sdk_version"]) == pinned.group(1)
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_space_bundle_holds_the_app_and_an_importable_package(tmp_path):
+    make = require_program("make", "apt-get install make")
     bundle = tmp_path / "space"
-    subprocess.run(["make", "-s", "space-bundle", f"SPACE_BUNDLE={bundle}"], cwd=REPO_ROOT, check=True,
+    subprocess.run([make, "-s", "space-bundle", f"SPACE_BUNDLE={bundle}"], cwd=REPO_ROOT, check=True,
                    capture_output=True, text=True)
     for name in ("app.py", "README.md", "requirements.txt", "copynce_hf/pretrained/matcher/model.safetensors",
                  "copynce_hf/model_cards/matcher.md", "copynce_hf/assets/images/astronaut.jpg"):
@@ -63,10 +63,12 @@ def test_space_bundle_holds_the_app_and_an_importable_package(tmp_path):
     assert Path(found).resolve().is_relative_to(bundle.resolve())
 
 
-gr = pytest.importorskip("gradio", reason="gradio is not installed (pip install -e '.[space]')")
+@pytest.fixture(scope="module")
+def gr():
+    return require_extra("gradio", "space")
 
 
-def test_gradio_does_not_pull_torch_or_torchvision():
+def test_gradio_does_not_pull_torch_or_torchvision(gr):
     from importlib.metadata import requires
 
     names = _requirement_names(requirement for requirement in requires("gradio") or [] if "extra ==" not in requirement)
@@ -74,7 +76,7 @@ def test_gradio_does_not_pull_torch_or_torchvision():
 
 
 @pytest.fixture(scope="module")
-def app():
+def app(gr):
     spec = importlib.util.spec_from_file_location("copynce_space_app", SPACE / "app.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -94,7 +96,7 @@ def copy_file(tmp_path_factory) -> Path:
     return path
 
 
-def test_compare_handler_scores_and_draws(app, copy_file):
+def test_compare_handler_scores_and_draws(app, copy_file, gr):
     module, space = app
     status, query, score, affinity, entropy = space.compare(str(copy_file), str(BUNDLED / "astronaut.jpg"))
     assert "Click the query" in status
@@ -151,7 +153,7 @@ def test_make_copy_handler(app):
     assert "Pick one of the bundled images" in status
 
 
-def test_page_builds_with_the_three_tabs(app):
+def test_page_builds_with_the_three_tabs(app, gr):
     _, space = app
     page = space.build()
     labels = {block.label for block in page.blocks.values() if isinstance(block, gr.Tab)}

@@ -3,8 +3,8 @@
 The app runs in a subprocess on a free local port; the test goes through the three tabs with the
 bundled images (upload, click, read the score, check the heatmaps are drawn) and checks that bad
 uploads (a text file as the query, a corrupt zip of references) show a message on the page.
-It skips, saying why, where gradio, playwright or the chromium binary is missing (``make install``
-and ``.ci/run`` install them where the machine allows). Playwright's own browser downloads are never
+It skips, saying why, where gradio, playwright or the chromium binary is missing, and fails there in CI
+(``make install`` and ``make browser`` install them; ``.ci/run`` runs both). Playwright's own browser downloads are never
 used: the test points Playwright at the system's chromium.
 
 Set ``COPYNCE_SPACE_SCREENSHOT=path.png`` to save a screenshot of the Compare tab (the README's).
@@ -12,11 +12,9 @@ Set ``COPYNCE_SPACE_SCREENSHOT=path.png`` to save a screenshot of the Compare ta
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import free_port, missing_extra, require_extra
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 APP = REPO_ROOT / "spaces" / "copynce" / "app.py"
@@ -41,28 +40,20 @@ def _chromium() -> str | None:
     return None
 
 
-def _skip_reason() -> str | None:
-    for module, install in (("gradio", "pip install -e '.[space]'"), ("playwright", "pip install -e '.[space]'")):
-        if importlib.util.find_spec(module) is None:
-            return f"the {module!r} package is not installed ({install}, or make install)"
+@pytest.fixture(scope="module", autouse=True)
+def browser_extras():
+    """Every test here needs gradio, playwright and chromium (skips without one; fails in CI)."""
+    require_extra("gradio", "space")
+    require_extra("playwright", "space")
     if _chromium() is None:
-        return "no chromium binary (/usr/bin/chromium): apt-get install chromium (make install does it as root)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        missing_extra("no chromium binary (/usr/bin/chromium): apt-get install chromium (make browser does it as "
+                      "root)")
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     """Start the app in a subprocess on a free port; yield its URL; stop it."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("space") / "app.log"
     env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONPATH=os.pathsep.join(

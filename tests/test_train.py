@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TINY_VIT, shrunk_asset_images, tiny_model_options
+from conftest import TINY_VIT, free_port, shrunk_asset_images, tiny_model_options
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -373,7 +373,7 @@ def test_two_processes_gloo_agree_on_weights(tmp_path, images):
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "true"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               "29577", str(REPO / "scripts" / "train.py"),
+               str(free_port()), str(REPO / "scripts" / "train.py"),
                *_tiny(images, output, "--max_steps", "4", "--per_device_train_batch_size", "4")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]

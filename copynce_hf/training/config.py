@@ -31,7 +31,11 @@ from typing import Any
 
 import yaml
 
+from ..data.pairs import OTHER_IMAGES, RECIPES
 from ..modeling.errors import ConfigError
+from ..pixtrace.overlap import REVERSE_PRIORS
+from .field_checks import Check, CheckedFields, invalid_value, number, one_of, satisfies
+from .optim import COSINE_SPANS
 
 __all__ = ["TrainingConfig", "load_config", "parse_value", "CONFIG_DIR", "DEFAULT_CONFIG"]
 
@@ -59,30 +63,128 @@ _MODEL_DEFAULTS = {
 }
 
 
-def _option(default: Any = None, help: str = "", factory=None):
-    """A configuration field with its ``--help`` text (``metadata["help"]``, as in ``transformers.TrainingArguments``)."""
+def _option(default: Any = None, help: str = "", factory=None, checks: Check | tuple[Check, ...] = ()):
+    """A configuration field with its ``--help`` text (``metadata["help"]``, as in ``transformers.TrainingArguments``)
+    and the checks of its value (``metadata["checks"]``, run by :class:`~.field_checks.CheckedFields`)."""
+    metadata = {"help": help, "checks": checks if isinstance(checks, tuple) else (checks,)}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# ---------------------------------------------------------------------- checks of one field
+_POSITIVE = number(positive=True)
+_NON_NEGATIVE = number(low=0)
+_FRACTION = number(low=0, high=1)
+_BETA = number(low=0, high=0.999999)
+_COUNT = number(integer=True, positive=True)
+_OPTIONAL_COUNT = number(optional=True, integer=True, positive=True)
+_NON_NEGATIVE_INTEGER = number(integer=True, low=0)
+_BELOW_ONE = satisfies(lambda value: value is None or value < 1, "must be < 1 (or null for no weight average)")
+_MAPPING = satisfies(lambda value: isinstance(value, dict), "must be a mapping of model configuration keys")
+_BOOLEAN = satisfies(lambda value: isinstance(value, bool), "must be true or false")
+_FOLDER = satisfies(lambda value: isinstance(value, str) and value, "must be a folder path")
+_PRECISION = one_of(_MIXED_PRECISION, optional=True, requirement=(
+    f"must be null (accelerate launch / accelerate config decides) or one of {_MIXED_PRECISION}"))
+_TRACKER = one_of(("tensorboard", "none", "all", "wandb", "mlflow", "comet_ml", "aim", "clearml"),
+                  requirement="must be an Accelerate tracker name or 'none'")
+
+
+def _recipe(value: Any) -> str | None:
+    """An edit recipe name (:data:`copynce_hf.data.pairs.RECIPES`); YAML reads a bare ``off`` as false."""
+    if value in RECIPES:
+        return None
+    yaml_note = " (in YAML, write \"off\" in quotes: bare off is false)" if value is False else ""
+    return f"must be one of {RECIPES}{yaml_note}"
+
+
+# ---------------------------------------------------------------------- checks across fields
+def _ground_truth_named(config: TrainingConfig) -> None:
+    if config.pair_source == "ground_truth" and not config.ground_truth:
+        raise invalid_value("ground_truth", config.ground_truth,
+                            "must name the ground-truth CSV when pair_source is ground_truth")
+
+
+def _mix_dataset_fits_sampling(config: TrainingConfig) -> None:
+    if config.mix_sampling_rate and not config.mix_dataset:
+        raise invalid_value("mix_dataset", config.mix_dataset, (
+            f"must name the training images to mix in when mix_sampling_rate={config.mix_sampling_rate} "
+            "(or set mix_sampling_rate 0 for ground-truth pairs only)"))
+    if config.mix_dataset and (config.pair_source != "ground_truth" or not config.mix_sampling_rate):
+        raise invalid_value("mix_dataset", config.mix_dataset,
+                            "is only used by pair_source ground_truth with mix_sampling_rate > 0")
+
+
+def _schedule_ends_below_start(config: TrainingConfig) -> None:
+    if config.min_learning_rate > config.learning_rate:
+        raise invalid_value("min_learning_rate", config.min_learning_rate,
+                            f"must not exceed learning_rate={config.learning_rate}")
+
+
+def _mining_fits_model(config: TrainingConfig) -> None:
+    allowed = {"descriptor": ("ghnm", "off"), "matcher": ("pairs", "off")}[config.model_type]
+    if config.resolved("hard_negative_mining") not in allowed:
+        raise invalid_value("hard_negative_mining", config.hard_negative_mining, (
+            f"must be one of {allowed} for the {config.model_type} (the descriptor mines negatives for its "
+            "batches, GHNM; the matcher for its negative pairs)"))
+
+
+def _descriptor_trains_on_copies(config: TrainingConfig) -> None:
+    if config.model_type == "descriptor" and config.resolved("positive_rate") != 1.0:
+        raise invalid_value("positive_rate", config.positive_rate, (
+            "must be 1.0 for the descriptor: it trains on copy pairs only, its negatives are the other pairs "
+            "of the batch"))
+
+
+def _slots_need_ghnm(config: TrainingConfig) -> None:
+    if config.hard_negative_slots and (config.model_type != "descriptor" or config.hard_negative_mining == "off"):
+        raise invalid_value("hard_negative_slots", config.hard_negative_slots,
+                            "needs the descriptor with hard_negative_mining ghnm (or null)")
+
+
+def _ghnm_batch_pairs_up(config: TrainingConfig) -> None:
+    if config.model_type == "descriptor" and config.resolved("hard_negative_mining") == "ghnm":
+        if config.per_device_train_batch_size % 2 and not config.hard_negative_slots:
+            raise invalid_value("per_device_train_batch_size", config.per_device_train_batch_size,
+                                "must be even for GHNM (an image and its neighbour)")
+
+
+def _mining_has_graph(config: TrainingConfig) -> None:
+    if config.hard_negative_mining in ("ghnm", "pairs") and not config.knn_graph and config.pair_source == "edits":
+        raise invalid_value("knn_graph", config.knn_graph, (
+            f"hard_negative_mining={config.hard_negative_mining!r} needs the k-NN graph of the training images "
+            "(build it with scripts/build_knn.py and pass --knn_graph <file>); for random negatives set "
+            "hard_negative_mining: null"))
+
+
+def _sizes_fit_model(config: TrainingConfig) -> None:
+    size = config.model.get("image_size", 224)
+    patch = config.model.get("patch_size", 16)
+    if config.max_source_side and isinstance(size, int) and config.max_source_side < size:
+        raise invalid_value("max_source_side", config.max_source_side,
+                            f"must be 0 (off) or at least the model's image_size={size}")
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0 and size % patch:
+        raise invalid_value("model.image_size", size, f"must be a multiple of model.patch_size={patch}")
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(CheckedFields):
     """All options of a training run (see ``configs/*.yaml`` for the paper's settings).
 
     Each field's ``metadata["help"]`` says what it does (``python -m copynce_hf.training --help`` lists
-    them with their types and defaults). Options left ``null`` whose default depends on ``model_type``
+    them with their types and defaults), its ``metadata["checks"]`` what a valid value is; the rules that
+    relate fields are ``cross_field_checks``, run after them (:class:`~.field_checks.CheckedFields`). Options left ``null`` whose default depends on ``model_type``
     follow the table of the module docstring. The optimisation defaults are the paper's supplementary
     table: AdamW (0.9, 0.999), weight decay 0.04, lr = base * sqrt(global batch / 1024), one warm-up
     epoch, cosine to 2e-6, gradient clipping 3.0.
     """
 
     # model
-    model_type: str = _option("descriptor", "descriptor or matcher.")
+    model_type: str = _option("descriptor", "descriptor or matcher.", checks=one_of(_MODEL_TYPES))
     model: dict = _option(factory=dict, help=(
         "Overrides of the model configuration (CopyNCEDescriptorConfig / CopyNCEMatcherConfig keys: hidden_size, "
         "num_hidden_layers, image_size, patch_size, descriptor_dim, copynce_weight, ...); on the command line "
-        "one key at a time as --model.<key> value."))
+        "one key at a time as --model.<key> value."), checks=_MAPPING)
     model_name_or_path: str | None = _option(None, "A saved CopyNCE model to start from (finetuning, second stage).")
     init_from_dino: str | None = _option(None, (
         "A DINO ViT to initialise the encoder from: facebook/dino-vits16, a local ViT folder or a DINO .pth file."))
@@ -99,10 +201,10 @@ class TrainingConfig:
     image_column: str | None = _option(None, "The column holding the images (null: found from the features).")
     id_column: str | None = _option(None, "The column holding the image ids (null: file names or row numbers).")
     streaming: bool | None = _option(None, "Stream the dataset (null: Hub ids stream, local sources are indexed).")
-    shuffle_buffer_size: int = _option(1000, "The shuffle buffer of a streamed dataset.")
+    shuffle_buffer_size: int = _option(1000, "The shuffle buffer of a streamed dataset.", checks=number(integer=True, low=0))
     pair_source: str = _option("edits", (
         "edits (PixTrace copies of each original) or ground_truth (finetuning on DISC21 dev queries and their "
-        "references from ground_truth)."))
+        "references from ground_truth)."), checks=one_of(_PAIR_SOURCES))
     ground_truth: str | None = _option(None, "The DISC21 ground-truth CSV (pair_source ground_truth).")
     mix_dataset: str | None = _option(None, (
         "pair_source ground_truth: training images (a source as for dataset, split dataset_split) whose copy pairs "
@@ -112,92 +214,93 @@ class TrainingConfig:
         "The fraction of mix_dataset's images that make one copy pair each per epoch, a new sample every epoch (the "
         "authors' sampling_rate 0.0833); 0: no mix. The pairs follow mix_query_recipe and mix_positive_rate, their "
         "references are only resized, their negatives use knn_graph (of mix_dataset), hard_negative_k, "
-        "hard_negative_prob and negative_query_resize_prob."))
-    mix_query_recipe: str = _option("paper_matcher", "The edit recipe of the mixed training pairs' queries.")
-    mix_positive_rate: float = _option(0.3, "The fraction of the mixed training pairs that are copies (authors: 0.3).")
+        "hard_negative_prob and negative_query_resize_prob."), checks=_FRACTION)
+    mix_query_recipe: str = _option("paper_matcher", "The edit recipe of the mixed training pairs' queries.", checks=_recipe)
+    mix_positive_rate: float = _option(0.3, "The fraction of the mixed training pairs that are copies (authors: 0.3).", checks=_FRACTION)
     query_recipe: str = _option("training", (
         "The edit recipe of the queries: training, paper_descriptor, paper_matcher, off (no random edit: resized to "
-        "the model input; quote it in YAML) or resize (copynce_hf.data.pairs.RECIPES)."))
-    reference_recipe: str = _option("off", "The edit recipe of the references (same names as query_recipe).")
+        "the model input; quote it in YAML) or resize (copynce_hf.data.pairs.RECIPES)."), checks=_recipe)
+    reference_recipe: str = _option("off", "The edit recipe of the references (same names as query_recipe).", checks=_recipe)
     other_images: str = _option("training_images", (
         "The other image of the crop group's pastes (paper recipes): training_images (another image of the training "
         "data, as the authors' code; a streamed dataset draws it from its last 256 images; the copy's recipe names it "
-        "by id) or procedural (noise or gradient images, no second image read)."))
+        "by id) or procedural (noise or gradient images, no second image read)."), checks=one_of(OTHER_IMAGES))
     max_source_side: int | None = _option(None, (
-        "Originals are shrunk to this longer side before editing (null: 4 x the model's image size; 0: never)."))
+        "Originals are shrunk to this longer side before editing (null: 4 x the model's image size; 0: never)."), checks=number(optional=True, integer=True, low=0))
     positive_rate: float | None = _option(None, (
-        "The fraction of pairs that are copies (null: 1.0 for the descriptor, 0.3 for the matcher)."))
+        "The fraction of pairs that are copies (null: 1.0 for the descriptor, 0.3 for the matcher)."), checks=number(optional=True, low=0, high=1))
     hard_negative_mining: str | None = _option(None, (
         "ghnm (the descriptor's batches, GHNM) or pairs (the matcher's negative pairs) need knn_graph; off never "
-        "mines; null gives random negatives without a graph and the model type's mining with one."))
-    hard_negative_k: int | None = _option(None, "Neighbours a hard negative is drawn from (null: 8 / 128).")
+        "mines; null gives random negatives without a graph and the model type's mining with one."), checks=one_of(_HNM, optional=True))
+    hard_negative_k: int | None = _option(None, "Neighbours a hard negative is drawn from (null: 8 / 128).", checks=_OPTIONAL_COUNT)
     hard_negative_prob: float | None = _option(None, (
-        "The probability that a negative is a hard one (null: 1.0 for the descriptor, 0.5 for the matcher)."))
+        "The probability that a negative is a hard one (null: 1.0 for the descriptor, 0.5 for the matcher)."), checks=number(optional=True, low=0, high=1))
     negative_query_resize_prob: float = _option(0.0, (
         "The matcher's negative pairs: the probability that the query is only resized to the model input instead of "
-        "copy-edited with query_recipe (the authors' code: 0.5; the paper states none: 0.0)."))
+        "copy-edited with query_recipe (the authors' code: 0.5; the paper states none: 0.0)."), checks=_FRACTION)
     knn_graph: str | None = _option(None, "The k-NN graph of the training images (from scripts/build_knn.py).")
     hard_negative_slots: bool = _option(False, (
         "The descriptor's batch structure: false, per_device_train_batch_size pairs per process (half anchors, half "
         "their hard negatives); true (the authors' code), that many slots, each an anchor's pair and its hard "
-        "negative's pair (twice as many pairs; the learning-rate scaling counts slots)."))
+        "negative's pair (twice as many pairs; the learning-rate scaling counts slots)."), checks=_BOOLEAN)
     copynce_reverse_prior: str = _option("exact", (
         "How the collator makes the reference -> query overlap prior: exact (the inverse table) or scatter (the "
-        "authors' scatter inverse of the query's table), see PixTraceCollator."))
-    dataloader_num_workers: int = _option(0, "Data-loader worker processes per training process.")
+        "authors' scatter inverse of the query's table), see PixTraceCollator."), checks=one_of(REVERSE_PRIORS))
+    dataloader_num_workers: int = _option(0, "Data-loader worker processes per training process.", checks=_NON_NEGATIVE_INTEGER)
     max_image_pixels: int | None = _option(None, (
         "The largest accepted image (width x height); larger ones are skipped and counted like unreadable ones "
-        "(null: copynce_hf.images.MAX_IMAGE_PIXELS)."))
-    num_eval_images: int = _option(0, "Images held out of the training set for the periodic evaluation.")
+        "(null: copynce_hf.images.MAX_IMAGE_PIXELS)."), checks=_OPTIONAL_COUNT)
+    num_eval_images: int = _option(0, "Images held out of the training set for the periodic evaluation.", checks=_NON_NEGATIVE_INTEGER)
     # optimisation
-    seed: int = _option(0, "The seed of the pairs, the sampler and the model's initialisation.")
-    max_steps: int | None = _option(None, "Optimiser steps of the run (null: num_train_epochs decides).")
-    num_train_epochs: float = _option(30.0, "Epochs of the run when max_steps is null.")
-    per_device_train_batch_size: int = _option(96, "Pairs (or slots, see hard_negative_slots) per process and batch.")
-    gradient_accumulation_steps: int = _option(1, "Batches accumulated into one optimiser step.")
+    seed: int = _option(0, "The seed of the pairs, the sampler and the model's initialisation.", checks=_NON_NEGATIVE_INTEGER)
+    max_steps: int | None = _option(None, "Optimiser steps of the run (null: num_train_epochs decides).", checks=_OPTIONAL_COUNT)
+    num_train_epochs: float = _option(30.0, "Epochs of the run when max_steps is null.", checks=_POSITIVE)
+    per_device_train_batch_size: int = _option(96, "Pairs (or slots, see hard_negative_slots) per process and batch.", checks=_COUNT)
+    gradient_accumulation_steps: int = _option(1, "Batches accumulated into one optimiser step.", checks=_COUNT)
     learning_rate: float = _option(6e-4, (
         "The base learning rate; the optimiser uses learning_rate x sqrt(global batch / lr_reference_batch_size), "
-        "global batch = per_device x processes x accumulation (see scale_learning_rate)."))
+        "global batch = per_device x processes x accumulation (see scale_learning_rate)."), checks=_POSITIVE)
     scale_learning_rate: bool = _option(True, "Scale the learning rate with the global batch (false: use it as is).")
-    lr_reference_batch_size: int = _option(1024, "The batch size at which the learning rate is used unscaled.")
-    min_learning_rate: float = _option(2e-6, "The end of the cosine schedule.")
-    weight_decay: float = _option(0.04, "AdamW weight decay (not applied to biases, norms, position embeddings).")
-    adam_beta1: float = _option(0.9, "AdamW beta1.")
-    adam_beta2: float = _option(0.999, "AdamW beta2.")
-    adam_epsilon: float = _option(1e-8, "AdamW epsilon.")
-    warmup_epochs: float = _option(1.0, "Epochs of linear warm-up (capped at a fifth of the run).")
+    lr_reference_batch_size: int = _option(1024, "The batch size at which the learning rate is used unscaled.", checks=_COUNT)
+    min_learning_rate: float = _option(2e-6, "The end of the cosine schedule.", checks=_NON_NEGATIVE)
+    weight_decay: float = _option(0.04, "AdamW weight decay (not applied to biases, norms, position embeddings).", checks=_NON_NEGATIVE)
+    adam_beta1: float = _option(0.9, "AdamW beta1.", checks=_BETA)
+    adam_beta2: float = _option(0.999, "AdamW beta2.", checks=_BETA)
+    adam_epsilon: float = _option(1e-8, "AdamW epsilon.", checks=_POSITIVE)
+    warmup_epochs: float = _option(1.0, "Epochs of linear warm-up (capped at a fifth of the run).", checks=_NON_NEGATIVE)
     warmup_start_factor: float = _option(0.0, (
-        "The warm-up starts at this fraction of the learning rate (0.0: from zero; the authors' code: 0.01)."))
+        "The warm-up starts at this fraction of the learning rate (0.0: from zero; the authors' code: 0.01)."), checks=_FRACTION)
     cosine_span: str = _option("after_warmup", (
         "The length of the cosine that follows the warm-up: after_warmup (it ends at min_learning_rate at the last "
         "step) or run (the authors' code, timm's warmup_prefix: the cosine lasts as long as the whole run, so the run "
-        "stops when (run - warm-up) / run of it has passed, 29/30 for 30 epochs with one of warm-up)."))
-    warmup_steps: int | None = _option(None, "Optimiser steps of linear warm-up (null: warmup_epochs decides).")
-    max_grad_norm: float = _option(3.0, "Gradient clipping (the global norm).")
+        "stops when (run - warm-up) / run of it has passed, 29/30 for 30 epochs with one of warm-up)."), checks=one_of(COSINE_SPANS))
+    warmup_steps: int | None = _option(None, "Optimiser steps of linear warm-up (null: warmup_epochs decides).", checks=number(optional=True, integer=True, low=0))
+    max_grad_norm: float = _option(3.0, "Gradient clipping (the global norm).", checks=_POSITIVE)
     ema_decay: float | None = _option(None, (
         "Keep an exponential moving average of the weights with this decay (null: none; 0.99 averages about the "
         "last hundred steps). The evaluation scores both; the model folder holds the average and its without_ema/ "
-        "subfolder the trained weights (copynce_hf.training.ema). Not in the paper."))
+        "subfolder the trained weights (copynce_hf.training.ema). Not in the paper."), checks=(number(optional=True, positive=True), _BELOW_ONE))
     mixed_precision: str | None = _option(None, (
         "null: what accelerate launch --mixed_precision or accelerate config chose (no without either); no, fp16, "
-        "bf16 or fp8 override them. The training log and summary state the precision in effect."))
+        "bf16 or fp8 override them. The training log and summary state the precision in effect."), checks=_PRECISION)
     max_train_seconds: float | None = _option(None, (
         "A wall-time budget for the optimisation loop (null: none): the run stops at the first optimiser step past "
         "it, then evaluates and saves as at max_steps (the schedule keeps its max_steps length). All processes stop "
-        "at the same step."))
+        "at the same step."), checks=number(optional=True, positive=True))
     # outputs
-    output_dir: str = _option("outputs/copynce", "The run's folder: model, checkpoints/, logs/, training_summary.json.")
-    logging_steps: int = _option(10, "Log the training values every this many optimiser steps.")
-    eval_steps: int | None = _option(None, "Evaluate on the held-out images every this many steps (and at the end).")
-    checkpointing_steps: int | None = _option(None, "Write a checkpoint every this many steps (null: none).")
-    checkpoints_total_limit: int | None = _option(3, "Checkpoints kept (the newest); null keeps all.")
+    output_dir: str = _option("outputs/copynce", "The run's folder: model, checkpoints/, logs/, training_summary.json.", checks=_FOLDER)
+    logging_steps: int = _option(10, "Log the training values every this many optimiser steps.", checks=_COUNT)
+    eval_steps: int | None = _option(None, "Evaluate on the held-out images every this many steps (and at the end).", checks=_OPTIONAL_COUNT)
+    checkpointing_steps: int | None = _option(None, "Write a checkpoint every this many steps (null: none).", checks=_OPTIONAL_COUNT)
+    checkpoints_total_limit: int | None = _option(3, "Checkpoints kept (the newest); null keeps all.", checks=_OPTIONAL_COUNT)
     resume: str | None = _option(None, "A checkpoint folder to continue from, or latest (the newest complete one).")
-    report_to: str = _option("tensorboard", "An Accelerate tracker (tensorboard, wandb, mlflow, ..., all) or none.")
+    report_to: str = _option("tensorboard", "An Accelerate tracker (tensorboard, wandb, mlflow, ..., all) or none.", checks=_TRACKER)
     push_to_hub: str | None = _option(None, "A Hub repository id to upload the trained model to.")
     hub_private_repo: bool = _option(False, "Create the Hub repository as private.")
 
-    def __post_init__(self):
-        self.validate()
+    cross_field_checks = (_ground_truth_named, _mix_dataset_fits_sampling, _schedule_ends_below_start,
+                          _mining_fits_model, _descriptor_trains_on_copies, _slots_need_ghnm, _ghnm_batch_pairs_up,
+                          _mining_has_graph, _sizes_fit_model)
 
     # ------------------------------------------------------------------ derived values
     def resolved(self, key: str):
@@ -224,135 +327,6 @@ class TrainingConfig:
         if settings.get("dataset_token"):
             settings["dataset_token"] = "***"
         return settings
-
-    # ------------------------------------------------------------------ checks
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first invalid key."""
-
-        def fail(key: str, requirement: str):
-            raise ConfigError(f"invalid configuration value {key}={getattr(self, key)!r}: {requirement}")
-
-        def number(key, positive=False, allow_none=False, integer=False, low=None, high=None):
-            value = getattr(self, key)
-            if value is None:
-                if not allow_none:
-                    fail(key, "must be set")
-                return
-            kind = int if integer else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
-                fail(key, "must be an integer" if integer else "must be a finite number")
-            if positive and value <= 0:
-                fail(key, "must be > 0")
-            if low is not None and value < low:
-                fail(key, f"must be >= {low}")
-            if high is not None and value > high:
-                fail(key, f"must be <= {high}")
-
-        if self.model_type not in _MODEL_TYPES:
-            fail("model_type", f"must be one of {_MODEL_TYPES}")
-        if not isinstance(self.model, dict):
-            fail("model", "must be a mapping of model configuration keys")
-        if self.pair_source not in _PAIR_SOURCES:
-            fail("pair_source", f"must be one of {_PAIR_SOURCES}")
-        if self.pair_source == "ground_truth" and not self.ground_truth:
-            fail("ground_truth", "must name the ground-truth CSV when pair_source is ground_truth")
-        number("mix_sampling_rate", low=0, high=1)
-        number("mix_positive_rate", low=0, high=1)
-        if self.mix_sampling_rate and not self.mix_dataset:
-            fail("mix_dataset", f"must name the training images to mix in when mix_sampling_rate="
-                 f"{self.mix_sampling_rate} (or set mix_sampling_rate 0 for ground-truth pairs only)")
-        if self.mix_dataset and (self.pair_source != "ground_truth" or not self.mix_sampling_rate):
-            fail("mix_dataset", "is only used by pair_source ground_truth with mix_sampling_rate > 0")
-        from ..data.pairs import OTHER_IMAGES, RECIPES
-
-        for key in ("query_recipe", "reference_recipe", "mix_query_recipe"):
-            if getattr(self, key) not in RECIPES:
-                fail(key, f"must be one of {RECIPES}" + (" (in YAML, write \"off\" in quotes: bare off is false)"
-                                                          if getattr(self, key) is False else ""))
-        if self.hard_negative_mining is not None and self.hard_negative_mining not in _HNM:
-            fail("hard_negative_mining", f"must be one of {_HNM}")
-        if self.mixed_precision is not None and self.mixed_precision not in _MIXED_PRECISION:
-            fail("mixed_precision", f"must be null (accelerate launch / accelerate config decides) or one of "
-                 f"{_MIXED_PRECISION}")
-        from .optim import COSINE_SPANS
-
-        if self.other_images not in OTHER_IMAGES:
-            fail("other_images", f"must be one of {OTHER_IMAGES}")
-        if self.cosine_span not in COSINE_SPANS:
-            fail("cosine_span", f"must be one of {COSINE_SPANS}")
-        number("positive_rate", allow_none=True, low=0, high=1)
-        number("negative_query_resize_prob", low=0, high=1)
-        number("warmup_start_factor", low=0, high=1)
-        number("hard_negative_prob", allow_none=True, low=0, high=1)
-        number("hard_negative_k", allow_none=True, integer=True, positive=True)
-        number("shuffle_buffer_size", integer=True, low=0)
-        number("max_source_side", allow_none=True, integer=True, low=0)
-        number("dataloader_num_workers", integer=True, low=0)
-        number("max_image_pixels", allow_none=True, integer=True, positive=True)
-        number("num_eval_images", integer=True, low=0)
-        number("seed", integer=True, low=0)
-        number("max_steps", allow_none=True, integer=True, positive=True)
-        number("max_train_seconds", allow_none=True, positive=True)
-        number("num_train_epochs", positive=True)
-        number("per_device_train_batch_size", integer=True, positive=True)
-        number("gradient_accumulation_steps", integer=True, positive=True)
-        number("learning_rate", positive=True)
-        number("lr_reference_batch_size", integer=True, positive=True)
-        number("min_learning_rate", low=0)
-        if self.min_learning_rate > self.learning_rate:
-            fail("min_learning_rate", f"must not exceed learning_rate={self.learning_rate}")
-        number("weight_decay", low=0)
-        number("adam_beta1", low=0, high=0.999999)
-        number("adam_beta2", low=0, high=0.999999)
-        number("adam_epsilon", positive=True)
-        number("warmup_epochs", low=0)
-        number("warmup_steps", allow_none=True, integer=True, low=0)
-        number("max_grad_norm", positive=True)
-        number("ema_decay", allow_none=True, positive=True)
-        if self.ema_decay is not None and self.ema_decay >= 1:
-            fail("ema_decay", "must be < 1 (or null for no weight average)")
-        number("logging_steps", integer=True, positive=True)
-        number("eval_steps", allow_none=True, integer=True, positive=True)
-        number("checkpointing_steps", allow_none=True, integer=True, positive=True)
-        number("checkpoints_total_limit", allow_none=True, integer=True, positive=True)
-        if not isinstance(self.output_dir, str) or not self.output_dir:
-            fail("output_dir", "must be a folder path")
-        if self.report_to not in ("tensorboard", "none", "all", "wandb", "mlflow", "comet_ml", "aim", "clearml"):
-            fail("report_to", "must be an Accelerate tracker name or 'none'")
-        allowed = {"descriptor": ("ghnm", "off"), "matcher": ("pairs", "off")}[self.model_type]
-        if self.resolved("hard_negative_mining") not in allowed:
-            fail("hard_negative_mining", f"must be one of {allowed} for the {self.model_type} (the descriptor "
-                 "mines negatives for its batches, GHNM; the matcher for its negative pairs)")
-        if self.model_type == "descriptor" and self.resolved("positive_rate") != 1.0:
-            fail("positive_rate", "must be 1.0 for the descriptor: it trains on copy pairs only, its negatives "
-                 "are the other pairs of the batch")
-        from ..pixtrace.overlap import REVERSE_PRIORS
-
-        if self.copynce_reverse_prior not in REVERSE_PRIORS:
-            fail("copynce_reverse_prior", f"must be one of {REVERSE_PRIORS}")
-        if not isinstance(self.hard_negative_slots, bool):
-            fail("hard_negative_slots", "must be true or false")
-        if self.hard_negative_slots and (self.model_type != "descriptor" or self.hard_negative_mining == "off"):
-            fail("hard_negative_slots", "needs the descriptor with hard_negative_mining ghnm (or null)")
-        if self.model_type == "descriptor" and self.resolved("hard_negative_mining") == "ghnm":
-            if self.per_device_train_batch_size % 2 and not self.hard_negative_slots:
-                fail("per_device_train_batch_size", "must be even for GHNM (an image and its neighbour)")
-        if self.hard_negative_mining in ("ghnm", "pairs") and not self.knn_graph and self.pair_source == "edits":
-            raise ConfigError(
-                f"invalid configuration value knn_graph={self.knn_graph!r}: hard_negative_mining="
-                f"{self.hard_negative_mining!r} needs the k-NN graph of the training images (build it with "
-                "scripts/build_knn.py and pass --knn_graph <file>); for random negatives set "
-                "hard_negative_mining: null"
-            )
-        size = self.model.get("image_size", 224)
-        patch = self.model.get("patch_size", 16)
-        if self.max_source_side and isinstance(size, int) and self.max_source_side < size:
-            fail("max_source_side", f"must be 0 (off) or at least the model's image_size={size}")
-        if isinstance(size, int) and isinstance(patch, int) and patch > 0 and size % patch:
-            raise ConfigError(
-                f"invalid configuration value model.image_size={size!r}: must be a multiple of "
-                f"model.patch_size={patch}"
-            )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}

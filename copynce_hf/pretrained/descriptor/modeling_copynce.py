@@ -570,59 +570,15 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
         """
         output_attentions, output_hidden_states, return_dict = self._output_options(
             output_attentions, output_hidden_states, return_dict)
-        batch = pixel_values.shape[0]
-        pair_mode = reference_pixel_values is not None
-        if pair_mode and reference_pixel_values.shape[0] != batch:
-            raise ShapeError(
-                f"pixel_values has {batch} images but reference_pixel_values has {reference_pixel_values.shape[0]}"
-            )
         options = (interpolate_pos_encoding, output_attentions, output_hidden_states)
-        if pair_mode and reference_pixel_values.shape[1:] == pixel_values.shape[1:]:
-            # One backbone pass over queries and references together; the query rows are returned.
-            last, tokens, states, attentions = self._backbone(torch.cat([pixel_values, reference_pixel_values]),
-                                                              *options)
-            last_hidden_state, reference_last = last[:batch], last[batch:]
-            patch_tokens, reference_patch_tokens = tokens[:batch], tokens[batch:]
-            states = tuple(state[:batch] for state in states) if states is not None else None
-            attentions = tuple(weights[:batch] for weights in attentions) if attentions is not None else None
-        else:
-            last_hidden_state, patch_tokens, states, attentions = self._backbone(pixel_values, *options)
-            reference_last = reference_patch_tokens = None
-            if pair_mode:
-                reference_last, reference_patch_tokens, _, _ = self._backbone(
-                    reference_pixel_values, interpolate_pos_encoding, False, False
-                )
-        if not pair_mode:
-            descriptors, reference_descriptors = self.head(last_hidden_state[:, 0]), None
-        elif self.config.head_batch_norm == "per_side":  # the authors: two batch-norm passes
-            descriptors, reference_descriptors = self.head(last_hidden_state[:, 0]), self.head(reference_last[:, 0])
-        else:  # one batch-norm pass over every descriptor of the batch, queries then references
-            descriptors_all = self.head(torch.cat([last_hidden_state[:, 0], reference_last[:, 0]]))
-            descriptors, reference_descriptors = descriptors_all[:batch], descriptors_all[batch:]
-
+        (last_hidden_state, patch_tokens, states, attentions), (reference_last, reference_patch_tokens) = (
+            self._encode_sides(pixel_values, reference_pixel_values, options))
+        descriptors, reference_descriptors = self._describe(last_hidden_state, reference_last)
         loss = infonce = koleo = copynce = None
-        if pair_mode:
-            if labels is not None and bool((labels.reshape(-1) != 1).any()):
-                raise ConfigError(
-                    "the descriptor trains on copy pairs only (InfoNCE takes row b of the references as the "
-                    "positive of query b), but labels contain non-copy pairs; use the matcher for labelled pairs"
-                )
-            infonce = info_nce_loss(descriptors, reference_descriptors, self.logit_scale,
-                                    max_scale=self.config.infonce_max_scale, negatives=self.config.infonce_negatives,
-                                    gather_gradients=self.config.gather_gradients)
-            if self.config.koleo_scope == "all_embeddings":
-                koleo = paired_koleo_loss(descriptors, reference_descriptors,
-                                          gather_gradients=self.config.gather_gradients)
-            elif batch >= 2:
-                koleo = 0.5 * (koleo_loss(descriptors) + koleo_loss(reference_descriptors))
-            else:
-                koleo = descriptors.sum() * 0.0
-            loss = self.config.infonce_weight * infonce + self.config.koleo_weight * koleo
-            copynce = _configured_copynce(self.config, patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
-                                          pair_mask, labels)
-            if copynce is not None:
-                loss = loss + self.config.copynce_weight * copynce
-
+        if reference_pixel_values is not None:
+            loss, infonce, koleo, copynce = self._pair_loss(
+                descriptors, reference_descriptors, patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
+                labels, pair_mask)
         output = CopyNCEDescriptorOutput(
             loss=loss,
             descriptors=descriptors,
@@ -637,6 +593,70 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             attentions=attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    def _encode_sides(self, pixel_values: torch.Tensor, reference_pixel_values: torch.Tensor | None, options: tuple
+                      ) -> tuple[tuple, tuple]:
+        """The backbone passes of a forward: ``((last_hidden_state (B, 1 + L, C), patch tokens (B, L, C),
+        states, attentions), (reference last hidden state, reference patch tokens))`` of the queries and, when
+        given, the references (``None`` otherwise); ``options`` are ``(interpolate_pos_encoding,
+        output_attentions, output_hidden_states)``, the states and attentions those of the queries."""
+        batch = pixel_values.shape[0]
+        if reference_pixel_values is None:
+            return self._backbone(pixel_values, *options), (None, None)
+        if reference_pixel_values.shape[0] != batch:
+            raise ShapeError(
+                f"pixel_values has {batch} images but reference_pixel_values has {reference_pixel_values.shape[0]}"
+            )
+        if reference_pixel_values.shape[1:] != pixel_values.shape[1:]:
+            queries = self._backbone(pixel_values, *options)
+            reference_last, reference_patch_tokens, _, _ = self._backbone(reference_pixel_values, options[0], False,
+                                                                          False)
+            return queries, (reference_last, reference_patch_tokens)
+        # One backbone pass over queries and references together; the query rows are returned.
+        last, tokens, states, attentions = self._backbone(torch.cat([pixel_values, reference_pixel_values]),
+                                                          *options)
+        states = tuple(state[:batch] for state in states) if states is not None else None
+        attentions = tuple(weights[:batch] for weights in attentions) if attentions is not None else None
+        return (last[:batch], tokens[:batch], states, attentions), (last[batch:], tokens[batch:])
+
+    def _describe(self, last_hidden_state: torch.Tensor, reference_last: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(descriptors (B, D), reference descriptors (B, D) or None)``: the head on the CLS tokens
+        (B, 1 + L, C) -> (B, D), one batch-norm pass per side or one for both (``head_batch_norm``)."""
+        if reference_last is None:
+            return self.head(last_hidden_state[:, 0]), None
+        if self.config.head_batch_norm == "per_side":  # the authors: two batch-norm passes
+            return self.head(last_hidden_state[:, 0]), self.head(reference_last[:, 0])
+        # one batch-norm pass over every descriptor of the batch, queries then references
+        descriptors_all = self.head(torch.cat([last_hidden_state[:, 0], reference_last[:, 0]]))
+        batch = last_hidden_state.shape[0]
+        return descriptors_all[:batch], descriptors_all[batch:]
+
+    def _pair_loss(self, descriptors, reference_descriptors, patch_tokens, reference_patch_tokens, overlap_qr,
+                   overlap_rq, labels, pair_mask) -> tuple[torch.Tensor, ...]:
+        """``(loss, infonce, koleo, copynce)`` of B copy pairs: descriptors (B, D) of both sides, patch tokens
+        (B, L, C) of both sides, priors (B, Lq, Lr) / (B, Lr, Lq); ``copynce`` is None when it is off."""
+        if labels is not None and bool((labels.reshape(-1) != 1).any()):
+            raise ConfigError(
+                "the descriptor trains on copy pairs only (InfoNCE takes row b of the references as the "
+                "positive of query b), but labels contain non-copy pairs; use the matcher for labelled pairs"
+            )
+        infonce = info_nce_loss(descriptors, reference_descriptors, self.logit_scale,
+                                max_scale=self.config.infonce_max_scale, negatives=self.config.infonce_negatives,
+                                gather_gradients=self.config.gather_gradients)
+        if self.config.koleo_scope == "all_embeddings":
+            koleo = paired_koleo_loss(descriptors, reference_descriptors,
+                                      gather_gradients=self.config.gather_gradients)
+        elif descriptors.shape[0] >= 2:
+            koleo = 0.5 * (koleo_loss(descriptors) + koleo_loss(reference_descriptors))
+        else:
+            koleo = descriptors.sum() * 0.0
+        loss = self.config.infonce_weight * infonce + self.config.koleo_weight * koleo
+        copynce = _configured_copynce(self.config, patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
+                                      pair_mask, labels)
+        if copynce is not None:
+            loss = loss + self.config.copynce_weight * copynce
+        return loss, infonce, koleo, copynce
 
 
 def _configured_copynce(config, query_tokens, reference_tokens, overlap_qr, overlap_rq, pair_mask, labels):

@@ -248,18 +248,7 @@ def rescore_predictions(
         image cannot be read are skipped, logged and listed; if every pair is skipped,
         :class:`PredictionsError` is raised.
     """
-    kept, skipped = [], []
-    for prediction in predictions:
-        query_path = query_files.get(prediction.query_id)
-        reference_path = reference_files.get(prediction.reference_id)
-        if query_path is None or reference_path is None:
-            missing = f"query {prediction.query_id!r}" if query_path is None else f"reference {prediction.reference_id!r}"
-            skipped.append((prediction.query_id, prediction.reference_id, f"missing: no image file for {missing}"))
-            continue
-        kept.append(prediction)
-    if not kept:
-        reasons = "; ".join(reason for *_, reason in skipped[:3])
-        raise PredictionsError(f"none of the {len(predictions)} candidate pairs has both images ({reasons}, ...)")
+    kept, skipped = _pairs_with_images(predictions, query_files, reference_files)
     if accelerator is not None:
         model = model.to(accelerator.device)
     if model_kind(model) == "matcher":
@@ -276,6 +265,32 @@ def rescore_predictions(
         identity = scoring_identity(model, image_processor, settings, query_files, reference_files, pairs)
     scored = score_in_chunks(pairs, score_chunk, chunk_size, work_folder, identity, accelerator, progress,
                              "re-scoring", log)
+    return _rescored(kept, scored, skipped, len(predictions))
+
+
+def _pairs_with_images(predictions: list[Prediction], query_files: dict, reference_files: dict
+                       ) -> tuple[list[Prediction], list[tuple[str, str, str]]]:
+    """``(kept, skipped)``: the predictions whose two images are in the folders, and ``(query id, reference id,
+    reason)`` for the others; :class:`PredictionsError` if none is kept."""
+    kept, skipped = [], []
+    for prediction in predictions:
+        query_path = query_files.get(prediction.query_id)
+        reference_path = reference_files.get(prediction.reference_id)
+        if query_path is None or reference_path is None:
+            missing = f"query {prediction.query_id!r}" if query_path is None else f"reference {prediction.reference_id!r}"
+            skipped.append((prediction.query_id, prediction.reference_id, f"missing: no image file for {missing}"))
+            continue
+        kept.append(prediction)
+    if not kept:
+        reasons = "; ".join(reason for *_, reason in skipped[:3])
+        raise PredictionsError(f"none of the {len(predictions)} candidate pairs has both images ({reasons}, ...)")
+    return kept, skipped
+
+
+def _rescored(kept: list[Prediction], scored: PairScores, skipped: list[tuple[str, str, str]], total: int
+              ) -> RescoreResult:
+    """The new scores of ``kept`` (one per row of ``scored``, ``None`` where it could not be scored, which joins
+    ``skipped`` with its reason); :class:`PredictionsError` if none of the ``total`` pairs was scored."""
     rescored = []
     for row, (prediction, score) in enumerate(zip(kept, scored.scores)):
         if score is not None:
@@ -283,9 +298,9 @@ def rescore_predictions(
         else:
             skipped.append((prediction.query_id, prediction.reference_id, scored.reasons.get(row, SKIP_REASONS[-1])))
     if skipped:
-        logger.warning("skipped %d of %d candidate pairs (missing or unreadable images)", len(skipped), len(predictions))
+        logger.warning("skipped %d of %d candidate pairs (missing or unreadable images)", len(skipped), total)
     if not rescored:
-        raise PredictionsError(f"none of the {len(predictions)} candidate pairs could be scored")
+        raise PredictionsError(f"none of the {total} candidate pairs could be scored")
     return RescoreResult(rescored, skipped)
 
 
