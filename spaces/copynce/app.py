@@ -238,7 +238,7 @@ class SpaceApp:
         best = gr.Markdown(elem_id="search-best")
         gr.Markdown("**Top 5 references** (rank. id · descriptor cosine)", elem_id="search-results-caption")
         # no label drawn over the first result (see _unlabelled_view)
-        results = gr.Gallery(label="Top 5 references", show_label=False, columns=5, rows=1,
+        results = gr.Gallery(label="Top 5 references", show_label=False, columns=5, height=280,
                              elem_id="search-results")
         search_button.click(self.search, [search_query, gallery_state], [search_status, results, best],
                             preprocess=False)
