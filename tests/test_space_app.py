@@ -96,34 +96,64 @@ def copy_file(tmp_path_factory) -> Path:
     return path
 
 
+def _unprocessed(path: Path) -> dict:
+    """What an image input's event wired with ``preprocess=False`` hands the handler: Gradio's file description."""
+    gr = require_extra("gradio", "space")
+    return gr.Image(type="filepath").data_model(path=str(path), orig_name=path.name).model_dump()
+
+
 def test_compare_handler_scores_and_draws(app, copy_file, gr):
     module, space = app
-    status, query, score, affinity, entropy = space.compare(str(copy_file), str(BUNDLED / "astronaut.jpg"))
-    assert "Click the query" in status
+    status, score, affinity, entropy = space.compare(str(copy_file), str(BUNDLED / "astronaut.jpg"))
+    assert "Click the query image" in status
     probability = float(re.search(r"Copy probability \(matcher\): ([0-9.]+)", score).group(1))
     assert probability > 0.5 and "likely a copy" in score and "lowest entropy" in score
-    assert query.size == (199, 263) and affinity.width > 100 and entropy.width > 100
+    assert affinity.width > 100 and entropy.width > 100
+    # the page's inputs arrive unprocessed; the bottom right pixel of the 199x263 copy is the last patch
     click = gr.SelectData(None, {"index": [198, 262], "value": None})
-    _, _, score, affinity, _ = space.compare_at(str(copy_file), str(BUNDLED / "astronaut.jpg"), click)
+    _, score, affinity, _ = space.compare_at(_unprocessed(copy_file), _unprocessed(BUNDLED / "astronaut.jpg"), click)
     assert "probe patch 13,13 (clicked)" in score and affinity is not None
+
+
+def test_image_inputs_are_unprocessed_so_the_handlers_refuse_bad_files(app, tmp_path, gr):
+    """Every event of an image input hands the handler the file unopened; read_upload refuses it by name."""
+    _, space = app
+    page = space.build()
+    image_inputs = {block._id for block in page.blocks.values()
+                    if isinstance(block, gr.Image) and block.interactive is not False}
+    wired = [fn for fn in page.fns.values() if image_inputs & {block._id for block in fn.inputs}]
+    assert len(image_inputs) == 3 and len(wired) == 3 and not any(fn.preprocess for fn in wired)
+    fake = tmp_path / "photo.png"
+    fake.write_text("a text file named like an image")
+    status, *_ = space.compare(_unprocessed(fake), _unprocessed(BUNDLED / "coffee.jpg"))
+    assert status.startswith("⚠️ The query file photo.png is not a usable image")
+    from copynce_hf.demo.interactive import MAX_IMAGE_BYTES
+
+    large = tmp_path / "large.jpg"
+    with large.open("wb") as handle:  # a sparse file, 5 MB over the limit
+        handle.truncate(MAX_IMAGE_BYTES + 5 * 2**20)
+    status, *_ = space.compare(_unprocessed(BUNDLED / "coffee.jpg"), _unprocessed(large))
+    assert status.startswith("⚠️ The reference file large.jpg is too large: 25.0 MB, the limit is 20.0 MB")
+    status, *_ = space.search(_unprocessed(fake), None)
+    assert status.startswith("⚠️ The query file photo.png is not a usable image")
 
 
 def test_compare_handler_turns_bad_uploads_into_messages(app, tmp_path):
     _, space = app
     text = tmp_path / "notes.txt"
     text.write_text("not an image")
-    status, query, score, affinity, entropy = space.compare(str(text), str(BUNDLED / "coffee.jpg"))
+    status, score, affinity, entropy = space.compare(str(text), str(BUNDLED / "coffee.jpg"))
     assert status.startswith("⚠️ The query file notes.txt is not a usable image")
-    assert (query, score, affinity, entropy) == (None, "", None, None)
+    assert (score, affinity, entropy) == ("", None, None)
     status, *_ = space.compare(str(BUNDLED / "coffee.jpg"), None)
     assert "Please upload a reference image" in status
 
 
 def test_search_handler_with_the_bundled_gallery_and_a_zip(app, copy_file, tmp_path):
     _, space = app
-    status, query, items, best = space.search(str(copy_file), None)
+    status, items, best = space.search(str(copy_file), None)
     assert "bundled sample images (12 images)" in status
-    assert len(items) == 5 and items[0][1].startswith("1. astronaut.jpg · cosine")
+    assert len(items) == 5 and re.fullmatch(r"1\. astronaut\.jpg · 0\.\d{3}", items[0][1])
     assert best.startswith("**Best match astronaut.jpg: copy probability")
     archive = tmp_path / "mine.zip"
     with zipfile.ZipFile(archive, "w") as handle:
@@ -132,7 +162,7 @@ def test_search_handler_with_the_bundled_gallery_and_a_zip(app, copy_file, tmp_p
     steps = []
     gallery, info = space.index_zip(str(archive), progress=lambda fraction, desc="": steps.append((fraction, desc)))
     assert info == "Gallery: mine.zip (2 images)." and steps[-1] == (1.0, "indexed 2 of 2 images")
-    status, _, items, best = space.search(str(copy_file), gallery)
+    status, items, best = space.search(str(copy_file), gallery)
     assert "mine.zip (2 images)" in status and len(items) == 2 and "Best match astronaut.jpg" in best
     broken = tmp_path / "broken.zip"
     broken.write_bytes(b"garbage")

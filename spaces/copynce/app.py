@@ -49,6 +49,36 @@ def _problem(error: Exception) -> str:
     return f"⚠️ Something went wrong ({type(error).__name__}: {error}). Please try other images."
 
 
+def _image_upload(label: str, elem_id: str) -> gr.Image:
+    """An image input that shows the uploaded image (from a file or the clipboard).
+
+    Its events are wired with ``preprocess=False``: ``gr.Image`` would otherwise open every upload
+    with PIL before the handler runs, so a file that is no image (a text file named ``.png``) would
+    fail inside Gradio instead of getting :func:`~copynce_hf.demo.interactive.read_upload`'s message.
+    Unprocessed, the handler gets Gradio's description of the file (see :func:`_upload_path`).
+    """
+    return gr.Image(label=label, elem_id=elem_id, type="filepath", sources=["upload", "clipboard"], height=280)
+
+
+def _upload_path(upload) -> str | None:
+    """The file of an upload: a path, or an unprocessed ``gr.Image`` value ``{"path": ..., ...}``.
+
+    Gradio has already moved the file into its upload cache (refusing paths outside it) before the
+    handler runs, whether the value is processed or not.
+    """
+    return upload.get("path") if isinstance(upload, dict) else upload
+
+
+def _unlabelled_view(label: str, elem_id: str, **layout) -> gr.Image:
+    """An output image without Gradio's label on it: a figure with its own titles, or an image with a caption.
+
+    Gradio draws an image's label over its top left corner, where it hid the figures' titles
+    ("reference: affinity of the probe", "query: affinity entropy (low = copied)"). With
+    ``show_label=False`` the label is still there for screen readers and the API description, not drawn.
+    """
+    return gr.Image(label=label, show_label=False, type="pil", interactive=False, elem_id=elem_id, **layout)
+
+
 def _verdict(probability: float) -> str:
     return "likely a copy" if probability >= 0.5 else "likely not a copy"
 
@@ -65,28 +95,28 @@ class SpaceApp:
     # ------------------------------------------------------------------------------------ compare
 
     def compare(self, query_file, reference_file, patch=None):
-        """(status, query preview, score text, token affinity image, entropy image)."""
+        """(status, score text, token affinity image, entropy image)."""
         try:
-            query = core.read_upload(query_file, "query")
-            reference = core.read_upload(reference_file, "reference")
+            query = core.read_upload(_upload_path(query_file), "query")
+            reference = core.read_upload(_upload_path(reference_file), "reference")
             result = core.compare(self.detector, query, reference, patch)
             affinity, entropy = core.comparison_images(result)
         except Exception as error:  # noqa: BLE001 - every failure becomes a message on the page
-            return _problem(error), None, "", None, None
+            return _problem(error), "", None, None
         row, col = result.maps.patch
         how = "clicked" if patch is not None else "most confident (lowest entropy)"
         score = (f"**Copy probability (matcher): {result.copy_probability:.3f}**, {_verdict(result.copy_probability)}"
                  f" · descriptor cosine: {result.cosine:.3f} · probe patch {row},{col} ({how})")
-        return "Click the query above to probe another patch.", query, score, affinity, entropy
+        return "Click the query image above to probe another patch.", score, affinity, entropy
 
     def compare_at(self, query_file, reference_file, evt: gr.SelectData):
-        """:meth:`compare` with the patch under the click on the query preview."""
+        """:meth:`compare` with the patch under the click on the query image."""
         try:
-            query = core.read_upload(query_file, "query")
+            query = core.read_upload(_upload_path(query_file), "query")
             x, y = evt.index[:2]
             patch = core.patch_at(x, y, query.width, query.height, self.detector.grid)
         except Exception as error:  # noqa: BLE001
-            return _problem(error), None, "", None, None
+            return _problem(error), "", None, None
         return self.compare(query_file, reference_file, patch)
 
     # ------------------------------------------------------------------------------------ search
@@ -111,19 +141,18 @@ class SpaceApp:
         return None, f"Gallery: {self.gallery_text(None)}."
 
     def search(self, query_file, gallery: core.Gallery | None):
-        """(status, query preview, results [(image, caption)], best-match text)."""
+        """(status, results [(image, caption)], best-match text)."""
         gallery = gallery or self.bundled
         try:
-            query = core.read_upload(query_file, "query")
+            query = core.read_upload(_upload_path(query_file), "query")
             result = core.search(self.detector, gallery, query, k=5)
         except Exception as error:  # noqa: BLE001
-            return _problem(error), None, [], ""
+            return _problem(error), [], ""
         best = result.hits[0]
-        items = [(hit.image, f"{rank}. {hit.reference_id} · cosine {hit.cosine:.3f}")
-                 for rank, hit in enumerate(result.hits, 1)]
+        items = [(hit.image, f"{rank}. {hit.reference_id} · {hit.cosine:.3f}") for rank, hit in enumerate(result.hits, 1)]
         text = (f"**Best match {best.reference_id}: copy probability {result.best_copy_probability:.3f}** "
                 f"(matcher), {_verdict(result.best_copy_probability)}; descriptor cosine {best.cosine:.3f}.")
-        return f"Searched {self.gallery_text(gallery)}.", query, items, text
+        return f"Searched {self.gallery_text(gallery)}.", items, text
 
     # ------------------------------------------------------------------------------------ make a copy
 
@@ -162,78 +191,86 @@ class SpaceApp:
         with gr.Blocks(title="CopyNCE copy detection", analytics_enabled=False) as page:
             gr.Markdown(INTRO.format(descriptor=self.detector.descriptor_name, matcher=self.detector.matcher_name))
             with gr.Tab("Compare", id="compare"):
-                gr.Markdown("Upload a suspected copy (query) and an original (reference). The heatmap shows where "
-                            "the matcher finds the query patch boxed in green inside the reference; **click the "
-                            "query** to probe another patch. Low affinity entropy marks the copied region. "
-                            f"Images up to {core.MAX_IMAGE_BYTES // 2**20} MB.")
-                with gr.Row():
-                    query_file = gr.File(label="Query image (suspected copy)", elem_id="compare-query-file")
-                    reference_file = gr.File(label="Reference image (original)", elem_id="compare-reference-file")
-                compare_button = gr.Button("Compare", variant="primary", elem_id="compare-button")
-                compare_status = gr.Markdown(elem_id="compare-status")
-                score = gr.Markdown(elem_id="compare-score")
-                with gr.Row():
-                    query_view = gr.Image(label="Query: click a patch", type="pil", interactive=False, scale=2,
-                                          elem_id="compare-query-view")
-                    affinity = gr.Image(label="Token affinity of the probe patch", type="pil", interactive=False,
-                                        scale=4, elem_id="compare-affinity")
-                    entropy = gr.Image(label="Affinity entropy of the query", type="pil", interactive=False,
-                                       scale=3, elem_id="compare-entropy")
-                outputs = [compare_status, query_view, score, affinity, entropy]
-                compare_button.click(self.compare, [query_file, reference_file], outputs)
-                query_view.select(self.compare_at, [query_file, reference_file], outputs)
-                gr.Examples(self.example_pairs(), [query_file, reference_file], label="Bundled examples")
-
+                self._compare_tab()
             with gr.Tab("Search", id="search"):
-                gallery_state = gr.State(None)
-                gr.Markdown("Upload a query (an image up to "
-                            f"{core.MAX_IMAGE_BYTES // 2**20} MB); the descriptor ranks the gallery, the matcher "
-                            "verifies the best match.")
-                with gr.Row():
-                    with gr.Column():
-                        search_query = gr.File(label="Query image", elem_id="search-query-file")
-                        search_button = gr.Button("Search", variant="primary", elem_id="search-button")
-                    with gr.Column():
-                        gallery_info = gr.Markdown(f"Gallery: {self.gallery_text(None)}.", elem_id="search-gallery-info")
-                        gr.Markdown(ZIP_LIMITS, elem_id="search-zip-limits")
-                        zip_file = gr.File(label="References (.zip)", elem_id="search-zip-file")
-                        with gr.Row():
-                            index_button = gr.Button("Index the zip", elem_id="search-index-button")
-                            bundled_button = gr.Button("Use the bundled images", elem_id="search-bundled-button")
-                search_status = gr.Markdown(elem_id="search-status")
-                best = gr.Markdown(elem_id="search-best")
-                with gr.Row():
-                    search_view = gr.Image(label="Query", type="pil", interactive=False, scale=1)
-                    results = gr.Gallery(label="Top 5 references", columns=5, height=260, scale=3,
-                                         elem_id="search-results")
-                search_button.click(self.search, [search_query, gallery_state],
-                                    [search_status, search_view, results, best])
-                index_button.click(self.index_zip, [zip_file], [gallery_state, gallery_info])
-                bundled_button.click(self.use_bundled, [], [gallery_state, gallery_info])
-
+                self._search_tab()
             with gr.Tab("Make a copy", id="copy"):
-                gr.Markdown("Edit a bundled image with a recipe preset and a seed. PixTrace records where every "
-                            "pixel of the copy came from; the overlap prior between copy and original is what "
-                            "CopyNCE's patch-level loss follows during training.")
-                with gr.Row():
-                    image_name = gr.Dropdown(list(self.bundled_files), value="astronaut.jpg", label="Bundled image",
-                                             elem_id="copy-image")
-                    preset = gr.Radio(list(core.COPY_PRESETS), value="training", label="Recipe preset",
-                                      elem_id="copy-preset")
-                    seed = gr.Number(value=0, precision=0, minimum=0, label="Seed", elem_id="copy-seed")
-                gr.Markdown("\n".join(f"* **{name}**: {text}" for name, text in core.COPY_PRESETS.items()))
-                copy_button = gr.Button("Make a copy", variant="primary", elem_id="copy-button")
-                copy_status = gr.Markdown(elem_id="copy-status")
-                with gr.Row():
-                    copy_view = gr.Image(label="The copy", type="pil", interactive=False, elem_id="copy-view")
-                    overlap = gr.Image(label="PixTrace overlap prior, copy (left) and original (right)", type="pil",
-                                       interactive=False, elem_id="copy-overlap")
-                with gr.Row():
-                    edits = gr.JSON(label="Edits (replay with copynce_hf.pixtrace.replay)", elem_id="copy-edits")
-                    copy_download = gr.File(label="The copy as PNG", elem_id="copy-download")
-                copy_button.click(self.make_copy, [image_name, preset, seed],
-                                  [copy_status, copy_view, edits, overlap, copy_download])
+                self._copy_tab()
         return page
+
+    def _compare_tab(self) -> None:
+        gr.Markdown("Upload a suspected copy (query) and an original (reference). The heatmap shows where the "
+                    "matcher finds the query patch boxed in green inside the reference; **click the query image** "
+                    "to probe another patch. Low affinity entropy marks the copied region. "
+                    f"Images up to {core.MAX_IMAGE_BYTES // 2**20} MB.")
+        with gr.Row():
+            query_file = _image_upload("Query image (suspected copy)", "compare-query-file")
+            reference_file = _image_upload("Reference image (original)", "compare-reference-file")
+        compare_button = gr.Button("Compare", variant="primary", elem_id="compare-button")
+        compare_status = gr.Markdown(elem_id="compare-status")
+        score = gr.Markdown(elem_id="compare-score")
+        with gr.Row():
+            affinity = _unlabelled_view("Token affinity of the probe patch", "compare-affinity", scale=8)
+            entropy = _unlabelled_view("Affinity entropy of the query", "compare-entropy", scale=5)
+        outputs = [compare_status, score, affinity, entropy]
+        # unprocessed: the handlers read the uploads themselves (see _image_upload)
+        compare_button.click(self.compare, [query_file, reference_file], outputs, preprocess=False)
+        query_file.select(self.compare_at, [query_file, reference_file], outputs, preprocess=False)
+        gr.Examples(self.example_pairs(), [query_file, reference_file], label="Bundled examples",
+                    elem_id="compare-examples")
+
+    def _search_tab(self) -> None:
+        gallery_state = gr.State(None)
+        gr.Markdown(f"Upload a query (an image up to {core.MAX_IMAGE_BYTES // 2**20} MB); the descriptor ranks "
+                    "the gallery, the matcher verifies the best match.")
+        with gr.Row():
+            with gr.Column():
+                search_query = _image_upload("Query image", "search-query-file")
+                search_button = gr.Button("Search", variant="primary", elem_id="search-button")
+            with gr.Column():
+                gallery_info = gr.Markdown(f"Gallery: {self.gallery_text(None)}.", elem_id="search-gallery-info")
+                gr.Markdown(ZIP_LIMITS, elem_id="search-zip-limits")
+                zip_file = gr.File(label="References (.zip)", elem_id="search-zip-file")
+                with gr.Row():
+                    index_button = gr.Button("Index the zip", elem_id="search-index-button")
+                    bundled_button = gr.Button("Use the bundled images", elem_id="search-bundled-button")
+        search_status = gr.Markdown(elem_id="search-status")
+        best = gr.Markdown(elem_id="search-best")
+        gr.Markdown("**Top 5 references** (rank. id · descriptor cosine)", elem_id="search-results-caption")
+        # no label drawn over the first result (see _unlabelled_view)
+        results = gr.Gallery(label="Top 5 references", show_label=False, columns=5, height=280,
+                             elem_id="search-results")
+        search_button.click(self.search, [search_query, gallery_state], [search_status, results, best],
+                            preprocess=False)
+        index_button.click(self.index_zip, [zip_file], [gallery_state, gallery_info])
+        bundled_button.click(self.use_bundled, [], [gallery_state, gallery_info])
+
+    def _copy_tab(self) -> None:
+        gr.Markdown("Edit a bundled image with a recipe preset and a seed. PixTrace records where every "
+                    "pixel of the copy came from; the overlap prior between copy and original is what "
+                    "CopyNCE's patch-level loss follows during training.")
+        with gr.Row():
+            image_name = gr.Dropdown(list(self.bundled_files), value="astronaut.jpg", label="Bundled image",
+                                     elem_id="copy-image")
+            preset = gr.Radio(list(core.COPY_PRESETS), value="training", label="Recipe preset",
+                              elem_id="copy-preset")
+            seed = gr.Number(value=0, precision=0, minimum=0, label="Seed", elem_id="copy-seed")
+        gr.Markdown("\n".join(f"* **{name}**: {text}" for name, text in core.COPY_PRESETS.items()))
+        copy_button = gr.Button("Make a copy", variant="primary", elem_id="copy-button")
+        copy_status = gr.Markdown(elem_id="copy-status")
+        with gr.Row():
+            with gr.Column():
+                gr.Markdown("**The copy**", elem_id="copy-view-caption")
+                copy_view = _unlabelled_view("The copy", "copy-view")
+            with gr.Column():
+                gr.Markdown("**PixTrace overlap prior**: copy (left) and original (right)",
+                            elem_id="copy-overlap-caption")
+                overlap = _unlabelled_view("PixTrace overlap prior, copy (left) and original (right)", "copy-overlap")
+        with gr.Row():
+            edits = gr.JSON(label="Edits (replay with copynce_hf.pixtrace.replay)", elem_id="copy-edits")
+            copy_download = gr.File(label="The copy as PNG", elem_id="copy-download")
+        copy_button.click(self.make_copy, [image_name, preset, seed],
+                          [copy_status, copy_view, edits, overlap, copy_download])
 
 
 def main() -> None:
