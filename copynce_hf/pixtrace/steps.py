@@ -32,6 +32,7 @@ from PIL import Image
 from ..modeling.errors import ConfigError, EditParameterError
 from .edits import (
     ALBUMENTATIONS_OPS,
+    EMOJI_FORMS,
     Affine,
     Albumentation,
     Blur,
@@ -1033,17 +1034,30 @@ class OverlayTextStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class OverlayEmojiStep(Step):
-    """One of AugLy's emoji, ``size`` as a fraction of the height, ``opacity``, anywhere."""
+    """One of AugLy's emoji at ``opacity``, in one of :class:`~.edits.OverlayEmoji`'s forms:
+
+    * ``form="augly"`` (the package's): ``size`` is a fraction of the height, the corner anywhere in
+      [0, 0.9) of the width and height (the emoji may be cut at the edge);
+    * ``form="authors"`` (the CopyNCE authors' ``RandomOverlayEmoji``): ``size`` is a fraction of the
+      largest scale at which the emoji fits (theirs: 0.1-0.5), placed uniformly inside the image.
+    """
 
     p: float = 0.3
     size: Range = (0.1, 0.35)
     opacity: Range = (0.6, 1.0)
+    form: str = "augly"
     type_name: ClassVar[str] = "overlay_emoji"
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.form not in EMOJI_FORMS:
+            raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {list(EMOJI_FORMS)}")
+
     def draw(self, context):
+        corner = (0.0, 1.0) if self.form == "authors" else (0.0, 0.9)
         return [OverlayEmoji(emoji=context.pick(emoji_names()), size=context.uniform(self.size),
-                             x=context.uniform((0.0, 0.9)), y=context.uniform((0.0, 0.9)),
-                             opacity=context.uniform(self.opacity))]
+                             x=context.uniform(corner), y=context.uniform(corner),
+                             opacity=context.uniform(self.opacity), form=self.form)]
 
 
 @register_step
