@@ -26,6 +26,7 @@ from PIL import Image, ImageFilter, ImageOps
 
 from ...modeling.errors import EditParameterError
 from ..table import CoordinateTable
+from .albumentations_defaults import authors_parameters
 from .base import Edit, check_range, register_edit
 
 __all__ = [
@@ -502,7 +503,8 @@ class EdgeEnhance(PhotometricEdit):
 
 
 #: The photometric operations of the authors' "additional" family (their ``lyakaap`` recipe draws one
-#: of these albumentations transforms, with its default parameters; ``Emboss`` is commented out there).
+#: of these albumentations transforms, with albumentations 1.3.1's default parameters: here run with those
+#: parameters, :mod:`.albumentations_defaults`; ``Emboss`` is commented out there).
 #: ``RandomRain``, ``RandomSnow`` and ``RandomFog`` draw streaks, flakes and haze over the image;
 #: albumentations returns no mask of them, so here they count as photometric (the table is unchanged).
 ALBUMENTATIONS_OPS = (
@@ -537,7 +539,9 @@ def _albumentations():
 @register_edit
 @dataclasses.dataclass(frozen=True)
 class Albumentation(PhotometricEdit):
-    """One albumentations transform ``op`` (of :data:`ALBUMENTATIONS_OPS`) at its default parameters.
+    """One albumentations transform ``op`` (of :data:`ALBUMENTATIONS_OPS`) with the authors' parameters:
+    albumentations 1.3.1's defaults, which they ran (:func:`~.albumentations_defaults.authors_parameters`),
+    given explicitly, whatever the installed version's defaults.
 
     The transform's random parameters come from its own generator seeded with ``seed``
     (``set_random_seed``), so the edit replays exactly. Photometric: the table is unchanged.
@@ -557,6 +561,6 @@ class Albumentation(PhotometricEdit):
         return "pointwise" if self.op in POINTWISE_ALBUMENTATIONS else "true_size"
 
     def transform(self, image: Image.Image) -> Image.Image:
-        transform = getattr(_albumentations(), self.op)(p=1.0)
+        transform = getattr(_albumentations(), self.op)(p=1.0, **authors_parameters(self.op, self.seed))
         transform.set_random_seed(self.seed)
         return Image.fromarray(transform(image=np.asarray(image))["image"], "RGB")
