@@ -8,7 +8,10 @@ of their model:
 * descriptor: ``encoder.*`` (a ViT without final LayerNorm), ``heads.linear_head.{fc1, bn}.*``
   (linear without bias, batch norm) and ``infonce_log_scale`` (InfoNCE's learnable log-scale);
 * matcher: ``encoder.*`` (the per-image blocks), ``fusion.{cls_token, blocks.*, norm.*}``,
-  ``heads.cls_head.{norm, classifier}.*`` and ``heads.fusion_head.norm.*``.
+  ``heads.cls_head.{norm, classifier}.*`` and ``heads.fusion_head.norm.*``; a matcher trained with their
+  ``train/matching/finetune.yaml`` (``fusion_head: null``) has no ``heads.fusion_head.*`` and no CopyNCE
+  loss: it converts to a matcher without the patch-token LayerNorm (``patch_token_layer_norm=False``)
+  and with ``copynce_weight=0``.
 
 :func:`convert_authors_checkpoint` maps every tensor to :class:`CopyNCEDescriptorModel` /
 :class:`CopyNCEMatcherModel` in the authors' architecture (the default configuration), refuses a
@@ -68,12 +71,17 @@ RELEASES = {
 MODEL_TYPES = ("descriptor", "matcher")
 
 #: The authors' loss settings (their ``*_default_config.yaml`` and loss code), kept in the converted
-#: configuration so that fine-tuning a converted model trains as they did.
+#: configuration so that fine-tuning a converted model trains as they did: their InfoNCE scale is
+#: unbounded (``infonce_max_scale=None``) and their all-gather carries no gradient (``gather_gradients=False``).
 _AUTHORS_OBJECTIVE = {
     "descriptor": {"copynce_weighting": "authors_code", "copynce_average": "all_pairs",
-                   "infonce_negatives": "all_embeddings", "koleo_scope": "all_embeddings"},
+                   "infonce_negatives": "all_embeddings", "koleo_scope": "all_embeddings",
+                   "infonce_max_scale": None, "gather_gradients": False},
     "matcher": {"copynce_weighting": "authors_code", "copynce_average": "all_pairs"},
 }
+
+#: The tensor of the authors' CopyNCE head (their ``heads.fusion_head``), absent from a finetuned matcher.
+_FUSION_HEAD_NORM = "heads.fusion_head.norm.weight"
 
 _BLOCK_PART = r"(norm1|norm2|attn\.qkv|attn\.proj|mlp\.fc1|mlp\.fc2)\.(weight|bias)"
 _ENCODER_RENAMES = {
@@ -183,6 +191,8 @@ def authors_config(state_dict: dict[str, torch.Tensor], model_type: str):
     fusion_blocks = _blocks(state_dict, "fusion.blocks")
     if fusion_blocks == 0:
         raise CopyNCEError("the checkpoint has no fusion.blocks.*: not an authors' matcher")
+    if _FUSION_HEAD_NORM not in state_dict:  # ``fusion_head: null`` (their finetune.yaml): no CopyNCE head, no CopyNCE
+        architecture.update(patch_token_layer_norm=False, copynce_weight=0.0)
     return CopyNCEMatcherConfig(num_hidden_layers=encoder_blocks + fusion_blocks, num_fusion_layers=fusion_blocks,
                                 **architecture)
 

@@ -1,20 +1,35 @@
 #!/usr/bin/env python3
-"""Prove this package equal to the authors' own CopyNCE code (GitHub eddielyc/CopyNCE).
+"""Prove this package equal to the authors' own CopyNCE code (GitHub eddielyc/CopyNCE): models, losses and data.
 
     git clone https://github.com/eddielyc/CopyNCE /tmp/CopyNCE
     pip install -e ".[authors]"
+    # the data oracle's environment: the authors' pinned albumentations 1.3.1 beside this environment's
+    # torch, numpy, Pillow, OpenCV and AugLy (torchvision, timm and kornia get stand-ins)
+    python -m venv --system-site-packages /tmp/CopyNCE/.oracle-venv
+    /tmp/CopyNCE/.oracle-venv/bin/pip install --no-deps albumentations==1.3.1 qudida==0.0.4
+    /tmp/CopyNCE/.oracle-venv/bin/pip install scikit-image scikit-learn loguru
     python scripts/check_against_authors.py --authors-code /tmp/CopyNCE
 
-Their descriptor and matcher are built from their default configurations (ViT-S/16, 224) with
-seeded random weights, saved in their checkpoint format, converted with ``copynce convert-original``
-and compared with this package on the bundled images, in float32 (outputs: max abs difference <=
-1e-5; losses: relative difference <= 1e-5). Prints one table; exits 0 only when every row holds.
+Models and losses: their descriptor and matcher are built from their default configurations (ViT-S/16,
+224) with seeded random weights, and a matcher of their ``train/matching/finetune.yaml`` (no fusion
+head), saved in their checkpoint format, converted with ``copynce convert-original`` and compared with
+this package on the bundled images, in float32 (outputs: max abs difference <= 1e-5; losses: relative
+difference <= 1e-5).
+
+Data: their augmentation classes (``core/data/augmentation``) run with seeded draws on the bundled photos
+in the oracle's environment (``--authors-python``, by default ``.oracle-venv/bin/python`` in the checkout);
+this package's edits run with the parameters they drew. Rows named ``data, ...`` compare the pixels, their
+``MaskMapper``'s map with PixTrace's table, the overlap priors, and each albumentations operation of their
+"additional" group under 1.3.1 with this package's (``copynce_hf.fidelity.data_oracle``; the limits and
+their reasons are there). ``--no-data`` leaves the data rows out.
+
+Prints one table; exits 0 only when every row holds.
 
 Their code imports timm 0.9.2, which imports torchvision; torchvision cannot be imported beside this
-package's CPU torch, so the few names their model and loss files take from timm, torchvision and
-kornia are given by stand-ins (``copynce_hf.fidelity.standins``, each tested against the behaviour
-those libraries document) installed under those module names when the real library is absent. See
-``copynce_hf.fidelity.oracle`` for the details and docs/FIDELITY.md for the last table.
+package's CPU torch, so the few names their model, loss and augmentation files take from timm,
+torchvision and kornia are given by stand-ins (``copynce_hf.fidelity.standins``, each tested against the
+behaviour those libraries document) installed under those module names when the real library is absent.
+See ``copynce_hf.fidelity.oracle`` for the details and docs/FIDELITY.md for the last table.
 
 ``--write-layout FILE`` also writes every tensor name and shape of both checkpoints as JSON (the CI
 fixture ``tests/fixtures/authors_checkpoint_layout.json``).
@@ -28,8 +43,12 @@ import sys
 from pathlib import Path
 
 from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.fidelity.data_oracle import run_data_checks
 from copynce_hf.fidelity.oracle import format_table, run_checks
 from copynce_hf.modeling.errors import CopyNCEError
+
+#: The bundled colour photographs the data rows edit.
+PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "horse.jpg", "rocket.jpg", "clock_motion.jpg")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,10 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", nargs="+", type=Path, help="image files (default: the bundled images)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--write-layout", type=Path, help="write the checkpoints' tensor names and shapes here")
+    parser.add_argument("--authors-python", help="the Python of the data oracle's environment (albumentations 1.3.1; "
+                        "default: .oracle-venv/bin/python in the checkout)")
+    parser.add_argument("--photos", nargs="+", type=Path, help="photographs for the data rows (default: the bundled "
+                        f"{', '.join(PHOTOS)})")
+    parser.add_argument("--no-data", action="store_true", help="leave out the data rows")
     args = parser.parse_args(argv)
     images = args.images or sorted(ASSET_IMAGES.glob("*.jpg"))
     try:
         rows, layout = run_checks(args.authors_code, images, seed=args.seed)
+        if not args.no_data:
+            python = args.authors_python or str(Path(args.authors_code) / ".oracle-venv" / "bin" / "python")
+            rows += run_data_checks(args.authors_code, python, args.photos or [ASSET_IMAGES / name for name in PHOTOS])
     except CopyNCEError as error:
         print(f"check_against_authors: error: {error}", file=sys.stderr)
         return 2

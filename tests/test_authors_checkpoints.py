@@ -109,6 +109,8 @@ def test_synthetic_checkpoint_converts_every_tensor(kind, converted):
              "encoder.patch_embed.proj.weight": "vit.embeddings.patch_embeddings.projection.weight"}
     if kind == "descriptor":
         assert config.descriptor_dim == 512 and config.infonce_negatives == config.koleo_scope == "all_embeddings"
+        # Their loss settings: InfoNCE's scale unbounded, the all-gather without gradient.
+        assert config.infonce_max_scale is None and config.gather_gradients is False
         assert not config.final_layer_norm and config.head_batch_norm == "per_side"
         pairs.update({"heads.linear_head.bn.running_var": "head.batch_norm.running_var",
                       "heads.linear_head.fc1.weight": "head.projection.weight"})
@@ -122,6 +124,22 @@ def test_synthetic_checkpoint_converts_every_tensor(kind, converted):
                       "heads.fusion_head.norm.weight": "patch_token_norm.weight"})
     for theirs, name in pairs.items():
         assert torch.equal(ours[name], state[theirs]), name
+
+
+def test_finetuned_matcher_without_fusion_head_converts(tmp_path):
+    """A matcher of their train/matching/finetune.yaml (``fusion_head: null``): no heads.fusion_head.* tensors."""
+    state = {name: value for name, value in synthetic_state_dict("matcher", small=True).items()
+             if not name.startswith("heads.fusion_head.")}
+    assert len(state) == len(LAYOUT["matcher"]) - 2
+    folder = convert_authors_checkpoint(save_authors_checkpoint(state, tmp_path / "finetuned.pth.tar"), "matcher",
+                                        tmp_path / "finetuned")
+    model = CopyNCEMatcherModel.from_pretrained(folder)
+    assert not model.config.patch_token_layer_norm and model.config.copynce_weight == 0.0
+    ours = model.state_dict()
+    assert len(ours) == len(state) and not any("patch_token_norm" in name for name in ours)
+    torch.testing.assert_close(ours["classifier.weight"], state["heads.cls_head.classifier.weight"])
+    with_head = convert_authors_state_dict(synthetic_state_dict("matcher", small=True), "matcher")
+    assert with_head.config.patch_token_layer_norm and with_head.config.copynce_weight > 0
 
 
 def test_converted_folder_has_processor_card_licence_and_loads_with_auto_classes(converted):

@@ -132,7 +132,7 @@ def test_every_paper_step_draws_a_working_replayable_edit():
         result = editor(image, seed=k)
         seen.update(d["name"] for d in result.edits)
         assert result.image.size == SIZE and result.table.size == SIZE
-        assert_same_result(replay(image, json.loads(json.dumps(result.edits)), fuse=True), result)
+        assert_same_result(replay(image, json.loads(json.dumps(result.edits)), fuse=editor.fuse), result)
     assert {"random_resized_crop", "paste_into_box", "overlay_image_box", "affine", "perspective", "hflip", "vflip",
             "color_jitter", "pixelization", "shuffle_pixels", "jpeg_quality", "grayscale", "blur", "overlay_text",
             "overlay_emoji", "edge_enhance", "smear", "albumentation", "pad", "resize", "random_erasing"} <= seen

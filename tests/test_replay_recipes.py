@@ -31,7 +31,7 @@ def test_every_copy_pair_maker_recipe_replays(recipe):
     for seed in (0, 1, 2):
         image, table, log = maker.copy(source, recipe, seed)
         assert image.size == (32, 32) and log, recipe
-        _assert_replays(source, image, table, log)
+        _assert_replays(source, image, table, log, fuse=maker.fused(recipe))
 
 
 def test_pairs_replay_from_the_shrunk_original():
@@ -42,7 +42,7 @@ def test_pairs_replay_from_the_shrunk_original():
     for side in ("query", "reference"):
         image = getattr(pair, side)
         table = getattr(pair, f"{side}_table")
-        _assert_replays(source, image, table, pair.edits[side])
+        _assert_replays(source, image, table, pair.edits[side], fuse=maker.fused(getattr(maker, f"{side}_recipe")))
 
 
 @pytest.mark.parametrize("preset", ["training", "paper_descriptor", "paper_matcher", "off"])
@@ -51,7 +51,7 @@ def test_copy_recipe_presets_replay(preset):
     source = _original()
     for seed in (0, 7):
         result = editor(source, seed=seed)
-        _assert_replays(source, result.image, result.table, result.edits)
+        _assert_replays(source, result.image, result.table, result.edits, fuse=editor.fuse)
 
 
 def test_evaluation_recipe_of_the_demo_replays():

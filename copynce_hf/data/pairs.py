@@ -65,15 +65,17 @@ class CopyPairMaker:
         image_size: side ``S`` of the square model input.
         query_recipe: recipe of the query (``training`` by default).
         reference_recipe: recipe of the reference (``off`` by default; ``resize`` when finetuning).
-        max_source_side: originals whose longer side exceeds this are first shrunk to it (default
-            ``4 * S``; 0 keeps them as they are). The copies are only ``S`` pixels wide and the recipes'
-            parameters are relative to the image size, so a larger original only costs time (editing a
-            500x375 original for a 64x64 model takes three times longer than editing it at 256 pixels).
-            The tables then refer to the shrunk original, which both copies of a pair share.
-        fuse: render the copies with fused geometry (one resampling per run of geometric edits,
-            ``CopyEditor(fuse=True)``, the default; the shrink to ``max_source_side`` then uses the
-            same resampler) or edit by edit (``False``, the reference); the tables are the same
-            either way.
+        max_source_side: originals whose longer side exceeds this are first shrunk to it; 0 keeps them
+            as they are. The default is ``4 * S`` when the query recipe renders fused (the package's
+            ``training``: the copies are only ``S`` pixels wide and its parameters are relative to the
+            image size, so a larger original only costs time: editing a 500x375 original for a 64x64
+            model takes three times longer than editing it at 256 pixels), and 0 otherwise (the paper
+            presets, ``off`` and ``resize``: the authors edit and resize the original at full
+            resolution). The tables then refer to the shrunk original, which both copies of a pair share.
+        fuse: ``None`` (the default) renders each copy as its recipe says (``CopyRecipe.fused``: the
+            package's ``training`` with fused geometry, bilinear and antialiased; the paper presets,
+            ``off`` and ``resize`` edit by edit with bicubic resampling, as the authors); ``True`` /
+            ``False`` forces fused / edit-by-edit rendering. The tables are the same either way.
         negative_query_resize_prob: for a negative pair (``label`` 0), the probability that the query is
             only resized (the ``off`` recipe) instead of edited with ``query_recipe``: the authors' code
             (``copy_dataset.py``) resizes their negative's query with probability 0.5; 0.0 (the default)
@@ -85,7 +87,8 @@ class CopyPairMaker:
     """
 
     def __init__(self, image_size: int, query_recipe: str = "training", reference_recipe: str = "off",
-                 max_source_side: int | None = None, fuse: bool = True, negative_query_resize_prob: float = 0.0):
+                 max_source_side: int | None = None, fuse: bool | None = None,
+                 negative_query_resize_prob: float = 0.0):
         for key, value in (("query_recipe", query_recipe), ("reference_recipe", reference_recipe)):
             if value not in RECIPES:
                 raise ConfigError(f"{key}={value!r} is not a recipe; use one of {RECIPES}")
@@ -95,21 +98,34 @@ class CopyPairMaker:
         self.image_size = int(image_size)
         self.query_recipe = query_recipe
         self.reference_recipe = reference_recipe
-        self.max_source_side = 4 * self.image_size if max_source_side is None else int(max_source_side)
+        self.fuse = None if fuse is None else bool(fuse)
+        if max_source_side is None:
+            max_source_side = 4 * self.image_size if self.fused(query_recipe) else 0
+        self.max_source_side = int(max_source_side)
         if self.max_source_side and self.max_source_side < self.image_size:
             raise ConfigError(f"max_source_side={max_source_side} must be 0 or >= image_size={image_size}")
-        self.fuse = bool(fuse)
         self._editors: dict[str, object] = {}
+
+    def fused(self, recipe: str) -> bool:
+        """Whether the copies of ``recipe`` are rendered fused (``fuse``, else the recipe's own setting)."""
+        if self.fuse is not None:
+            return self.fuse
+        if recipe == "resize":
+            return False
+        from ..pixtrace import CopyRecipe
+
+        return CopyRecipe.preset(recipe).fused
 
     def source(self, image: Image.Image) -> Image.Image:
         """The original the copies are made from: ``image``, shrunk to ``max_source_side`` if larger
-        (with ``fuse``, by the fused renderer's resampler; else by Pillow's bilinear resize)."""
+        (by the fused renderer's resampler when the query recipe renders fused; else by Pillow's
+        bilinear resize)."""
         limit = self.max_source_side
         if not limit or max(image.size) <= limit:
             return image
         scale = limit / max(image.size)
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-        if self.fuse and image.mode == "RGB":  # the fused renderer's antialiased resampler: faster
+        if self.fused(self.query_recipe) and image.mode == "RGB":  # the fused renderer's resampler: faster
             from ..pixtrace.fused import resize_image
 
             return resize_image(image, size[::-1])
@@ -125,7 +141,8 @@ class CopyPairMaker:
             from ..pixtrace import CopyEditor, CopyRecipe
 
             spec = CopyRecipe.preset(recipe)
-            editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size), fuse=self.fuse)
+            editor = CopyEditor(seed=0, recipe=spec, output_size=(self.image_size, self.image_size),
+                                fuse=self.fused(recipe))
             self._editors[recipe] = editor
         return editor
 
@@ -133,7 +150,7 @@ class CopyPairMaker:
              other_images: OtherImagePicker | None = None) -> tuple[Image.Image, CoordinateTable, list]:
         """One traced copy of ``image`` at ``S x S`` made by the preset ``recipe``: ``(copy, table to image, edits)``.
 
-        ``edits`` is the list of ``Edit.to_dict()`` drawn: ``pixtrace.replay(image, edits)`` rebuilds the
+        ``edits`` is the list of ``Edit.to_dict()`` drawn: ``pixtrace.replay(image, edits, fuse=maker.fused(recipe))`` rebuilds the
         same copy and table from the same ``image`` (for a pair, the original after :meth:`source`).
         With ``other_images``, the crop group's pastes (``paste_into_box``, ``overlay_image_box``) take
         another image of the training data instead of a procedural one, drawn with a generator seeded
@@ -146,7 +163,7 @@ class CopyPairMaker:
         if recipe == "resize":
             table = CoordinateTable.identity(image.height, image.width)
             edited, edits = image, []
-            if self.fuse and image.size != (size, size):  # as the editor renders (and replay replays) it
+            if self.fused(recipe) and image.size != (size, size):  # as the editor renders (and replay replays) it
                 from ..pixtrace.fused import render_fused
 
                 edited, table = render_fused(image, [Resize(size, size)])
@@ -159,10 +176,10 @@ class CopyPairMaker:
 
             drawn = [edit.to_dict() for edit in self.editor(recipe).draw((image.height, image.width), seed=int(seed))]
             edits, bound = _with_pool_images(drawn, other_images, np.random.default_rng([int(seed), 0x0A11]))
-            result = replay(image, bound, fuse=self.fuse)  # the editor's own rendering of the same chain
+            result = replay(image, bound, fuse=self.fused(recipe))  # the editor's own rendering of the chain
             edited, table = result.image, result.table
-        if edited.size != (size, size):  # the model input size: both the pixels and the table
-            resize = Resize(size, size)
+        if edited.size != (size, size):  # the model input size: both the pixels and the table (bicubic:
+            resize = Resize(size, size, resample="bicubic")  # as the image processor and the authors' resize)
             edited, table = resize(edited, table)
             edits.append(resize.to_dict())
         return edited, table, edits
@@ -322,13 +339,14 @@ class CopyPairDataset(torch.utils.data.Dataset):
         return partner + (partner >= index)  # uniform over the other images
 
     def _other_image_picker(self, index: int) -> OtherImagePicker | None:
-        """Another image of the dataset than row ``index``, uniformly (None with ``procedural``)."""
+        """An image of the dataset, uniformly over all rows, row ``index`` (the copy's own image) included, as
+        the authors' ``get_the_other_image`` draws it (their ``batch_indices`` exclusion is never passed);
+        None with ``procedural``."""
         if self.other_images != "training_images":
             return None
 
         def pick(rng: np.random.Generator) -> tuple[str, Image.Image]:
-            other = int(rng.integers(len(self.images) - 1))
-            row, image, _ = self._decode(other + (other >= index), rng, avoid=index)
+            row, image, _ = self._decode(int(rng.integers(len(self.images))), rng)
             return self.images[row]["image_id"], image
 
         return pick

@@ -74,7 +74,7 @@ def format_table(rows: list[Row]) -> str:
     lines = ["| check | their values (max abs / loss) | measure | difference | limit | holds |",
              "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row.check} | {row.scale:.4g} | {row.measure} | {row.measured:.2e} | {row.limit:.0e} | "
+        lines.append(f"| {row.check} | {row.scale:.4g} | {row.measure} | {row.measured:.2e} | {row.limit:.2g} | "
                      f"{'yes' if row.holds else 'NO'} |")
     return "\n".join(lines)
 
@@ -121,9 +121,13 @@ def _import_authors_code(directory: Path) -> types.SimpleNamespace:
     except ImportError as error:
         raise CopyNCEError(f"cannot import the authors' code from {directory}: {error}; install what it needs "
                            "with pip install -e '.[authors]'") from error
+    from omegaconf import OmegaConf
+
     torchvision_transforms = sys.modules["torchvision.transforms"]
+    finetune = OmegaConf.load(directory / "core" / "configs" / "train" / "matching" / "finetune.yaml")
     return types.SimpleNamespace(
         descriptor_config=copy.deepcopy(descriptor_default_config), matcher_config=copy.deepcopy(matching_default_config),
+        finetuned_matcher_config=OmegaConf.merge(matching_default_config, finetune),
         build_descriptor=build_copy_descriptor, build_matcher=build_paired_copy_detector, losses=__loss_factory__,
         Checkpointer=Checkpointer, MaskMapper=MaskMapper, transforms=torchvision_transforms,
         distributed=core.distributed)
@@ -143,8 +147,10 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
 
 
 def _build(code, kind: str, seed: int):
-    """Their model (from their default config), its losses (by type) and the config."""
-    config = code.descriptor_config if kind == "descriptor" else code.matcher_config
+    """Their model (from their default config; ``finetuned_matcher``: their matching default config merged with
+    ``train/matching/finetune.yaml``, which has no fusion head), its losses (by type) and the config."""
+    config = {"descriptor": code.descriptor_config, "matcher": code.matcher_config,
+              "finetuned_matcher": code.finetuned_matcher_config}[kind]
     torch.manual_seed(seed)
     model = (code.build_descriptor if kind == "descriptor" else code.build_matcher)(config)
     losses = {}
@@ -327,6 +333,22 @@ def _matcher_rows(model, losses, ours: CopyNCEMatcherModel, pixels, batch):
     return rows
 
 
+def _finetuned_matcher_rows(code, folder: Path, pixels: torch.Tensor, seed: int) -> list[Row]:
+    """Their finetuned matcher (``fusion_head: null``) saved, converted and compared: copy logits and probabilities."""
+    model, _, _ = _build(code, "finetuned_matcher", seed)
+    code.Checkpointer(0, str(folder / "authors-finetuned-matcher"), model=model).step(1)
+    converted = convert_authors_checkpoint(folder / "authors-finetuned-matcher" / "checkpoint.pth.tar", "matcher",
+                                           folder / "converted-finetuned-matcher")
+    ours = CopyNCEMatcherModel.from_pretrained(converted, dtype=torch.float32, attn_implementation="eager").eval()
+    references = pixels.roll(1, dims=0)
+    model.eval()
+    with torch.no_grad():
+        probabilities = model({"queries": pixels, "references": references})["preds"].squeeze(-1)
+        logits = ours(pixels, references).logits
+    return [_output_row("finetuned matcher (their finetune.yaml, no fusion head): copy probabilities",
+                        torch.sigmoid(logits), probabilities)]
+
+
 def run_checks(authors_code: str | Path, images: list[Path], seed: int = 0, batch_size: int = 6,
                work_folder: str | Path | None = None) -> tuple[list[Row], dict]:
     """Compare this package with the authors' code (see the module docstring).
@@ -387,4 +409,5 @@ def run_checks(authors_code: str | Path, images: list[Path], seed: int = 0, batc
         rows += _descriptor_rows(code, models["descriptor"][0], models["descriptor"][1], config,
                                  models["descriptor"][3], pixels, our_pixels, batch)
         rows += _matcher_rows(models["matcher"][0], models["matcher"][1], models["matcher"][3], pixels, batch)
+        rows += _finetuned_matcher_rows(code, folder, pixels, seed + 20)
     return rows, layout

@@ -12,13 +12,14 @@ tested against it in ``tests/test_authors_checkpoints.py``:
   (``proj`` convolution, fixed input size); ``timm.models``: :func:`register_model`;
 * ``torchvision.transforms``: :class:`Compose`, :class:`Resize`, :class:`ToTensor`, :class:`Normalize`,
   :class:`InterpolationMode` (for PIL images, as their evaluation datasets use them);
+  ``torchvision.transforms.functional``: the PIL functions their augmentation calls
+  (:mod:`.functional_standins`);
 * ``kornia.utils``: :func:`create_meshgrid`.
 """
 
 from __future__ import annotations
 
 import collections.abc
-import enum
 import importlib.util
 import sys
 import types
@@ -27,6 +28,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import nn
+
+from .functional_standins import FUNCTIONS, PIL_FILTERS, InterpolationMode
 
 __all__ = ["install_standins"]
 
@@ -112,24 +115,6 @@ def register_model(function):
 
 
 # ---------------------------------------------------------------------------------------- torchvision
-class InterpolationMode(enum.Enum):
-    """torchvision's interpolation modes (the names their configs use)."""
-
-    NEAREST = "nearest"
-    BILINEAR = "bilinear"
-    BICUBIC = "bicubic"
-    BOX = "box"
-    HAMMING = "hamming"
-    LANCZOS = "lanczos"
-
-
-_PIL_FILTERS = {
-    InterpolationMode.NEAREST: Image.NEAREST, InterpolationMode.BILINEAR: Image.BILINEAR,
-    InterpolationMode.BICUBIC: Image.BICUBIC, InterpolationMode.BOX: Image.BOX,
-    InterpolationMode.HAMMING: Image.HAMMING, InterpolationMode.LANCZOS: Image.LANCZOS,
-}
-
-
 class Compose:
     """Apply the transforms in order."""
 
@@ -162,7 +147,7 @@ class Resize:
             height, width = (side, other) if height <= width else (other, side)
         else:
             height, width = self.size
-        return image.resize((width, height), resample=_PIL_FILTERS[self.interpolation])
+        return image.resize((width, height), resample=PIL_FILTERS[self.interpolation])
 
 
 class ToTensor:
@@ -226,6 +211,7 @@ def install_standins() -> list[str]:
             "torchvision": dict(),
             "torchvision.transforms": dict(Compose=Compose, Resize=Resize, ToTensor=ToTensor, Normalize=Normalize,
                                            InterpolationMode=InterpolationMode),
+            "torchvision.transforms.functional": FUNCTIONS,
         },
         "kornia": {"kornia": dict(), "kornia.utils": dict(create_meshgrid=create_meshgrid)},
     }

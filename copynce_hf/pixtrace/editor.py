@@ -12,9 +12,11 @@ Example::
     result = editor(image)              # result.image, result.table, result.edits
     same = replay(image, result.edits)  # identical pixels and table
 
-By default the editor renders with fused geometry (one resampling per run of geometric edits,
-:mod:`copynce_hf.pixtrace.fused`); ``CopyEditor(..., fuse=False)`` applies the edits one by one,
-the reference it is tested against (same tables bit for bit, pixels equal up to resampling).
+The editor renders as its recipe says (``CopyRecipe.fused``): the package's recipes with fused
+geometry (one bilinear, antialiased resampling per run of geometric edits,
+:mod:`copynce_hf.pixtrace.fused`), the paper presets edit by edit with each edit's own resampling
+(bicubic, as the authors'). ``CopyEditor(..., fuse=True / False)`` overrides it; the tables are the
+same bit for bit either way, the pixels differ by resampling only.
 """
 
 from __future__ import annotations
@@ -63,10 +65,11 @@ class CopyEditor:
             model input), recorded in the edits; ``None`` keeps the edited size.
         image_pool: paths of images used as backgrounds and overlays ("onto another",
             "another onto it"); without one, procedural noise and gradient images are used.
-        fuse: render each run of consecutive geometric edits with one resampling through the
-            run's composed map, at the resolution the rest of the chain needs (see
-            :mod:`copynce_hf.pixtrace.fused`); the tables are bit-identical to ``fuse=False``,
-            which applies the edits one by one (the reference; several times slower).
+        fuse: ``True`` renders each run of consecutive geometric edits with one bilinear, antialiased
+            resampling through the run's composed map, at the resolution the rest of the chain needs
+            (see :mod:`copynce_hf.pixtrace.fused`; each edit's ``resample`` is not used); ``False``
+            applies the edits one by one, each with its own ``resample``; ``None`` (the default)
+            follows the recipe's ``fused``. The tables are bit-identical either way.
 
     ``editor(image)`` draws from the editor's own generator; ``editor(image, seed=k)`` draws
     from a generator seeded by ``(k, seed)`` only, so that item ``k`` of a dataset gets the
@@ -80,7 +83,7 @@ class CopyEditor:
         recipe: CopyRecipe | dict | None = None,
         output_size: tuple[int, int] | None = None,
         image_pool: Sequence[str | os.PathLike] | None = None,
-        fuse: bool = True,
+        fuse: bool | None = None,
     ):
         if seed is not None:
             _check_seed(seed, "seed")
@@ -105,7 +108,7 @@ class CopyEditor:
         self.recipe = recipe
         self.output_size = output_size
         self.image_pool = pool
-        self.fuse = bool(fuse)
+        self.fuse = recipe.fused if fuse is None else bool(fuse)
         self._rng = np.random.default_rng(seed)
 
     def __call__(self, image: Image.Image | str | os.PathLike, seed: int | Sequence[int] | None = None) -> CopyResult:
@@ -146,7 +149,8 @@ class CopyEditor:
 def replay(image: Image.Image | str | os.PathLike, edits: Sequence[dict[str, Any]], fuse: bool = True) -> CopyResult:
     """Apply a recorded list of edits (``CopyResult.edits``) to ``image``: same image, same table.
 
-    ``fuse`` must be the editor's to reproduce its pixels exactly: ``True`` (the default of both)
+    ``fuse`` must be the editor's to reproduce its pixels exactly (``CopyEditor.fuse``: the recipe's
+    ``fused``, ``False`` for the paper presets): ``True`` (the default)
     renders with :func:`~copynce_hf.pixtrace.fused.render_fused`, ``False`` applies the edits one
     by one. The table is the same either way.
     """

@@ -11,7 +11,14 @@ order they are scheduled in,
   default, each drawing step from its own child generator, so that changing one step's
   probability or ranges leaves the draws of every other step as they were (the random order and
   the choices then come from one more child, spawned first);
-* ``max_side``: finally shrink the copy so that its longer side is at most this many pixels.
+* ``max_side``: finally shrink the copy so that its longer side is at most this many pixels;
+* ``resample``: the interpolation of the editor's resize to the model input (``bilinear`` by default,
+  ``bicubic`` in the paper presets, as the authors' final ``Resize``);
+* ``fused``: how a :class:`~.editor.CopyEditor` renders the recipe's copies by default: ``True``
+  (the package's recipes) with fused geometry (:mod:`.fused`: one bilinear, antialiased
+  resampling per run of geometric edits, whatever each edit's ``resample``), ``False`` (the paper
+  presets and :meth:`CopyRecipe.off`) edit by edit, each geometric edit resampled with its own
+  ``resample`` (the authors': bicubic at every edit).
 
 Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS`):
 
@@ -20,7 +27,8 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
   flips, affine, perspective, random resized crop, overlay image, random erasing, "etc."; plus
   pasting onto another image, padding, stripes, JPEG, pixelisation, pixel shuffling and noise);
 * :meth:`CopyRecipe.off`: no random edit (with the editor's output size only the resize remains:
-  the paper's references and fine-tuning input);
+  the paper's references and fine-tuning input), a bicubic resize as the image processor's and the
+  authors' ``basic_transform``;
 * :meth:`CopyRecipe.paper_descriptor` / :meth:`CopyRecipe.paper_matcher`: the CopyNCE authors'
   recipes (their ``lyakaap`` recipe, values of ``descriptor_default_config.yaml`` and
   ``matching_default_config.yaml``): four groups in a random order per copy (crop: one of a
@@ -29,7 +37,8 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
   edits in a random order; additional: one albumentations operation), padding, the resize, then
   random erasing. A partly transparent paste keeps a pixel traced where the copy's weight is at
   least one half (:mod:`.edits.compositing`); sizes the authors give in pixels are fractions of the
-  shorter side here (those pixels at 224), and geometric resampling is bicubic as theirs;
+  shorter side here (those pixels at 224); rendered edit by edit with bicubic resampling at every
+  geometric edit and at the final resize, as theirs (``fused=False``, ``resample="bicubic"``);
 * :meth:`CopyRecipe.demo_queries` / :meth:`CopyRecipe.minidisc_queries`: DISC21-style evaluation
   queries (paper, section "Experiments" and supplementary "Evaluation Protocols"): one or two
   structural families (applied in the order listed), one or two photometric ones (in the order
@@ -49,6 +58,7 @@ from PIL import Image
 
 from ..modeling.errors import ConfigError
 from .edits import Edit, Resize, Scale
+from .edits.params import RESAMPLE
 from .steps import (
     ALL_FONTS,
     AT_224,
@@ -158,6 +168,8 @@ class CopyRecipe:
     after_resize: tuple[Node, ...] = ()
     shared_generator: bool = False
     max_side: int | None = None
+    resample: str = "bilinear"
+    fused: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "steps", tuple((str(name), step) for name, step in self.steps))
@@ -180,6 +192,10 @@ class CopyRecipe:
                     raise ConfigError(f"recipe step {name}: member {member!r} is not a drawing step of the recipe")
             if isinstance(step, OneOf) and step.p > 0 and not any(named[m].p > 0 for m in step.members):
                 raise ConfigError(f"recipe step {name}: p={step.p} but every member of {list(step.members)} has p 0")
+        if self.resample not in RESAMPLE:
+            raise ConfigError(f"recipe resample={self.resample!r} must be one of {sorted(RESAMPLE)}")
+        if not isinstance(self.fused, bool):
+            raise ConfigError(f"recipe fused={self.fused!r} must be true or false")
         if self.max_side is not None and (isinstance(self.max_side, bool) or not isinstance(self.max_side, int)
                                           or self.max_side < 32):
             raise ConfigError(f"recipe max_side={self.max_side!r} must be None or an integer of at least 32")
@@ -277,8 +293,10 @@ class CopyRecipe:
     @classmethod
     def off(cls) -> CopyRecipe:
         """No random edit: :meth:`training` with every step at probability 0 (with the editor's
-        ``output_size`` only the resize remains: the paper's references and fine-tuning input)."""
-        return cls.training().with_probability(0.0)
+        ``output_size`` only the resize remains: the paper's references and fine-tuning input). The
+        resize is Pillow's bicubic, as :class:`~copynce_hf.modeling.CopyNCEImageProcessor` resizes at
+        evaluation and as the authors' ``basic_transform`` resizes their references."""
+        return dataclasses.replace(cls.training().with_probability(0.0), resample="bicubic", fused=False)
 
     @classmethod
     def paper_descriptor(cls) -> CopyRecipe:
@@ -294,10 +312,12 @@ class CopyRecipe:
             ("horizontal_flip", HorizontalFlipStep(p=0.5)),
             ("vertical_flip", VerticalFlipStep(p=0.1)),
             ("linear", OneOf(p=0.25, members=("perspective", "affine"))),
-            ("perspective", PerspectiveStep(p=1.0, distortion=0.5, fill=(0, 0, 0), resample="bicubic")),
+            ("perspective", PerspectiveStep(p=1.0, distortion=0.5, fill=(0, 0, 0), resample="bicubic",
+                                            form="torchvision")),
             ("affine", AffineStep(p=1.0, degrees=(0.0, 360.0), translate=None, scale=None, shear=(-45.0, 45.0),
-                                  fill=(0, 0, 0), rotation_affinity=22.5, resample="bicubic")),
-            ("color_jitter", ColorJitterStep(p=1.0, brightness=0.5, contrast=0.5, saturation=0.5, hue=0.1)),
+                                  fill=(0, 0, 0), rotation_affinity=22.5, resample="bicubic", form="torchvision")),
+            ("color_jitter", ColorJitterStep(p=1.0, brightness=0.5, contrast=0.5, saturation=0.5, hue=0.1,
+                                             form="torchvision")),
             ("pixelization", PixelizationStep(p=0.15, ratio=(0.1, 1.0))),
             ("shuffle_pixels", ShufflePixelsStep(p=0.15, factor=(0.1, 0.1))),
             ("jpeg", JpegStep(p=0.25, qualities=(10, 20, 30, 50))),
@@ -305,7 +325,7 @@ class CopyRecipe:
             ("blur", BlurStep(p=0.2, radius=(2 * AT_224, 10 * AT_224))),
             ("overlay_text", OverlayTextStep(p=0.25, length=(1, 100), font_size=(0.1, 0.3), opacity=(0.1, 1.0),
                                              fonts=(ALL_FONTS,), form="authors")),
-            ("overlay_emoji", OverlayEmojiStep(p=0.25, size=(0.1, 0.5), opacity=(0.7, 1.0))),
+            ("overlay_emoji", OverlayEmojiStep(p=0.25, size=(0.1, 0.5), opacity=(0.7, 1.0), form="authors")),
             ("edge_enhance", EdgeEnhanceStep(p=0.25, coin="integers")),
             ("smearing", SmearingStep(p=0.25)),
             ("additional", AlbumentationsStep(p=0.15)),
@@ -314,7 +334,8 @@ class CopyRecipe:
         )
         groups = Shuffled(("crop", Group(("horizontal_flip", "vertical_flip", "linear")), Shuffled(appearance),
                            "additional"))
-        return cls(steps=steps, before_resize=(groups, "padding"), after_resize=("random_erasing",))
+        return cls(steps=steps, before_resize=(groups, "padding"), after_resize=("random_erasing",),
+                   resample="bicubic", fused=False)
 
     @classmethod
     def paper_matcher(cls) -> CopyRecipe:
@@ -466,7 +487,7 @@ class CopyRecipe:
         for step, generator in before:
             add(step.draw(DrawContext(generator, size, pool, output_size)))
         if output_size is not None:
-            add([Resize(*output_size)])
+            add([Resize(*output_size, resample=self.resample)])
         for step, generator in after:
             add(step.draw(DrawContext(generator, size, pool, output_size)))
         if self.max_side is not None and max(size) > self.max_side:
@@ -491,13 +512,15 @@ class CopyRecipe:
             "after_resize": [_node_to_json(node) for node in self.after_resize],
             "shared_generator": self.shared_generator,
             "max_side": self.max_side,
+            "resample": self.resample,
+            "fused": self.fused,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CopyRecipe:
         """Rebuild from :meth:`to_dict` output; raises :class:`ConfigError` naming an unknown step type
         or field, or a bad value."""
-        known = {"steps", "before_resize", "after_resize", "shared_generator", "max_side"}
+        known = {"steps", "before_resize", "after_resize", "shared_generator", "max_side", "resample", "fused"}
         if not isinstance(data, dict) or not isinstance(data.get("steps"), dict) or not set(data) <= known:
             raise ConfigError(f"a copy recipe must be a mapping with keys {sorted(known)} ('steps' a mapping), "
                               f"got {data!r:.200}")
@@ -516,7 +539,8 @@ class CopyRecipe:
         return cls(steps=tuple(steps),
                    before_resize=tuple(_node_from_json(n) for n in data.get("before_resize", ())),
                    after_resize=tuple(_node_from_json(n) for n in data.get("after_resize", ())),
-                   shared_generator=bool(data.get("shared_generator", False)), max_side=data.get("max_side"))
+                   shared_generator=bool(data.get("shared_generator", False)), max_side=data.get("max_side"),
+                   resample=data.get("resample", "bilinear"), fused=data.get("fused", True))
 
 
 def _all_nodes(nodes: Sequence[Node]) -> list[Node]:

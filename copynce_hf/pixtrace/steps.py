@@ -32,6 +32,9 @@ from PIL import Image
 from ..modeling.errors import ConfigError, EditParameterError
 from .edits import (
     ALBUMENTATIONS_OPS,
+    COLOR_JITTER_FORMS,
+    EMOJI_FORMS,
+    WARP_FORMS,
     Affine,
     Albumentation,
     Blur,
@@ -362,10 +365,13 @@ class AffineStep(Step):
     fill: RGB | None = None
     rotation_affinity: float | None = None
     resample: str = "bilinear"
+    form: str = "exact"
     type_name: ClassVar[str] = "affine"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.form not in WARP_FORMS:
+            raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {list(WARP_FORMS)}")
         if self.translate is not None:
             check_number(self.type_name, "translate", self.translate, 0.0, 1.0)
         if self.rotation_affinity is not None:
@@ -383,26 +389,33 @@ class AffineStep(Step):
             values["scale"] = context.uniform(self.scale)
         values["shear"] = (context.uniform(self.shear), 0.0)
         values["fill"] = self.fill if self.fill is not None else context.color()
-        return [Affine(**values, resample=self.resample)]
+        return [Affine(**values, resample=self.resample, form=self.form)]
 
 
 @register_step
 @dataclasses.dataclass(frozen=True)
 class PerspectiveStep(Step):
     """torchvision RandomPerspective: each corner moves inwards by up to ``distortion`` of half a
-    side; ``fill`` outside (None: a random colour)."""
+    side; ``fill`` outside (None: a random colour). ``form="torchvision"`` (the authors'): the corners
+    are drawn as torchvision draws them (whole pixels, up to ``int(distortion * (side // 2))``) and the
+    :class:`~.edits.Perspective` edit has that form."""
 
     p: float = 0.25
     distortion: float = 0.3
     fill: RGB | None = None
     resample: str = "bilinear"
+    form: str = "exact"
     type_name: ClassVar[str] = "perspective"
 
     def __post_init__(self):
         super().__post_init__()
         check_number(self.type_name, "distortion", self.distortion, 0.0, 0.95)
+        if self.form not in WARP_FORMS:
+            raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {list(WARP_FORMS)}")
 
     def draw(self, context):
+        if self.form == "torchvision":
+            return [self._torchvision_draw(context)]
         height, width = context.size
         dx, dy = self.distortion * (width - 1) / 2, self.distortion * (height - 1) / 2
         right, bottom = width - 1.0, height - 1.0
@@ -414,6 +427,23 @@ class PerspectiveStep(Step):
         )
         fill = self.fill if self.fill is not None else context.color()
         return [Perspective(start, end, fill=fill, resample=self.resample)]
+
+    def _torchvision_draw(self, context) -> Perspective:
+        """torchvision's corners: each coordinate a whole pixel drawn uniformly within ``int(distortion *
+        (side // 2))`` of its corner (start points are the corner pixels)."""
+        height, width = context.size
+        reach_x, reach_y = int(self.distortion * (width // 2)), int(self.distortion * (height // 2))
+
+        def near(low: bool, side: int, reach: int) -> float:
+            return float(context.rng.integers(0, reach + 1) if low else context.rng.integers(side - reach - 1, side))
+
+        end = ((near(True, width, reach_x), near(True, height, reach_y)),
+               (near(False, width, reach_x), near(True, height, reach_y)),
+               (near(False, width, reach_x), near(False, height, reach_y)),
+               (near(True, width, reach_x), near(False, height, reach_y)))
+        start = ((0.0, 0.0), (width - 1.0, 0.0), (width - 1.0, height - 1.0), (0.0, height - 1.0))
+        fill = self.fill if self.fill is not None else context.color()
+        return Perspective(start, end, fill=fill, resample=self.resample, form="torchvision")
 
 
 @register_step
@@ -675,13 +705,15 @@ class ScreenshotStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class ColorJitterStep(Step):
-    """torchvision ColorJitter: factors in ``[1 - b, 1 + b]`` etc., hue shift in ``[-hue, hue]``."""
+    """torchvision ColorJitter: factors in ``[1 - b, 1 + b]`` etc., hue shift in ``[-hue, hue]``; ``form`` is
+    the :class:`~.edits.ColorJitter` form (``"torchvision"``, the authors': also a random order of the four)."""
 
     p: float = 0.8
     brightness: float = 0.4
     contrast: float = 0.4
     saturation: float = 0.4
     hue: float = 0.1
+    form: str = "augly"
     type_name: ClassVar[str] = "color_jitter"
 
     def __post_init__(self):
@@ -689,11 +721,17 @@ class ColorJitterStep(Step):
         for key in ("brightness", "contrast", "saturation"):
             check_number(self.type_name, key, getattr(self, key), 0.0, 1.0)
         check_number(self.type_name, "hue", self.hue, 0.0, 0.5)
+        if self.form not in COLOR_JITTER_FORMS:
+            raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {list(COLOR_JITTER_FORMS)}")
 
     def draw(self, context):
         def factor(spread):
             return context.uniform((1 - spread, 1 + spread))
 
+        if self.form == "torchvision":  # torchvision draws the order first, then the factors
+            order = tuple(int(index) for index in context.rng.permutation(4))
+            return [ColorJitter(factor(self.brightness), factor(self.contrast), factor(self.saturation),
+                                context.uniform((-self.hue, self.hue)), form="torchvision", order=order)]
         return [ColorJitter(factor(self.brightness), factor(self.contrast), factor(self.saturation),
                             context.uniform((-self.hue, self.hue)))]
 
@@ -1033,17 +1071,30 @@ class OverlayTextStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class OverlayEmojiStep(Step):
-    """One of AugLy's emoji, ``size`` as a fraction of the height, ``opacity``, anywhere."""
+    """One of AugLy's emoji at ``opacity``, in one of :class:`~.edits.OverlayEmoji`'s forms:
+
+    * ``form="augly"`` (the package's): ``size`` is a fraction of the height, the corner anywhere in
+      [0, 0.9) of the width and height (the emoji may be cut at the edge);
+    * ``form="authors"`` (the CopyNCE authors' ``RandomOverlayEmoji``): ``size`` is a fraction of the
+      largest scale at which the emoji fits (theirs: 0.1-0.5), placed uniformly inside the image.
+    """
 
     p: float = 0.3
     size: Range = (0.1, 0.35)
     opacity: Range = (0.6, 1.0)
+    form: str = "augly"
     type_name: ClassVar[str] = "overlay_emoji"
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.form not in EMOJI_FORMS:
+            raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {list(EMOJI_FORMS)}")
+
     def draw(self, context):
+        corner = (0.0, 1.0) if self.form == "authors" else (0.0, 0.9)
         return [OverlayEmoji(emoji=context.pick(emoji_names()), size=context.uniform(self.size),
-                             x=context.uniform((0.0, 0.9)), y=context.uniform((0.0, 0.9)),
-                             opacity=context.uniform(self.opacity))]
+                             x=context.uniform(corner), y=context.uniform(corner),
+                             opacity=context.uniform(self.opacity), form=self.form)]
 
 
 @register_step

@@ -38,7 +38,8 @@ __all__ = ["PasteIntoBox", "OverlayImageBox", "Smear"]
 class PasteIntoBox(GeometricEdit):
     """The copy resized to a box of another image and pasted there with ``opacity``.
 
-    ``background`` (an image spec) is resized to ``canvas_height`` x ``canvas_width``; the copy is
+    ``background`` (an image spec) is resized to ``canvas_height`` x ``canvas_width`` (bilinear, or bicubic
+    with ``resample="bicubic"``, as the authors' ``OverlayImageOntoTheOther`` resizes both); the copy is
     resized to ``box_height`` x ``box_width`` (its aspect ratio may change) and blended in with
     its top-left corner at (``left``, ``top``): ``out = level * copy + (255 - level) * background``
     (``level = floor(255 * opacity + 0.5)``, over 255). The background maps to nowhere; the box
@@ -86,7 +87,8 @@ class PasteIntoBox(GeometricEdit):
         return [None, background]
 
     def render(self, image):
-        canvas = resolve_image(self.background).resize((self.canvas_width, self.canvas_height), Image.BILINEAR)
+        canvas_filter = Image.BICUBIC if self.resample == "bicubic" else Image.BILINEAR
+        canvas = resolve_image(self.background).resize((self.canvas_width, self.canvas_height), canvas_filter)
         pasted = image.resize((self.box_width, self.box_height), RESAMPLE[self.resample])
         canvas.paste(pasted, (self.left, self.top), mask=Image.new("L", pasted.size, opacity_level(self.opacity)))
         return canvas

@@ -61,6 +61,8 @@ __all__ = [
     "Rotate",
     "Affine",
     "Perspective",
+    "WARP_FORMS",
+    "torchvision_perspective_coefficients",
     "Skew",
     "Pad",
     "ChangeAspectRatio",
@@ -82,21 +84,28 @@ Stage = tuple[np.ndarray, tuple[int, int]]
 
 
 def _pil_transform(
-    image: Image.Image, matrix: np.ndarray, size: tuple[int, int], resample: str, fill: tuple[int, int, int]
+    image: Image.Image, matrix: np.ndarray, size: tuple[int, int], resample: str, fill: tuple[int, int, int],
+    pillow_8bit: bool = False, data: tuple[float, ...] | None = None,
 ) -> Image.Image:
     """Resample ``image`` with the backward centre-coordinate ``matrix`` into an image of (H, W) ``size``.
 
     Pillow's ``transform`` truncates interpolated 8-bit values, which darkens every warp by
     half a grey level on average, and a chain of warps by as many half levels. Interpolating
     float channels and rounding once avoids that; nearest neighbour needs no rounding.
+    ``pillow_8bit`` uses Pillow's 8-bit ``transform`` as it is (torchvision's path for PIL images, the
+    CopyNCE authors'), with Pillow's coefficients ``data`` when given (else those of ``matrix``).
     """
     area = centre_to_area(matrix)
     area = area / area[2, 2]
     height, width = size
     if abs(area[2, 0]) < 1e-15 and abs(area[2, 1]) < 1e-15:
-        method, data = Image.Transform.AFFINE, tuple(area[:2].ravel())
+        method, coefficients = Image.Transform.AFFINE, tuple(area[:2].ravel())
     else:
-        method, data = Image.Transform.PERSPECTIVE, tuple(area.ravel()[:8])
+        method, coefficients = Image.Transform.PERSPECTIVE, tuple(area.ravel()[:8])
+    data = coefficients if data is None else tuple(data)
+    if pillow_8bit:
+        method = Image.Transform.AFFINE if len(data) == 6 else Image.Transform.PERSPECTIVE
+        return image.transform((width, height), method, data, resample=RESAMPLE[resample], fillcolor=tuple(fill))
     if resample == "nearest":
         return image.transform((width, height), method, data, resample=RESAMPLE[resample], fillcolor=fill)
     pixels = np.asarray(image)
@@ -550,6 +559,15 @@ class Rotate(GeometricEdit):
         return rotated
 
 
+def _to_dict_without_exact_form(self) -> dict:
+    """``Edit.to_dict`` without ``form`` when it is ``"exact"`` (lists recorded before the torchvision form stay
+    the same)."""
+    description = GeometricEdit.to_dict(self)
+    if description["params"].get("form") == "exact":
+        del description["params"]["form"]
+    return description
+
+
 @register_edit
 @dataclasses.dataclass(frozen=True)
 class Affine(GeometricEdit):
@@ -558,7 +576,9 @@ class Affine(GeometricEdit):
     Forward map ``p -> c + t + R(angle) S(scale) Sh_y(shear_y) Sh_x(shear_x) (p - c)`` with
     ``c`` the image centre, ``angle`` in degrees clockwise on screen, ``translate`` (tx, ty)
     in pixels, ``shear`` (x, y) in degrees (torchvision's decomposition). The output keeps
-    the input size; uncovered pixels get ``fill`` and are untraced.
+    the input size; uncovered pixels get ``fill`` and are untraced. ``form="torchvision"`` (the
+    CopyNCE authors') renders with Pillow's 8-bit ``transform`` as torchvision does on PIL images
+    (interpolated values truncated: about 0.4 grey levels darker than ``"exact"``, the default).
     """
 
     angle: float = 0.0
@@ -567,6 +587,7 @@ class Affine(GeometricEdit):
     shear: tuple[float, float] = (0.0, 0.0)
     fill: tuple[int, int, int] = (0, 0, 0)
     resample: str = "bilinear"
+    form: str = "exact"
     name: ClassVar[str] = "affine"
 
     def __post_init__(self):
@@ -592,6 +613,9 @@ class Affine(GeometricEdit):
                 )
         set_field(self, "fill", color_param(self.name, "fill", self.fill))
         resample_param(self.name, self.resample, _TRANSFORM_RESAMPLE)
+        _form_param(self.name, self.form)
+
+    to_dict = _to_dict_without_exact_form
 
     def forward_matrix(self, size) -> np.ndarray:
         """(3, 3) forward map in pixel-centre coordinates (input position -> output position)."""
@@ -628,7 +652,8 @@ class Affine(GeometricEdit):
 
     def render(self, image):
         size = (image.height, image.width)
-        return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill)
+        return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill,
+                              pillow_8bit=self.form == "torchvision")
 
 
 def _quad_param(edit: str, key: str, value: Any) -> tuple[tuple[float, float], ...]:
@@ -658,19 +683,31 @@ class Perspective(GeometricEdit):
     (W - 1, H - 1), (0, H - 1). The output keeps the input size; uncovered pixels get
     ``fill`` and are untraced. Implemented with Pillow (AugLy's ``perspective_transform``
     fails with numpy 2); :meth:`augly_like` draws AugLy's corner displacement.
+
+    ``form="torchvision"`` (the CopyNCE authors', torchvision's ``perspective`` on PIL images): the points
+    are Pillow's pixel-area coordinates (the corner (0, 0) is the first pixel's top-left corner, not its
+    centre), the map's coefficients are solved by least squares and kept in float32, and the image is
+    rendered by Pillow's 8-bit ``transform`` with them; the table follows that map.
     """
 
     startpoints: tuple[tuple[float, float], ...]
     endpoints: tuple[tuple[float, float], ...]
     fill: tuple[int, int, int] = (0, 0, 0)
     resample: str = "bilinear"
+    form: str = "exact"
     name: ClassVar[str] = "perspective"
 
     def __post_init__(self):
         start = _quad_param(self.name, "startpoints", self.startpoints)
         end = _quad_param(self.name, "endpoints", self.endpoints)
+        _form_param(self.name, self.form)
         try:
-            backward = homography(np.array(end), np.array(start))
+            if self.form == "torchvision":
+                coefficients = torchvision_perspective_coefficients(start, end)
+                set_field(self, "_coefficients", coefficients)
+                backward = area_to_centre(np.append(np.asarray(coefficients, dtype=np.float64), 1.0).reshape(3, 3))
+            else:
+                backward = homography(np.array(end), np.array(start))
         except np.linalg.LinAlgError as error:
             raise EditParameterError(f"{self.name}: startpoints/endpoints give a singular map") from error
         backward.setflags(write=False)
@@ -707,9 +744,35 @@ class Perspective(GeometricEdit):
     def canvases(self, stages):
         return [Canvas(color=self.fill)]
 
+    to_dict = _to_dict_without_exact_form
+
     def render(self, image):
         size = (image.height, image.width)
+        if self.form == "torchvision":
+            return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill, pillow_8bit=True,
+                                  data=self._coefficients)
         return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill)
+
+
+#: Forms of :class:`Affine` and :class:`Perspective`: the package's exact rendering and torchvision's (the authors').
+WARP_FORMS = ("exact", "torchvision")
+
+
+def _form_param(edit: str, form: str) -> None:
+    if form not in WARP_FORMS:
+        raise EditParameterError(f"{edit}: parameter form={form!r} must be one of {list(WARP_FORMS)}")
+
+
+def torchvision_perspective_coefficients(startpoints, endpoints) -> tuple[float, ...]:
+    """Pillow's 8 perspective coefficients (pixel-area coordinates) sending each end point to its start point,
+    solved by least squares and rounded to float32, as torchvision computes them for PIL images."""
+    rows, targets = [], []
+    for (end_x, end_y), (start_x, start_y) in zip(endpoints, startpoints):
+        rows += [[end_x, end_y, 1.0, 0.0, 0.0, 0.0, -start_x * end_x, -start_x * end_y],
+                 [0.0, 0.0, 0.0, end_x, end_y, 1.0, -start_y * end_x, -start_y * end_y]]
+        targets += [start_x, start_y]
+    solution = np.linalg.lstsq(np.asarray(rows), np.asarray(targets, dtype=np.float64), rcond=None)[0]
+    return tuple(float(value) for value in solution.astype(np.float32))
 
 
 @register_edit

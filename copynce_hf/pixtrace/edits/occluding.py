@@ -37,6 +37,7 @@ from .sources import image_size, is_procedural, resolve_image
 
 __all__ = [
     "COVERED_ALPHA",
+    "EMOJI_FORMS",
     "Layer",
     "OccludingEdit",
     "OverlayEmoji",
@@ -140,6 +141,10 @@ def _asset_dirs() -> tuple[str, str]:
 # ---------------------------------------------------------------------- emoji
 
 
+#: Forms of :class:`OverlayEmoji`: the package's (AugLy's geometry) and the CopyNCE authors'.
+EMOJI_FORMS = ("augly", "authors")
+
+
 def emoji_names() -> list[str]:
     """The emoji bundled with AugLy, as ``"<category>/<name>.png"`` paths relative to its emoji folder."""
     return _emoji_names()
@@ -170,13 +175,26 @@ def _emoji_image(path: str) -> Image.Image:
 @register_edit
 @dataclasses.dataclass(frozen=True)
 class OverlayEmoji(OccludingEdit):
-    """Paste one of AugLy's emoji (pixel work by ``augly.image.overlay_emoji``).
+    """Paste one of AugLy's emoji, in one of two forms (``form``):
+
+    * ``"augly"`` (the package's, pixel work by ``augly.image.overlay_emoji``): ``size`` is the emoji's
+      height as a fraction of the image height, ``(x, y)`` its top-left corner as fractions of the image
+      width and height (an emoji near the right or bottom edge is cut there);
+    * ``"authors"`` (the CopyNCE authors' ``RandomOverlayEmoji``, SSCD's overlay): ``size`` is a fraction
+      of the largest scale at which the whole emoji fits the image (theirs: 0.1-0.5), the emoji resized
+      with bilinear interpolation, and ``(x, y)`` place it within the room left, the corner at
+      ``(int(x * (W - w)), int(y * (H - h)))``, so that it always lies inside the image. As their code
+      does with Pillow, an emoji stored as a palette image (828 of AugLy's 872) is resized by nearest
+      neighbour (Pillow's rule for palette images) and, having no alpha band, pasted as its whole box at
+      the opacity (its transparent pixels show their palette colour); emoji with an alpha band are
+      pasted through it.
 
     Args:
         emoji: path relative to AugLy's emoji folder (see :func:`emoji_names`) or an absolute PNG path.
-        size: emoji height as a fraction of the image height, in (0, 1].
-        x, y: top-left corner as fractions of the image width and height, in [0, 1].
-        opacity: in [0, 1]; the emoji's own alpha is multiplied by it.
+        size: in (0, 1] (see the forms).
+        x, y: in [0, 1] (see the forms).
+        opacity: in [0, 1]; the emoji's own alpha is multiplied by it (and truncated to 8 bits).
+        form: ``"augly"`` or ``"authors"``.
     """
 
     name: ClassVar[str] = "overlay_emoji"
@@ -185,6 +203,7 @@ class OverlayEmoji(OccludingEdit):
     x: float = 0.4
     y: float = 0.4
     opacity: float = 1.0
+    form: str = "augly"
 
     def __post_init__(self):
         if not isinstance(self.emoji, str) or not os.path.isfile(_emoji_path(self.emoji)):
@@ -193,38 +212,76 @@ class OverlayEmoji(OccludingEdit):
         check_range(self.name, "x", self.x, 0.0, 1.0)
         check_range(self.name, "y", self.y, 0.0, 1.0)
         check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
+        if self.form not in EMOJI_FORMS:
+            raise EditParameterError(f"{self.name}: parameter form={self.form!r} must be one of {list(EMOJI_FORMS)}")
 
-    def coverage(self, height: int, width: int) -> np.ndarray:
-        # AugLy's overlay_image geometry: height int(H * size) (at least 1), width keeps
-        # the emoji's aspect, default resampling, alpha scaled by opacity and truncated,
-        # pasted at (int(W * x), int(H * y)) and clipped by the image.
+    def to_dict(self) -> dict:
+        """As :meth:`Edit.to_dict`; ``form`` is left out when it is ``"augly"`` (the form of the lists of edits
+        recorded before the authors' form existed, which thus stay the same)."""
+        description = super().to_dict()
+        if self.form == "augly":
+            del description["params"]["form"]
+        return description
+
+    def _placed(self, height: int, width: int) -> tuple[Image.Image, int, int] | None:
+        """The emoji resized (in the mode it is stored in) and its top-left corner in an image of
+        (height, width); None when empty."""
         emoji = _emoji_image(_emoji_path(self.emoji))
+        if self.form == "authors":
+            scale = min(width / emoji.width, height / emoji.height) * self.size
+            new_width, new_height = int(emoji.width * scale), int(emoji.height * scale)
+            if min(new_width, new_height) < 1:
+                return None
+            resized = emoji.resize((new_width, new_height), Image.BILINEAR)  # nearest for palette images
+            return resized, int(self.x * (width - new_width)), int(self.y * (height - new_height))
+        # AugLy's overlay_image geometry: height int(H * size) (at least 1), width keeps the emoji's
+        # aspect, default resampling, pasted at (int(W * x), int(H * y)) and clipped by the image.
         new_height = max(1, int(height * self.size))
         new_width = int(emoji.width * new_height / emoji.height)
         if new_width < 1:
+            return None
+        return emoji.resize((new_width, new_height)), int(width * self.x), int(height * self.y)
+
+    def coverage(self, height: int, width: int) -> np.ndarray:
+        placed = self._placed(height, width)
+        if placed is None:
             return np.zeros((height, width), dtype=np.uint8)
-        resized = emoji.resize((new_width, new_height))
-        alpha = (np.asarray(resized.convert("RGBA").getchannel("A")) * self.opacity).astype(np.uint8)
-        return _place(alpha, int(width * self.x), int(height * self.y), height, width)
+        resized, left, top = placed
+        return _place(self._mask(resized), left, top, height, width)
+
+    def _mask(self, resized: Image.Image) -> np.ndarray:
+        """uint8 (h, w): the emoji's alpha times the opacity, truncated; without an alpha band (a palette
+        emoji in the authors' form) the opacity over the whole box."""
+        if self.form == "augly":
+            resized = resized.convert("RGBA")
+        if "A" not in resized.getbands():
+            return np.full((resized.height, resized.width), int(self.opacity * 255), dtype=np.uint8)
+        return (np.asarray(resized.getchannel("A")) * self.opacity).astype(np.uint8)
 
     scaling: ClassVar[str] = "relative"
 
     def layer(self, size):
-        # AugLy pastes the resized emoji with its alpha times the opacity: that alpha is the coverage.
+        # The emoji is pasted with its alpha times the opacity: that alpha is the coverage.
         height, width = size
         coverage = self.coverage(height, width)
         pixels = np.zeros((height, width, 3), dtype=np.uint8)
-        if coverage.any():
-            emoji = _emoji_image(_emoji_path(self.emoji))
-            new_height = max(1, int(height * self.size))
-            new_width = int(emoji.width * new_height / emoji.height)
-            _place_into(pixels, np.asarray(emoji.convert("RGBA").resize((new_width, new_height)))[..., :3],
-                        int(width * self.x), int(height * self.y))
+        placed = self._placed(height, width) if coverage.any() else None
+        if placed is not None:
+            resized, left, top = placed
+            if self.form == "augly":  # resized from the RGBA emoji
+                emoji = _emoji_image(_emoji_path(self.emoji)).convert("RGBA")
+                resized = emoji.resize((resized.width, resized.height))
+            _place_into(pixels, np.asarray(resized.convert("RGBA"))[..., :3], left, top)
         return Layer(coverage, pixels=pixels)
 
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         if not coverage.any():
             return image.copy()
+        if self.form == "authors":  # pasted onto the RGBA image through the mask, as their code does
+            resized, left, top = self._placed(image.height, image.width)
+            edited = image.convert("RGBA")
+            edited.paste(resized, box=(left, top), mask=Image.fromarray(self._mask(resized), "L"))
+            return edited.convert("RGB")
         return _augly_image().overlay_emoji(
             image,
             emoji_path=_emoji_path(self.emoji),

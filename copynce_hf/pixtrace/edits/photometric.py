@@ -22,10 +22,12 @@ from typing import ClassVar
 
 import cv2
 import numpy as np
-from PIL import Image, ImageFilter, ImageOps
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from ...modeling.errors import EditParameterError
 from ..table import CoordinateTable
+from .albumentations_131 import REIMPLEMENTED, apply_1_3_1
+from .albumentations_defaults import authors_parameters
 from .base import Edit, check_range, register_edit
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "Posterize",
     "EdgeEnhance",
     "ALBUMENTATIONS_OPS",
+    "COLOR_JITTER_FORMS",
     "POINTWISE_ALBUMENTATIONS",
     "Albumentation",
     "gaussian_blur",
@@ -104,13 +107,20 @@ def _check_seed(edit: str, seed) -> None:
 @register_edit
 @dataclasses.dataclass(frozen=True)
 class ColorJitter(PhotometricEdit):
-    """Brightness, contrast and saturation factors (1 = unchanged), then a hue rotation.
+    """Brightness, contrast and saturation factors (1 = unchanged) and a hue change, in one of two forms:
+
+    * ``form="augly"`` (the package's): brightness, contrast and saturation in this order with AugLy's
+      ``color_jitter`` (Pillow ``ImageEnhance``), then a hue rotation by ``hue`` of the colour circle (a
+      luma-keeping rotation of the YIQ chroma plane, in HSV's direction);
+    * ``form="torchvision"`` (the CopyNCE authors' ``ColorJitter``, torchvision's on PIL images): the four
+      in the drawn ``order`` (0 brightness, 1 contrast, 2 saturation, 3 hue), brightness, contrast and
+      saturation by ``ImageEnhance``, the hue by shifting Pillow's 8-bit HSV hue channel by
+      ``int(hue * 255)`` modulo 256.
 
     Args:
-        brightness, contrast, saturation: enhancement factors in [0, 10], applied in this
-            order with AugLy's ``color_jitter`` (PIL ``ImageEnhance``).
-        hue: hue rotation as a fraction of the colour circle, in [-0.5, 0.5] (a luma-keeping
-            rotation of the YIQ chroma plane, in HSV's direction).
+        brightness, contrast, saturation: enhancement factors in [0, 10].
+        hue: in [-0.5, 0.5], a fraction of the colour circle.
+        form: ``"augly"`` or ``"torchvision"``; order: a permutation of (0, 1, 2, 3) (``torchvision`` form).
     """
 
     name: ClassVar[str] = "color_jitter"
@@ -118,13 +128,31 @@ class ColorJitter(PhotometricEdit):
     contrast: float = 1.0
     saturation: float = 1.0
     hue: float = 0.0
+    form: str = "augly"
+    order: tuple[int, ...] = (0, 1, 2, 3)
 
     def __post_init__(self):
         for key in ("brightness", "contrast", "saturation"):
             check_range(self.name, key, getattr(self, key), 0.0, MAX_FACTOR)
         check_range(self.name, "hue", self.hue, -0.5, 0.5)
+        if self.form not in COLOR_JITTER_FORMS:
+            raise EditParameterError(f"{self.name}: parameter form={self.form!r} must be one of {list(COLOR_JITTER_FORMS)}")
+        order = tuple(int(index) for index in self.order) if isinstance(self.order, (list, tuple)) else None
+        if order is None or sorted(order) != [0, 1, 2, 3]:
+            raise EditParameterError(f"{self.name}: parameter order={self.order!r} must be a permutation of 0, 1, 2, 3")
+        object.__setattr__(self, "order", order)
+
+    def to_dict(self) -> dict:
+        """As :meth:`Edit.to_dict`; the AugLy form leaves ``form`` and ``order`` out (lists recorded before the
+        torchvision form existed stay the same)."""
+        description = super().to_dict()
+        if self.form == "augly":
+            del description["params"]["form"], description["params"]["order"]
+        return description
 
     def transform(self, image: Image.Image) -> Image.Image:
+        if self.form == "torchvision":
+            return _torchvision_jitter(image, self)
         edited = _augly_image().color_jitter(
             image,
             brightness_factor=self.brightness,
@@ -136,6 +164,8 @@ class ColorJitter(PhotometricEdit):
     scaling: ClassVar[str] = "pointwise"
 
     def render_array(self, pixels, true_size, density=None, visible=None):
+        if self.form == "torchvision":  # Pillow's operations on the array (contrast over the whole array)
+            return np.asarray(_torchvision_jitter(Image.fromarray(pixels, "RGB"), self))
         # AugLy's colour jitter is Pillow's ImageEnhance brightness, contrast and colour, each a blend
         # with a degenerate image clipped to 8 bits, then the hue rotation: the same affine colour maps
         # here, each one pass of ``cv2.transform`` (which saturates to 8 bits like the blends). The
@@ -153,6 +183,26 @@ class ColorJitter(PhotometricEdit):
         if self.hue != 0.0:
             pixels = cv2.transform(pixels, hue_rotation(self.hue))
         return pixels
+
+
+#: Forms of :class:`ColorJitter`: the package's (AugLy, YIQ hue rotation) and torchvision's (the authors').
+COLOR_JITTER_FORMS = ("augly", "torchvision")
+
+
+def _torchvision_jitter(image: Image.Image, jitter: ColorJitter) -> Image.Image:
+    """torchvision's ``ColorJitter`` on a PIL image with ``jitter``'s factors, in its ``order``."""
+    for index in jitter.order:
+        if index == 0:
+            image = ImageEnhance.Brightness(image).enhance(jitter.brightness)
+        elif index == 1:
+            image = ImageEnhance.Contrast(image).enhance(jitter.contrast)
+        elif index == 2:
+            image = ImageEnhance.Color(image).enhance(jitter.saturation)
+        elif jitter.hue != 0.0:
+            hue, saturation, value = image.convert("HSV").split()
+            shifted = (np.asarray(hue, dtype=np.int64) + int(jitter.hue * 255)) % 256  # wraps as 8-bit sums do
+            image = Image.merge("HSV", (Image.fromarray(shifted.astype(np.uint8), "L"), saturation, value)).convert("RGB")
+    return image
 
 
 #: Pillow's "L" conversion (ITU-R 601-2 luma), used by ``ImageEnhance`` and greyscale.
@@ -502,7 +552,8 @@ class EdgeEnhance(PhotometricEdit):
 
 
 #: The photometric operations of the authors' "additional" family (their ``lyakaap`` recipe draws one
-#: of these albumentations transforms, with its default parameters; ``Emboss`` is commented out there).
+#: of these albumentations transforms, with albumentations 1.3.1's default parameters: here run with those
+#: parameters, :mod:`.albumentations_defaults`; ``Emboss`` is commented out there).
 #: ``RandomRain``, ``RandomSnow`` and ``RandomFog`` draw streaks, flakes and haze over the image;
 #: albumentations returns no mask of them, so here they count as photometric (the table is unchanged).
 ALBUMENTATIONS_OPS = (
@@ -537,7 +588,10 @@ def _albumentations():
 @register_edit
 @dataclasses.dataclass(frozen=True)
 class Albumentation(PhotometricEdit):
-    """One albumentations transform ``op`` (of :data:`ALBUMENTATIONS_OPS`) at its default parameters.
+    """One albumentations transform ``op`` (of :data:`ALBUMENTATIONS_OPS`) as the authors ran it: albumentations
+    1.3.1 at its defaults. The installed albumentations runs it with 1.3.1's defaults given explicitly
+    (:mod:`.albumentations_defaults`), except the six operations whose algorithm 2.x changed, computed as
+    1.3.1 does (:mod:`.albumentations_131`).
 
     The transform's random parameters come from its own generator seeded with ``seed``
     (``set_random_seed``), so the edit replays exactly. Photometric: the table is unchanged.
@@ -557,6 +611,8 @@ class Albumentation(PhotometricEdit):
         return "pointwise" if self.op in POINTWISE_ALBUMENTATIONS else "true_size"
 
     def transform(self, image: Image.Image) -> Image.Image:
-        transform = getattr(_albumentations(), self.op)(p=1.0)
+        if self.op in REIMPLEMENTED:  # 2.x computes it otherwise: as albumentations 1.3.1 does
+            return Image.fromarray(apply_1_3_1(self.op, np.asarray(image), self.seed), "RGB")
+        transform = getattr(_albumentations(), self.op)(p=1.0, **authors_parameters(self.op))
         transform.set_random_seed(self.seed)
         return Image.fromarray(transform(image=np.asarray(image))["image"], "RGB")

@@ -1,0 +1,316 @@
+"""The authors' augmentation as an oracle for PixTrace's edits and tables (``scripts/check_against_authors.py``).
+
+:func:`run_data_checks` runs, in the authors' environment (a Python with their pinned albumentations 1.3.1,
+see the script's help), their own augmentation classes on real photos with seeded draws
+(:mod:`.authors_augmentation`), reads back the parameters each one drew, applies this package's edits
+with the same parameters (edit by edit, bicubic, as the paper presets render) and compares, each case
+ending with their final bicubic resize to the model input:
+
+* the pixels (mean absolute difference in grey levels, over the cases of an edit);
+* PixTrace's coordinate table with their ``MaskMapper``'s map of the same copy: the share of pixels that
+  either maps to a source pixel more than one pixel away from the other's (or that one traces and the
+  other does not), and the share mapped to exactly the same source pixel (reported);
+* the overlap priors CopyNCE learns from (patch overlap of the copy with the resized original, query to
+  reference, :func:`~copynce_hf.pixtrace.pair_overlaps`): made from their map and from the table;
+* each of their 24 "additional" albumentations operations under 1.3.1 against this package's
+  :class:`~copynce_hf.pixtrace.edits.Albumentation` under the installed 2.x: the mean absolute change each
+  makes to the photo, averaged over seeded draws (their draws and ours differ, their distribution must not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from ..modeling.errors import CopyNCEError
+from ..pixtrace import CoordinateTable, pair_overlaps
+from ..pixtrace.edits import (
+    ALBUMENTATIONS_OPS,
+    Affine,
+    Albumentation,
+    ColorJitter,
+    Grayscale,
+    HorizontalFlip,
+    OverlayEmoji,
+    OverlayImageBox,
+    Pad,
+    PasteIntoBox,
+    Perspective,
+    RandomResizedCrop,
+    Resize,
+    VerticalFlip,
+)
+from .authors_augmentation import OPERATIONS
+from .oracle import Row
+
+__all__ = ["ALBUMENTATIONS_LIMIT", "DATA_LIMITS", "MAP_TOLERANCE", "PRIOR_LIMIT", "run_data_checks"]
+
+SIZE = 224
+PATCH = 16
+
+#: Per edit: the largest mean absolute pixel difference (grey levels, 0-255) between their copy and ours with
+#: the same parameters, over the photos. Rendering the same Pillow operations gives 0; 0.5 admits one resampling
+#: more or less (a crop resized from the whole image with a box, as here, against a crop then a resize, as
+#: theirs; their other image resized to the model input and then to the box, here once) but no different
+#: interpolation, placement or colour (bilinear for bicubic, a one-pixel shift, another hue: 1 to 8 levels).
+DATA_LIMITS = {op: 0.5 for op in OPERATIONS}
+#: The edits that move pixels (their ``MaskMapper`` maps them; the others leave the map as it is).
+MAPPED = ("random_resized_crop", "affine", "perspective", "hflip", "vflip", "padding", "resize", "onto_other_image",
+          "other_image_onto")
+#: Their map follows three conventions of its own, each moving a source position by up to one pixel of the copy:
+#: the map is resized to the copy by nearest index (the first source pixel of each output cell, not the one at its
+#: centre), inverse-warped positions are truncated to integers, and their affine map rotates about (W/2, H/2)
+#: while the pixels rotate about the image's centre. Their positions and ours may so be up to 3 copy pixels apart,
+#: and a traced region's border up to 3 pixels; the content rows show which of the two maps their copy's pixels
+#: follow (ours: the table minus the map is negative).
+MAP_TOLERANCE = 3
+#: Those conventions shift a map by about one copy pixel on average (``same pixel`` in the rows), which moves one
+#: row and one column of a 16-pixel patch: the mean share of a patch's prior placed elsewhere may be up to 2 / 16.
+PRIOR_LIMIT = 2 / PATCH
+#: Relative difference of the mean change an albumentations operation makes, their 1.3.1 against ours, over 200
+#: seeded draws each. An operation computed otherwise (2.x's FancyPCA, ISONoise, MotionBlur, RandomFog and
+#: RandomRain before this package computed them as 1.3.1: 23 % to 260 %; GaussNoise's rounding: 10 %) moves it by
+#: far more than the sampling spread of 200 draws (a few per cent for the operations that draw one or two scalars).
+ALBUMENTATIONS_LIMIT = 0.15
+
+
+def _pixel_pair(case: dict, record: dict, size: tuple[int, int]) -> list:
+    """This package's edits with the parameters their class drew for ``case`` (their final resize excluded)."""
+    op, configs = case["op"], record["configs"]
+    params = [c["params"] for c in configs]
+    kinds = [c["type"] for c in configs]
+    crops = [RandomResizedCrop(p["j"], p["i"], p["j"] + p["w"], p["i"] + p["h"], p["size"][1], p["size"][0],
+                               "bicubic") for k, p in zip(kinds, params) if k == "CROP_RESIZE"]
+    if op == "random_resized_crop":
+        return crops
+    if op == "affine":
+        p = params[0]
+        return [Affine(angle=p["angle"], translate=tuple(p["translations"]), scale=p["scale"], shear=tuple(p["shear"]),
+                       fill=(0, 0, 0), resample="bicubic", form="torchvision")]
+    if op == "perspective":
+        p = params[0]
+        return [Perspective(p["startpoints"], p["endpoints"], fill=(0, 0, 0), resample="bicubic", form="torchvision")]
+    if op in ("hflip", "vflip"):
+        return [HorizontalFlip() if op == "hflip" else VerticalFlip()]
+    if op == "padding":
+        p = params[0]
+        return [Pad(p["left"] / size[1], p["top"] / size[0], (0, 0, 0))]
+    if op == "onto_other_image":
+        p = params[kinds.index("PASTE_IMAGE_ONTO")]
+        return crops + [PasteIntoBox({"kind": "file", "path": case["other"]}, p["size"][1], p["size"][0], p["j"], p["i"],
+                                     p["h"], p["w"], opacity=p["mask"]["params"]["opacity"], resample="bicubic")]
+    if op == "other_image_onto":
+        p = params[kinds.index("PASTE_IMAGE_BENEATH")]
+        height, width = (SIZE, SIZE) if crops else size
+        return crops + [OverlayImageBox({"kind": "file", "path": case["other"]}, x=p["j"] / width, y=p["i"] / height,
+                                        width=p["w"] / width, height=p["h"] / height, opacity=p["opacity"])]
+    return _appearance_edits(op, record)
+
+
+def _appearance_edits(op: str, record: dict) -> list:
+    if op == "emoji":  # their draws: the p test, the emoji, the size, the corner, the opacity
+        _, path, size, x, y, opacity = record["draws"]
+        name = "/".join(Path(path).parts[-2:])
+        return [OverlayEmoji(emoji=name, size=0.1 + 0.4 * size, x=x, y=y, opacity=0.7 + 0.3 * opacity, form="authors")]
+    if op == "color_jitter":  # their order and factors
+        order, brightness, contrast, saturation, hue = record["draws"]
+        return [ColorJitter(brightness, contrast, saturation, hue, form="torchvision", order=tuple(order))]
+    if op == "grayscale":
+        return [Grayscale()]
+    return []  # resize: only their final resize
+
+
+def _their_table(mapping: np.ndarray, source_size: tuple[int, int]) -> CoordinateTable:
+    """Their map (2, H, W) (row, column; -1 where none) of an image of ``source_size`` as a table (NaN where none)."""
+    coords = mapping.transpose(1, 2, 0).astype(np.float64).copy()
+    coords[(coords < 0).any(-1)] = np.nan
+    return CoordinateTable(coords, source_size)
+
+
+def _map_agreement(ours: CoordinateTable, theirs: np.ndarray, source_size: tuple[int, int]) -> dict[str, float]:
+    """How their map (2, H, W) of a copy agrees with our table of it, distances in pixels of the copy's scale
+    (source positions times the copy-to-source scale of each axis):
+
+    * ``apart``: share of the pixels both trace whose source positions are more than :data:`MAP_TOLERANCE`
+      copy pixels apart (Chebyshev);
+    * ``stray``: share of the pixels one side traces and the other does not that lie more than
+      :data:`MAP_TOLERANCE` pixels from the other side's traced region;
+    * ``same``: share of the pixels both trace mapped to the same source pixel (ours: the pixel whose area holds
+      our position), reported.
+    """
+    height, width = ours.size
+    scale = np.array([height / source_size[0], width / source_size[1]])
+    our_coords = ours.coords
+    our_traced = ~np.isnan(our_coords).any(-1)
+    their_coords = theirs.transpose(1, 2, 0).astype(np.float64)
+    their_traced = (their_coords >= 0).all(-1)
+    both = our_traced & their_traced
+    position = np.where(our_traced[..., None], our_coords, 0.0)
+    distance = (np.abs(position - their_coords) * scale).max(-1)
+    same = (np.floor(position + 0.5) == their_coords).all(-1)
+    to_ours = cv2.distanceTransform((~our_traced).astype(np.uint8), cv2.DIST_C, 3)
+    to_theirs = cv2.distanceTransform((~their_traced).astype(np.uint8), cv2.DIST_C, 3)
+    stray = (our_traced & ~their_traced & (to_theirs > MAP_TOLERANCE)) | (
+        their_traced & ~our_traced & (to_ours > MAP_TOLERANCE))
+    one_side = max(int((our_traced ^ their_traced).sum()), 1)
+    count = max(int(both.sum()), 1)
+    return {"apart": float((both & (distance > MAP_TOLERANCE)).sum() / count), "stray": float(stray.sum() / one_side),
+            "same": float((both & same).sum() / count)}
+
+
+def _content_error(copy: np.ndarray, original: np.ndarray, table: CoordinateTable) -> float:
+    """Mean abs difference (grey) between the copy's traced pixels and the original's pixel at their source."""
+    traced = ~np.isnan(table.coords).any(-1)
+    if not traced.any():
+        return 0.0
+    rows = np.clip(np.floor(table.coords[traced][:, 0] + 0.5).astype(int), 0, original.shape[0] - 1)
+    cols = np.clip(np.floor(table.coords[traced][:, 1] + 0.5).astype(int), 0, original.shape[1] - 1)
+    return float(np.abs(copy[traced] - original[rows, cols]).mean())
+
+
+def _prior_difference(ours: CoordinateTable, theirs: CoordinateTable, reference: CoordinateTable) -> float:
+    """Mean over the query patches with overlap of the total variation between the query -> reference overlap
+    priors made from our table and from their map (the share of a patch's prior placed elsewhere)."""
+    mine = pair_overlaps(ours, reference, PATCH)[0]
+    their = pair_overlaps(theirs, reference, PATCH)[0]
+    variation = 0.5 * np.abs(mine - their).sum(-1)
+    with_overlap = np.maximum(mine.sum(-1), their.sum(-1)) > 0
+    return float(variation[with_overlap].mean()) if with_overlap.any() else 0.0
+
+
+def _cases(images: list[Path], per_op: int, draws: int, small_photo: Path) -> list[dict]:
+    cases = []
+    for index, op in enumerate(OPERATIONS):
+        for k in range(per_op):
+            cases.append({"id": f"{op}-{k}", "op": op, "image": str(images[k % len(images)]),
+                          "other": str(images[(k + 1) % len(images)]), "seed": 1000 * index + k})
+    for index, op in enumerate(ALBUMENTATIONS_OPS):
+        for k in range(draws):
+            cases.append({"id": f"albumentations-{op}-{k}", "op": f"albumentations:{op}",
+                          "image": str(small_photo), "seed": 50_000 + 1000 * index + k})
+    return cases
+
+
+def _their_config(authors_code: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(authors_code / "core" / "configs" / "descriptor_default_config.yaml")
+    return OmegaConf.to_container(config.input.augmentation, resolve=True)
+
+
+def _run_worker(authors_python: str, authors_code: Path, request: dict, folder: Path) -> None:
+    (folder / "request.json").write_text(json.dumps(request))
+    package_root = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ, PYTHONPATH=str(package_root))
+    command = [authors_python, "-m", "copynce_hf.fidelity.authors_augmentation", "--authors-code", str(authors_code),
+               "--request", str(folder / "request.json"), "--output", str(folder / "theirs")]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode != 0:
+        raise CopyNCEError(f"the authors' augmentation failed in {authors_python}:\n{result.stderr[-3000:]}")
+
+
+def _edit_case(case: dict, folder: Path) -> dict[str, float]:
+    """One case: our edits with their parameters, compared with their copy and map."""
+    record = json.loads((folder / "theirs" / f"{case['id']}.json").read_text())
+    original = Image.open(case["image"]).convert("RGB")
+    source_size = (original.height, original.width)
+    image, table = original, CoordinateTable.identity(*source_size)
+    for edit in _pixel_pair(case, record, source_size) + [Resize(SIZE, SIZE, "bicubic")]:
+        image, table = edit(image, table)
+    theirs = np.asarray(Image.open(folder / "theirs" / f"{case['id']}.png").convert("RGB"), dtype=np.float64)
+    mapping = np.load(folder / "theirs" / f"{case['id']}.npy")
+    measures = {"pixels": float(np.abs(np.asarray(image, dtype=np.float64) - theirs).mean())}
+    if case["op"] in MAPPED:
+        their_table = _their_table(mapping, source_size)
+        reference = Resize(SIZE, SIZE, "bicubic")(original, CoordinateTable.identity(*source_size))[1]
+        source = np.asarray(original, dtype=np.float64)
+        measures.update(_map_agreement(table, mapping, source_size))
+        measures["prior"] = _prior_difference(table, their_table, reference)
+        measures["content"] = _content_error(theirs, source, table) - _content_error(theirs, source, their_table)
+    return measures
+
+
+def _edit_rows(cases: list[dict], folder: Path) -> list[Row]:
+    """Per edit: pixels, tables and priors of their copies against ours (limits: :data:`DATA_LIMITS`)."""
+    results: dict[str, list[dict]] = {}
+    for case in cases:
+        if not case["op"].startswith("albumentations:"):
+            results.setdefault(case["op"], []).append(_edit_case(case, folder))
+    rows = []
+    for op, values in results.items():
+        worst = {key: max(value[key] for value in values) for key in values[0]}
+        rows.append(Row(f"data, {op}: pixels, their class vs our edit, same parameters ({len(values)} photos)",
+                        "mean abs (grey)", worst["pixels"], DATA_LIMITS[op], 255.0))
+        if op not in MAPPED:
+            continue
+        same = float(np.mean([value["same"] for value in values]))
+        rows += [
+            Row(f"data, {op}: MaskMapper map vs PixTrace table, both traced, > {MAP_TOLERANCE} px apart "
+                f"(same pixel: {same:.0%})", "share", worst["apart"], 0.0, 1.0),
+            Row(f"data, {op}: MaskMapper map vs PixTrace table, traced by one only, > {MAP_TOLERANCE} px from the "
+                "other's region", "share", worst["stray"], 0.0, 1.0),
+            Row(f"data, {op}: their copy vs source at PixTrace table minus at MaskMapper map", "mean abs (grey)",
+                worst["content"], 0.0, 255.0),
+            Row(f"data, {op}: overlap prior from MaskMapper map vs PixTrace table", "mean TV", worst["prior"],
+                PRIOR_LIMIT, 1.0),
+        ]
+    return rows
+
+
+def _albumentations_rows(cases: list[dict], folder: Path) -> list[Row]:
+    """Per operation: mean |change| under their 1.3.1 against ours under 2.x, over the same number of draws."""
+    changes: dict[str, tuple[list, list]] = {}
+    for case in cases:
+        if not case["op"].startswith("albumentations:"):
+            continue
+        op = case["op"].split(":", 1)[1]
+        original = Image.open(case["image"]).convert("RGB")
+        source = np.asarray(original, dtype=np.float64)
+        theirs = json.loads((folder / "theirs" / f"{case['id']}.json").read_text())["change"]
+        ours = Albumentation(op=op, seed=case["seed"]).transform(original)
+        pair = changes.setdefault(op, ([], []))
+        pair[0].append(theirs)
+        pair[1].append(np.abs(np.asarray(ours, dtype=np.float64) - source).mean())
+    rows = []
+    for op, (theirs, ours) in changes.items():
+        their_mean, our_mean = float(np.mean(theirs)), float(np.mean(ours))
+        relative = abs(our_mean - their_mean) / max(their_mean, 1e-9)
+        rows.append(Row(f"data, additional {op}: mean change, albumentations 1.3.1 vs ours ({len(theirs)} draws; "
+                        f"{their_mean:.2f} vs {our_mean:.2f} grey)", "relative", relative, ALBUMENTATIONS_LIMIT,
+                        their_mean))
+    return rows
+
+
+def run_data_checks(authors_code: str | Path, authors_python: str, images: list[Path], per_op: int = 6,
+                    draws: int = 200, work_folder: str | Path | None = None) -> list[Row]:
+    """Compare this package's edits and tables with the authors' augmentation (module docstring).
+
+    Args:
+        authors_code: a checkout of GitHub eddielyc/CopyNCE.
+        authors_python: the Python of the authors' environment (albumentations 1.3.1).
+        images: photographs (at least 2); each edit runs on ``per_op`` of them in turn.
+        per_op: cases per edit; draws: seeded draws per albumentations operation.
+        work_folder: where their outputs go (a temporary folder by default).
+    """
+    if len(images) < 2:
+        raise CopyNCEError("the data checks need at least 2 images")
+    authors_code = Path(authors_code).resolve()
+    if not Path(authors_python).is_file():
+        raise CopyNCEError(f"{authors_python} is not a Python of the authors' environment; build one as "
+                           "scripts/check_against_authors.py --help says")
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(work_folder) if work_folder else Path(temporary)
+        folder.mkdir(parents=True, exist_ok=True)
+        small_photo = folder / "photo-128.png"  # the albumentations draws: many, on a small photo
+        Image.open(images[0]).convert("RGB").resize((128, 128), Image.BICUBIC).save(small_photo)
+        cases = _cases(list(images), per_op, draws, small_photo)
+        request = {"config": _their_config(authors_code), "image_size": SIZE, "cases": cases}
+        _run_worker(authors_python, authors_code, request, folder)
+        return _edit_rows(cases, folder) + _albumentations_rows(cases, folder)
