@@ -56,7 +56,8 @@ def test_ramp_oracle_on_paper_preset_draws(preset):
     agreements, judged_draws = [], 0
     for k in range(DRAWS):
         result = editor(source, seed=k)
-        geometry = replay(source, _traced_equivalent(result.edits))
+        # Rendered fused (bilinear, antialiased): bicubic's overshoot next to an occluder's edge is not the table's.
+        geometry = replay(source, _traced_equivalent(result.edits), fuse=True)
         # Photometric edits and the blend levels above the 0.5 rule do not change the table.
         np.testing.assert_array_equal(geometry.table.coords, result.table.coords)
         check = ramp_check(geometry.image, geometry.table, tolerance=3.0, blend_band=3)

@@ -36,7 +36,7 @@ from .fused import render_fused
 from .recipes import CopyRecipe
 from .table import CoordinateTable
 
-__all__ = ["CopyEditor", "CopyResult", "replay"]
+__all__ = ["CopyEditor", "CopyResult", "renders_fused", "replay"]
 
 
 # ---------------------------------------------------------------------- the editor
@@ -146,15 +146,19 @@ class CopyEditor:
         return f"CopyEditor(seed={self.seed}, output_size={self.output_size}, fuse={self.fuse}, steps={active})"
 
 
-def replay(image: Image.Image | str | os.PathLike, edits: Sequence[dict[str, Any]], fuse: bool = True) -> CopyResult:
+def replay(image: Image.Image | str | os.PathLike, edits: Sequence[dict[str, Any]],
+           fuse: bool | None = None) -> CopyResult:
     """Apply a recorded list of edits (``CopyResult.edits``) to ``image``: same image, same table.
 
-    ``fuse`` must be the editor's to reproduce its pixels exactly (``CopyEditor.fuse``: the recipe's
-    ``fused``, ``False`` for the paper presets): ``True`` (the default)
+    ``fuse`` must be the editor's to reproduce its pixels exactly (``CopyEditor.fuse``): ``True``
     renders with :func:`~copynce_hf.pixtrace.fused.render_fused`, ``False`` applies the edits one
-    by one. The table is the same either way.
+    by one. ``None`` (the default) follows the edits (:func:`renders_fused`): one by one when an edit asks
+    for what the fused renderer does not do (the paper presets' bicubic resampling and torchvision or
+    authors' forms), fused otherwise (the package's ``training`` recipe). The table is the same either way.
     """
     image = _as_rgb(image)
+    if fuse is None:
+        fuse = renders_fused(edits)
     if fuse:
         image, table = render_fused(image, [edit_from_dict(description) for description in edits])
         return CopyResult(image, table, [dict(d) for d in edits])
@@ -162,6 +166,21 @@ def replay(image: Image.Image | str | os.PathLike, edits: Sequence[dict[str, Any
     for description in edits:
         image, table = edit_from_dict(description)(image, table)
     return CopyResult(image, table, [dict(d) for d in edits])
+
+
+#: Edit forms the fused renderer does not reproduce (the authors' renderings).
+_EDIT_BY_EDIT_FORMS = ("torchvision", "authors")
+
+
+def renders_fused(edits: Sequence[dict[str, Any]]) -> bool:
+    """Whether :func:`replay` renders ``edits`` fused by default: no edit names a resampling other than bilinear
+    (the fused renderer's) or one of the authors' forms (``form`` ``torchvision`` or ``authors``), as the
+    chains of the package's own recipes; the paper presets' chains are rendered edit by edit."""
+    for description in edits:
+        params = description.get("params", {})
+        if params.get("resample") not in (None, "bilinear") or params.get("form") in _EDIT_BY_EDIT_FORMS:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------- helpers
