@@ -6,7 +6,8 @@ busy processes on two cores cost 2.8 times its idle CPU time. The policy here, a
 point before torch is imported:
 
 * the thread count is the number of cores this process may run on (its CPU affinity) less the cores other
-  processes keep busy (the one-minute load average), at least one;
+  processes keep busy when it starts (the runnable processes Linux counts, read for a tenth of a second), at
+  least one;
 * idle threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): they sleep instead of spinning.
 
 What a user set wins: an ``OMP_NUM_THREADS`` or ``OMP_WAIT_POLICY`` in the environment is kept, and
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import sys
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +38,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores() -> float:
-    """Cores kept busy by the processes running now: the one-minute load average (0 where there is none)."""
+def busy_cores(samples: int = 10, interval: float = 0.01) -> float:
+    """Cores other processes keep busy now: the runnable processes besides this one, the median of ``samples``
+    readings of Linux's ``procs_running`` ``interval`` seconds apart (about 0.1 s); where there is no
+    ``/proc/stat``, the one-minute load average (which lags, and counts this program's own earlier runs)."""
+    readings = []
+    for index in range(samples):
+        try:
+            with open("/proc/stat", encoding="ascii") as handle:
+                readings += [int(line.split()[1]) - 1 for line in handle if line.startswith("procs_running ")]
+        except (OSError, ValueError):
+            break
+        if index + 1 < samples:
+            time.sleep(interval)
+    if readings:
+        return float(statistics.median(readings))
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -44,10 +60,8 @@ def busy_cores() -> float:
 
 
 def choose_threads(cores: int, busy: float) -> int:
-    """Threads for ``cores`` usable cores of which ``busy`` (a load average) are taken: the free ones, >= 1.
-
-    A core counts as taken from a load of half a process on it (a load of 0.4 leaves both of two cores).
-    """
+    """Threads for ``cores`` usable cores of which ``busy`` (runnable processes, or a load average) are taken:
+    the free ones, >= 1. A core counts as taken from half a process on it (0.4 leaves both of two cores)."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     return max(1, min(cores, cores - int(busy + 0.5)))

@@ -61,3 +61,29 @@ def test_torch_started_after_the_policy_runs_with_its_threads():
     assert out.returncode == 0, out.stderr
     chosen, torch_threads, wait = out.stdout.split()
     assert chosen == torch_threads and wait == "PASSIVE"
+
+
+def test_busy_cores_counts_processes_running_beside_this_one():
+    """Two processes spinning beside this one are counted at once (no load-average lag)."""
+    import multiprocessing
+
+    from copynce_hf.threads import busy_cores
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat: the policy falls back to the load average")
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
+    for process in spinners:
+        process.start()
+    try:
+        busy = busy_cores(samples=20)
+    finally:
+        stop.set()
+        for process in spinners:
+            process.join()
+    assert busy >= 2
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
