@@ -31,8 +31,16 @@ from benchmarks.common import DEFAULT_OUTPUT_DIR, command_line, machine_info, no
 __all__ = ["main", "measure", "spin"]
 
 
-def spin(stop) -> None:
-    """Keep one core busy until ``stop`` is set (a pure-Python loop: the load a user's other work makes)."""
+def spin(stop, load: str = "python") -> None:
+    """Keep the machine busy until ``stop`` is set: ``python``, one core with a pure-Python loop; ``blas``,
+    numpy matrix products on BLAS's own thread pool (every core, as another numerical job would)."""
+    if load == "blas":
+        import numpy
+
+        matrix = numpy.random.default_rng(0).standard_normal((384, 384))
+        while not stop.is_set():
+            matrix = numpy.tanh(matrix @ matrix.T / 384.0)
+        return
     count = 0
     while not stop.is_set():
         for _ in range(100_000):
@@ -54,14 +62,15 @@ def run_once(command: list[str], env: dict) -> dict:
     return {"wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2)}
 
 
-def measure(command: list[str], busy: int, repeats: int, env: dict, settle: float = 60.0) -> dict:
+def measure(command: list[str], busy: int, repeats: int, env: dict, settle: float = 60.0,
+            load: str = "python") -> dict:
     """``repeats`` idle runs, then ``repeats`` runs beside ``busy`` spinning processes, started ``settle`` seconds
     before the first contended run (the load a user's other work has built up, as the load average shows it)."""
     runs = {"idle": [], "contended": []}
     for index in range(repeats):
         runs["idle"].append(run_once([part.replace("{run}", f"idle{index}") for part in command], env))
     stop = multiprocessing.Event()
-    spinners = [multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(busy)]
+    spinners = [multiprocessing.Process(target=spin, args=(stop, load), daemon=True) for _ in range(busy)]
     for process in spinners:
         process.start()
     try:
@@ -94,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs idle and runs contended (default 3)")
     parser.add_argument("--settle", type=float, default=60.0,
                         help="seconds the busy processes run before the first contended run (default 60)")
+    parser.add_argument("--load", choices=("python", "blas"), default="python",
+                        help="what the busy processes run: a pure-Python loop (one core each) or numpy matrix "
+                             "products on BLAS threads (default python)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment of the command")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT_DIR / "contention.json"), help="result file")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
@@ -104,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"created": now(), "machine": machine_info(), "command_line": command_line(), "command": command,
               "busy": args.busy, "repeats": args.repeats, "env": args.env,
               "settle_seconds": args.settle,
-              **measure(command, args.busy, args.repeats, _parse_env(args.env), args.settle)}
+              "load": args.load, **measure(command, args.busy, args.repeats, _parse_env(args.env), args.settle,
+                                           args.load)}
     write_json(args.output, result)
     print(f"idle CPU (median of {args.repeats}): {result['idle_cpu_median']:.1f} s; beside {args.busy} busy "
           f"processes, worst: {result['contended_cpu_worst']:.1f} s ({result['cpu_ratio_worst']:.2f}x); "

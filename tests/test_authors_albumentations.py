@@ -1,13 +1,13 @@
 """The authors' "additional" operations run with albumentations 1.3.1's defaults (their pinned version),
-given explicitly to the installed albumentations 2.x (issue 40, item 2)."""
+given explicitly to the installed albumentations 2.x (a requirement of the tests: the dev extra)."""
 
 from __future__ import annotations
 
 import math
 
+import albumentations  # noqa: F401  (the dev extra: a missing one fails, as everywhere)
 import numpy as np
 import pytest
-from conftest import requires_extra
 from PIL import Image
 
 from copynce_hf.data import ASSET_IMAGES
@@ -15,8 +15,6 @@ from copynce_hf.pixtrace.edits import ALBUMENTATIONS_OPS, Albumentation
 from copynce_hf.pixtrace.edits.albumentations_131 import DEFAULTS_1_3_1, REIMPLEMENTED
 from copynce_hf.pixtrace.edits.albumentations_defaults import AUTHORS_PARAMETERS, authors_parameters
 from copynce_hf.pixtrace.table import CoordinateTable
-
-requires_extra("albumentations", "train")
 
 #: albumentations 1.3.1's defaults (its source), in 2.x's names, for the operations 2.x runs: the pin.
 PINNED = {
@@ -63,7 +61,6 @@ def test_every_operation_is_pinned_once():
 
 @pytest.mark.parametrize("op", sorted(PINNED))
 def test_each_operation_runs_with_the_pinned_parameters(op):
-    import albumentations
 
     assert AUTHORS_PARAMETERS[op] == PINNED[op]
     transform = getattr(albumentations, op)(p=1.0, **authors_parameters(op))

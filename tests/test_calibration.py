@@ -326,8 +326,8 @@ def test_calibration_queries_are_seeded_and_refuse_a_too_small_collection(collec
 
 def test_the_default_matcher_decides_with_the_matcher_stage(collection, tmp_path, capsys):
     """``calibrate`` then ``detect --calibration`` and ``dedup --calibration`` with the default (embedded) models: the
-    decision uses the matcher stage's threshold, since the default matcher is the embedded one (issue 41: ``detect``
-    took the descriptor stage's threshold to decide on matcher scores when ``--matcher`` was left out)."""
+    decision uses the matcher stage's threshold, since the default matcher is the embedded one (``detect`` once took the
+    descriptor stage's threshold to decide on matcher scores when ``--matcher`` was left out)."""
     from copynce_hf.retrieval.apps.calibration import Calibration
 
     code, _, err = run_cli(capsys, "calibrate", collection / "refs", "--distractors", collection / "others",

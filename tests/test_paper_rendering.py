@@ -1,5 +1,5 @@
 """The paper presets render as the authors' augmentation does: bicubic at every geometric edit, a bicubic
-final resize and a bicubic reference, the original at full resolution (issue 40, item 1)."""
+final resize and a bicubic reference, the original at full resolution."""
 
 from __future__ import annotations
 
