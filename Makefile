@@ -33,7 +33,7 @@ install: $(STAMP)
 
 test: install browser
 	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces
-	$(PYTHON) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal tests  # no -x: every test runs, then the target fails if any did
+	$(PYTHON) -m pytest -q --timeout=900 -n $(TEST_WORKERS) --dist worksteal --durations=10 tests  # no -x: every test runs, then the target fails if any did
 
 lint: install
 	$(PYTHON) -m ruff check copynce_hf scripts tests benchmarks spaces
