@@ -64,11 +64,9 @@ class IndexRequest:
 
     def index_config(self):
         """The :class:`~..search.index.IndexConfig` (search knobs left unset keep their defaults)."""
-        from ..search.index import IndexConfig
+        from ..search.index import IndexConfig, search_knobs
 
-        knobs = {name: getattr(self, name) for name in ("ef_search", "nprobe", "k_factor")
-                 if getattr(self, name) is not None}
-        return IndexConfig(kind=self.kind, nlist=self.nlist, pq_m=self.pq_m, **knobs)
+        return IndexConfig(kind=self.kind, nlist=self.nlist, pq_m=self.pq_m, **search_knobs(self))
 
     def info(self, views: str, whitened: bool) -> dict:
         """What ``index.json`` records: the model (an absolute folder, a Hub id or the embedded one), the views,

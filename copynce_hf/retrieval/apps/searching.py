@@ -77,7 +77,7 @@ class SearchDone:
 def _open_search(request: SearchRequest):
     """The outputs, options, images, index and model checked before the model loads: ``(source, index, views,
     whether views are searched, model path)``."""
-    from ..search.index import DescriptorIndex
+    from ..search.index import DescriptorIndex, search_knobs
     from ..search.view_search import view_preset_of
     from ..search.views import ViewPreset
 
@@ -95,8 +95,7 @@ def _open_search(request: SearchRequest):
     if with_views and (request.stretch or request.hdf5):
         raise ConfigError("--stretch and --hdf5 need one descriptor per image: not with local crops views "
                           "(--descriptor-lce, or an index built with --descriptor-lce)")
-    knobs = {name: getattr(request, name) for name in ("ef_search", "nprobe", "k_factor")
-             if getattr(request, name) is not None}
+    knobs = search_knobs(request)
     if knobs:
         index.set_search_parameters(**knobs)
     model_path = request.model or index.info.get("model")

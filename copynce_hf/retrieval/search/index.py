@@ -124,6 +124,16 @@ class IndexConfig:
         return ""
 
 
+#: The fields of :class:`IndexConfig` that a search may change on a built index (:meth:`DescriptorIndex.set_search_parameters`).
+SEARCH_KNOBS = ("ef_search", "nprobe", "k_factor")
+
+
+def search_knobs(settings) -> dict[str, int]:
+    """The :data:`SEARCH_KNOBS` ``settings`` (an object with those attributes, e.g. a request) sets, ``None``
+    values left out (they keep the index's own)."""
+    return {name: getattr(settings, name) for name in SEARCH_KNOBS if getattr(settings, name) is not None}
+
+
 def _training_rows(count: int, limit: int, seed: int = 0) -> np.ndarray:
     """The rows (sorted) the IVF-PQ quantisers train on: all ``count`` rows, or ``limit`` of them drawn without
     replacement with a fixed seed."""
