@@ -16,6 +16,7 @@ What a user set wins: an ``OMP_NUM_THREADS`` or ``OMP_WAIT_POLICY`` in the envir
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import statistics
@@ -67,16 +68,13 @@ def choose_threads(cores: int, busy: float) -> int:
     return max(1, min(cores, cores - int(busy + 0.5)))
 
 
+@dataclasses.dataclass(frozen=True)
 class ThreadPolicy:
-    """The thread count and wait policy one entry point runs with, and where each came from."""
+    """The thread count and wait policy one entry point runs with, and where the count came from."""
 
-    def __init__(self, threads: int, source: str, wait_policy: str):
-        self.threads = threads
-        self.source = source
-        self.wait_policy = wait_policy
-
-    def __repr__(self) -> str:
-        return f"ThreadPolicy(threads={self.threads}, source={self.source!r}, wait_policy={self.wait_policy!r})"
+    threads: int
+    source: str
+    wait_policy: str
 
     def describe(self) -> str:
         """One log line: ``threads: 1 (2 usable cores, 1.6 busy); OpenMP wait policy PASSIVE``."""
