@@ -7,6 +7,8 @@ that image as a JSON-serialisable *spec*, so that a recorded list of edits stays
 * ``{"kind": "noise", "seed": 3, "size": [h, w]}``: smooth random colour noise;
 * ``{"kind": "gradient", "seed": 3, "size": [h, w]}``: a random two-colour linear gradient;
 * ``{"kind": "solid", "color": [r, g, b], "size": [h, w]}``: a flat colour;
+* ``{"kind": "frame", "style": "post", "seed": 3, "size": [h, w]}``: a procedural app frame
+  (:mod:`.frames`: a feed post, a chat, a story) whose photo box is left empty;
 * ``{"kind": "pool", "id": "T000123"}``: an image of a dataset named by its id (the training pairs'
   other-image pool, :class:`~copynce_hf.data.CopyPairMaker`); the image itself is not in the spec, so
   a list of edits holding one is rendered after :func:`bind_pool_images` puts the images in.
@@ -45,6 +47,10 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
     if kind == "solid":
         color = tuple(int(c) for c in spec.get("color", (127, 127, 127)))
         return Image.new("RGB", (width, height), color)
+    if kind == "frame":
+        from .frames import draw_frame
+
+        return draw_frame(str(spec.get("style", "post")), int(spec.get("seed", 0)), (height, width))
     if kind == "noise":
         return Image.fromarray(noise_grid(spec), "RGB").resize((width, height), Image.BICUBIC)
     if kind == "gradient":
@@ -55,7 +61,7 @@ def resolve_image(spec: ImageSpec | Image.Image) -> Image.Image:
         t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
         pixels = start + t[..., None] * (end - start)
         return Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8), "RGB")
-    raise EditParameterError(f"unknown image spec kind {kind!r}; use file, noise, gradient or solid")
+    raise EditParameterError(f"unknown image spec kind {kind!r}; use file, noise, gradient, solid or frame")
 
 
 def bind_pool_images(edits: Sequence[dict[str, Any]], images: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -85,7 +91,7 @@ def is_procedural(spec: Any) -> bool:
 
 def image_size(spec: ImageSpec | Image.Image) -> tuple[int, int]:
     """(H, W) of the image a spec describes: generated specs state it, files and PIL images are read."""
-    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise", "solid") and "size" in spec:
+    if isinstance(spec, dict) and spec.get("kind") in ("gradient", "noise", "solid", "frame") and "size" in spec:
         return _spec_size(spec)
     image = resolve_image(spec)
     return image.height, image.width
