@@ -27,6 +27,7 @@ from .pairs import (
     GroundTruthPairDataset,
     StreamingCopyPairDataset,
 )
+from .templated import TemplateGroups, TemplatePairs
 
 __all__ = [
     "ASSET_IMAGES",
@@ -45,6 +46,8 @@ __all__ = [
     "PairKey",
     "PixTraceCollator",
     "StreamingCopyPairDataset",
+    "TemplateGroups",
+    "TemplatePairs",
     "build_knn_graph",
     "default_image_folder",
     "is_disc21_folder",

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..modeling.errors import ConfigError
 from ..outputs import give_default_mode
+from .templated import TemplateGroups
 
 __all__ = ["KNNGraph", "PairKey", "CopyPairBatchSampler", "build_knn_graph"]
 
@@ -34,12 +35,16 @@ class PairKey:
     """Identifies one pair of the training stream; the pair dataset draws everything from it.
 
     ``batch`` is the global batch index, ``slot`` the position in the global batch and ``index`` the
-    image (row of the image dataset) the query is made from.
+    image (row of the image dataset) the query is made from. A slot of a shared-template group
+    (:mod:`.templated`) also carries ``template_group`` (the group's first global slot; -1: a plain slot) and
+    ``group_images`` (the image rows of the group's members, in slot order, ``index`` among them).
     """
 
     batch: int
     slot: int
     index: int
+    template_group: int = -1
+    group_images: tuple[int, ...] = ()
 
 
 @dataclass
@@ -175,6 +180,8 @@ class CopyPairBatchSampler:
         start_batch: first global batch to yield (resume).
         num_batches: global batches to yield in total (``None``: endless).
         paired_slots: each slot yields the anchor's pair and its hard negative's pair (see above).
+        template_groups: which slots of each process's batch share a template (:class:`~.templated.TemplateGroups`;
+            ``None`` or a share of 0: none, the paper's batches); their keys name their group and its images.
     """
 
     def __init__(
@@ -190,6 +197,7 @@ class CopyPairBatchSampler:
         start_batch: int = 0,
         num_batches: int | None = None,
         paired_slots: bool = False,
+        template_groups: TemplateGroups | None = None,
     ):
         if num_images < 2:
             raise ConfigError(f"the training set needs at least 2 readable images, got {num_images}")
@@ -212,6 +220,7 @@ class CopyPairBatchSampler:
         self.start_batch = start_batch
         self.num_batches = num_batches
         self.paired_slots = bool(paired_slots)
+        self.template_groups = template_groups if template_groups is not None else TemplateGroups()
         #: Pairs each process gets per batch.
         self.pairs_per_process = batch_size * (2 if self.paired_slots else 1)
         self.global_batch_size = self.pairs_per_process * num_processes
@@ -271,6 +280,13 @@ class CopyPairBatchSampler:
         size = self.pairs_per_process
         lo = self.process_index * size
         while self.num_batches is None or batch < self.num_batches:
-            images = self.global_batch(batch)
-            yield [PairKey(batch, slot, images[slot]) for slot in range(lo, lo + size)]
+            yield self.keys(batch, self.global_batch(batch)[lo: lo + size], lo)
             batch += 1
+
+    def keys(self, batch: int, images: Sequence[int], first_slot: int) -> list[PairKey]:
+        """The keys of one process's slots (global slots from ``first_slot``) holding the image rows ``images``,
+        the slots of its shared-template groups naming their group (:meth:`TemplateGroups.assign`)."""
+        groups = self.template_groups.assign(images)
+        return [PairKey(batch, first_slot + slot, int(image),
+                        first_slot + group if group >= 0 else -1, members)
+                for slot, (image, (group, members)) in enumerate(zip(images, groups))]

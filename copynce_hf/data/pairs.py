@@ -28,9 +28,11 @@ from PIL import Image
 
 from ..modeling.errors import ConfigError
 from ..pixtrace import CoordinateTable
+from ..pixtrace.templates import Template
 from .collator import CopyPair
 from .hard_negatives import KNNGraph, PairKey
 from .loading import ImageDecoder
+from .templated import TemplatePairs
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +40,12 @@ __all__ = ["OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "Finet
            "StreamingCopyPairDataset"]
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
-#: ``CopyRecipe.training()``), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
+#: ``CopyRecipe.training()``), ``light_copy`` (a few mild edits, ``CopyRecipe.light_copy()``: the second copy
+#: of a copy-to-copy pair), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
 #: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``off`` (no random edit, ``CopyRecipe.off()``:
 #: the reference resized to the model input),
 #: ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
-RECIPES = ("training", "paper_descriptor", "paper_matcher", "off", "resize")
+RECIPES = ("training", "light_copy", "paper_descriptor", "paper_matcher", "off", "resize")
 
 #: Where the crop group's "another image" comes from (``TrainingConfig.other_images``): ``training_images``
 #: (another image of the training data, as the authors' ``background_paths``; recorded in the copy's edits
@@ -80,6 +83,11 @@ class CopyPairMaker:
             only resized (the ``off`` recipe) instead of edited with ``query_recipe``: the authors' code
             (``copy_dataset.py``) resizes their negative's query with probability 0.5; 0.0 (the default)
             always edits it. The choice is drawn from the pair's ``query_seed``, so the pair replays.
+        reference_copy_recipe, copy_to_copy_share: with probability ``copy_to_copy_share`` (drawn from the
+            pair's ``reference_seed``) a pair's reference is made with ``reference_copy_recipe`` (``light_copy``)
+            instead of ``reference_recipe``: two edited copies of one original, whose CopyNCE prior comes from
+            both tables (beyond the paper, whose references are never edited; 0.0, the default, is the paper's
+            recipe). Negative pairs draw it too, so that an edited reference says nothing of the label.
 
     ``maker(query_original, reference_original, label, query_seed, reference_seed)`` returns a
     :class:`CopyPair` whose tables map each copy to its own original (for a positive pair both
@@ -88,12 +96,18 @@ class CopyPairMaker:
 
     def __init__(self, image_size: int, query_recipe: str = "training", reference_recipe: str = "off",
                  max_source_side: int | None = None, fuse: bool | None = None,
-                 negative_query_resize_prob: float = 0.0):
-        for key, value in (("query_recipe", query_recipe), ("reference_recipe", reference_recipe)):
+                 negative_query_resize_prob: float = 0.0, reference_copy_recipe: str = "light_copy",
+                 copy_to_copy_share: float = 0.0):
+        for key, value in (("query_recipe", query_recipe), ("reference_recipe", reference_recipe),
+                           ("reference_copy_recipe", reference_copy_recipe)):
             if value not in RECIPES:
                 raise ConfigError(f"{key}={value!r} is not a recipe; use one of {RECIPES}")
-        if not 0.0 <= negative_query_resize_prob <= 1.0:
-            raise ConfigError(f"negative_query_resize_prob={negative_query_resize_prob} must be in [0, 1]")
+        for key, value in (("negative_query_resize_prob", negative_query_resize_prob),
+                           ("copy_to_copy_share", copy_to_copy_share)):
+            if isinstance(value, bool) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{key}={value!r} must be in [0, 1]")
+        self.reference_copy_recipe = reference_copy_recipe
+        self.copy_to_copy_share = float(copy_to_copy_share)
         self.negative_query_resize_prob = float(negative_query_resize_prob)
         self.image_size = int(image_size)
         self.query_recipe = query_recipe
@@ -146,8 +160,8 @@ class CopyPairMaker:
             self._editors[recipe] = editor
         return editor
 
-    def copy(self, image: Image.Image, recipe: str, seed: int,
-             other_images: OtherImagePicker | None = None) -> tuple[Image.Image, CoordinateTable, list]:
+    def copy(self, image: Image.Image, recipe: str, seed: int, other_images: OtherImagePicker | None = None,
+             template: Template | None = None) -> tuple[Image.Image, CoordinateTable, list]:
         """One traced copy of ``image`` at ``S x S`` made by the preset ``recipe``: ``(copy, table to image, edits)``.
 
         ``edits`` is the list of ``Edit.to_dict()`` drawn: ``pixtrace.replay(image, edits, fuse=maker.fused(recipe))`` rebuilds the
@@ -155,10 +169,13 @@ class CopyPairMaker:
         With ``other_images``, the crop group's pastes (``paste_into_box``, ``overlay_image_box``) take
         another image of the training data instead of a procedural one, drawn with a generator seeded
         by ``seed``; ``edits`` names it ``{"kind": "pool", "id": ...}`` and replays after
-        ``pixtrace.bind_pool_images(edits, {id: image})``.
+        ``pixtrace.bind_pool_images(edits, {id: image})``. With ``template``, the copy (at ``S x S``) is put
+        into it and resized back to ``S x S`` (bicubic), see :meth:`templated_copy`.
         """
         from ..pixtrace.edits.geometric import Resize
 
+        if template is not None:
+            return self.templated_copy(image, recipe, seed, template, other_images)
         size = self.image_size
         if recipe == "resize":
             table = CoordinateTable.identity(image.height, image.width)
@@ -184,6 +201,45 @@ class CopyPairMaker:
             edits.append(resize.to_dict())
         return edited, table, edits
 
+    def templated_copy(self, image: Image.Image, recipe: str, seed: int, template: Template,
+                       other_images: OtherImagePicker | None = None) -> tuple[Image.Image, CoordinateTable, list]:
+        """:meth:`copy` put into ``template``: the copy's chain (ending at ``S x S``), the template's edits for an
+        ``S x S`` image, then a bicubic resize to ``S x S``, rendered as one chain (fused where the recipe is), so
+        that ``pixtrace.replay`` of ``edits`` (after ``bind_pool_images`` of the pool images it names, the
+        template's background photo among them) rebuilds the same copy and table. Template pixels are untraced."""
+        from ..pixtrace import bind_pool_images, replay
+        from ..pixtrace.edits.geometric import Resize
+
+        size = self.image_size
+        logged, bound = self._chain(image, recipe, seed, other_images)
+        final = Resize(size, size, resample="bicubic").to_dict()
+        if _chain_size(bound, (image.height, image.width)) != (size, size):
+            logged, bound = logged + [final], bound + [final]
+        framed = template.edit_dicts((size, size))
+        images = {} if template.background is None else {str(template.params["image"]["id"]): template.background}
+        logged = logged + framed + [final]
+        bound = bound + bind_pool_images(framed, images) + [final]
+        result = replay(image, bound, fuse=self.fused(recipe))
+        return result.image, result.table, logged
+
+    def _chain(self, image: Image.Image, recipe: str, seed: int,
+               other_images: OtherImagePicker | None) -> tuple[list[dict], list[dict]]:
+        """``(edits naming pool images by id, the same edits holding them)`` that :meth:`copy` draws for ``image``."""
+        if recipe == "resize":
+            return [], []
+        drawn = [edit.to_dict() for edit in self.editor(recipe).draw((image.height, image.width), seed=int(seed))]
+        if other_images is None:
+            return drawn, drawn
+        return _with_pool_images(drawn, other_images, np.random.default_rng([int(seed), 0x0A11]))
+
+    def reference_recipe_for(self, reference_seed: int) -> str:
+        """The recipe of a pair's reference: ``reference_copy_recipe`` with probability ``copy_to_copy_share``
+        (drawn from ``reference_seed``), else ``reference_recipe``."""
+        if not self.copy_to_copy_share:
+            return self.reference_recipe
+        draw = np.random.default_rng([int(reference_seed), 0xC2C]).random()
+        return self.reference_copy_recipe if draw < self.copy_to_copy_share else self.reference_recipe
+
     def query_recipe_for(self, label: int, query_seed: int) -> str:
         """The recipe of a pair's query: ``query_recipe``, or ``off`` for a negative pair drawn to be only
         resized (probability ``negative_query_resize_prob``, from ``query_seed``)."""
@@ -203,14 +259,23 @@ class CopyPairMaker:
         reference_id: str = "",
         skipped_images: int = 0,
         other_images: OtherImagePicker | None = None,
+        query_template: Template | None = None,
+        reference_template: Template | None = None,
     ) -> CopyPair:
+        """The pair; ``edits`` holds each side's chain, the ``recipes`` they were drawn with and, where a side is
+        put into a template, ``templates`` (``{"query": Template.to_dict() or None, "reference": ...}``)."""
         same = reference_original is query_original
         query_original = self.source(query_original)
         reference_original = query_original if same else self.source(reference_original)
-        query, query_table, query_edits = self.copy(query_original, self.query_recipe_for(label, query_seed), query_seed,
-                                                  other_images)
-        reference, reference_table, reference_edits = self.copy(reference_original, self.reference_recipe, reference_seed,
-                                                              other_images)
+        recipes = {"query": self.query_recipe_for(label, query_seed), "reference": self.reference_recipe_for(reference_seed)}
+        query, query_table, query_edits = self.copy(query_original, recipes["query"], query_seed, other_images,
+                                                  query_template)
+        reference, reference_table, reference_edits = self.copy(reference_original, recipes["reference"], reference_seed,
+                                                              other_images, reference_template)
+        edits = {"query": query_edits, "reference": reference_edits, "recipes": recipes}
+        if query_template is not None or reference_template is not None:
+            edits["templates"] = {side: None if template is None else template.to_dict()
+                                  for side, template in (("query", query_template), ("reference", reference_template))}
         return CopyPair(
             query=query,
             reference=reference,
@@ -220,8 +285,19 @@ class CopyPairMaker:
             query_id=query_id,
             reference_id=reference_id,
             skipped_images=skipped_images,
-            edits={"query": query_edits, "reference": reference_edits},
+            edits=edits,
         )
+
+
+def _chain_size(edits: list[dict], size: tuple[int, int]) -> tuple[int, int]:
+    """(H, W) of the image a chain of ``Edit.to_dict()`` records makes from an image of ``size``."""
+    from ..pixtrace.edits.base import edit_from_dict
+
+    for description in edits:
+        edit = edit_from_dict(description)
+        if edit.kind == "geometric":
+            size = edit.output_size(size)
+    return size
 
 
 def _with_pool_images(edits: list[dict], other_images: OtherImagePicker,
@@ -277,6 +353,12 @@ class CopyPairDataset(torch.utils.data.Dataset):
         other_images: ``training_images`` (default): the crop group's pastes take a random other image of
             ``images`` (drawn from the pair's seed, named by id in the recipe); ``procedural``: noise or
             gradient images (see :data:`OTHER_IMAGES`).
+        templates: how the slots of shared-template groups make their pairs (:class:`~.templated.TemplatePairs`;
+            the groups come with the keys, from the batch sampler's ``template_groups``); ``None``: no slot is
+            templated. A templated slot puts its query into its group's template (a ``background`` template's
+            photo is another image of ``images``, not one of the group's), its positive reference too with
+            probability ``templates.reference_prob``; its negative pair takes another image of the group, in
+            the same template, as the reference (the template-sharing negative).
     """
 
     def __init__(
@@ -291,6 +373,7 @@ class CopyPairDataset(torch.utils.data.Dataset):
         decoder: ImageDecoder | None = None,
         max_retries: int = 16,
         other_images: str = "training_images",
+        templates: TemplatePairs | None = None,
     ):
         _check_rates(positive_rate, hard_negative_prob, hard_negative_k)
         _check_other_images(other_images)
@@ -306,6 +389,7 @@ class CopyPairDataset(torch.utils.data.Dataset):
         self.decoder = decoder or ImageDecoder(max_side=maker.max_source_side or None)
         self.max_retries = max_retries
         self.other_images = other_images
+        self.templates = templates
 
     def __len__(self) -> int:
         return len(self.images)
@@ -359,6 +443,9 @@ class CopyPairDataset(torch.utils.data.Dataset):
         query_seed, reference_seed = (int(s) for s in rng.integers(_SEED_SPACE, size=2))
         index, query_original, skipped = self._decode(key.index, rng)
         query_id = self.images[index]["image_id"]
+        if self.templates is not None and key.template_group >= 0:
+            return self._templated_pair(key, label, (index, query_original, query_id), (query_seed, reference_seed),
+                                        skipped)
         if label:
             reference_original, reference_id = query_original, query_id
         else:
@@ -368,6 +455,41 @@ class CopyPairDataset(torch.utils.data.Dataset):
         return self.maker(query_original, reference_original, label, query_seed, reference_seed,
                           query_id=query_id, reference_id=reference_id, skipped_images=skipped,
                           other_images=self._other_image_picker(index))
+
+
+    def _templated_pair(self, key: PairKey, label: int, query: tuple[int, Image.Image, str], seeds: tuple[int, int],
+                        skipped: int) -> CopyPair:
+        """The pair of a slot of a shared-template group (see ``templates`` in the class docstring)."""
+        index, query_original, query_id = query
+        template = self.templates.template(self.seed, key.batch, key.template_group,
+                                           self._background_picker(set(key.group_images)))
+        choices = self.templates.slot_generator(self.seed, key.batch, key.slot)
+        if label:
+            reference_original, reference_id = query_original, query_id
+            reference_template = template if choices.random() < self.templates.reference_prob else None
+        else:
+            members = [member for member in key.group_images if member != index]
+            partner = members[int(choices.integers(len(members)))] if members else self._negative_partner(index, choices)
+            partner, reference_original, more = self._decode(partner, choices, avoid=index)
+            skipped += more
+            reference_id, reference_template = self.images[partner]["image_id"], template
+        return self.maker(query_original, reference_original, label, *seeds, query_id=query_id, reference_id=reference_id,
+                          skipped_images=skipped, other_images=self._other_image_picker(index), query_template=template,
+                          reference_template=reference_template)
+
+    def _background_picker(self, avoid: set[int]) -> OtherImagePicker:
+        """A ``background`` template's photo: an image of the dataset drawn uniformly, not one of ``avoid`` (the
+        group's images, whose pixels would otherwise be in every member's frame). Whatever ``other_images`` says:
+        a background is a photo."""
+
+        def pick(rng: np.random.Generator) -> tuple[str, Image.Image]:
+            row = int(rng.integers(len(self.images)))
+            while row in avoid and len(avoid) < len(self.images):
+                row = int(rng.integers(len(self.images)))
+            row, image, _ = self._decode(row, rng)
+            return self.images[row]["image_id"], image
+
+        return pick
 
 
 class GroundTruthPairDataset(torch.utils.data.Dataset):

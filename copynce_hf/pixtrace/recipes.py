@@ -29,6 +29,9 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
 * :meth:`CopyRecipe.off`: no random edit (with the editor's output size only the resize remains:
   the paper's references and fine-tuning input), a bicubic resize as the image processor's and the
   authors' ``basic_transform``;
+* :meth:`CopyRecipe.light_copy`: a few mild edits (a crop of half the area or more, a flip, a small colour
+  change, a slight blur, a small caption or emoji, JPEG): the other side of a copy-to-copy training pair,
+  two edited copies of one original (beyond the paper, whose references are never edited);
 * :meth:`CopyRecipe.paper_descriptor` / :meth:`CopyRecipe.paper_matcher`: the CopyNCE authors'
   recipes (their ``lyakaap`` recipe, values of ``descriptor_default_config.yaml`` and
   ``matching_default_config.yaml``): four groups in a random order per copy (crop: one of a
@@ -299,6 +302,25 @@ class CopyRecipe:
         return dataclasses.replace(cls.training().with_probability(0.0), resample="bicubic", fused=False)
 
     @classmethod
+    def light_copy(cls) -> CopyRecipe:
+        """A few mild edits, as the second copy of a copy-to-copy pair (beyond the paper: its references are
+        never edited; ``TrainingConfig.copy_to_copy_share``): a random resized crop of 50-100 % of the area
+        (p 0.7, aspect 3/4-4/3), a horizontal flip (p 0.5), a colour jitter of +-20 % brightness, contrast and
+        saturation and +-0.03 hue (p 0.5), a blur of 0.05-0.3 % of the shorter side (p 0.2), a caption of
+        3-10 characters at 5-10 % of the shorter side (p 0.2), an emoji of 8-20 % of the height (p 0.15)
+        and JPEG at quality 50-90 (p 0.4); rendered fused as :meth:`training`."""
+        steps = (
+            ("random_resized_crop", RandomResizedCropStep(p=0.7, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3))),
+            ("horizontal_flip", HorizontalFlipStep(p=0.5)),
+            ("color_jitter", ColorJitterStep(p=0.5, brightness=0.2, contrast=0.2, saturation=0.2, hue=0.03)),
+            ("blur", BlurStep(p=0.2, radius=(0.0005, 0.003))),
+            ("overlay_text", OverlayTextStep(p=0.2, length=(3, 10), font_size=(0.05, 0.1))),
+            ("overlay_emoji", OverlayEmojiStep(p=0.15, size=(0.08, 0.2))),
+            ("jpeg", JpegStep(p=0.4, quality=(50, 90))),
+        )
+        return cls(steps=steps, before_resize=tuple(name for name, _ in steps))
+
+    @classmethod
     def paper_descriptor(cls) -> CopyRecipe:
         """The authors' descriptor recipe (``descriptor_default_config.yaml``; module docstring)."""
         appearance = ("color_jitter", "pixelization", "shuffle_pixels", "jpeg", "grayscale", "blur", "overlay_text",
@@ -553,4 +575,4 @@ def _all_nodes(nodes: Sequence[Node]) -> list[Node]:
 
 
 #: The preset names, as recipe options name them (``CopyRecipe.preset(name)``).
-PRESETS = ("training", "off", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries")
+PRESETS = ("training", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries")

@@ -34,6 +34,7 @@ import yaml
 from ..data.pairs import OTHER_IMAGES, RECIPES
 from ..modeling.errors import ConfigError
 from ..pixtrace.overlap import REVERSE_PRIORS
+from ..pixtrace.templates import TEMPLATE_KINDS, TemplateRecipe
 from .field_checks import Check, CheckedFields, invalid_value, number, one_of, satisfies
 from .optim import COSINE_SPANS
 
@@ -98,6 +99,20 @@ def _recipe(value: Any) -> str | None:
     return f"must be one of {RECIPES}{yaml_note}"
 
 
+def _template_weights(value: Any) -> str | None:
+    """``null`` or a mapping of template kinds to weights that :class:`TemplateRecipe` accepts."""
+    if value is None:
+        return None
+    requirement = f"must be null or a mapping of template kinds {TEMPLATE_KINDS} to weights >= 0 with a positive sum"
+    if not isinstance(value, dict) or any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in value.values()):
+        return requirement
+    try:
+        TemplateRecipe(dict(value))
+    except ConfigError:
+        return requirement
+    return None
+
+
 # ---------------------------------------------------------------------- checks across fields
 def _ground_truth_named(config: TrainingConfig) -> None:
     if config.pair_source == "ground_truth" and not config.ground_truth:
@@ -155,6 +170,12 @@ def _mining_has_graph(config: TrainingConfig) -> None:
             f"hard_negative_mining={config.hard_negative_mining!r} needs the k-NN graph of the training images "
             "(build it with scripts/build_knn.py and pass --knn_graph <file>); for random negatives set "
             "hard_negative_mining: null"))
+
+
+def _templates_need_copies(config: TrainingConfig) -> None:
+    if config.template_share and config.pair_source != "edits":
+        raise invalid_value("template_share", config.template_share,
+                            "needs pair_source edits (shared-template groups are made of PixTrace copies); set it to 0")
 
 
 def _sizes_fit_model(config: TrainingConfig) -> None:
@@ -243,6 +264,27 @@ class TrainingConfig(CheckedFields):
         "The descriptor's batch structure: false, per_device_train_batch_size pairs per process (half anchors, half "
         "their hard negatives); true (the authors' code), that many slots, each an anchor's pair and its hard "
         "negative's pair (twice as many pairs; the learning-rate scaling counts slots)."), checks=_BOOLEAN)
+    copy_to_copy_share: float = _option(0.0, (
+        "Beyond the paper: the fraction of pairs whose reference is an edited copy too, made with "
+        "reference_copy_recipe instead of reference_recipe (copy-to-copy positives; CopyNCE's prior comes from both "
+        "tables; the matcher's negatives draw it too). 0.0: the paper's pairs."), checks=_FRACTION)
+    reference_copy_recipe: str = _option("light_copy", (
+        "The edit recipe of the references drawn for copy_to_copy_share (light_copy: a few mild edits, "
+        "CopyRecipe.light_copy)."), checks=_recipe)
+    template_share: float = _option(0.0, (
+        "Beyond the paper: the fraction of a batch's slots that form shared-template groups (the first "
+        "round(share x batch) slots, in groups of template_group_size): every slot of a group puts its query into the "
+        "group's one template (an app frame, a meme band, a background photo, an overlay), so different images in the "
+        "same template are negatives of each other (copynce_hf.data.templated). 0.0: the paper's batches."),
+        checks=_FRACTION)
+    template_group_size: int = _option(3, "Slots per shared-template group (at least 2).",
+                                       checks=number(integer=True, low=2))
+    template_reference_prob: float = _option(0.5, (
+        "The probability that a templated slot's positive reference is put into the template too (a matcher "
+        "negative's reference, another image of the group, always is)."), checks=_FRACTION)
+    template_weights: dict | None = _option(None, (
+        f"The weights of the template kinds {TEMPLATE_KINDS} (a kind of weight 0 is never drawn; null: "
+        "TemplateRecipe's defaults, frame 0.35, meme 0.25, background 0.25, overlay 0.15)."), checks=_template_weights)
     copynce_reverse_prior: str = _option("exact", (
         "How the collator makes the reference -> query overlap prior: exact (the inverse table) or scatter (the "
         "authors' scatter inverse of the query's table), see PixTraceCollator."), checks=one_of(REVERSE_PRIORS))
@@ -300,7 +342,7 @@ class TrainingConfig(CheckedFields):
 
     cross_field_checks = (_ground_truth_named, _mix_dataset_fits_sampling, _schedule_ends_below_start,
                           _mining_fits_model, _descriptor_trains_on_copies, _slots_need_ghnm, _ghnm_batch_pairs_up,
-                          _mining_has_graph, _sizes_fit_model)
+                          _mining_has_graph, _templates_need_copies, _sizes_fit_model)
 
     # ------------------------------------------------------------------ derived values
     def resolved(self, key: str):

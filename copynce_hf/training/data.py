@@ -35,6 +35,8 @@ from ..data import (
     KNNGraph,
     PixTraceCollator,
     StreamingCopyPairDataset,
+    TemplateGroups,
+    TemplatePairs,
     load_disc21_ground_truth,
     load_image_dataset,
 )
@@ -147,7 +149,9 @@ def build_training_data(config: TrainingConfig, accelerator: Accelerator, image_
     (``streaming: null``: Hub ids stream, local sources are indexed and read lazily)."""
     collator = PixTraceCollator(image_size, patch_size, reverse_prior=config.copynce_reverse_prior)
     maker = CopyPairMaker(image_size, config.query_recipe, config.reference_recipe, config.max_source_side,
-                          negative_query_resize_prob=config.negative_query_resize_prob)
+                          negative_query_resize_prob=config.negative_query_resize_prob,
+                          reference_copy_recipe=config.reference_copy_recipe,
+                          copy_to_copy_share=config.copy_to_copy_share)
     if config.pair_source == "ground_truth":
         return ground_truth_pairs(config, accelerator, collator, maker)
     streaming = config.streaming
@@ -212,8 +216,9 @@ def indexed_copies(config: TrainingConfig, accelerator: Accelerator, collator: P
         images, maker, seed=config.seed, positive_rate=config.resolved("positive_rate"),
         knn=knn if mining == "pairs" else None, hard_negative_k=config.resolved("hard_negative_k"),
         hard_negative_prob=config.resolved("hard_negative_prob"), decoder=_decoder(config),
-        other_images=config.other_images)
-    return _map_style(config, accelerator, collator, dataset, len(images), knn=knn, eval_rows=eval_rows)
+        other_images=config.other_images, templates=_template_pairs(config))
+    return _map_style(config, accelerator, collator, dataset, len(images), knn=knn, eval_rows=eval_rows,
+                      template_groups=TemplateGroups(config.template_share, config.template_group_size))
 
 
 def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: PixTraceCollator,
@@ -221,6 +226,8 @@ def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: 
     """Copies of a streamed dataset, sharded over the processes; its first ``num_eval_images`` are held out."""
     if config.knn_graph or config.hard_negative_slots:
         raise ConfigError("knn_graph and hard_negative_slots need random access to the images: set streaming false")
+    if config.template_share:
+        raise ConfigError("template_share needs random access to the images for now: set streaming false")
     images = load_image_dataset(config.dataset, config.dataset_split, streaming=True,
                                 image_column=config.image_column, id_column=config.id_column, **_hub_options(config))
     eval_rows = []
@@ -241,17 +248,26 @@ def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: 
 
 
 def _map_style(config: TrainingConfig, accelerator: Accelerator, collator: PixTraceCollator, dataset,
-               num_rows: int, knn: KNNGraph | None, eval_rows: list[dict]) -> TrainingData:
-    """A map-style dataset read through the run's batch sampler (GHNM batches with a graph for the descriptor)."""
+               num_rows: int, knn: KNNGraph | None, eval_rows: list[dict],
+               template_groups: TemplateGroups | None = None) -> TrainingData:
+    """A map-style dataset read through the run's batch sampler (GHNM batches with a graph for the descriptor;
+    ``template_groups``: the slots that share a template)."""
     sampler = CopyPairBatchSampler(
         num_rows, config.per_device_train_batch_size, seed=config.seed, num_processes=accelerator.num_processes,
         process_index=accelerator.process_index,
         knn=knn if config.resolved("hard_negative_mining") == "ghnm" else None,
         hard_negative_k=config.resolved("hard_negative_k"), hard_negative_prob=config.resolved("hard_negative_prob"),
-        paired_slots=config.hard_negative_slots)
+        paired_slots=config.hard_negative_slots, template_groups=template_groups)
     return TrainingData(config, accelerator, collator, dataset, sampler=sampler,
                         steps_per_epoch=sampler.batches_per_epoch / config.gradient_accumulation_steps,
                         eval_rows=eval_rows)
+
+
+def _template_pairs(config: TrainingConfig) -> TemplatePairs | None:
+    """How templated slots make their pairs (``None`` without shared-template groups)."""
+    if not config.template_share:
+        return None
+    return TemplatePairs.from_weights(config.template_weights, config.template_reference_prob)
 
 
 def _decoder(config: TrainingConfig) -> ImageDecoder:
