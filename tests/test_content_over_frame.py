@@ -1,6 +1,8 @@
 """Training pairs that teach content over frame (beyond the paper): copy-to-copy positives whose CopyNCE prior
 comes from both tables, and batches whose shared-template groups put different images into one template."""
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -10,6 +12,7 @@ from copynce_hf.data import (
     CopyPairDataset,
     CopyPairMaker,
     PixTraceCollator,
+    StreamingCopyPairDataset,
     TemplateGroups,
     TemplatePairs,
     load_image_dataset,
@@ -228,6 +231,86 @@ def test_pairs_are_the_papers_without_templates(images):
     for key in keys:
         first, second = dataset[key], with_options[key]
         assert np.array_equal(np.asarray(first.query), np.asarray(second.query)) and first.edits == second.edits
+
+
+# ---------------------------------------------------------------------------------------------- streaming
+def _stream(tmp_path, count=11):
+    folder = tmp_path / "stream"
+    folder.mkdir()
+    for index in range(count):
+        _photo(20 + index, (50, 64)).save(folder / f"s{index:02d}.png")
+    (folder / "s03_garbage.png").write_bytes(b"not an image" * 8)  # skipped inside a group
+    return load_image_dataset(str(folder), streaming=True, num_shards=2)
+
+
+def _streaming_dataset(stream, batch_size=6, positive_rate=0.3):
+    maker = CopyPairMaker(SIZE, "training", "off", copy_to_copy_share=0.3)
+    return StreamingCopyPairDataset(stream, maker, batch_size, seed=3, positive_rate=positive_rate,
+                                    shuffle_buffer_size=3, negative_pool=4, other_images="procedural",
+                                    template_groups=TemplateGroups(1.0, 3),
+                                    templates=TemplatePairs(ALL_KINDS, reference_prob=0.5))
+
+
+def _described(pair) -> tuple:
+    templates = pair.edits.get("templates") or {}
+    return (pair.query_id, pair.reference_id, pair.label, json.dumps(templates.get("query"), sort_keys=True),
+            json.dumps(templates.get("reference"), sort_keys=True),
+            hash(pair.query.tobytes()), hash(pair.reference.tobytes()))
+
+
+def test_a_streamed_window_has_template_groups_of_consecutive_positions(tmp_path):
+    pairs = list(_streaming_dataset(_stream(tmp_path)))
+    assert len(pairs) == 11  # the unreadable file is skipped
+    groups = [pairs[0:3], pairs[3:6], pairs[6:9], pairs[9:11]]  # windows of 6 positions: runs of 3; then 2 left
+    negatives = 0
+    for group in groups:
+        ids = [pair.query_id for pair in group]
+        assert len(set(ids)) == len(ids)
+        template = group[0].edits["templates"]["query"]
+        for pair in group:
+            assert pair.edits["templates"]["query"] == template
+            if pair.label:
+                assert pair.reference_id == pair.query_id
+            else:
+                negatives += 1
+                assert pair.reference_id in ids and pair.reference_id != pair.query_id
+                assert pair.edits["templates"]["reference"] == template
+    assert negatives >= 3
+    assert len({json.dumps(group[0].edits["templates"]["query"], sort_keys=True) for group in groups}) == 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_streamed_run_resumes_inside_a_template_group(tmp_path, workers):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    stream = _stream(tmp_path)
+
+    def loader(state=None):
+        dataset = _streaming_dataset(stream)
+        result = StatefulDataLoader(dataset, batch_size=2, num_workers=workers, collate_fn=list, drop_last=True,
+                                    snapshot_every_n_steps=1)
+        if state is not None:
+            result.load_state_dict(state)
+        return result
+
+    full = [[_described(pair) for pair in batch] for batch in loader()]
+    interrupted, seen = loader(), []
+    for batch in interrupted:
+        seen.append([_described(pair) for pair in batch])
+        if len(seen) == 2:  # 4 pairs: inside a worker's second group (workers 0) or its first (2 workers)
+            state = interrupted.state_dict()
+            break
+    assert any("group" in worker for worker in _iterator_states(state))
+    resumed = [[_described(pair) for pair in batch] for batch in loader(state)]
+    assert seen + resumed == full
+
+
+def _iterator_states(state) -> list[dict]:
+    if isinstance(state, dict):
+        if "buffer" in state and "stream" in state:
+            return [state]
+        return [found for value in state.values() for found in _iterator_states(value)]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------- configuration

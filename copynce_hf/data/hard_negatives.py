@@ -286,7 +286,8 @@ class CopyPairBatchSampler:
     def keys(self, batch: int, images: Sequence[int], first_slot: int) -> list[PairKey]:
         """The keys of one process's slots (global slots from ``first_slot``) holding the image rows ``images``,
         the slots of its shared-template groups naming their group (:meth:`TemplateGroups.assign`)."""
+        images = [int(image) for image in images]
         groups = self.template_groups.assign(images)
-        return [PairKey(batch, first_slot + slot, int(image),
+        return [PairKey(batch, first_slot + slot, image,
                         first_slot + group if group >= 0 else -1, members)
                 for slot, (image, (group, members)) in enumerate(zip(images, groups))]

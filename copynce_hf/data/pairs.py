@@ -32,7 +32,7 @@ from ..pixtrace.templates import Template
 from .collator import CopyPair
 from .hard_negatives import KNNGraph, PairKey
 from .loading import ImageDecoder
-from .templated import TemplatePairs
+from .templated import TemplateGroups, TemplatePairs
 
 logger = logging.getLogger(__name__)
 
@@ -461,9 +461,9 @@ class CopyPairDataset(torch.utils.data.Dataset):
                         skipped: int) -> CopyPair:
         """The pair of a slot of a shared-template group (see ``templates`` in the class docstring)."""
         index, query_original, query_id = query
-        template = self.templates.template(self.seed, key.batch, key.template_group,
+        template = self.templates.template((self.seed, key.batch, key.template_group),
                                            self._background_picker(set(key.group_images)))
-        choices = self.templates.slot_generator(self.seed, key.batch, key.slot)
+        choices = self.templates.slot_generator((self.seed, key.batch, key.slot))
         if label:
             reference_original, reference_id = query_original, query_id
             reference_template = template if choices.random() < self.templates.reference_prob else None
@@ -645,6 +645,14 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
     worker is (``datasets``' own position in its shards, the buffered rows, the negative pool, the
     random state): a ``torchdata`` ``StatefulDataLoader`` saves it per worker and a resumed run
     continues with the very pairs an uninterrupted one would get, without reading consumed rows again.
+
+    With ``template_groups`` and ``templates`` (beyond the paper, :mod:`.templated`), the worker's pairs are
+    seen in windows of ``batch_size`` consecutive positions (the batches the loader makes of them): the
+    groups of :meth:`TemplateGroups.groups` are runs of consecutive positions whose images (different ids) are
+    read together when the run starts; each member's query goes into the group's template (a ``background``
+    template's photo is an image of the negative pool, not one of the group's), its positive reference too
+    with probability ``templates.reference_prob``, and its negative pair takes another member, in the same
+    template, as the reference. The group's rows and template are part of the resumable state.
     """
 
     def __init__(
@@ -660,10 +668,14 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         negative_pool: int = 256,
         decoder: ImageDecoder | None = None,
         other_images: str = "training_images",
+        template_groups: TemplateGroups | None = None,
+        templates: TemplatePairs | None = None,
     ):
         _check_rates(positive_rate, 0.0, 1)
         _check_other_images(other_images)
         self.other_images = other_images
+        self.template_groups = template_groups if template_groups is not None else TemplateGroups()
+        self.templates = templates
         self.images = images
         self.maker = maker
         self.batch_size = batch_size
@@ -731,9 +743,13 @@ class StreamingPairIterator:
     def state_dict(self) -> dict:
         if self._pairs is None:
             return dict(self._loaded)
-        return {"epoch": self.dataset.epoch, "stream": self._stream.state_dict(), "buffer": list(self._buffer),
-                "read_all": self._read_all, "pool": list(self._pool), "rng": self._rng.bit_generator.state,
-                "position": self._position}
+        state = {"epoch": self.dataset.epoch, "stream": self._stream.state_dict(), "buffer": list(self._buffer),
+                 "read_all": self._read_all, "pool": list(self._pool), "rng": self._rng.bit_generator.state,
+                 "position": self._position}
+        if self._group_done < len(self._group):  # inside a shared-template group: its rows and template
+            state.update(group=list(self._group), group_done=self._group_done, template=self._template.to_dict(),
+                         template_background=self._template_background)
+        return state
 
     def _next_row(self, rows: Iterator[dict]) -> dict | None:
         """A row drawn at random from the buffer, refilled from the stream first (None: epoch over)."""
@@ -753,45 +769,121 @@ class StreamingPairIterator:
     def _generate(self) -> Iterator[CopyPair]:
         data, state = self.dataset, self._loaded
         info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else 0
+        self._worker = info.id if info is not None else 0
         self._stream = data._stream()
         if state.get("stream"):
             self._stream.load_state_dict(state["stream"])
         self._buffer: list[dict] = list(state.get("buffer", ()))
         self._read_all = bool(state.get("read_all", False))
         self._pool: deque = deque(state.get("pool", ()), maxlen=data.negative_pool)
-        self._rng = np.random.default_rng([data.seed, 0x5B0F, data.epoch, data.process_index, worker])
+        self._rng = np.random.default_rng([data.seed, 0x5B0F, data.epoch, data.process_index, self._worker])
         if "rng" in state:
             self._rng.bit_generator.state = state["rng"]
         self._position = int(state.get("position", 0))
+        self._load_group(state)
         rows: Iterator[dict] = iter(()) if self._read_all else iter(self._stream)
-        reported = data.decoder.skipped  # skips are reported once, in the pair that follows them
-        while (row := self._next_row(rows)) is not None:
-            image = data.decoder(row["image"], row["image_id"])
-            if image is None:
+        self._reported = data.decoder.skipped  # skips are reported once, in the pair that follows them
+        while True:
+            if self._group_done >= len(self._group):
+                self._start_group(rows)
+            if self._group:  # a member of a shared-template group (readable, read when the group started)
+                row = self._group[self._group_done]
+                yield self._pair(row, data.decoder(row["image"], row["image_id"]), in_group=True)
                 continue
-            rng = np.random.default_rng([data.seed, 0x57AE, data.epoch, data.process_index, worker, self._position])
-            self._position += 1
-            label = int(rng.random() < data.positive_rate or not self._pool)
-            query_seed, reference_seed = (int(s) for s in rng.integers(_SEED_SPACE, size=2))
-            partner = None if label else self._pool[int(rng.integers(len(self._pool)))]
-            others = self._other_image_picker(list(self._pool))
-            self._pool.append(row)
-            skipped, reported = data.decoder.skipped - reported, data.decoder.skipped
-            if partner is None:
-                reference_original, reference_id = image, row["image_id"]
+            row = self._next_row(rows)
+            if row is None:
+                return
+            image = data.decoder(row["image"], row["image_id"])
+            if image is not None:
+                yield self._pair(row, image, in_group=False)
+
+    def _key(self) -> tuple[int, ...]:
+        """The pair at the current position: ``(seed, epoch, process, worker, position)``."""
+        data = self.dataset
+        return data.seed, data.epoch, data.process_index, self._worker, self._position
+
+    def _pair(self, row: dict, image: Image.Image, in_group: bool) -> CopyPair:
+        """The pair of the current position made from ``row`` (``image`` decoded); a group member's in its template."""
+        data = self.dataset
+        key = self._key()
+        rng = np.random.default_rng([data.seed, 0x57AE, *key[1:]])
+        self._position += 1
+        label = int(rng.random() < data.positive_rate or not self._pool)
+        query_seed, reference_seed = (int(s) for s in rng.integers(_SEED_SPACE, size=2))
+        partner = None if label else self._pool[int(rng.integers(len(self._pool)))]
+        query_template = reference_template = None
+        if in_group:
+            self._group_done += 1
+            choices = data.templates.slot_generator(key)
+            query_template = self._template
+            if label:
+                reference_template = self._template if choices.random() < data.templates.reference_prob else None
             else:
-                reference_original = data.decoder(partner["image"], partner["image_id"])
-                reference_id = partner["image_id"]
-            yield data.maker(image, reference_original, label, query_seed, reference_seed,
-                             query_id=row["image_id"], reference_id=reference_id, skipped_images=skipped,
-                             other_images=others)
+                members = [member for member in self._group if member["image_id"] != row["image_id"]]
+                partner = members[int(choices.integers(len(members)))] if members else partner
+                reference_template = self._template
+        others = self._other_image_picker(list(self._pool))
+        self._pool.append(row)
+        skipped, self._reported = data.decoder.skipped - self._reported, data.decoder.skipped
+        if partner is None:
+            reference_original, reference_id = image, row["image_id"]
+        else:
+            reference_original = data.decoder(partner["image"], partner["image_id"])
+            reference_id = partner["image_id"]
+        return data.maker(image, reference_original, label, query_seed, reference_seed, query_id=row["image_id"],
+                          reference_id=reference_id, skipped_images=skipped, other_images=others,
+                          query_template=query_template, reference_template=reference_template)
+
+    def _start_group(self, rows: Iterator[dict]) -> None:
+        """At the first position of a shared-template group (in its ``batch_size`` window): read its members'
+        rows (readable images of different ids; fewer where the epoch ends or an id repeats, which goes back to
+        the buffer) and draw its template; elsewhere no group."""
+        data = self.dataset
+        self._group, self._group_done, self._template, self._template_background = [], 0, None, None
+        slot = self._position % data.batch_size
+        run = next((run for run in data.template_groups.groups(data.batch_size) if run.start == slot), None)
+        if data.templates is None or run is None:
+            return
+        while len(self._group) < len(run) and (row := self._next_row(rows)) is not None:
+            if any(member["image_id"] == row["image_id"] for member in self._group):
+                self._buffer.append(row)
+                break
+            if data.decoder(row["image"], row["image_id"]) is not None:
+                self._group.append(row)
+        if self._group:
+            members = {member["image_id"] for member in self._group}
+            candidates = [row for row in self._pool if row["image_id"] not in members]
+            self._template = data.templates.template(self._key(), self._background_picker(candidates))
+            if self._template.background is not None:
+                photo = self._template.params["image"]["id"]
+                self._template_background = next(row for row in candidates if row["image_id"] == photo)
+
+    def _background_picker(self, rows: list[dict]) -> OtherImagePicker | None:
+        """A ``background`` template's photo: one of ``rows`` (the negative pool less the group's images),
+        uniformly; None (a procedural gradient) when there is none or it is unreadable."""
+        if not rows:
+            return None
+        return self._picker(rows)
+
+    def _load_group(self, state: dict) -> None:
+        """The shared-template group a loaded state stopped inside (its rows, progress and template)."""
+        self._group: list[dict] = list(state.get("group", ()))
+        self._group_done = int(state.get("group_done", 0))
+        self._template, self._template_background = None, state.get("template_background")
+        if state.get("template") is not None:
+            row = self._template_background
+            photo = None if row is None else self.dataset.decoder(row["image"], row["image_id"])
+            self._template = Template.from_dict(state["template"], photo)
 
     def _other_image_picker(self, rows: list[dict]) -> OtherImagePicker | None:
         """One of ``rows`` (the recent images before the current one), uniformly; None with ``procedural``
         or an empty pool (the pastes then stay procedural; an unreadable row too)."""
         if self.dataset.other_images != "training_images" or not rows:
             return None
+        return self._picker(rows)
+
+    def _picker(self, rows: list[dict]) -> OtherImagePicker:
+        """One of ``rows``, uniformly, decoded (None where it is unreadable)."""
         decoder = self.dataset.decoder
 
         def pick(rng: np.random.Generator) -> tuple[str, Image.Image] | None:

@@ -55,18 +55,18 @@ class TemplateGroups:
         runs = [range(first, min(first + self.group_size, templated)) for first in range(0, templated, self.group_size)]
         return [run for run in runs if len(run) >= 2]
 
-    def assign(self, images: Sequence[int]) -> list[tuple[int, tuple[int, ...]]]:
-        """Per slot of a batch whose slots hold the image rows ``images``: ``(group, members)``, the group's
-        first slot and the distinct image rows of its members in slot order, or ``(-1, ())`` for a plain slot.
+    def assign(self, images: Sequence) -> list[tuple[int, tuple]]:
+        """Per slot of a batch whose slots hold the images ``images`` (rows or ids): ``(group, members)``, the
+        group's first slot and the distinct images of its members in slot order, or ``(-1, ())`` for a plain slot.
         A slot repeating an image already in its group is left plain (the members are different images); a
         group left with fewer than two members is dropped."""
-        assigned: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * len(images)
+        assigned: list[tuple[int, tuple]] = [(-1, ())] * len(images)
         for run in self.groups(len(images)):
             slots, members = [], []
             for slot in run:
-                if int(images[slot]) not in members:
+                if images[slot] not in members:
                     slots.append(slot)
-                    members.append(int(images[slot]))
+                    members.append(images[slot])
             if len(members) >= 2:
                 for slot in slots:
                     assigned[slot] = (run.start, tuple(members))
@@ -96,12 +96,13 @@ class TemplatePairs:
         recipe = TemplateRecipe() if weights is None else TemplateRecipe(dict(weights))
         return cls(recipe, reference_prob)
 
-    def template(self, seed: int, batch: int, group: int, backgrounds: BackgroundPicker | None) -> Template:
-        """The template of ``group`` (its first slot) in global batch ``batch``: the same for every member."""
-        rng = np.random.default_rng([int(seed), TEMPLATE_SEED_TAG, int(batch), int(group)])
-        return self.recipe.draw(rng, backgrounds=backgrounds)
+    def template(self, key: Sequence[int], backgrounds: BackgroundPicker | None) -> Template:
+        """The template of the group that ``key`` names (map-style ``(seed, batch, group's first slot)``, streamed
+        ``(seed, epoch, process, worker, group's first position)``): the same for every member."""
+        return self.recipe.draw(np.random.default_rng([TEMPLATE_SEED_TAG, *map(int, key)]), backgrounds=backgrounds)
 
-    def slot_generator(self, seed: int, batch: int, slot: int) -> np.random.Generator:
+    def slot_generator(self, key: Sequence[int]) -> np.random.Generator:
         """The generator of a templated slot's own choices (whether its reference is templated, which member a
-        negative takes), apart from the pair's so that the paper's draws stay as they are."""
-        return np.random.default_rng([int(seed), TEMPLATE_SEED_TAG + 1, int(batch), int(slot)])
+        negative takes), named by the slot's ``key`` and apart from the pair's, so that the paper's draws stay
+        as they are."""
+        return np.random.default_rng([TEMPLATE_SEED_TAG + 1, *map(int, key)])

@@ -226,8 +226,6 @@ def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: 
     """Copies of a streamed dataset, sharded over the processes; its first ``num_eval_images`` are held out."""
     if config.knn_graph or config.hard_negative_slots:
         raise ConfigError("knn_graph and hard_negative_slots need random access to the images: set streaming false")
-    if config.template_share:
-        raise ConfigError("template_share needs random access to the images for now: set streaming false")
     images = load_image_dataset(config.dataset, config.dataset_split, streaming=True,
                                 image_column=config.image_column, id_column=config.id_column, **_hub_options(config))
     eval_rows = []
@@ -238,7 +236,9 @@ def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: 
     dataset = StreamingCopyPairDataset(
         images, maker, per_process, seed=config.seed, positive_rate=config.resolved("positive_rate"),
         process_index=accelerator.process_index, num_processes=processes,
-        shuffle_buffer_size=config.shuffle_buffer_size, decoder=_decoder(config), other_images=config.other_images)
+        shuffle_buffer_size=config.shuffle_buffer_size, decoder=_decoder(config), other_images=config.other_images,
+        template_groups=TemplateGroups(config.template_share, config.template_group_size),
+        templates=_template_pairs(config))
     splits = getattr(getattr(images, "info", None), "splits", None) or {}
     split = splits.get(config.dataset_split) if hasattr(splits, "get") else None
     num_rows = getattr(split, "num_examples", None)
