@@ -12,6 +12,12 @@ from the verified pairs at several thresholds (matcher scores) and from the desc
 (cosines). Each row reports the pair precision and recall of its groups (every two images sharing a group
 count as a pair), of its edges (the verified pairs at or above the threshold, before the groups join them),
 the largest group, and how many false edges join two copies of different originals.
+
+With ``--self-calibrated`` the library's run takes the threshold ``copynce dedup`` self-calibrates when none is given
+(:func:`copynce_hf.retrieval.apps.dedup_calibration.self_calibrate`, on ``--self-calibration-sample`` images of the
+collection, at ``--precision``) instead of 0.5, and the descriptor alone is self-calibrated too (as ``--matcher none``
+would be): a row each at its threshold, the calibration lines and each pair kind's scores in ``dedup.json``. The
+planted copies come from the same recipe as the self-calibration's copies (``minidisc_queries``).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from copynce_hf.retrieval import (
     pair_precision_recall,
     write_predictions,
 )
+from copynce_hf.retrieval.apps.dedup_calibration import self_calibrate
 
 from .minidisc import SHARED_DATA
 
@@ -65,6 +72,45 @@ def plant_copies(folder: Path, images: int, copied: int, twice: int, seed: int) 
     return truth
 
 
+def group_row(stage: str, threshold: float, pairs, ids: list[str], truth: list[list[str]], copies: set[str]) -> dict:
+    """The groups of ``pairs`` at or above ``threshold`` (connected components over ``ids``) against ``truth``: pair
+    precision and recall of the groups and of their edges, the largest group, the false edges (between two copies)."""
+    true_pairs = group_pairs(truth)
+    edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
+    groups = connected_groups(ids, edges)
+    precision, recall = pair_precision_recall(groups, truth)
+    true_edges = [edge for edge in edges if frozenset(edge) in true_pairs]
+    false_edges = [edge for edge in edges if frozenset(edge) not in true_pairs]
+    return {"stage": stage, "threshold": threshold, "groups": len(groups),
+            "images_in_groups": sum(map(len, groups)), "largest_group": max(map(len, groups), default=0),
+            "pair_precision": precision, "pair_recall": recall,
+            "edge_precision": len(true_edges) / len(edges) if edges else 1.0,
+            "edge_recall": len(true_edges) / len(true_pairs),
+            "false_edges_between_copies": sum(a in copies and b in copies for a, b in false_edges),
+            "false_edges": len(false_edges)}
+
+
+def self_calibrations(args, source, descriptor, matcher, config) -> dict:
+    """``{"matcher": ..., "descriptor": ...}``: the thresholds ``copynce dedup`` self-calibrates with the matcher and
+    with the descriptor alone, each kept in ``OUTPUT/self_calibration_<stage>``."""
+    return {stage: self_calibrate(source, descriptor, models, config, folder=args.output / f"self_calibration_{stage}",
+                                  sample=args.self_calibration_sample, precision=args.precision, log=print)
+            for stage, models in (("matcher", matcher), ("descriptor", None))}
+
+
+def calibration_summary(calibration) -> dict:
+    """A self-calibration's threshold, precision and recall on its synthetic pairs, counts, and each pair kind's
+    score quartiles."""
+    kinds = {}
+    for pair in calibration.pairs:
+        kinds.setdefault(pair.kind, []).append(pair.score)
+    return {"origin": calibration.origin, "threshold": calibration.threshold, "counts": calibration.counts,
+            "synthetic_precision": calibration.choice.precision, "synthetic_recall": calibration.choice.recall,
+            "reached": calibration.choice.reached,
+            "score_quartiles": {kind: [float(q) for q in np.quantile(scores, (0.0, 0.25, 0.5, 0.75, 1.0))]
+                                for kind, scores in kinds.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dedup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help="folder for the collection, indexes and results")
@@ -73,14 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--twice", type=int, default=20, help="of those, given two copies (default 20)")
     parser.add_argument("--candidates", type=int, default=10, help="neighbours verified per image (default 10)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--self-calibrated", action="store_true",
+                        help="run at the self-calibrated threshold (copynce dedup's default) instead of 0.5")
+    parser.add_argument("--self-calibration-sample", type=int, default=64, help="images sampled (default 64)")
+    parser.add_argument("--precision", type=float, default=0.9, help="the self-calibration's target (default 0.9)")
     args = parser.parse_args(argv)
 
     truth = plant_copies(args.output / "collection", args.images, args.copied, args.twice, args.seed)
     source = ImageFolderSource(args.output / "collection")
-    descriptor = Descriptor("embedded-descriptor", *load_model(None, "descriptor"))
+    descriptor, matcher = Descriptor("embedded-descriptor", *load_model(None, "descriptor")), load_model(None, "matcher")
+    config = DetectConfig(candidates=args.candidates)
     start = time.perf_counter()
-    result = dedup(source, descriptor, load_model(None, "matcher"), threshold=0.5,
-                   config=DetectConfig(candidates=args.candidates), index_folder=args.output / "indexes")
+    calibrations = self_calibrations(args, source, descriptor, matcher, config) if args.self_calibrated else {}
+    calibration_seconds = time.perf_counter() - start
+    threshold = calibrations["matcher"].threshold if calibrations else 0.5
+    start = time.perf_counter()
+    result = dedup(source, descriptor, matcher, threshold=threshold, config=config, index_folder=args.output / "indexes")
     seconds = time.perf_counter() - start
     true_pairs = group_pairs(truth)
     candidate_recall = len({frozenset((p.query_id, p.reference_id)) for p in result.candidates} & true_pairs)
@@ -90,32 +144,32 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for stage, pairs, thresholds in (("descriptor (cosine)", result.candidates, DESCRIPTOR_THRESHOLDS),
                                      ("matcher", result.pairs, MATCHER_THRESHOLDS)):
-        for threshold in thresholds:
-            edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
-            groups = connected_groups(source.ids, edges)
-            precision, recall = pair_precision_recall(groups, truth)
-            true_edges = [edge for edge in edges if frozenset(edge) in true_pairs]
-            false_edges = [edge for edge in edges if frozenset(edge) not in true_pairs]
-            rows.append({"stage": stage, "threshold": threshold, "groups": len(groups),
-                         "images_in_groups": sum(map(len, groups)), "largest_group": max(map(len, groups), default=0),
-                         "pair_precision": precision, "pair_recall": recall,
-                         "edge_precision": len(true_edges) / len(edges) if edges else 1.0,
-                         "edge_recall": len(true_edges) / len(true_pairs),
-                         "false_edges_between_copies": sum(a in copies and b in copies for a, b in false_edges),
-                         "false_edges": len(false_edges)})
+        for fixed in thresholds:
+            rows.append(group_row(stage, fixed, pairs, source.ids, truth, copies))
+    for stage, pairs in (("descriptor (cosine)", result.candidates), ("matcher", result.pairs)):
+        calibration = calibrations.get(stage.split()[0])
+        if calibration is not None:
+            rows.append(group_row(f"{stage}, self-calibrated", calibration.threshold, pairs, source.ids, truth, copies))
+    if calibrations:  # the library's own groups, at the self-calibrated threshold, are those of that row
+        assert [[image for image, _ in group] for group in result.groups] == connected_groups(
+            source.ids, [(p.query_id, p.reference_id) for p in result.pairs if p.score >= threshold])
     summary = {"images": len(source), "originals": args.images, "true_groups": len(truth),
                "true_pairs": len(true_pairs), "candidate_pairs": len(result.candidates),
                "candidate_recall": candidate_recall / len(true_pairs), "seconds": seconds,
-               "stage_seconds": result.seconds, "matcher_cost": result.matcher_cost, "rows": rows}
+               "stage_seconds": result.seconds, "matcher_cost": result.matcher_cost, "rows": rows,
+               "self_calibration": {stage: calibration_summary(calibration) for stage, calibration in calibrations.items()},
+               "self_calibration_seconds": calibration_seconds if calibrations else None}
     (args.output / "dedup.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"{len(source)} images ({args.images} originals, {len(truth)} copied, {len(true_pairs)} true pairs); "
           f"{len(result.candidates)} candidate pairs holding {summary['candidate_recall']:.3f} of the true pairs; "
           f"{seconds:.0f} s")
+    for stage, calibration in calibrations.items():
+        print(f"{stage}: {calibration.origin}")
     print("| stage | threshold | groups | images in groups | largest group | pair precision | pair recall | "
           "edge precision | edge recall | false edges (between two copies) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['stage']} | {row['threshold']} | {row['groups']} | {row['images_in_groups']} | "
+        print(f"| {row['stage']} | {row['threshold']:.4g} | {row['groups']} | {row['images_in_groups']} | "
               f"{row['largest_group']} | {row['pair_precision']:.3f} | {row['pair_recall']:.3f} | "
               f"{row['edge_precision']:.3f} | {row['edge_recall']:.3f} | {row['false_edges']} "
               f"({row['false_edges_between_copies']}) |")

@@ -17,8 +17,12 @@ DESCRIPTION = (
     "next run: a run cut short resumes)."
 )
 EPILOG = (
-    "Scores are copy probabilities with the matcher (default threshold 0.5), cosines with --matcher "
-    "none (then --threshold or --calibration is required). Cost on one CPU core with the embedded models: about 30 "
+    "Scores are copy probabilities with the matcher, cosines with --matcher none. Without --threshold or "
+    "--calibration the threshold is self-calibrated on the collection: PixTrace copies of --self-calibration-sample "
+    "of its images (plain, put into templates, copies of copies) and non-copies (two images in one template, "
+    "nearest different images) are scored as the run scores, and the threshold is the lowest reaching --precision "
+    "(default 0.9) with the negatives weighted as --candidates - 1 per positive pair; OUTPUT/self_calibration/ keeps "
+    "the pairs and scores, and report.html says where the threshold came from. Cost on one CPU core with the embedded models: about 30 "
     "ms per image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once)."
 )
 
@@ -34,9 +38,11 @@ def register(commands) -> argparse.ArgumentParser:
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)
     p.add_argument("--threshold", type=float,
-                   help="pairs scored at or above it are copies (default: from --calibration, else 0.5 with a "
-                   "matcher; required without one)")
+                   help="pairs scored at or above it are copies (default: from --calibration, else self-calibrated "
+                   "on the collection at --precision)")
     options.add_calibration(p)
+    p.add_argument("--self-calibration-sample", type=options.positive_int, default=64, metavar="N",
+                   help="images of the collection the self-calibration copies (default 64; all when it has fewer)")
     options.add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
     p.add_argument("--gallery", type=options.positive_int, default=8, help="groups shown in report.html (default 8)")
     options.add_chunk_size(p)
@@ -55,6 +61,7 @@ def request_of(args):
 
     return DedupRequest(args.images, args.output, PipelineModels([args.model], args.matcher, args.runtime, "--model"),
                         threshold=args.threshold, calibration=args.calibration, precision=args.precision,
+                        self_calibration_sample=args.self_calibration_sample,
                         candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
                         batch_size=args.batch_size, num_workers=args.num_workers, chunk_size=args.chunk_size,
                         whiten_dim=args.whiten_dim, whiten_from=args.whiten_from, input=options.image_input(args),

@@ -173,8 +173,9 @@ def add_calibration(p: argparse.ArgumentParser) -> None:
                    "scored at or above its threshold at --precision are copies (detect: the column copy of "
                    "predictions.csv and OUTPUT/copies.csv; dedup: the pairs joined into groups)")
     p.add_argument("--precision", type=float, metavar="P",
-                   help="the calibrated precision to decide at (default 0.9; the file holds "
-                   f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)})")
+                   help="the calibrated precision to decide at: a --calibration file's (it holds "
+                   f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)}), or, for dedup without "
+                   "--calibration or --threshold, the target of its self-calibration (default 0.9)")
 
 
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:

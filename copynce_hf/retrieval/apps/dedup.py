@@ -129,8 +129,8 @@ def self_search_pairs(index: DescriptorIndex, queries: DescriptorSet, preset: Vi
         order[item[0][0]], order[item[0][1]]))]
 
 
-def _descriptor_scores(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset,
-                       pairs: list[tuple[str, str]]) -> list[float]:
+def descriptor_pair_scores(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset,
+                           pairs: list[tuple[str, str]]) -> list[float]:
     """The descriptor score of each ``(a, b)`` pair: the best cosine of a query view of ``a`` and a reference view
     of ``b`` (whitened when the index whitens), as the search scores it."""
     def rows(descriptors: DescriptorSet) -> dict[str, list[int]]:
@@ -228,7 +228,7 @@ def dedup(
         f"(the {config.candidates} nearest other images of each)")
     pairs = run.verify(candidates, rescoring_folder)
     start = time.perf_counter()
-    groups = run.groups(pairs, threshold, lambda missing: _descriptor_scores(index, queries, run.preset, missing))
+    groups = run.groups(pairs, threshold, lambda missing: descriptor_pair_scores(index, queries, run.preset, missing))
     run.seconds["groups"] = time.perf_counter() - start
     log(f"{len(groups)} groups of copies ({sum(len(group) for group in groups)} images) at threshold "
         f"{threshold:.4g}")

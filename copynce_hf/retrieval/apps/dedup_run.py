@@ -2,9 +2,10 @@
 :class:`DedupRun` out.
 
 :func:`run_dedup` checks the inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
-``--threshold``, a calibration file's at ``--precision``, or the matcher's 0.5) before any model loads, loads the
-models (:mod:`.pipeline_settings`) and runs :func:`~.dedup.dedup` with its caches in ``OUTPUT/indexes`` and
-``OUTPUT/rescoring``. The group gallery (``report.html``) is drawn from the returned run by
+``--threshold``, or a calibration file's at ``--precision``) before any model loads, loads the models
+(:mod:`.pipeline_settings`), self-calibrates the threshold on the collection when neither was given
+(:func:`~.dedup_calibration.self_calibrate`, kept in ``OUTPUT/self_calibration``) and runs :func:`~.dedup.dedup`
+with its caches in ``OUTPUT/indexes`` and ``OUTPUT/rescoring``. The group gallery (``report.html``) is drawn from the returned run by
 :func:`copynce_hf.retrieval.reports.run_folders.write_dedup_folder`, the one call of the command.
 """
 
@@ -33,8 +34,11 @@ class DedupRequest:
         images: the folder searched for copies of its own images.
         output: the output folder.
         models: the descriptor (one) and the matcher (:class:`~.pipeline_settings.PipelineModels`).
-        threshold: pairs scored at or above it are copies (``None``: from ``calibration``, else 0.5 with a matcher).
-        calibration, precision: a ``copynce calibrate`` file and the precision it decides at (default 0.9).
+        threshold: pairs scored at or above it are copies (``None``: from ``calibration``, else self-calibrated).
+        calibration, precision: a ``copynce calibrate`` file and the precision it decides at (default 0.9); without
+            ``calibration`` and ``threshold``, ``precision`` is the target of the self-calibration (default 0.9).
+        self_calibration_sample, self_calibration_seed: the images of the collection the self-calibration samples
+            (all when it has fewer) and its seed (:func:`~.dedup_calibration.self_calibrate`).
         candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
             :class:`~.detect.DetectConfig`.
         whiten_from: sample images to learn a whitening from (``None``: none).
@@ -50,6 +54,8 @@ class DedupRequest:
     threshold: float | None = None
     calibration: str | None = None
     precision: float | None = None
+    self_calibration_sample: int = 64
+    self_calibration_seed: int = 0
     candidates: int = 10
     descriptor_lce: str = "none"
     matcher_lce: str = "none"
@@ -75,7 +81,8 @@ class DedupRequest:
 @dataclasses.dataclass
 class DedupRun:
     """A finished dedup run: its request, images, models, :class:`~.dedup.DedupResult`, where the threshold came
-    from, and the rows of ``groups.csv``."""
+    from (and its :class:`~.dedup_calibration.SelfCalibration` when self-calibrated), and the rows of
+    ``groups.csv``."""
 
     request: DedupRequest
     source: object
@@ -85,6 +92,7 @@ class DedupRun:
     origin: str
     rows: int = 0
     report: Path | None = None
+    self_calibration: object | None = None
 
     @property
     def heatmap_model(self) -> tuple:
@@ -92,10 +100,10 @@ class DedupRun:
         return self.matcher or (self.descriptor.model, self.descriptor.processor)
 
 
-def dedup_threshold(request: DedupRequest, config) -> tuple[float, str]:
-    """``(threshold, where it comes from)`` of a dedup run: ``threshold``, a calibration file's at ``precision``
-    (the matcher stage with a matcher, the embedded one included; :func:`~.dedup.calibrated_threshold`), or 0.5
-    with a matcher. Without a matcher a threshold or a calibration is required."""
+def dedup_threshold(request: DedupRequest, config) -> tuple[float | None, str]:
+    """``(threshold, where it comes from)`` of a dedup run: ``threshold``, or a calibration file's at ``precision``
+    (the matcher stage with a matcher, the embedded one included; :func:`~.dedup.calibrated_threshold`); ``(None,
+    ...)`` when neither is given: the threshold is self-calibrated once the models are loaded."""
     from .dedup import calibrated_threshold
 
     models = request.models
@@ -106,14 +114,18 @@ def dedup_threshold(request: DedupRequest, config) -> tuple[float, str]:
         return calibrated_threshold(Calibration.load(request.calibration), precision,
                                     models.descriptor_identities()[0], models.matcher_identity(), config,
                                     whitened=request.whiten_from is not None)
-    if request.precision is not None:
-        raise ConfigError("--precision needs --calibration FILE (written by `copynce calibrate`)")
     if request.threshold is not None:
+        if request.precision is not None:
+            raise ConfigError("--precision is the target of --calibration FILE or of the self-calibration; "
+                              "--threshold fixes the threshold itself: give one of them")
         return request.threshold, f"{request.threshold:.4g} (given)"
-    if not models.has_matcher:
-        raise ConfigError("--matcher none decides by descriptor cosine, which has no default threshold: "
-                          "pass --threshold T or --calibration FILE")
-    return 0.5, "0.5 (the matcher's default)"
+    precision = 0.9 if request.precision is None else request.precision
+    if not 0 < precision <= 1:
+        raise ConfigError(f"--precision must be in (0, 1], got {precision}")
+    if request.self_calibration_sample < 1:
+        raise ConfigError(f"--self-calibration-sample must be at least 1, got {request.self_calibration_sample}")
+    return None, (f"self-calibrated at precision {precision:g} on a sample of up to {request.self_calibration_sample} "
+                  "images of the collection (below)")
 
 
 def run_dedup(request: DedupRequest) -> DedupRun | None:
@@ -137,28 +149,40 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     from ...precision import make_accelerator
     from ..search.predictions import write_predictions
     from .dedup import dedup, write_groups
+    from .dedup_calibration import FOLDER as SELF_CALIBRATION_FOLDER
+    from .dedup_calibration import self_calibrate
 
     threshold, origin = decision
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.models.matcher_label()}, "
         f"threshold {origin}")
+    calibration = None
+    if threshold is None:
+        calibration = self_calibrate(
+            source, descriptor, matcher, config, output / SELF_CALIBRATION_FOLDER, request.self_calibration_sample,
+            0.9 if request.precision is None else request.precision, request.self_calibration_seed, whiten_from,
+            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log)
+        threshold, origin = calibration.threshold, calibration.origin
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
                    accelerator=accelerator)
     if not accelerator.is_main_process:
         return None
-    run = DedupRun(request, source, descriptor, matcher, result, origin)
+    run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)
     run.rows = write_groups(output / "groups.csv", result.groups)
     write_predictions(output / "pairs.csv", result.pairs)
     return run
 
 
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
-    """The settings ``report.html`` lists: images, models, threshold, candidates, views, whitening, groups."""
+    """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
+    self-calibrated), candidates, views, whitening, groups."""
     request = run.request
+    calibration = {} if run.self_calibration is None else {
+        "self-calibration": f"{run.self_calibration.file} (the synthetic pairs, their kinds and scores)"}
     return {"images": str(Path(request.images).resolve()), "descriptor": run.descriptor.source,
-            "matcher": request.models.matcher_label(), "threshold": run.origin,
+            "matcher": request.models.matcher_label(), "threshold": run.origin, **calibration,
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce,
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
