@@ -177,8 +177,8 @@ def test_neighbour_normalisation_subtracts_the_mean_of_the_two_neighbour_means()
 def test_options_reach_the_requests_and_unknown_ones_are_refused(tmp_path):
     request = dedup_request(tmp_path / "images", tmp_path / "out", {"threshold": 0.7, "matcher": "none"})
     assert request.threshold == 0.7 and not request.models.has_matcher and request.candidates == 10
-    with pytest.raises(SystemExit, match="'grouping_rule' is not a field of DedupRequest"):
-        dedup_request(tmp_path / "images", tmp_path / "out", {"grouping_rule": "x"})
+    with pytest.raises(SystemExit, match="'no_such_field' is not a field of DedupRequest"):
+        dedup_request(tmp_path / "images", tmp_path / "out", {"no_such_field": "x"})
     detect = detect_request(tmp_path, "references", tmp_path / "out", {"matcher": "none", "candidates": 20})
     assert detect.pipeline.config().candidates == 20 and not detect.pipeline.models.has_matcher
     assert detect.queries == str(tmp_path / "queries") and detect.references == str(tmp_path / "references")
