@@ -9,6 +9,8 @@ Modules (each a ``python -m benchmarks.<name>`` entry point where it runs someth
 * :mod:`.speed`: PixTrace vs dense table warping, data pipeline, extraction vs ``ViTModel``, faiss.
 * :mod:`.dense_tables`: the full-resolution table-warping implementation the speed benchmark compares with.
 * :mod:`.report`: renders the saved results as BENCHMARKS.md tables and plots.
+* :mod:`.templates`: dedup and detection with unrelated photos in the same template (the task in
+  :mod:`.template_task`, its templates drawn by :mod:`.template_designs`).
 
 See benchmarks/README.md for the commands.
 """

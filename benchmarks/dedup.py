@@ -23,7 +23,6 @@ planted copies come from the same recipe as the self-calibration's copies (``min
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from copynce_hf.retrieval import (
 )
 from copynce_hf.retrieval.apps.dedup_calibration import self_calibrate
 
-from .minidisc import SHARED_DATA
+from .minidisc import train_split_files
 
 MATCHER_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 DESCRIPTOR_THRESHOLDS = (0.5, 0.6, 0.7, 0.8)
@@ -53,16 +52,15 @@ DESCRIPTOR_THRESHOLDS = (0.5, 0.6, 0.7, 0.8)
 
 def plant_copies(folder: Path, images: int, copied: int, twice: int, seed: int) -> list[list[str]]:
     """Write the collection into ``folder``; returns the true groups (each original with its copies)."""
-    with (SHARED_DATA / "imagenet-sample-splits.csv").open(newline="") as handle:
-        train = sorted(row["filename"] for row in csv.DictReader(handle) if row["split"] == "train")[:images]
+    train = train_split_files()[:images]
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     recipe = CopyRecipe.minidisc_queries()
     chosen = sorted(rng.choice(len(train), size=copied, replace=False).tolist())
     truth = []
     for number, name in enumerate(train):
-        image = Image.open(SHARED_DATA / "imagenet-sample" / name).convert("RGB")
-        stem = Path(name).stem
+        image = Image.open(name).convert("RGB")
+        stem = name.stem
         image.save(folder / f"{stem}.png")
         if number in chosen:
             truth.append([stem])

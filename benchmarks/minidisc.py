@@ -18,7 +18,7 @@ from copynce_hf.evaluation.minidisc import MiniDisc
 from copynce_hf.evaluation.minidisc import MiniDiscConfig as _MiniDiscConfig
 from copynce_hf.evaluation.minidisc import build_minidisc as _build_minidisc
 
-__all__ = ["MiniDiscConfig", "build_minidisc", "SHARED_DATA"]
+__all__ = ["MiniDiscConfig", "build_minidisc", "SHARED_DATA", "train_split_files"]
 
 #: ``../shared/data`` next to the repository (absent outside dev sessions and CI).
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -35,6 +35,18 @@ class MiniDiscConfig(_MiniDiscConfig):
 def build_minidisc(config: _MiniDiscConfig | None = None) -> MiniDisc:
     """Build the task (default: the whole mini-DISC on ``../shared/data``, fingerprint ``3ecfc93f771d``)."""
     return _build_minidisc(config or MiniDiscConfig())
+
+
+def train_split_files(data: Path = SHARED_DATA) -> list[Path]:
+    """The ``train`` split of ``<data>/imagenet-sample`` (600 files, sorted by name); the reference and distractor
+    splits are never handed out here. A missing data folder is a :class:`FileNotFoundError` that says so."""
+    from copynce_hf.evaluation.minidisc import read_splits
+
+    splits_csv = Path(data) / "imagenet-sample-splits.csv"
+    if not splits_csv.is_file():
+        raise FileNotFoundError(f"{splits_csv} not found: the shared benchmark data (imagenet-sample) is only present "
+                                "in CI and dev sessions")
+    return read_splits(splits_csv, Path(data) / "imagenet-sample")["train"]
 
 
 def main(argv: list[str] | None = None) -> int:
