@@ -48,16 +48,21 @@ def test_identical_images_form_one_group_and_no_image_is_its_own_pair(collection
     descriptor, matcher, processor = tiny_models(0)
     source = ImageFolderSource(collection)
     lines: list[str] = []
+    # raw cosines decide without matcher (collection normalisation off: this checks the self-search's mechanics)
+    config = DetectConfig(candidates=9 if with_matcher else 1, collection_normalisation=with_matcher)
     result = dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor) if with_matcher else None,
-                   threshold=0.9999 if not with_matcher else 0.0, config=DetectConfig(candidates=9 if with_matcher else 1),
+                   threshold=0.9999 if not with_matcher else 0.0, config=config,
                    index_folder=tmp_path / "idx", progress=False, log=lines.append)
     order = {image_id: i for i, image_id in enumerate(source.ids)}
     assert result.pairs and all(order[p.query_id] < order[p.reference_id] for p in result.pairs)  # never (x, x)
     assert len({(p.query_id, p.reference_id) for p in result.pairs}) == len(result.pairs)
     if with_matcher:
-        # a threshold of 0 joins every verified pair: every image is in the one group, each scored to R0
-        assert [image for image, _ in result.groups[0]] == source.ids and len(result.groups) == 1
-        assert result.groups[0][0] == ("R0", None) and all(0 <= s <= 1 for _, s in result.groups[0][1:])
+        # a threshold of 0 joins every verified pair: every image is in the one group, whose first member (its
+        # representative) is the earlier image of the best pair, each other member scored to it
+        best = max(result.pairs, key=lambda p: (p.score, -order[p.query_id], -order[p.reference_id]))
+        assert len(result.groups) == 1 and result.groups[0][0] == (best.query_id, None)
+        assert sorted(image for image, _ in result.groups[0]) == sorted(source.ids)
+        assert all(0 <= s <= 1 for _, s in result.groups[0][1:])
         assert result.matcher_cost["fused_pairs"] >= len(result.pairs)
     else:
         # the three identical files, scored 1 to the first (a member found only through another is scored too)
@@ -71,15 +76,22 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
     models = save_tiny_models(tmp_path / "models", seed=0)
     output = tmp_path / "found"
     code, out, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
-                         "--threshold", 0.9999, "--candidates", 2, "--output", output)
+                         "--threshold", 0.9999, "--candidates", 2, "--collection-normalisation", "off",
+                         "--output", output)
     assert code == 0, err
     assert "wrote 1 groups of copies (3 images)" in out and "dedup: read 10 images, skipped 0" in out
     with (output / "groups.csv").open(newline="") as handle:
         rows = list(csv.reader(handle))
-    assert rows[0] == ["group_id", "image_id", "score_to_first"]
+    assert rows[0] == ["group_id", "image_id", "score_to_first", "joined_by", "joined_score", "rule"]
     assert [row[:2] for row in rows[1:]] == [["0", "R1"], ["0", "R1_again"], ["0", "R1_third"]]
-    assert rows[1][2] == "" and float(rows[2][2]) == pytest.approx(1.0, abs=1e-5)
-    assert (output / "pairs.csv").read_text().startswith("query_id,reference_id,score\n")
+    assert rows[1][2:] == ["", "", "", "first"] and float(rows[2][2]) == pytest.approx(1.0, abs=1e-5)
+    # each other member joined R1 directly (its pair with the first member cleared the threshold)
+    assert [(row[3], row[5]) for row in rows[2:]] == [("R1", "representative")] * 2
+    assert float(rows[3][4]) == pytest.approx(1.0, abs=1e-5)
+    with (output / "pairs.csv").open(newline="") as handle:
+        pairs = list(csv.DictReader(handle))
+    assert list(pairs[0]) == ["query_id", "reference_id", "score", "raw_score"]
+    assert all(row["score"] == row["raw_score"] for row in pairs)  # without normalisation the cosine decides
     report = (output / "report.html").read_text()
     assert "Group 0: 3 images" in report and "R1_again" in report
 
@@ -105,6 +117,10 @@ def test_dedup_threshold_from_a_calibration_file(collection, tmp_path, capsys):
     Calibration(pipeline, {"descriptor": rows}).save(tmp_path / "calibration.json")
     dedup_args = ("dedup", collection, "--model", models["descriptor"], "--matcher", "none",
                   "--calibration", tmp_path / "calibration.json")
+    # a calibration holds raw cosines: the collection-normalised scores of --matcher none cannot use it
+    code, _, err = run_cli(capsys, *dedup_args, "--output", tmp_path / "x")
+    assert code == 2 and "--collection-normalisation off" in err and "raw descriptor cosines" in err
+    dedup_args = (*dedup_args, "--collection-normalisation", "off")
     code, out, err = run_cli(capsys, *dedup_args, "--output", tmp_path / "found")
     assert code == 0, err
     assert "wrote 1 groups of copies (3 images)" in out
@@ -118,7 +134,8 @@ def test_dedup_threshold_from_a_calibration_file(collection, tmp_path, capsys):
     assert code == 2 and "made with descriptor_lce 'none', but this dedup run uses 'matcher-views'" in err
     Calibration({**pipeline, "descriptors": ["embedded:descriptor"]}, {"descriptor": rows}).save(tmp_path / "other.json")
     code, _, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
-                       "--calibration", tmp_path / "other.json", "--output", tmp_path / "x")
+                       "--calibration", tmp_path / "other.json", "--collection-normalisation", "off",
+                       "--output", tmp_path / "x")
     assert code == 2 and "made with descriptor model(s) ['embedded:descriptor']" in err
 
 
