@@ -40,8 +40,8 @@ _SOURCES = {
                       'write_pairs'), 'apps.dedup'),
     **dict.fromkeys(('GROUPINGS', 'GroupMember', 'connected_groups', 'connected_members', 'group_members', 'group_pairs',
                       'pair_precision_recall', 'representative_groups', 'write_groups'), 'apps.grouping'),
-    **dict.fromkeys(('matcher_backgrounds', 'neighbour_background', 'normalised_probability', 'pair_background',
-                      'reference_background'), 'search.background'),
+    **dict.fromkeys(('matcher_backgrounds', 'neighbour_background', 'normalised_probability',
+                      'normalised_reference_scores', 'pair_background', 'reference_background'), 'search.background'),
     **dict.fromkeys(('ProcessedImages', 'extract_descriptors'), 'search.extract'),
     **dict.fromkeys(('INDEX_KINDS', 'DescriptorIndex', 'IndexConfig', 'knn_predictions', 'write_index_from_files'), 'search.index'),
     **dict.fromkeys(('MatcherScorer', 'matcher_stages'), 'jobs.matcher_cache'),
@@ -172,6 +172,7 @@ __all__ = [
     "matcher_backgrounds",
     "neighbour_background",
     "normalised_probability",
+    "normalised_reference_scores",
     "pair_background",
     "reference_background",
 ]

@@ -472,9 +472,10 @@ class _DescriptorStage:
         if config.collection_normalisation:
             background = self.reference_background(descriptor, index, auxiliary_index, folder)
             found = normalised_reference_scores(found, background, config.collection_alpha, config.candidates)
-            normalised += (f", reference backgrounds from the {config.reference_background} (ranks "
+            among = "other references" if config.reference_background == "collection" else "auxiliary images"
+            normalised += (f", less each reference's background: its mean cosine to the {among} of ranks "
                            f"{config.collection_k_start}-{config.collection_k_end}, median "
-                           f"{np.median(list(background.values()) or [0.0]):.3f})")
+                           f"{np.median(list(background.values()) or [0.0]):.3f}")
         result.seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
         self.log(f"{descriptor.name}: {len(found)} candidate pairs ({_DESCRIPTOR_VIEWS[config.descriptor_lce]}"
                  f"{normalised})")
@@ -497,7 +498,9 @@ class _DescriptorStage:
                        "the references' backgrounds")
         if saved is not None:
             return dict(zip(saved.ids, saved.descriptors[:, 0].tolist()))
-        background = reference_background(index, config.collection_k_start, config.collection_k_end)
+        # float32, as kept on disk: a run that reuses them scores exactly as the run that computed them
+        background = {reference: float(np.float32(value)) for reference, value in
+                      reference_background(index, config.collection_k_start, config.collection_k_end).items()}
         if cache is not None and background and _is_main_process():
             with _rewriting(cache, identity):
                 DescriptorSet(list(background), np.array(list(background.values()), dtype=np.float32)[:, None]).save(
