@@ -7,9 +7,10 @@ The collection: the first ``--images`` images of the ``train`` split of ``../sha
 the reference or distractor splits), plus copies made with the mini-DISC query recipe
 (``CopyRecipe.minidisc_queries()``, the evaluation recipe) of ``--copied`` of them, two copies each for the
 first ``--twice`` of those. A true pair is two images of the same original (the original and a copy, or two
-copies). The embedded models run :func:`copynce_hf.retrieval.apps.dedup` once; the groups are then formed again
-from the verified pairs at several thresholds (matcher scores) and from the descriptor candidates alone
-(cosines). Each row reports the pair precision and recall of its groups (every two images sharing a group
+copies). The embedded models run :func:`copynce_hf.retrieval.apps.dedup` once with its defaults (its own groups are
+the first row); the groups are then formed again, as connected components, from the verified pairs at several
+thresholds (the matcher's decision scores) and from the descriptor candidates alone (their raw cosines). Each row
+reports the pair precision and recall of its groups (every two images sharing a group
 count as a pair), of its edges (the verified pairs at or above the threshold, before the groups join them),
 the largest group, and how many false edges join two copies of different originals.
 
@@ -36,6 +37,7 @@ from copynce_hf.retrieval import (
     Descriptor,
     DetectConfig,
     ImageFolderSource,
+    Prediction,
     connected_groups,
     dedup,
     group_pairs,
@@ -139,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     write_predictions(args.output / "pairs.csv", result.pairs)
     write_predictions(args.output / "candidates.csv", result.candidates)
     copies = {image for group in truth for image in group[1:]}
-    rows = []
-    for stage, pairs, thresholds in (("descriptor (cosine)", result.candidates, DESCRIPTOR_THRESHOLDS),
+    dedup_groups = [[image for image, _ in group] for group in result.groups]
+    precision, recall = pair_precision_recall(dedup_groups, truth)
+    rows = [{"stage": "copynce dedup (its groups)", "threshold": result.threshold, "groups": len(dedup_groups),
+             "images_in_groups": sum(map(len, dedup_groups)), "largest_group": max(map(len, dedup_groups), default=0),
+             "pair_precision": precision, "pair_recall": recall}]
+    cosines = [Prediction(a, b, score) for (a, b), score in result.raw_candidate_scores.items()]
+    for stage, pairs, thresholds in (("descriptor (cosine)", cosines, DESCRIPTOR_THRESHOLDS),
                                      ("matcher", result.pairs, MATCHER_THRESHOLDS)):
         for fixed in thresholds:
             rows.append(group_row(stage, fixed, pairs, source.ids, truth, copies))
@@ -167,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
           "edge precision | edge recall | false edges (between two copies) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
+        edges = (f"{row['edge_precision']:.3f} | {row['edge_recall']:.3f} | {row['false_edges']} "
+                 f"({row['false_edges_between_copies']})" if "edge_precision" in row else "- | - | -")
         print(f"| {row['stage']} | {row['threshold']:.4g} | {row['groups']} | {row['images_in_groups']} | "
-              f"{row['largest_group']} | {row['pair_precision']:.3f} | {row['pair_recall']:.3f} | "
-              f"{row['edge_precision']:.3f} | {row['edge_recall']:.3f} | {row['false_edges']} "
-              f"({row['false_edges_between_copies']}) |")
+              f"{row['largest_group']} | {row['pair_precision']:.3f} | {row['pair_recall']:.3f} | {edges} |")
     return 0
 
 

@@ -83,7 +83,7 @@ def score_models(kind: str, models: list[tuple[str, Path]], seeds: int, held_out
             results[name]["per_seed"].append({
                 "seed": seed, "pair_ap": pair_average_precision(scored, truth_pairs),
                 "template_false_pairs_top": len(template_false_pairs(ranked, truth, TOP))})
-    for name, entry in results.items():
+    for entry in results.values():
         for key in ("pair_ap", "template_false_pairs_top"):
             entry[key] = statistics.mean(run[key] for run in entry["per_seed"])
     return results

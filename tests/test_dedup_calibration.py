@@ -218,7 +218,8 @@ def test_a_given_threshold_or_calibration_overrides_the_self_calibration(collect
                 "preset": "fast", "settings": {"descriptor_lce": "none", "matcher_lce": "none",
                                                "score_normalisation": False}}
     Calibration(pipeline, {"descriptor": [OperatingPoint(0.9, 0.9999, 0.5)]}).save(tmp_path / "calibration.json")
-    code, _, err = run_cli(capsys, *args, "--calibration", tmp_path / "calibration.json", "--output", tmp_path / "file")
+    code, _, err = run_cli(capsys, *args, "--calibration", tmp_path / "calibration.json", "--collection-normalisation",
+                           "off", "--output", tmp_path / "file")
     assert code == 0, err
     assert not (tmp_path / "file" / FOLDER).exists()
     assert "descriptor score 0.9999 at precision 0.9 in" in (tmp_path / "file" / "report.html").read_text()

@@ -255,6 +255,35 @@ def test_score_normalisation_uses_the_configured_auxiliary_ranks():
     assert (DetectConfig.from_preset("fast").k_start, DetectConfig.from_preset("fast").k_end) == (0, 9)
 
 
+def test_reference_backgrounds_are_the_mean_of_the_other_references_of_the_configured_ranks():
+    """Reference-side collection normalisation: each reference's background is its mean best-view-pair cosine to
+    the other references of ranks 2..5 (or to the auxiliary images); a query's template reference, nearer by
+    cosine, falls below its isolated true reference once the backgrounds are subtracted."""
+    from copynce_hf.retrieval import normalised_reference_scores, reference_background
+
+    rng = np.random.default_rng(7)
+    index = _view_index(rng, images=14, views=10, dim=8, name="r", preset="matcher-views")
+    lce = (index.references.descriptors @ index.references.descriptors.T).reshape(14, 10, 14, 10).max(axis=(1, 3))
+    others = np.where(np.eye(14, dtype=bool), -np.inf, lce)
+    expected = -np.sort(-others, axis=1)[:, 2:6].mean(axis=1)
+    background = reference_background(index, 2, 5)
+    assert background == pytest.approx({f"r{i}": float(expected[i]) for i in range(14)}, abs=1e-5)
+    auxiliary = _view_index(rng, images=9, views=10, dim=8, name="a", preset="matcher-views")
+    to_auxiliary = (index.references.descriptors @ auxiliary.references.descriptors.T).reshape(14, 10, 9, 10).max(
+        axis=(1, 3))
+    assert reference_background(index, 0, 3, auxiliary) == pytest.approx(
+        {f"r{i}": float(-np.sort(-to_auxiliary[i])[:4].mean()) for i in range(14)}, abs=1e-5)
+    found = [Prediction("q", "template", 0.9), Prediction("q", "copy", 0.8), Prediction("q", "other", 0.1),
+             Prediction("p", "template", 0.5)]
+    normalised = normalised_reference_scores(found, {"template": 0.6, "copy": 0.1, "other": 0.0}, 0.5, top=2)
+    assert normalised == [Prediction("q", "copy", pytest.approx(0.75)), Prediction("q", "template", pytest.approx(0.6)),
+                          Prediction("p", "template", pytest.approx(0.2))]
+    with pytest.raises(ConfigError, match="reference_background must be one of collection, auxiliary"):
+        DetectConfig(reference_background="queries")
+    with pytest.raises(ConfigError, match="collection normalisation needs 0 <= k_start <= k_end"):
+        DetectConfig(collection_k_start=4, collection_k_end=3)
+
+
 def test_detect_presets():
     paper = DetectConfig.from_preset("paper", k=3)
     assert (paper.descriptor_lce, paper.matcher_lce, paper.candidates, paper.k) == ("authors", "paper", 400, 3)
@@ -356,15 +385,38 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     assert len(identity["images"]) == len(identity["files"]) == 32 and len(json.dumps(identity)) < 1000
     stamp = (tmp_path / "indexes" / "one" / "references" / "index.faiss").stat().st_mtime_ns
     query_stamp = (tmp_path / "indexes" / "one" / "queries" / "descriptors.safetensors").stat().st_mtime_ns
+    background_stamp = (tmp_path / "indexes" / "one" / "reference-background" / "background.safetensors").stat(
+        ).st_mtime_ns
     again = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),
                    config, index_folder=tmp_path / "indexes", progress=False)
     assert (tmp_path / "indexes" / "one" / "references" / "index.faiss").stat().st_mtime_ns == stamp
     assert (tmp_path / "indexes" / "one" / "queries" / "descriptors.safetensors").stat().st_mtime_ns == query_stamp
     assert sorted(again.predictions) == sorted(result.predictions)
     assert again.reused == ["query views:one", "query views:two"] and result.reused == []
+    # the references' backgrounds (collection normalisation, on by default) are kept beside their index and reused
+    background = tmp_path / "indexes" / "one" / "reference-background"
+    assert json.loads((background / "identity.json").read_text())["k_end"] == config.collection_k_end
+    assert (background / "background.safetensors").stat().st_mtime_ns == background_stamp
     assert again.seconds["query views:one"] == pytest.approx(result.seconds["query views:one"])
     # descriptors only: the merged candidates' top-k
     plain = detect(queries, references, descriptors[:1], None, None, DetectConfig(k=1, candidates=4), progress=False)
     assert plain.matcher_cost is None and len(plain.predictions) == 2
+    # with collection normalisation (the default) a pair's score is its cosine less its reference's background:
+    # the mean cosine of the reference to the other references of ranks 2..9 (here 2..3: 4 others)
+    from copynce_hf.retrieval import reference_background
+
+    cosines = detect(queries, references, descriptors[:1], None, None,
+                     DetectConfig(k=5, candidates=5, collection_normalisation=False), progress=False)
+    every = detect(queries, references, descriptors[:1], None, None, DetectConfig(k=5, candidates=5), progress=False)
+    index = view_index(descriptors[0], references, ViewPreset("none"), progress=False)
+    reference_backgrounds = reference_background(index, 2, 9)
+    assert len(reference_backgrounds) == 5 and len(every.predictions) == len(cosines.predictions) == 10
+    cosine = {(p.query_id, p.reference_id): p.score for p in cosines.predictions}
+    for p in every.predictions:
+        assert p.score == pytest.approx(cosine[(p.query_id, p.reference_id)] - reference_backgrounds[p.reference_id],
+                                        abs=1e-5)
+    with pytest.raises(ConfigError, match="auxiliary images"):
+        detect(queries, references, descriptors[:1], None, None, DetectConfig(reference_background="auxiliary"),
+               progress=False)
     with pytest.raises(ConfigError, match="descriptor_lce"):
         DetectConfig(descriptor_lce="all")

@@ -152,10 +152,18 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
     index = DescriptorIndex.load(tmp_path / "idx" / "tiny" / "references")
     assert index.whitening.dim == 6
     query_views = DescriptorSet.load(tmp_path / "idx" / "tiny" / "queries" / "descriptors.safetensors")
-    expected = index.whitening.whiten(query_views.descriptors) @ index.whitening.whiten(index.references.descriptors).T
+    whitened_references = index.whitening.whiten(index.references.descriptors)
+    expected = index.whitening.whiten(query_views.descriptors) @ whitened_references.T
+    # collection normalisation (on by default) subtracts each reference's background, measured whitened too: its
+    # mean whitened cosine to the other references of ranks 2..9 (those it has)
+    among = whitened_references @ whitened_references.T
+    others = among[~np.eye(len(among), dtype=bool)].reshape(len(among), len(among) - 1)
+    assert others.shape[1] > 2
+    background = -np.sort(-others, axis=1)[:, 2:10].mean(axis=1)
     for p in result.predictions:
+        reference = index.references.ids.index(p.reference_id)
         assert p.score == pytest.approx(
-            float(expected[query_views.ids.index(p.query_id), index.references.ids.index(p.reference_id)]), abs=1e-5)
+            float(expected[query_views.ids.index(p.query_id), reference] - background[reference]), abs=1e-5)
     # the same run reuses the whitening and the index; without whitening the index is built again, unwhitened
     again = detect(queries, references, descriptors, None, None, config, index_folder=tmp_path / "idx",
                    progress=False, log=lines.append, whiten_from=sample)
@@ -164,6 +172,9 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
     detect(queries, references, descriptors, None, None, DetectConfig(k=3, candidates=3),
            index_folder=tmp_path / "idx", progress=False)
     assert DescriptorIndex.load(tmp_path / "idx" / "tiny" / "references").whitening is None
+    # the references' backgrounds were computed again, unwhitened
+    assert json.loads((tmp_path / "idx" / "tiny" / "reference-background" / "identity.json").read_text())[
+        "whitening"] is None
 
 
 def test_detect_refuses_a_calibration_for_whitened_descriptor_scores(folders, tmp_path, capsys):

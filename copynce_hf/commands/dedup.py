@@ -1,5 +1,5 @@
-"""``copynce dedup``: every group of copies inside one folder (self-search, matcher verification, connected
-groups), with a group gallery."""
+"""``copynce dedup``: every group of copies inside one folder (self-search, matcher verification, collection
+normalisation, groups that do not chain), with a group gallery."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from .console import progress_log
 DESCRIPTION = (
     "Search every image of IMAGES among the others (itself left out) with the descriptor, verify "
     "each candidate pair once with the matcher, and join the pairs scored at or above the threshold into "
-    "groups (connected components). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first: the score "
-    "of each member with the group's first image), OUTPUT/pairs.csv (every verified pair and its score), "
+    "groups: a pair joins a group only if it clears the threshold against the group's first member (--grouping). "
+    "By default both stages discount what many images of the collection share (a screenshot frame, a meme band: "
+    "--collection-normalisation). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first,joined_by,"
+    "joined_score,rule: each member's score with the group's first image and how it joined), OUTPUT/pairs.csv "
+    "(every verified pair, its decision score and its raw score), "
     "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes and OUTPUT/rescoring (reused by the "
     "next run: a run cut short resumes)."
 )
@@ -22,7 +25,7 @@ EPILOG = (
     "of its images (plain, put into templates, copies of copies) and non-copies (two images in one template, "
     "nearest different images) are scored as the run scores, and the threshold is the lowest reaching --precision "
     "(default 0.9) with the negatives weighted as --candidates - 1 per positive pair; OUTPUT/self_calibration/ keeps "
-    "the pairs and scores, and report.html says where the threshold came from. Cost on one CPU core with the embedded models: about 30 "
+    "the pairs and scores, and report.html says where the threshold came from (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost on one CPU core with the embedded models: about 30 "
     "ms per image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once)."
 )
 
@@ -44,6 +47,7 @@ def register(commands) -> argparse.ArgumentParser:
     p.add_argument("--self-calibration-sample", type=options.positive_int, default=64, metavar="N",
                    help="images of the collection the self-calibration copies (default 64; all when it has fewer)")
     options.add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
+    options.add_collection_normalisation(p, dedup=True)
     p.add_argument("--gallery", type=options.positive_int, default=8, help="groups shown in report.html (default 8)")
     options.add_chunk_size(p)
     options.add_whitening(p)
@@ -64,7 +68,12 @@ def request_of(args):
                         self_calibration_sample=args.self_calibration_sample,
                         candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
                         batch_size=args.batch_size, num_workers=args.num_workers, chunk_size=args.chunk_size,
-                        whiten_dim=args.whiten_dim, whiten_from=args.whiten_from, input=options.image_input(args),
+                        whiten_dim=args.whiten_dim, whiten_from=args.whiten_from,
+                        collection_normalisation=args.collection_normalisation, collection_alpha=args.collection_alpha,
+                        collection_k_start=args.collection_k_start, collection_k_end=args.collection_k_end,
+                        matcher_normalisation=args.matcher_normalisation, matcher_alpha=args.matcher_alpha,
+                        matcher_k_start=args.matcher_k_start, matcher_k_end=args.matcher_k_end,
+                        matcher_anchor=args.matcher_anchor, grouping=args.grouping, input=options.image_input(args),
                         gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 

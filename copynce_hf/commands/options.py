@@ -12,11 +12,16 @@ import argparse
 
 from ..model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 from ..retrieval.apps.calibration import PRECISIONS as CALIBRATED_PRECISIONS
+from ..retrieval.apps.grouping import GROUPINGS
 from ..retrieval.search.presets import (
+    COLLECTION_FIELDS,
+    COLLECTION_K_END,
+    COLLECTION_K_START,
     DEFAULT_CANDIDATES,
     DEFAULT_CHUNK_SIZE,
     DETECT_PRESET_FIELDS,
     DETECT_PRESETS,
+    REFERENCE_BACKGROUNDS,
 )
 from ..retrieval.search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
 
@@ -35,6 +40,13 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def on_off(text: str) -> bool:
+    """``on`` / ``off`` as ``True`` / ``False``."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
 
 
 def pixels(text: str) -> int:
@@ -166,6 +178,48 @@ def add_verification(p: argparse.ArgumentParser, candidates: int | None = None, 
                                    "with --matcher-lce none; paper: 400, as the authors on GPUs"))
 
 
+def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False) -> None:
+    """Collection normalisation (``detect``, ``calibrate``: the references' side; ``dedup``: both sides of a pair,
+    and the matcher's scores), and for ``dedup`` the grouping. ``detect``'s options default to ``None`` (the
+    :class:`~copynce_hf.retrieval.DetectConfig` defaults, given ones override), ``dedup``'s to their values."""
+    group = p.add_argument_group("collection normalisation (discount what many images of the collection share: a "
+                                 "screenshot frame, a meme band, a background)")
+    default = (lambda value: value) if dedup else (lambda value: None)
+    scores = "each pair's descriptor score loses the mean of its two images'" if dedup else (
+        "every query->reference descriptor score loses its reference's")
+    group.add_argument("--collection-normalisation", type=on_off, metavar="{on,off}", default=default(True),
+                       help=f"on (default): {scores} background, the mean cosine to its neighbours of ranks "
+                       "--collection-k-start..--collection-k-end among the other images, before candidates are chosen")
+    group.add_argument("--collection-alpha", type=float, default=default(1.0), metavar="A",
+                       help="weight of the background (default 1)")
+    group.add_argument("--collection-k-start", type=non_negative_int, default=default(COLLECTION_K_START),
+                       metavar="N", help=f"first neighbour rank averaged, from 0 (default {COLLECTION_K_START}: "
+                       "the best two, a small true group of copies, are left out)")
+    group.add_argument("--collection-k-end", type=non_negative_int, default=default(COLLECTION_K_END), metavar="N",
+                       help=f"last neighbour rank averaged, inclusive (default {COLLECTION_K_END})")
+    if not dedup:
+        group.add_argument("--reference-background", choices=REFERENCE_BACKGROUNDS,
+                           help="where a reference's neighbours are taken: collection (the other references, "
+                           "default) or auxiliary (the --aux images)")
+        return
+    group.add_argument("--matcher-normalisation", type=on_off, metavar="{on,off}",
+                       help="the matcher's decision discounts each image's background, the mean logit of its "
+                       "verified pairs of ranks --matcher-k-start..--matcher-k-end, where it is above "
+                       "--matcher-anchor (default: as --collection-normalisation)")
+    group.add_argument("--matcher-alpha", type=float, default=1.0, metavar="A", help="its weight (default 1)")
+    group.add_argument("--matcher-k-start", type=non_negative_int, default=COLLECTION_K_START, metavar="N",
+                       help=f"first verified pair rank averaged, from 0 (default {COLLECTION_K_START})")
+    group.add_argument("--matcher-k-end", type=non_negative_int, default=COLLECTION_K_END, metavar="N",
+                       help=f"last verified pair rank averaged, inclusive (default {COLLECTION_K_END})")
+    group.add_argument("--matcher-anchor", type=float, default=0.0, metavar="LOGIT",
+                       help="only the part of a background above this logit is discounted (default 0: "
+                       "probability 0.5, so that images whose other pairs are non-copies keep their scores)")
+    p.add_argument("--grouping", choices=GROUPINGS, default="representative",
+                   help="representative (default): a pair joins a group only if it clears the threshold against "
+                   "the group's first member, two groups merge only if their first members' pair does; connected: "
+                   "connected components (two images join through any chain of pairs)")
+
+
 def add_calibration(p: argparse.ArgumentParser) -> None:
     """``--calibration`` and ``--precision``: copies decided at a threshold of ``copynce calibrate`` (detect, dedup)."""
     p.add_argument("--calibration", metavar="FILE",
@@ -196,6 +250,7 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
                    help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
     add_verification(p)
     p.add_argument("--k", type=positive_int, help="predictions kept per query (presets: 10)")
+    add_collection_normalisation(p)
 
 
 # --------------------------------------------------------------------------- what the options build
@@ -218,6 +273,7 @@ def pipeline_settings(args):
     from ..retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
 
     models = PipelineModels(args.models or [None], args.matcher, args.runtime)
-    overrides = {name: getattr(args, name) for name in DETECT_PRESET_FIELDS if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in (*DETECT_PRESET_FIELDS, *COLLECTION_FIELDS)
+                 if getattr(args, name) is not None}
     return PipelineSettings(models, args.preset, overrides, args.aux, args.batch_size, args.num_workers,
                             getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE), getattr(args, "whiten_dim", None))

@@ -146,6 +146,16 @@ def model_identity(path: str | os.PathLike | None, kind: str) -> str:
     return os.fspath(path)
 
 
+def reference_normalisation(config) -> dict[str, Any] | None:
+    """The reference-side collection normalisation of a :class:`~copynce_hf.retrieval.DetectConfig` as a calibration
+    records it: ``None`` when off, else its source, ranks and weight. It changes descriptor scores only (with a
+    matcher, which candidates are verified), so only a calibration's descriptor stage is tied to it."""
+    if not getattr(config, "collection_normalisation", False):
+        return None
+    return {"source": config.reference_background, "alpha": config.collection_alpha,
+            "k_start": config.collection_k_start, "k_end": config.collection_k_end}
+
+
 def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: str, config,
                       score_normalisation: bool) -> dict[str, Any]:
     """The ``pipeline`` entry of a calibration: model identities (:func:`model_identity`), the preset, and the
@@ -155,6 +165,7 @@ def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: s
         for name in ("alpha", "k_start", "k_end"):
             settings.pop(name)
     settings["score_normalisation"] = bool(score_normalisation)
+    settings["reference_normalisation"] = reference_normalisation(config)
     return {"descriptors": list(descriptors), "matcher": matcher, "preset": preset, "settings": settings}
 
 
@@ -231,6 +242,13 @@ class Calibration:
             if mine["settings"].get(name) != pipeline["settings"].get(name):
                 raise ConfigError(f"{self.name} was made with {name}={mine['settings'].get(name)!r}, but this run "
                                   f"uses {name}={pipeline['settings'].get(name)!r}")
+        # a file written before reference normalisation existed was made without it
+        made_with, used = mine["settings"].get("reference_normalisation"), pipeline["settings"].get(
+            "reference_normalisation")
+        if pipeline["matcher"] is None and made_with != used:
+            raise ConfigError(f"{self.name} holds descriptor thresholds made with reference_normalisation="
+                              f"{made_with!r}, but this run uses {used!r}; calibrate with the same "
+                              "--collection-normalisation settings")
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, "pipeline": self.pipeline,

@@ -3,37 +3,53 @@
 The detection pipeline of :mod:`.detect` with the collection on both sides:
 
 1. the descriptor index over the collection (the same :func:`~.detect.view_index`, cache folder and
-   optional whitening as ``detect``), searched with every image's own descriptors for its
-   ``candidates + 1`` nearest neighbours, the image itself then left out (self-search);
-2. each unordered pair found (from either side) is verified once by the matcher, the earlier image in
-   the collection's order as the query, in the chunks ``detect`` scores in (:func:`~.detect.matcher_scores`:
-   the encoder-token cache, chunks shared by Accelerate's processes, saved and resumed); without a matcher
-   the descriptor score is the pair's score;
-3. groups are the connected components of the graph whose edges are the pairs scored at or above the
-   threshold; a group's first member is its earliest image, and every other member is given its
-   score to that first member (scored now when that pair was not a candidate).
+   optional whitening as ``detect``), searched with every image's own descriptors for its nearest other images
+   (self-search, the image itself left out). With collection normalisation (``DetectConfig.collection_*``, on by
+   default) each image's background is its mean cosine to its neighbours of ranks ``collection_k_start..
+   collection_k_end``, a pair's score is its cosine minus the mean of its two backgrounds (CSLS,
+   :mod:`~..search.background`), and each image keeps its ``candidates`` best pairs by that score out of its
+   ``max(2 * candidates, collection_k_end + 1)`` nearest; without it, its ``candidates`` nearest by cosine;
+2. each unordered pair kept (from either side) is verified once by the matcher, the earlier image in the
+   collection's order as the query, in the chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: the
+   encoder-token cache, chunks shared by Accelerate's processes, saved and resumed). With matcher normalisation
+   (:class:`DedupSettings`, on by default) the decision score is the matcher's probability with each image's
+   background logit above an anchor discounted (:func:`~..search.background.normalised_probability`); without a
+   matcher the descriptor score of step 1 decides;
+3. groups of the pairs whose decision score is at or above the threshold (:mod:`.grouping`): by default a pair
+   joins a group only if it clears the threshold against the group's representative, or connected components
+   (``grouping="connected"``); each member gets its score to the first member (scored now when that pair was not
+   a candidate) and how it joined.
 
-Scores are copy probabilities with a matcher (``sigmoid`` of its logit), cosines without one.
+Scores are copy probabilities with a matcher (``sigmoid`` of its logit), cosines without one; every verified
+pair keeps its raw score beside its decision score (``pairs.csv``'s ``raw_score`` and ``score``).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import itertools
 import logging
+import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ...modeling.errors import ConfigError, PredictionsError
 from ...outputs import StagedFile
+from ..search.background import (
+    check_ranks,
+    matcher_backgrounds,
+    neighbour_background,
+    normalised_probability,
+    pair_background,
+)
 from ..search.descriptors import DescriptorSet
 from ..search.index import DescriptorIndex
 from ..search.predictions import Prediction
+from ..search.presets import COLLECTION_K_END, COLLECTION_K_START
 from ..search.references import search_references
 from ..search.view_search import owner_of
 from ..search.views import ViewPreset
@@ -46,8 +62,38 @@ from .detect import (
     query_view_descriptors,
     view_index,
 )
+from .grouping import GROUPINGS, GroupMember, group_members
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class DedupSettings:
+    """What :func:`dedup` adds to :class:`~.detect.DetectConfig` (whose ``collection_*`` fields normalise the
+    descriptor stage): the matcher's collection normalisation and the grouping.
+
+    Attributes:
+        grouping: ``representative`` (a pair joins a group only if it clears the threshold against the group's
+            representative) or ``connected`` (connected components; :mod:`.grouping`).
+        matcher_normalisation: discount each image's matcher background (:func:`~..search.background.
+            normalised_probability`); ``False``: the matcher's probability decides.
+        matcher_alpha: the weight of the discount.
+        matcher_k_start, matcher_k_end: the 0-based ranks of an image's verified pairs (by decreasing probability)
+            averaged into its background; its best ``matcher_k_start`` pairs, its likely copies, are left out.
+        matcher_anchor: the logit above which a background is discounted (0: probability 0.5).
+    """
+
+    grouping: str = "representative"
+    matcher_normalisation: bool = True
+    matcher_alpha: float = 1.0
+    matcher_k_start: int = COLLECTION_K_START
+    matcher_k_end: int = COLLECTION_K_END
+    matcher_anchor: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.grouping not in GROUPINGS:
+            raise ConfigError(f"grouping must be one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
+        check_ranks(self.matcher_k_start, self.matcher_k_end, "matcher normalisation")
 
 
 @dataclasses.dataclass
@@ -55,78 +101,98 @@ class DedupResult:
     """What :func:`dedup` found.
 
     Attributes:
-        groups: each group of copies (two images or more) as ``[(image id, score to the first member), ...]``,
-            the first member first with score ``None``; groups ordered by their first member, members by
-            their place in the collection.
-        pairs: every verified pair ``Prediction(earlier image, later image, score)``.
-        candidates: the descriptor's pairs (the same orientation, descriptor scores) that were verified.
-        threshold: the score at or above which a pair joins its images' groups.
+        members: each group of copies (two images or more) as :class:`~.grouping.GroupMember` rows, the first
+            member (the representative) first, the others in the collection's order; groups ordered by their
+            first member.
+        pairs: every verified pair ``Prediction(earlier image, later image, decision score)``.
+        candidates: the descriptor's pairs that were verified, with their descriptor decision scores (normalised
+            when collection normalisation is on).
+        threshold: the decision score at or above which a pair is a copy.
         seconds: wall time per stage (``whitening``, ``index``, ``self-search``, ``matcher``, ``groups``).
         skipped: image id -> plain-words reason of each image left out.
         matcher_cost: encoder and fusion passes the matcher ran (``None`` without matcher).
+        raw_scores: ``(earlier, later)`` -> raw score of every verified pair (the matcher's probability, or the
+            descriptor cosine without matcher).
+        raw_candidate_scores: ``(earlier, later)`` -> descriptor cosine of every candidate.
+        backgrounds: ``descriptor`` / ``matcher`` -> image id -> its background (cosine, logit); empty without
+            normalisation.
     """
 
-    groups: list[list[tuple[str, float | None]]]
+    members: list[list[GroupMember]]
     pairs: list[Prediction]
     candidates: list[Prediction]
     threshold: float
     seconds: dict[str, float]
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     matcher_cost: dict[str, int] | None = None
+    raw_scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    raw_candidate_scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    backgrounds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def groups(self) -> list[list[tuple[str, float | None]]]:
+        """Each group as ``[(image id, score to the first member), ...]``, the first member first (score ``None``)."""
+        return [[(member.image_id, member.score_to_first) for member in group] for group in self.members]
 
 
-def connected_groups(ids: list[str], edges: list[tuple[str, str]]) -> list[list[str]]:
-    """Connected components of two images or more of the graph over ``ids`` with ``edges``.
+@dataclasses.dataclass
+class CandidatePairs:
+    """The descriptor stage of :func:`dedup`: the pairs to verify and the backgrounds behind their scores.
 
-    Each component lists its ids in the order of ``ids``; components are ordered by their first id.
+    Attributes:
+        pairs: ``Prediction(earlier, later, score)``, ``score`` the cosine minus the pair's background
+            (:func:`~..search.background.pair_background`; the cosine itself without normalisation).
+        raw: ``(earlier, later)`` -> the pair's cosine (its best over the two searches).
+        background: image id -> its background (empty without normalisation).
+        alpha: the weight of the background.
     """
-    position = {image_id: i for i, image_id in enumerate(ids)}
-    parent = list(range(len(ids)))
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+    pairs: list[Prediction]
+    raw: dict[tuple[str, str], float]
+    background: dict[str, float]
+    alpha: float = 1.0
 
-    for a, b in edges:
-        ra, rb = root(position[a]), root(position[b])
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)  # the earlier image stays the root
-    members: dict[int, list[str]] = {}
-    for i, image_id in enumerate(ids):
-        members.setdefault(root(i), []).append(image_id)
-    return [group for _, group in sorted(members.items()) if len(group) > 1]
+    def score(self, a: str, b: str, cosine: float) -> float:
+        """The normalised descriptor score of the pair ``(a, b)`` of cosine ``cosine``."""
+        return cosine - self.alpha * pair_background(self.background, a, b)
 
 
-def group_pairs(groups: Iterable[Iterable[str]]) -> set[frozenset[str]]:
-    """Every unordered pair of images that share a group."""
-    return {frozenset(pair) for group in groups for pair in itertools.combinations(list(group), 2)}
-
-
-def pair_precision_recall(found: Iterable[Iterable[str]], truth: Iterable[Iterable[str]]) -> tuple[float, float]:
-    """``(precision, recall)`` of the image pairs grouped together by ``found`` against those of ``truth``
-    (groups of image ids); precision is 1 when ``found`` groups nothing, recall 1 when ``truth`` does."""
-    found_pairs, true_pairs = group_pairs(found), group_pairs(truth)
-    hits = len(found_pairs & true_pairs)
-    return (hits / len(found_pairs) if found_pairs else 1.0), (hits / len(true_pairs) if true_pairs else 1.0)
+def self_neighbours(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset, k: int,
+                    order: dict[str, int]) -> dict[str, list[tuple[str, float]]]:
+    """Each image's ``k`` nearest *other* images ``[(image id, cosine), ...]``, best first (ties in the
+    collection's ``order``), by the search ``detect`` makes (:func:`~..search.references.search_references`)."""
+    found = search_references(index, queries, k + 1, query_views=preset)
+    neighbours: dict[str, list[tuple[str, float]]] = {}
+    for p in sorted(found, key=lambda p: (order[p.query_id], -p.score, order[p.reference_id])):
+        row = neighbours.setdefault(p.query_id, [])
+        if p.query_id != p.reference_id and len(row) < k:
+            row.append((p.reference_id, p.score))
+    return neighbours
 
 
 def self_search_pairs(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset, candidates: int,
-                      order: dict[str, int]) -> list[Prediction]:
-    """Each image's ``candidates`` nearest other images, as unordered pairs ``(earlier, later)`` by ``order``
-    (image id -> place in the collection); a pair found from both sides keeps its best score."""
-    found = search_references(index, queries, candidates + 1, query_views=preset)
-    best: dict[tuple[str, str], float] = {}
-    kept: dict[str, int] = {}
-    for p in sorted(found, key=lambda p: (order[p.query_id], -p.score, order[p.reference_id])):
-        if p.query_id == p.reference_id or kept.get(p.query_id, 0) >= candidates:
-            continue
-        kept[p.query_id] = kept.get(p.query_id, 0) + 1
-        pair = tuple(sorted((p.query_id, p.reference_id), key=order.__getitem__))
-        best[pair] = max(p.score, best.get(pair, -np.inf))
-    return [Prediction(a, b, score) for (a, b), score in sorted(best.items(), key=lambda item: (
-        order[item[0][0]], order[item[0][1]]))]
+                      order: dict[str, int], ranks: tuple[int, int] | None = None, alpha: float = 1.0) -> CandidatePairs:
+    """Each image's ``candidates`` best other images, as unordered pairs ``(earlier, later)`` by ``order`` (image
+    id -> place in the collection); a pair found from both sides keeps its best cosine.
+
+    ``ranks``: ``(k_start, k_end)`` of collection normalisation: each image's background is its mean cosine to its
+    neighbours of those ranks (:func:`~..search.background.neighbour_background`), and the best pairs are those of
+    the highest ``cosine - alpha * (bg(a) + bg(b)) / 2`` (cross-domain similarity local scaling, Conneau et al.
+    2018) among its ``max(2 * candidates, k_end + 1)`` nearest. ``None``: the ``candidates`` nearest by cosine.
+    """
+    pool = candidates if ranks is None else max(2 * candidates, ranks[1] + 1)
+    neighbours = self_neighbours(index, queries, preset, pool, order)
+    background = {} if ranks is None else neighbour_background(
+        {image: [score for _, score in row] for image, row in neighbours.items()}, *ranks)
+    found = CandidatePairs([], {}, background, alpha)
+    for image, row in neighbours.items():
+        for other, cosine in sorted(row, key=lambda item: (-found.score(image, item[0], item[1]), order[item[0]]))[
+                :candidates]:
+            pair = (image, other) if order[image] < order[other] else (other, image)
+            found.raw[pair] = max(cosine, found.raw.get(pair, -np.inf))
+    found.raw = dict(sorted(found.raw.items(), key=lambda item: (order[item[0][0]], order[item[0][1]])))
+    found.pairs = [Prediction(a, b, found.score(a, b, cosine)) for (a, b), cosine in found.raw.items()]
+    return found
 
 
 def descriptor_pair_scores(index: DescriptorIndex, queries: DescriptorSet, preset: ViewPreset,
@@ -151,8 +217,10 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
     identities (:func:`~.calibration.model_identity`).
 
     With a matcher the ``matcher`` stage decides: its scores depend on the matcher and its views only, which must
-    be those calibrated. Without one the ``descriptor`` stage decides: the calibrated descriptor, views, no score
-    normalisation and no whitening (dedup has neither) must match. A mismatch is a :class:`ConfigError` naming both.
+    be those calibrated; with matcher normalisation (:class:`DedupSettings`) the threshold applies to the decision
+    score, which equals the matcher's probability wherever an image's background is below the anchor. Without one
+    the ``descriptor`` stage decides: the calibrated descriptor, views, no score normalisation, no collection
+    normalisation and no whitening must match. A mismatch is a :class:`ConfigError` naming both.
     """
     calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
     if matcher is not None:
@@ -165,6 +233,10 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
         if whitened:
             raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
                               "--whiten-from and --matcher none needs --threshold")
+        if config.collection_normalisation:
+            raise ConfigError(f"{calibration.name} holds thresholds of raw descriptor cosines; a dedup run with "
+                              "--matcher none decides by collection-normalised scores: pass "
+                              "--collection-normalisation off to use it, or --threshold")
     for name, made_with, used in checks:
         if made_with != used:
             raise ConfigError(f"{calibration.name} was made with {name} {made_with!r}, but this dedup run uses "
@@ -187,6 +259,7 @@ def dedup(
     whiten_from=None,
     rescoring_folder: str | os.PathLike | None = None,
     accelerator=None,
+    settings: DedupSettings | None = None,
 ) -> DedupResult:
     """Find the groups of copies among the images of ``source``.
 
@@ -195,9 +268,11 @@ def dedup(
         descriptor: the descriptor model that proposes candidate pairs.
         matcher: ``(model, image_processor)`` of a CopyNCE matcher verifying the pairs, or ``None``
             (descriptor scores decide).
-        threshold: pairs scored at or above it are copies.
-        config: :class:`~.detect.DetectConfig`: ``candidates`` (neighbours verified per image),
-            ``descriptor_lce``, ``matcher_lce``, ``whiten_dim``, batch size, workers, cache size.
+        threshold: pairs whose decision score is at or above it are copies.
+        config: :class:`~.detect.DetectConfig`: ``candidates`` (pairs verified per image), ``descriptor_lce``,
+            ``matcher_lce``, ``whiten_dim``, batch size, workers, cache size, and the descriptor stage's
+            collection normalisation (``collection_normalisation``, ``collection_alpha``, ``collection_k_start``,
+            ``collection_k_end``).
         index_folder: where the index (and whitening) of ``source`` are kept and reused, as by ``detect``:
             ``<index_folder>/<descriptor name>/references``; ``None``: not kept.
         progress: progress bars per stage.
@@ -207,32 +282,55 @@ def dedup(
             (:mod:`.chunked_scoring`); ``None``: not kept.
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result, as with :func:`~.detect.detect`.
+        settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
     """
     from ...precision import make_accelerator
 
-    config = config or DetectConfig()
+    config, settings = config or DetectConfig(), settings or DedupSettings()
     if len(source) < 2:
         raise ConfigError(f"deduplication needs at least 2 images, got {len(source)}")
-    run = _DedupRun(source, descriptor, matcher, config, accelerator or make_accelerator(), progress, log)
+    run = _DedupRun(source, descriptor, matcher, config, settings, accelerator or make_accelerator(), progress, log)
     folder = Path(index_folder) / descriptor.name if index_folder is not None else None
     index, queries, skipped = run.descriptors(folder, whiten_from)
     readable = [image_id for image_id in source.ids if image_id not in skipped]
     if len(readable) < 2:
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
                                f"{len(source)}")
-    order = {image_id: i for i, image_id in enumerate(source.ids)}
+    candidates = run.candidates(index, queries, len(readable))
+    raw = run.verify(candidates, rescoring_folder)
+    decide = run.decision(candidates, raw)
     start = time.perf_counter()
-    candidates = self_search_pairs(index, queries, run.preset, config.candidates, order)
-    run.seconds["self-search"] = time.perf_counter() - start
-    log(f"{descriptor.name}: {len(candidates)} candidate pairs among {len(readable)} images "
-        f"(the {config.candidates} nearest other images of each)")
-    pairs = run.verify(candidates, rescoring_folder)
-    start = time.perf_counter()
-    groups = run.groups(pairs, threshold, lambda missing: descriptor_pair_scores(index, queries, run.preset, missing))
+    decided = {pair: decide(*pair, score) for pair, score in raw.items()}
+    members = group_members(source.ids, decided, threshold, settings.grouping,
+                            lambda missing: run.score_missing(missing, decide, index, queries))
     run.seconds["groups"] = time.perf_counter() - start
-    log(f"{len(groups)} groups of copies ({sum(len(group) for group in groups)} images) at threshold "
-        f"{threshold:.4g}")
-    return DedupResult(groups, pairs, candidates, threshold, run.seconds, skipped, run.cost)
+    log(f"{len(members)} groups of copies ({sum(len(group) for group in members)} images) at threshold "
+        f"{threshold:.4g} ({settings.grouping} grouping)")
+    backgrounds = {"descriptor": candidates.background, "matcher": decide.matcher_background or {}}
+    return DedupResult(members, [Prediction(a, b, score) for (a, b), score in decided.items()], candidates.pairs,
+                       threshold, run.seconds, skipped, run.cost, raw, candidates.raw,
+                       {stage: found for stage, found in backgrounds.items() if found})
+
+
+@dataclasses.dataclass
+class _PairDecision:
+    """How a pair's raw score becomes its decision score: the descriptor's cosine less the pair's background
+    (:meth:`CandidatePairs.score`) without matcher; with one, the matcher's probability, its backgrounds discounted
+    (:func:`~..search.background.normalised_probability`) when ``matcher_background`` is given."""
+
+    candidates: CandidatePairs
+    has_matcher: bool
+    settings: DedupSettings
+    matcher_background: dict[str, float] | None = None
+
+    def __call__(self, a: str, b: str, raw: float) -> float:
+        if not self.has_matcher:
+            return self.candidates.score(a, b, raw)
+        if self.matcher_background is None:
+            return raw
+        background, settings = self.matcher_background, self.settings
+        return normalised_probability(raw, background.get(a), background.get(b), settings.matcher_alpha,
+                                      settings.matcher_anchor)
 
 
 @dataclasses.dataclass
@@ -243,6 +341,7 @@ class _DedupRun:
     descriptor: Descriptor
     matcher: tuple | None
     config: DetectConfig
+    settings: DedupSettings
     accelerator: object
     progress: bool
     log: Callable[[str], None]
@@ -286,6 +385,28 @@ class _DedupRun:
         note_skips(queries, skipped)
         return index, queries, skipped
 
+    @property
+    def order(self) -> dict[str, int]:
+        return {image_id: i for i, image_id in enumerate(self.source.ids)}
+
+    def candidates(self, index: DescriptorIndex, queries: DescriptorSet, readable: int) -> CandidatePairs:
+        """Step 1's self-search: the pairs to verify (:func:`self_search_pairs`), collection-normalised when
+        ``config.collection_normalisation``."""
+        config, start = self.config, time.perf_counter()
+        ranks = (config.collection_k_start, config.collection_k_end) if config.collection_normalisation else None
+        found = self_search_pairs(index, queries, self.preset, config.candidates, self.order, ranks,
+                                  config.collection_alpha)
+        self.seconds["self-search"] = time.perf_counter() - start
+        normalised = ""
+        if ranks is not None:
+            values = list(found.background.values())
+            normalised = (f"; collection-normalised: each image's background is its mean cosine to its neighbours of "
+                          f"ranks {ranks[0]}-{ranks[1]}" + (f", median {np.median(values):.3f}, largest "
+                                                            f"{max(values):.3f}" if values else " (too few images)"))
+        self.log(f"{self.descriptor.name}: {len(found.pairs)} candidate pairs among {readable} images (the "
+                 f"{config.candidates} best other images of each{normalised})")
+        return found
+
     def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
         """The matcher's score of each pair (:func:`~.detect.matcher_scores`); its passes add to :attr:`cost`."""
         scores, cost = matcher_scores(pairs, *self.matcher, self.source, self.source, self.config, self.accelerator,
@@ -293,49 +414,60 @@ class _DedupRun:
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
         return scores
 
-    def verify(self, candidates: list[Prediction], folder) -> list[Prediction]:
-        """Step 2: the candidate pairs scored by the matcher (chunks kept in ``folder``), or as they are without
-        one."""
+    def verify(self, candidates: CandidatePairs, folder) -> dict[tuple[str, str], float]:
+        """Step 2: ``(earlier, later)`` -> raw score of each candidate pair: the matcher's probability (chunks kept in
+        ``folder``; a pair it cannot score is left out), or its cosine without matcher."""
         if self.matcher is None:
-            return list(candidates)
+            return dict(candidates.raw)
         start = time.perf_counter()
-        pair_ids = [(p.query_id, p.reference_id) for p in candidates]
+        pair_ids = list(candidates.raw)
         scores = self.matcher_scores(pair_ids, folder)
-        pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
+        verified = {pair: score for pair, score in zip(pair_ids, scores) if score is not None}
         self.seconds["matcher"] = time.perf_counter() - start
-        self.log(f"matcher: {len(pairs)} pairs verified ({self.cost['encoded_views']} encoder passes, "
+        self.log(f"matcher: {len(verified)} pairs verified ({self.cost['encoded_views']} encoder passes, "
                  f"{self.cost['fused_pairs']} fusion passes)")
-        return pairs
+        return verified
 
-    def groups(self, pairs: list[Prediction], threshold: float,
-               descriptor_scores: Callable[[list[tuple[str, str]]], list[float]]) -> list[list[tuple[str, float | None]]]:
-        """Step 3: the connected components of the pairs scored at or above ``threshold``, each member with its
-        score to the group's first image (scored now, by the matcher or ``descriptor_scores``, when that pair was
-        not a candidate)."""
-        edges = [(p.query_id, p.reference_id) for p in pairs if p.score >= threshold]
-        members = connected_groups(self.source.ids, edges)
-        scored = {(p.query_id, p.reference_id): p.score for p in pairs}
-        missing = [(group[0], member) for group in members for member in group[1:] if (group[0], member) not in scored]
-        if missing:
-            extra = self.matcher_scores(missing, None) if self.matcher is not None else descriptor_scores(missing)
-            scored.update(zip(missing, extra))
-        return [[(group[0], None), *((member, scored.get((group[0], member))) for member in group[1:])]
-                for group in members]
+    def decision(self, candidates: CandidatePairs, raw: dict[tuple[str, str], float]) -> _PairDecision:
+        """How raw scores become decision scores; with a matcher and matcher normalisation, each image's matcher
+        background is measured over its verified pairs (:func:`~..search.background.matcher_backgrounds`)."""
+        settings = self.settings
+        if self.matcher is None or not settings.matcher_normalisation:
+            return _PairDecision(candidates, self.matcher is not None, settings)
+        background = matcher_backgrounds(((a, b, score) for (a, b), score in raw.items()), settings.matcher_k_start,
+                                         settings.matcher_k_end)
+        above = [value for value in background.values() if value > settings.matcher_anchor]
+        self.log(f"matcher normalisation: {len(above)} of {len(background)} images have a background (mean logit of "
+                 f"their verified pairs of ranks {settings.matcher_k_start}-{settings.matcher_k_end}) above "
+                 f"{settings.matcher_anchor:g}, discounted from their pairs" + (
+                     f" (largest {max(above):.2f})" if above else ""))
+        return _PairDecision(candidates, True, settings, background)
+
+    def score_missing(self, pairs: list[tuple[str, str]], decide: _PairDecision, index: DescriptorIndex,
+                      queries: DescriptorSet) -> list[float | None]:
+        """The decision scores of pairs that were not candidates (a member and its group's first member): scored
+        now by the matcher, or by the descriptor without one (``None``: the matcher could not)."""
+        if self.matcher is not None:
+            raw = self.matcher_scores(pairs, None)
+        else:
+            raw = descriptor_pair_scores(index, queries, self.preset, pairs)
+        return [None if score is None else decide(a, b, score) for (a, b), score in zip(pairs, raw)]
 
 
-#: The header of ``groups.csv``.
-GROUP_COLUMNS = ("group_id", "image_id", "score_to_first")
+#: The header of ``pairs.csv``: the decision score (``score``, the one the threshold applies to) and the raw one.
+PAIR_COLUMNS = ("query_id", "reference_id", "score", "raw_score")
 
 
-def write_groups(path: str | os.PathLike, groups: list[list[tuple[str, float | None]]]) -> int:
-    """Write ``groups.csv``: one row per member (``group_id`` from 0, ``image_id``, ``score_to_first``: the pair's
-    score with the group's first member, empty on the first member's own row); returns the rows written."""
-    rows = 0
+def write_pairs(path: str | os.PathLike, result: DedupResult) -> int:
+    """Write ``pairs.csv``: every verified pair (:data:`PAIR_COLUMNS`: the earlier image as ``query_id``, its
+    decision score and its raw score), by decreasing decision score; returns the rows written."""
+    rows = sorted(result.pairs, key=lambda p: (-p.score, p.query_id, p.reference_id))
     with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(GROUP_COLUMNS)
-        for number, group in enumerate(groups):
-            for image_id, score in group:
-                writer.writerow([number, image_id, "" if score is None else f"{score:.6f}"])
-                rows += 1
-    return rows
+        writer.writerow(PAIR_COLUMNS)
+        for p in rows:
+            if not math.isfinite(p.score):
+                raise PredictionsError(f"score {p.score} of pair ({p.query_id!r}, {p.reference_id!r}) is not finite")
+            writer.writerow((p.query_id, p.reference_id, repr(p.score),
+                             repr(float(result.raw_scores[(p.query_id, p.reference_id)]))))
+    return len(rows)

@@ -210,7 +210,7 @@ class _RunScorer:
         index, queries = self.descriptors(source, "sampled images")
         found = self_search_pairs(index, queries, ViewPreset(self.config.descriptor_lce),
                                   min(NEAREST_NEGATIVES, len(originals) - 1), {i: n for n, i in enumerate(originals)})
-        return [(p.query_id, p.reference_id) for p in found]
+        return [(p.query_id, p.reference_id) for p in found.pairs]
 
     def score(self, made: SyntheticSet) -> None:
         """Score every pair of ``made`` (its ``score``; ``None`` where the matcher could not score it)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...modeling.errors import ConfigError
 from ...outputs import check_output_folder, run_folder
-from ..search.presets import DEFAULT_CHUNK_SIZE
+from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, DEFAULT_CHUNK_SIZE
 from ..search.sources import ImageInput
 from .calibration import Calibration
 from .pipeline_settings import PipelineModels
@@ -42,6 +42,10 @@ class DedupRequest:
         candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
             :class:`~.detect.DetectConfig`.
         whiten_from: sample images to learn a whitening from (``None``: none).
+        collection_normalisation, collection_alpha, collection_k_start, collection_k_end: the descriptor stage's
+            collection normalisation (:class:`~.detect.DetectConfig`; CSLS over the collection's own neighbours).
+        matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
+            matcher_k_start, matcher_k_end, matcher_anchor and grouping: as in :class:`~.dedup.DedupSettings`.
         input: how images are read (sub-folders, size limit).
         gallery: groups shown in ``report.html``.
         progress: progress bars.
@@ -64,6 +68,16 @@ class DedupRequest:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     whiten_dim: int | None = None
     whiten_from: str | None = None
+    collection_normalisation: bool = True
+    collection_alpha: float = 1.0
+    collection_k_start: int = COLLECTION_K_START
+    collection_k_end: int = COLLECTION_K_END
+    matcher_normalisation: bool | None = None
+    matcher_alpha: float = 1.0
+    matcher_k_start: int = COLLECTION_K_START
+    matcher_k_end: int = COLLECTION_K_END
+    matcher_anchor: float = 0.0
+    grouping: str = "representative"
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     gallery: int = 8
     progress: bool = True
@@ -75,7 +89,20 @@ class DedupRequest:
 
         return DetectConfig(candidates=self.candidates, descriptor_lce=self.descriptor_lce,
                             matcher_lce=self.matcher_lce, batch_size=self.batch_size, num_workers=self.num_workers,
-                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size)
+                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size,
+                            collection_normalisation=self.collection_normalisation,
+                            collection_alpha=self.collection_alpha, collection_k_start=self.collection_k_start,
+                            collection_k_end=self.collection_k_end)
+
+    def settings(self):
+        """The :class:`~.dedup.DedupSettings` of the run (matcher normalisation and grouping)."""
+        from .dedup import DedupSettings
+
+        matcher_normalisation = (self.collection_normalisation if self.matcher_normalisation is None
+                                 else self.matcher_normalisation)
+        return DedupSettings(grouping=self.grouping, matcher_normalisation=matcher_normalisation,
+                             matcher_alpha=self.matcher_alpha, matcher_k_start=self.matcher_k_start,
+                             matcher_k_end=self.matcher_k_end, matcher_anchor=self.matcher_anchor)
 
 
 @dataclasses.dataclass
@@ -136,23 +163,25 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
     request.models.check_paths()
     source = request.input.folder(request.images)
     whiten_from = request.input.whitening_sample(request.whiten_from, request.whiten_dim)
-    config = request.config()
+    config, settings = request.config(), request.settings()
     threshold, origin = dedup_threshold(request, config)
     [descriptor], matcher = request.models.load_descriptors(), request.models.load_matcher()
     with run_folder(request.output, ("groups.csv",)) as output:
-        return _dedup_into(request, source, descriptor, matcher, (threshold, origin), whiten_from, config, output)
+        return _dedup_into(request, source, descriptor, matcher, (threshold, origin), whiten_from, (config, settings),
+                           output)
 
 
 def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tuple[float, str], whiten_from,
-                config, output: Path) -> DedupRun | None:
-    """The model work of :func:`run_dedup` into the existing folder ``output``."""
+                configs: tuple, output: Path) -> DedupRun | None:
+    """The model work of :func:`run_dedup` into the existing folder ``output`` (``configs``: the
+    :class:`~.detect.DetectConfig` and :class:`~.dedup.DedupSettings` of the run)."""
     from ...precision import make_accelerator
-    from ..search.predictions import write_predictions
-    from .dedup import dedup, write_groups
+    from .dedup import dedup, write_pairs
     from .dedup_calibration import FOLDER as SELF_CALIBRATION_FOLDER
     from .dedup_calibration import self_calibrate
+    from .grouping import write_groups
 
-    threshold, origin = decision
+    (threshold, origin), (config, settings) = decision, configs
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.models.matcher_label()}, "
@@ -166,24 +195,30 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
         threshold, origin = calibration.threshold, calibration.origin
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
-                   accelerator=accelerator)
+                   accelerator=accelerator, settings=settings)
     if not accelerator.is_main_process:
         return None
     run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)
-    run.rows = write_groups(output / "groups.csv", result.groups)
-    write_predictions(output / "pairs.csv", result.pairs)
+    run.rows = write_groups(output / "groups.csv", result.members)
+    write_pairs(output / "pairs.csv", result)
     return run
 
 
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
-    self-calibrated), candidates, views, whitening, groups."""
-    request = run.request
+    self-calibrated), candidates, views, normalisation, grouping, whitening, groups."""
+    request, settings = run.request, run.request.settings()
     calibration = {} if run.self_calibration is None else {
         "self-calibration": f"{run.self_calibration.file} (the synthetic pairs, their kinds and scores)"}
+    descriptor_normalisation = (f"alpha {request.collection_alpha}, neighbours of ranks {request.collection_k_start}-"
+                                f"{request.collection_k_end}" if request.collection_normalisation else "off")
+    matcher_normalisation = (f"alpha {settings.matcher_alpha}, verified pairs of ranks {settings.matcher_k_start}-"
+                             f"{settings.matcher_k_end}, backgrounds above logit {settings.matcher_anchor:g}"
+                             if settings.matcher_normalisation and run.matcher is not None else "off")
     return {"images": str(Path(request.images).resolve()), "descriptor": run.descriptor.source,
             "matcher": request.models.matcher_label(), "threshold": run.origin, **calibration,
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
-            "matcher LCE": request.matcher_lce,
+            "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
+            "matcher collection normalisation": matcher_normalisation, "grouping": settings.grouping,
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows}

@@ -29,16 +29,25 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ...modeling.errors import ConfigError, PredictionsError
 from ...outputs import StagedFile
 from ..jobs.chunked_scoring import DEFAULT_CHUNK_SIZE, PairScores, score_in_chunks, scoring_identity
 from ..jobs.matcher_cache import MatcherScorer
 from ..jobs.work_folder import holds_identity, views_identity
+from ..search.background import check_ranks, normalised_reference_scores, reference_background
 from ..search.candidates import candidate_recall, merge_candidates, top_per_query
 from ..search.descriptors import DescriptorSet
 from ..search.index import DescriptorIndex, IndexConfig
 from ..search.predictions import Prediction, prediction_metrics
-from ..search.presets import DEFAULT_CANDIDATES, DETECT_PRESETS
+from ..search.presets import (
+    COLLECTION_K_END,
+    COLLECTION_K_START,
+    DEFAULT_CANDIDATES,
+    DETECT_PRESETS,
+    REFERENCE_BACKGROUNDS,
+)
 from ..search.references import search_references
 from ..search.view_search import extract_view_descriptors
 from ..search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
@@ -75,6 +84,18 @@ class DetectConfig:
         chunk_size: candidate pairs per chunk of matcher work (whole queries; the unit shared between
             processes and kept on disk, :mod:`.chunked_scoring`).
         whiten_dim: directions kept by the whitening learned from ``whiten_from`` images (``None``: all).
+        collection_normalisation: reference-side normalisation (on by default): ``collection_alpha`` times each
+            reference's background, its mean score to its neighbours of 0-based ranks ``collection_k_start..
+            collection_k_end`` (:mod:`~..search.background`), is subtracted from every query->reference descriptor
+            score before the candidates are chosen (out of each query's ``2 * candidates`` nearest), so that a
+            reference resembling many others (a template: a screenshot frame, a meme band) stops outranking a
+            copy. It composes with the auxiliary set's query-side score normalisation (``alpha``, ``k_start``,
+            ``k_end``): ``s(q, r) = cos(q, r) - alpha * bias(q) - collection_alpha * bg(r)``. With a matcher it
+            changes which candidates are verified, not their scores. (:func:`dedup <.dedup.dedup>` uses the same
+            fields for its descriptor stage, with the symmetric correction of a pair of the one collection.)
+        reference_background: where a reference's neighbours are taken: ``collection`` (the other references: one
+            self-search of the reference index, cached beside it) or ``auxiliary`` (the auxiliary images, which
+            must be given).
     """
 
     k: int = 10
@@ -89,6 +110,11 @@ class DetectConfig:
     cache_size: int = 4096
     chunk_size: int = DEFAULT_CHUNK_SIZE
     whiten_dim: int | None = None
+    collection_normalisation: bool = True
+    collection_alpha: float = 1.0
+    collection_k_start: int = COLLECTION_K_START
+    collection_k_end: int = COLLECTION_K_END
+    reference_background: str = "collection"
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
@@ -101,6 +127,8 @@ class DetectConfig:
         if not 0 <= self.k_start <= self.k_end:
             raise ConfigError(f"score normalisation needs 0 <= k_start <= k_end, got k_start={self.k_start}, "
                               f"k_end={self.k_end}")
+        check_ranks(self.collection_k_start, self.collection_k_end)
+        check_mode(self.reference_background, REFERENCE_BACKGROUNDS, "reference_background")
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> DetectConfig:
@@ -345,6 +373,8 @@ def detect(
         raise ConfigError("detect needs at least one descriptor model")
     if len(set(names)) != len(names):
         raise ConfigError(f"descriptor names must differ, got {names}")
+    if config.collection_normalisation and config.reference_background == "auxiliary" and auxiliary is None:
+        raise ConfigError("reference backgrounds from the auxiliary images need auxiliary images (--aux)")
     from ...precision import make_accelerator
 
     accelerator = accelerator or make_accelerator()
@@ -434,13 +464,48 @@ class _DescriptorStage:
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(self.queries)} query images could be read")
         config = self.config
-        found = search_references(index, query_views, config.candidates, query_views=self.preset,
+        pool = 2 * config.candidates if config.collection_normalisation else config.candidates
+        found = search_references(index, query_views, pool, query_views=self.preset,
                                   auxiliary=auxiliary_index, alpha=config.alpha, k_start=config.k_start,
                                   k_end=config.k_end)
+        normalised = ", score-normalised" if self.auxiliary is not None else ""
+        if config.collection_normalisation:
+            background = self.reference_background(descriptor, index, auxiliary_index, folder)
+            found = normalised_reference_scores(found, background, config.collection_alpha, config.candidates)
+            among = "other references" if config.reference_background == "collection" else "auxiliary images"
+            normalised += (f", less each reference's background: its mean cosine to the {among} of ranks "
+                           f"{config.collection_k_start}-{config.collection_k_end}, median "
+                           f"{np.median(list(background.values()) or [0.0]):.3f}")
         result.seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
         self.log(f"{descriptor.name}: {len(found)} candidate pairs ({_DESCRIPTOR_VIEWS[config.descriptor_lce]}"
-                 f"{', score-normalised' if self.auxiliary is not None else ''})")
+                 f"{normalised})")
         return found
+
+    def reference_background(self, descriptor: Descriptor, index: DescriptorIndex,
+                             auxiliary_index: DescriptorIndex | None, folder: Path | None) -> dict[str, float]:
+        """Each reference's background (:func:`~..search.background.reference_background`): among the other
+        references (one self-search of ``index``, kept in ``folder/reference-background`` and reused for the same
+        references, model, views, whitening and ranks), or among the auxiliary images."""
+        config = self.config
+        if config.reference_background == "auxiliary":
+            return reference_background(index, config.collection_k_start, config.collection_k_end, auxiliary_index)
+        identity = {**views_identity(descriptor.model, descriptor.processor, self.references, self.preset.name,
+                                     "reference background"),
+                    "whitening": index.whitening.fingerprint() if index.whitening is not None else None,
+                    "k_start": config.collection_k_start, "k_end": config.collection_k_end}
+        cache = folder / "reference-background" if folder is not None else None
+        saved = _reuse(cache, identity, lambda: DescriptorSet.load(cache / "background.safetensors"),
+                       "the references' backgrounds")
+        if saved is not None:
+            return dict(zip(saved.ids, saved.descriptors[:, 0].tolist()))
+        # float32, as kept on disk: a run that reuses them scores exactly as the run that computed them
+        background = {reference: float(np.float32(value)) for reference, value in
+                      reference_background(index, config.collection_k_start, config.collection_k_end).items()}
+        if cache is not None and background and _is_main_process():
+            with _rewriting(cache, identity):
+                DescriptorSet(list(background), np.array(list(background.values()), dtype=np.float32)[:, None]).save(
+                    cache / "background.safetensors")
+        return background
 
 
 def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,

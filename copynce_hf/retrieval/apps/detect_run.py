@@ -119,6 +119,8 @@ def open_detect_inputs(request: DetectRequest) -> DetectInputs:
     if ground_truth is not None:
         check_ground_truth_ids(ground_truth, request.ground_truth, queries.ids, references.ids)
     config = settings.config()
+    if config.collection_normalisation and config.reference_background == "auxiliary" and auxiliary is None:
+        raise ConfigError("--reference-background auxiliary needs auxiliary images: give --aux FOLDER")
     whiten_from = images.whitening_sample(request.whiten_from, settings.whiten_dim)
     if whiten_from is not None and request.calibration is not None and not settings.models.has_matcher:
         raise ConfigError("a calibration holds descriptor thresholds without whitening; with --whiten-from and "
@@ -169,7 +171,7 @@ def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matc
         + f": descriptor LCE {config.descriptor_lce}, {config.candidates} candidates, matcher LCE "
         f"{config.matcher_lce}, top {config.k}, score normalisation "
         + (f"over auxiliary ranks {config.k_start}-{config.k_end}" if inputs.auxiliary is not None
-           else "off (no --aux folder given)"))
+           else "off (no --aux folder given)") + f", collection normalisation {collection_text(config)}")
     result = detect(inputs.queries, inputs.references, descriptors, matcher, inputs.auxiliary, config,
                     index_folder=output / "indexes", progress=request.progress, log=log,
                     rescoring_folder=output / "rescoring", accelerator=accelerator, whiten_from=inputs.whiten_from)
@@ -204,6 +206,16 @@ def write_detect_data(run: DetectRun) -> None:
         temporary.write_text(json.dumps(run.metrics, indent=2) + "\n", encoding="utf-8")
 
 
+def collection_text(config) -> str:
+    """How logs and reports name the reference-side collection normalisation of a
+    :class:`~.detect.DetectConfig`: ``off``, or its source, ranks and weight."""
+    if not config.collection_normalisation:
+        return "off"
+    source = "the other references" if config.reference_background == "collection" else "the auxiliary images"
+    return (f"reference backgrounds from {source}, ranks {config.collection_k_start}-{config.collection_k_end}, "
+            f"alpha {config.collection_alpha}")
+
+
 def report_settings(run: DetectRun) -> dict[str, object]:
     """The settings ``report.html`` lists: inputs, models, preset, views, score normalisation, whitening and the
     decision threshold."""
@@ -221,6 +233,7 @@ def report_settings(run: DetectRun) -> dict[str, object]:
         "descriptor LCE": config.descriptor_lce, "matcher LCE": config.matcher_lce,
         "score normalisation": (f"alpha {config.alpha}, auxiliary ranks {config.k_start}-{config.k_end} of "
                                 f"{settings.aux}" if settings.aux else "off"),
+        "collection normalisation": collection_text(config),
         "candidates per query": config.candidates, "predictions per query": config.k,
         "whitening": whitening,
     }

@@ -23,6 +23,20 @@ DEFAULT_CHUNK_SIZE = 10_000
 #: Images per chunk of resumable indexing (:mod:`.chunked_extraction`, ``copynce index --chunk-size``).
 DEFAULT_INDEX_CHUNK_SIZE = 10_000
 
+#: The ranks of an image's neighbours among the other images of its collection (0-based, inclusive: the 3rd to the
+#: 10th nearest) averaged into its background by collection normalisation (:mod:`.background`): a true group of
+#: two or three copies sits at ranks 0-1 and does not discount itself.
+COLLECTION_K_START, COLLECTION_K_END = 2, 9
+
+#: Where ``copynce detect`` measures each reference's background: among the other references (``collection``)
+#: or among the auxiliary images (``auxiliary``, needs them).
+REFERENCE_BACKGROUNDS = ("collection", "auxiliary")
+
+#: :class:`~copynce_hf.retrieval.DetectConfig` fields of collection normalisation (no preset sets them; given on the
+#: command line they override the defaults as a preset's fields are overridden).
+COLLECTION_FIELDS = ("collection_normalisation", "collection_alpha", "collection_k_start", "collection_k_end",
+                     "reference_background")
+
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields a preset sets.
 DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alpha", "k_start", "k_end")
 
