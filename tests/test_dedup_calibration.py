@@ -1,5 +1,5 @@
-"""``copynce dedup``'s self-calibrated default threshold: the synthetic pairs made from the collection, the threshold
-rule (checked again from the saved file), where the threshold comes from in the log and the report, the options
+"""``copynce dedup``'s self-calibrated default threshold: the calibration collection made from the collection, the dedup
+run's verified pairs labelled by provenance, the threshold rule (checked again from the saved file), where the threshold comes from in the log and the report, the options
 that override it, determinism, reuse, and collections smaller than the sample."""
 
 from __future__ import annotations
@@ -15,18 +15,25 @@ from conftest import run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
 from copynce_hf.modeling.errors import PredictionsError
-from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, connected_groups
+from copynce_hf.retrieval import (
+    Descriptor,
+    DetectConfig,
+    ImageFolderSource,
+    ImageListSource,
+    connected_groups,
+)
+from copynce_hf.retrieval.apps.dedup import DedupSettings, dedup
 from copynce_hf.retrieval.apps.dedup_calibration import (
     FILE_NAME,
     FOLDER,
     choose_threshold,
-    negatives_per_positive,
     self_calibrate,
 )
 from copynce_hf.retrieval.apps.dedup_synthetic import (
     COPY_KINDS,
     NON_COPY_KINDS,
     TEMPLATE_GROUP,
+    pair_kind,
     synthetic_set,
 )
 
@@ -58,9 +65,11 @@ def test_choose_threshold_takes_the_lowest_score_reaching_the_weighted_precision
     # a tie between a copy and a non-copy is one threshold, both kept
     tie = choose_threshold([True, False, False], [0.6, 0.6, 0.1], 1.0, 0.9)
     assert (tie.threshold, tie.precision, tie.reached) == (0.6, 0.5, False)
+    # copies never scored count in the recall only
+    missed = choose_threshold(is_copy, scores, 1.0, 0.75, positives=8)
+    assert (missed.threshold, missed.precision, missed.recall) == (0.7, 0.75, 3 / 8)
     with pytest.raises(PredictionsError, match="no copy pair"):
         choose_threshold([False], [0.3], 1.0, 0.9)
-    assert negatives_per_positive(10) == 9 and negatives_per_positive(1) == 1
 
 
 def test_the_synthetic_set_holds_copies_templated_copies_and_template_sharing_non_copies(collection):
@@ -83,33 +92,44 @@ def test_the_synthetic_set_holds_copies_templated_copies_and_template_sharing_no
         if pair.kind in COPY_KINDS:  # both sides made from the same sampled image
             assert made.records[pair.query]["of"] == made.records[pair.reference]["of"]
     assert all(made.records[f"{i:04d}:copy1"]["edits"] for i in range(7))
+    for pair in made.pairs:  # the kind of any two synthetic images comes from their records
+        assert pair_kind(made.records, pair.query, pair.reference) == pair.kind
+    assert pair_kind(made.records, "0002:copy2", "0002:copy1") == "copy of copy"
+    assert pair_kind(made.records, "0002:copy2", "0002:template") == "template copy"
+    assert pair_kind(made.records, "0002:original", "0002:copy2") == "copy"
+    other = next(i for i in range(7) if made.records[f"{i:04d}:template"]["template"]["group"]
+                 != made.records["0000:template"]["template"]["group"])
+    assert pair_kind(made.records, "0000:template", f"{other:04d}:template") == "other image"
+    assert pair_kind(made.records, "0000:copy1", f"{other:04d}:original") == "other image"
     again = synthetic_set(source, 7, seed=0)
     assert again.sample == made.sample and again.records == made.records
     assert synthetic_set(source, 7, seed=1).sample != made.sample
     assert len(synthetic_set(source, 64, seed=0).sample) == len(source)  # a collection smaller than the sample
 
 
-def _precision(rows: list[dict], threshold: float, weight: float) -> float:
+def _precision(rows: list[dict], threshold: float) -> float:
     kept = [row for row in rows if row["score"] >= threshold]
-    found = sum(row["copy"] for row in kept)
-    return found / (found + weight * (len(kept) - found))
+    return sum(row["copy"] for row in kept) / len(kept)
 
 
 def check_saved_choice(saved: dict) -> None:
-    """The saved threshold follows the rule, recomputed from the saved pairs alone: the lowest score whose pairs at
-    or above it reach the target precision (non-copies weighted), else the best precision reached."""
-    rows, target = saved["pairs"], saved["target_precision"]
+    """The saved threshold follows the rule, recomputed from the saved pairs alone: the lowest decision score whose
+    verified pairs at or above it reach the target precision (no weighting), else the best precision reached; the
+    recall counts the true pairs never verified too."""
+    rows, target, counts = saved["pairs"], saved["target_precision"], saved["counts"]
     copies = sum(row["copy"] for row in rows)
     assert all(row["copy"] == (row["kind"] in COPY_KINDS) and row["kind"] in (*COPY_KINDS, *NON_COPY_KINDS)
                for row in rows)
-    assert saved["negatives_per_positive"] >= 1
-    weight = saved["negatives_per_positive"] * copies / (len(rows) - copies) if len(rows) > copies else 0.0
-    assert saved["negative_weight"] == pytest.approx(weight)
-    precisions = {score: _precision(rows, score, weight) for score in {row["score"] for row in rows}
+    assert all(row["copy"] == (saved["images"][row["query"]]["of"] == saved["images"][row["reference"]]["of"])
+               for row in rows)  # labelled by provenance
+    assert counts["copy_pairs"] == copies and counts["non_copy_pairs"] == len(rows) - copies
+    assert counts["missed_true_pairs"] == counts["true_pairs"] - copies >= 0
+    precisions = {score: _precision(rows, score) for score in {row["score"] for row in rows}
                   if any(r["copy"] and r["score"] >= score for r in rows)}
     threshold = saved["threshold"]
     assert threshold in precisions and saved["precision"] == pytest.approx(precisions[threshold])
-    assert saved["recall"] == pytest.approx(sum(r["copy"] and r["score"] >= threshold for r in rows) / copies)
+    assert saved["recall"] == pytest.approx(sum(r["copy"] and r["score"] >= threshold for r in rows)
+                                            / counts["true_pairs"])
     if saved["reached"]:
         assert precisions[threshold] >= target
         assert all(p < target for score, p in precisions.items() if score < threshold)
@@ -120,26 +140,39 @@ def check_saved_choice(saved: dict) -> None:
 
 @pytest.mark.parametrize("with_matcher", [False, True])
 def test_the_self_calibrated_threshold_follows_its_rule_on_its_saved_pairs(collection, tmp_path, with_matcher):
+    """The saved pairs are the verified pairs of a dedup run on the calibration collection, with that run's decision
+    scores (collection-normalised, the scale the run thresholds), and the threshold follows its rule on them."""
     descriptor, matcher, processor = tiny_models(0)
+    models = (Descriptor("tiny", descriptor, processor), (matcher, processor) if with_matcher else None)
+    settings = DedupSettings(matcher_anchor=-20.0)  # every matcher background discounted: the tiny one scores low
     lines: list[str] = []
-    made = self_calibrate(ImageFolderSource(collection), Descriptor("tiny", descriptor, processor),
-                          (matcher, processor) if with_matcher else None, DetectConfig(candidates=4),
-                          folder=tmp_path, progress=False, log=lines.append)
+    made = self_calibrate(ImageFolderSource(collection), *models, DetectConfig(candidates=4), folder=tmp_path,
+                          progress=False, log=lines.append, settings=settings)
     saved = json.loads((tmp_path / FILE_NAME).read_text())
-    assert saved["threshold"] == made.threshold and saved["negatives_per_positive"] == 3  # candidates - 1
+    assert saved["threshold"] == made.threshold and "unweighted" in saved["class_ratio"]
     check_saved_choice(saved)
+    # the same pairs and decision scores as dedup itself on the calibration collection
+    calibration = synthetic_set(ImageFolderSource(collection), 64, seed=0)
+    images = ImageListSource(list(calibration.images), list(calibration.images.values()))
+    found = dedup(images, *models, 0.5, DetectConfig(candidates=4), progress=False, log=lambda line: None,
+                  settings=settings)
+    assert {(p.query_id, p.reference_id): p.score for p in found.pairs} == pytest.approx(
+        {(row["query"], row["reference"]): row["score"] for row in saved["pairs"]})
+    assert any(row["score"] != row["raw_score"] for row in saved["pairs"])  # normalised, not raw
     counts = saved["counts"]
-    assert counts["images"] == 10 and counts["copy_pairs"] == sum(row["copy"] for row in saved["pairs"])
-    assert counts["shared template"] == sum(row["kind"] == "shared template" for row in saved["pairs"]) >= 1
-    assert f"self-calibrated on 10 images of this collection ({counts['copy_pairs']} positive pairs, " in lines[-1]
-    assert f"incl. {counts['shared template']} template-sharing, weighted as 3 negatives per positive pair)" in lines[-1]
-    assert f"threshold {made.threshold:.4g}" in lines[-1] and "on the synthetic pairs" in lines[-1]
+    assert counts["images"] == 10 and counts["true_pairs"] == 60  # 4 images per sampled image: 6 pairs each
+    assert counts["shared template"] == sum(row["kind"] == "shared template" for row in saved["pairs"])
+    assert lines[-1].startswith(f"self-calibrated on 10 images of this collection ({counts['copy_pairs']} positive "
+                                f"and {counts['non_copy_pairs']} negative verified pairs, {counts['shared template']} "
+                                "of them template-sharing): ")
+    assert f"threshold {made.threshold:.4g}" in lines[-1]
+    assert f"the candidates missed {counts['missed_true_pairs']} of the 60 true pairs" in lines[-1]
     assert ("aims at precision 0.9 (measured recall" in lines[-1]) == saved["reached"]
 
 
 def test_the_threshold_reaches_the_precision_when_a_model_tells_copies_apart(tmp_path):
-    """The embedded models on the bundled images: the target is reached on the synthetic pairs, checked again from
-    the saved file."""
+    """The embedded models on the bundled images: the target is reached on the calibration collection's verified
+    pairs, checked again from the saved file."""
     from conftest import shrunk_asset_images
 
     from copynce_hf.model_loading import load_model
@@ -180,7 +213,8 @@ def test_copynce_dedup_without_a_threshold_self_calibrates_and_says_so(collectio
 
     before = sorted(path.name for path in collection.iterdir())
     models = save_tiny_models(tmp_path / "models", seed=0)
-    args = ["dedup", str(collection), "--model", models["descriptor"], "--matcher", "none", "--candidates", "3"]
+    args = ["dedup", str(collection), "--model", models["descriptor"], "--matcher", "none", "--candidates", "3",
+            "--grouping", "connected"]  # the grouping does not change the self-calibration
     output = tmp_path / "found"
     assert main([*args, "--output", str(output)]) == 0  # --matcher none: no longer refused without a threshold
     err = capsys.readouterr().err
@@ -200,7 +234,7 @@ def test_copynce_dedup_without_a_threshold_self_calibrates_and_says_so(collectio
     assert main([*args, "--precision", "0.5", "--output", str(output)]) == 0
     err = capsys.readouterr().err
     again = json.loads((output / FOLDER / FILE_NAME).read_text())
-    assert "reusing the scored pairs" in err and again["pairs"] == saved["pairs"]
+    assert "reusing the verified pairs" in err and again["pairs"] == saved["pairs"]
     assert again["target_precision"] == 0.5
     check_saved_choice(again)
 
@@ -239,5 +273,5 @@ def test_a_collection_of_two_images_self_calibrates_with_the_matcher(collection,
                            "--self-calibration-sample", 5, "--output", tmp_path / "found")
     assert code == 0, err
     saved = json.loads((tmp_path / "found" / FOLDER / FILE_NAME).read_text())
-    assert saved["counts"]["images"] == 2 and saved["counts"]["copy_pairs"] == 6
+    assert saved["counts"]["images"] == 2 and saved["counts"]["true_pairs"] == 12
     check_saved_choice(saved)

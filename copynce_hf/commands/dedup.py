@@ -21,10 +21,10 @@ DESCRIPTION = (
 )
 EPILOG = (
     "Scores are copy probabilities with the matcher, cosines with --matcher none. Without --threshold or "
-    "--calibration the threshold is self-calibrated on the collection: PixTrace copies of --self-calibration-sample "
-    "of its images (plain, put into templates, copies of copies) and non-copies (two images in one template, "
-    "nearest different images) are scored as the run scores, and the threshold is the lowest reaching --precision "
-    "(default 0.9) with the negatives weighted as --candidates - 1 per positive pair; OUTPUT/self_calibration/ keeps "
+    "--calibration the threshold is self-calibrated on the collection: the dedup pipeline itself runs on "
+    "--self-calibration-sample of its images and their PixTrace copies (plain, put into templates, copies of "
+    "copies), held in memory; its verified pairs are labelled by where their images came from and the threshold "
+    "is the lowest decision score reaching --precision (default 0.9) over them, unweighted; OUTPUT/self_calibration/ keeps "
     "the pairs and scores, and report.html says where the threshold came from (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost on one CPU core with the embedded models: about 30 "
     "ms per image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once)."
 )

@@ -260,6 +260,7 @@ def dedup(
     rescoring_folder: str | os.PathLike | None = None,
     accelerator=None,
     settings: DedupSettings | None = None,
+    whitening_folder: str | os.PathLike | None = None,
 ) -> DedupResult:
     """Find the groups of copies among the images of ``source``.
 
@@ -283,6 +284,8 @@ def dedup(
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result, as with :func:`~.detect.detect`.
         settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
+        whitening_folder: where the whitening's sample descriptors are kept (``None``:
+            ``<index_folder>/<descriptor name>/whitening``, or nowhere without ``index_folder``).
     """
     from ...precision import make_accelerator
 
@@ -291,7 +294,9 @@ def dedup(
         raise ConfigError(f"deduplication needs at least 2 images, got {len(source)}")
     run = _DedupRun(source, descriptor, matcher, config, settings, accelerator or make_accelerator(), progress, log)
     folder = Path(index_folder) / descriptor.name if index_folder is not None else None
-    index, queries, skipped = run.descriptors(folder, whiten_from)
+    if whitening_folder is None and folder is not None:
+        whitening_folder = folder / "whitening"
+    index, queries, skipped = run.descriptors(folder, whiten_from, whitening_folder)
     readable = [image_id for image_id in source.ids if image_id not in skipped]
     if len(readable) < 2:
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
@@ -357,15 +362,17 @@ class _DedupRun:
         return {"batch_size": self.config.batch_size, "num_workers": self.config.num_workers,
                 "accelerator": self.accelerator}
 
-    def descriptors(self, folder: Path | None, whiten_from) -> tuple[DescriptorIndex, DescriptorSet, dict[str, str]]:
+    def descriptors(self, folder: Path | None, whiten_from,
+                    whitening_folder=None) -> tuple[DescriptorIndex, DescriptorSet, dict[str, str]]:
         """Step 1: ``(index of the collection's views, its query views, id -> reason of each image left out)``,
-        whitened when ``whiten_from`` is given; cached in ``folder`` as ``detect`` caches them."""
+        whitened when ``whiten_from`` is given (its sample kept in ``whitening_folder``); cached in ``folder`` as
+        ``detect`` caches them."""
         descriptor, progress = self.descriptor, self.progress
         whitening = None
         if whiten_from is not None:
             start = time.perf_counter()
             whitening = learn_whitening(descriptor, whiten_from, self.preset, self.config.whiten_dim,
-                                        folder / "whitening" if folder else None, progress=progress,
+                                        whitening_folder, progress=progress,
                                         description="whitening sample", **self.extract)
             self.seconds["whitening"] = time.perf_counter() - start
             self.log(f"whitening learned from {whitening.samples} sample views ({whitening.input_dim} -> "

@@ -4,7 +4,8 @@
 :func:`run_dedup` checks the inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
 ``--threshold``, or a calibration file's at ``--precision``) before any model loads, loads the models
 (:mod:`.pipeline_settings`), self-calibrates the threshold on the collection when neither was given
-(:func:`~.dedup_calibration.self_calibrate`, kept in ``OUTPUT/self_calibration``) and runs :func:`~.dedup.dedup`
+(:func:`~.dedup_calibration.self_calibrate`: the dedup pipeline run on copies of a sample of the collection, kept
+in ``OUTPUT/self_calibration``) and runs :func:`~.dedup.dedup`
 with its caches in ``OUTPUT/indexes`` and ``OUTPUT/rescoring``. The group gallery (``report.html``) is drawn from the returned run by
 :func:`copynce_hf.retrieval.reports.run_folders.write_dedup_folder`, the one call of the command.
 """
@@ -191,7 +192,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
         calibration = self_calibrate(
             source, descriptor, matcher, config, output / SELF_CALIBRATION_FOLDER, request.self_calibration_sample,
             0.9 if request.precision is None else request.precision, request.self_calibration_seed, whiten_from,
-            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log)
+            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log, settings)
         threshold, origin = calibration.threshold, calibration.origin
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
@@ -209,7 +210,8 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     self-calibrated), candidates, views, normalisation, grouping, whitening, groups."""
     request, settings = run.request, run.request.settings()
     calibration = {} if run.self_calibration is None else {
-        "self-calibration": f"{run.self_calibration.file} (the synthetic pairs, their kinds and scores)"}
+        "self-calibration": f"{run.self_calibration.file} (the calibration collection's verified pairs, their kinds and "
+                            "decision scores)"}
     descriptor_normalisation = (f"alpha {request.collection_alpha}, neighbours of ranks {request.collection_k_start}-"
                                 f"{request.collection_k_end}" if request.collection_normalisation else "off")
     matcher_normalisation = (f"alpha {settings.matcher_alpha}, verified pairs of ranks {settings.matcher_k_start}-"

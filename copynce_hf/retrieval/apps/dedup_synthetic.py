@@ -1,5 +1,5 @@
-"""The synthetic pairs ``copynce dedup`` calibrates its default threshold on: PixTrace copies of a sample of the
-collection's own images, copies put into templates, and template-sharing non-copies.
+"""The calibration collection ``copynce dedup`` calibrates its default threshold on: a sample of the collection's
+own images, PixTrace copies of them, copies put into templates, and copies of copies.
 
 From a seeded sample of the collection's readable images (:func:`draw_sample`), :func:`synthetic_set` makes, for
 each sampled image ``x``:
@@ -9,18 +9,17 @@ each sampled image ``x``:
   training recipes never draw);
 * ``template``: ``x`` put into a template (:class:`~copynce_hf.pixtrace.templates.TemplateRecipe`: an app frame,
   a meme band, a background photo, a text-and-emoji overlay), one template drawn per group of
-  :data:`TEMPLATE_GROUP` sampled images (a background photo is an image of the collection outside the sample);
+  :data:`TEMPLATE_GROUP` sampled images (a background photo is an image of the collection outside the sample).
 
-and the pairs, each of a kind (:data:`COPY_KINDS` are copies, :data:`NON_COPY_KINDS` are not):
+Any two of these images have a known kind (:func:`pair_kind`; :data:`COPY_KINDS` are copies, :data:`NON_COPY_KINDS`
+are not): two images made from the same sampled image are copies (``copy``: a copy and its original, ``copy of
+copy``, ``template copy``: a templated image and another image of its original); two made from different sampled
+images are not (``shared template``: two templated images of one group, sharing the template's pixels and
+nothing else; ``other image`` otherwise). :attr:`SyntheticSet.pairs` lists the copy pairs each sampled image makes
+and the template-sharing pairs of each group.
 
-* ``copy`` (``copy1``, ``x``), ``template copy`` (``template``, ``x``), ``copy of copy`` (``copy1``, ``copy2``);
-* ``shared template``: the templated images of two different sampled images of one group (they share the
-  template's pixels and nothing else);
-* ``nearest other image``: two different sampled images the descriptor finds nearest (added by the caller,
-  which holds the descriptor: :meth:`SyntheticSet.add_nearest`).
-
-Images stay in memory (the originals are read again from the collection
-when needed): nothing is written into the collection.
+Images stay in memory (the originals are read again from the collection when needed): nothing is written into the
+collection.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from ...pixtrace.templates import TemplateRecipe
 #: Pair kinds that are copies.
 COPY_KINDS = ("copy", "template copy", "copy of copy")
 #: Pair kinds that are not.
-NON_COPY_KINDS = ("shared template", "nearest other image")
+NON_COPY_KINDS = ("shared template", "other image")
 #: Sampled images put into one drawn template (a remainder of one joins the last group).
 TEMPLATE_GROUP = 3
 #: The copy recipe of the synthetic copies (a :meth:`CopyRecipe.preset` name the training recipes never draw).
@@ -51,13 +50,15 @@ MAX_SIDE = 1024
 
 @dataclasses.dataclass
 class SyntheticPair:
-    """One synthetic pair: the ``query`` and ``reference`` synthetic ids (the query scored as the query side), its
-    ``kind`` (:data:`COPY_KINDS` or :data:`NON_COPY_KINDS`) and its ``score`` (``None`` until scored)."""
+    """One pair of synthetic images: the ``query`` and ``reference`` synthetic ids (the earlier one first), its
+    ``kind`` (:data:`COPY_KINDS` or :data:`NON_COPY_KINDS`), and once a dedup run verified it, its decision
+    ``score`` and its ``raw`` score (``None`` until then)."""
 
     query: str
     reference: str
     kind: str
     score: float | None = None
+    raw: float | None = None
 
     @property
     def is_copy(self) -> bool:
@@ -86,17 +87,23 @@ class SyntheticSet:
         """The synthetic ids of the sampled originals, in sample order."""
         return [original_id(i) for i in range(len(self.sample))]
 
-    def add_nearest(self, pairs: list[tuple[str, str]]) -> None:
-        """Add ``nearest other image`` pairs: ``(original id, original id)`` of two different sampled images."""
-        for a, b in pairs:
-            if a == b or a not in self.records or b not in self.records:
-                raise ConfigError(f"a nearest pair must name two different sampled originals, got ({a!r}, {b!r})")
-            self.pairs.append(SyntheticPair(a, b, "nearest other image"))
-
 
 def original_id(position: int) -> str:
     """The synthetic id of sampled image ``position`` itself."""
     return f"{position:04d}:original"
+
+
+def pair_kind(records: dict[str, dict], a: str, b: str) -> str:
+    """The kind of the pair of synthetic images ``a`` and ``b`` (see the module), from their ``records``."""
+    first, second = records[a], records[b]
+    if first["of"] != second["of"]:
+        shared = "template" in first and "template" in second and (
+            first["template"]["group"] == second["template"]["group"])
+        return "shared template" if shared else "other image"
+    roles = {image.rsplit(":", 1)[-1] for image in (a, b)}
+    if "template" in roles:
+        return "template copy"
+    return "copy of copy" if roles == {"copy1", "copy2"} else "copy"
 
 
 def _shrunk(image: Image.Image) -> Image.Image:
