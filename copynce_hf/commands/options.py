@@ -185,11 +185,12 @@ def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False
     group = p.add_argument_group("collection normalisation (discount what many images of the collection share: a "
                                  "screenshot frame, a meme band, a background)")
     default = (lambda value: value) if dedup else (lambda value: None)
-    scores = "each pair's descriptor score loses the mean of its two images'" if dedup else (
-        "every query->reference descriptor score loses its reference's")
+    scores = "each pair's descriptor score loses the mean of its two images' backgrounds" if dedup else (
+        "every query->reference descriptor score loses its reference's background")
     group.add_argument("--collection-normalisation", type=on_off, metavar="{on,off}", default=default(True),
-                       help=f"on (default): {scores} background, the mean cosine to its neighbours of ranks "
-                       "--collection-k-start..--collection-k-end among the other images, before candidates are chosen")
+                       help=f"on (default): {scores} (an image's background: its mean cosine to its neighbours of "
+                       "ranks --collection-k-start..--collection-k-end among the other images) before candidates "
+                       "are chosen")
     group.add_argument("--collection-alpha", type=float, default=default(1.0), metavar="A",
                        help="weight of the background (default 1)")
     group.add_argument("--collection-k-start", type=non_negative_int, default=default(COLLECTION_K_START),
