@@ -38,6 +38,7 @@ def register(commands) -> argparse.ArgumentParser:
                    "matcher; required without one)")
     options.add_calibration(p)
     options.add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
+    options.add_content_tokens(p, "(default on; off with --matcher-lce paper or all, or --runtime onnx)")
     p.add_argument("--gallery", type=options.positive_int, default=8, help="groups shown in report.html (default 8)")
     options.add_chunk_size(p)
     options.add_whitening(p)
@@ -57,7 +58,8 @@ def request_of(args):
                         threshold=args.threshold, calibration=args.calibration, precision=args.precision,
                         candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
                         batch_size=args.batch_size, num_workers=args.num_workers, chunk_size=args.chunk_size,
-                        whiten_dim=args.whiten_dim, whiten_from=args.whiten_from, input=options.image_input(args),
+                        whiten_dim=args.whiten_dim, whiten_from=args.whiten_from, content_tokens=args.content_tokens,
+                        descriptor_content_tokens=bool(args.descriptor_content_tokens), input=options.image_input(args),
                         gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 

@@ -37,9 +37,17 @@ from ..search.predictions import Prediction
 from ..search.references import search_references
 from ..search.view_search import owner_of
 from ..search.views import ViewPreset
+from .content_stage import (
+    content_setting,
+    dedup_content_index,
+    dedup_keep_masks,
+    descriptor_content,
+    matcher_content,
+)
 from .detect import (
     Descriptor,
     DetectConfig,
+    SourceImages,
     learn_whitening,
     matcher_scores,
     note_skips,
@@ -157,11 +165,14 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
     calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
     if matcher is not None:
         checks = [("matcher", calibrated.get("matcher"), matcher),
-                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce)]
+                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce),
+                  ("content tokens", settings.get("content_tokens", False), content_setting(matcher_content(config)))]
     else:
         checks = [("descriptor model(s)", calibrated.get("descriptors"), [descriptor]),
                   ("descriptor_lce", settings.get("descriptor_lce"), config.descriptor_lce),
-                  ("score normalisation", settings.get("score_normalisation"), False)]
+                  ("score normalisation", settings.get("score_normalisation"), False),
+                  ("descriptor content tokens", settings.get("descriptor_content_tokens", False),
+                   content_setting(descriptor_content(config)))]
         if whitened:
             raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
                               "--whiten-from and --matcher none needs --threshold")
@@ -216,6 +227,8 @@ def dedup(
     run = _DedupRun(source, descriptor, matcher, config, accelerator or make_accelerator(), progress, log)
     folder = Path(index_folder) / descriptor.name if index_folder is not None else None
     index, queries, skipped = run.descriptors(folder, whiten_from)
+    index, queries = dedup_content_index(descriptor, SourceImages(source), index, queries, config, run.accelerator,
+                                         log, run.seconds)
     readable = [image_id for image_id in source.ids if image_id not in skipped]
     if len(readable) < 2:
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
@@ -248,6 +261,7 @@ class _DedupRun:
     log: Callable[[str], None]
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     cost: dict[str, int] | None = None
+    keep_masks: dict | None = None  # the images' content-token masks (``content_tokens``)
 
     @property
     def preset(self) -> ViewPreset:
@@ -289,7 +303,7 @@ class _DedupRun:
     def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
         """The matcher's score of each pair (:func:`~.detect.matcher_scores`); its passes add to :attr:`cost`."""
         scores, cost = matcher_scores(pairs, *self.matcher, self.source, self.source, self.config, self.accelerator,
-                                      folder, self.progress, self.log)
+                                      folder, self.progress, self.log, self.keep_masks)
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
         return scores
 
@@ -299,8 +313,12 @@ class _DedupRun:
         if self.matcher is None:
             return list(candidates)
         start = time.perf_counter()
+        masks = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids), candidates,
+                                 self.config, self.accelerator, self.log)
+        self.keep_masks = masks.masks if masks is not None else None
         pair_ids = [(p.query_id, p.reference_id) for p in candidates]
         scores = self.matcher_scores(pair_ids, folder)
+        self.cost["encoded_views"] += masks.encoded if masks is not None else 0
         pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
         self.seconds["matcher"] = time.perf_counter() - start
         self.log(f"matcher: {len(pairs)} pairs verified ({self.cost['encoded_views']} encoder passes, "

@@ -20,7 +20,7 @@ from ...outputs import check_output_folder, run_folder
 from ..search.presets import DEFAULT_CHUNK_SIZE
 from ..search.sources import ImageInput
 from .calibration import Calibration
-from .pipeline_settings import PipelineModels
+from .pipeline_settings import PipelineModels, content_tokens_text
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,10 @@ class DedupRequest:
         candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
             :class:`~.detect.DetectConfig`.
         whiten_from: sample images to learn a whitening from (``None``: none).
+        content_tokens: the matcher fuses content tokens only (``None``: the default of
+            :class:`~.detect.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
+            ONNX Runtime).
+        descriptor_content_tokens: the self-search runs again on content descriptors.
         input: how images are read (sub-folders, size limit).
         gallery: groups shown in ``report.html``.
         progress: progress bars.
@@ -58,6 +62,8 @@ class DedupRequest:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     whiten_dim: int | None = None
     whiten_from: str | None = None
+    content_tokens: bool | None = None
+    descriptor_content_tokens: bool = False
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     gallery: int = 8
     progress: bool = True
@@ -67,9 +73,13 @@ class DedupRequest:
         """The :class:`~.detect.DetectConfig` of the run."""
         from .detect import DetectConfig
 
+        content_tokens = self.content_tokens
+        if content_tokens is None:
+            content_tokens = DetectConfig.content_tokens and self.matcher_lce == "none" and self.models.runtime != "onnx"
         return DetectConfig(candidates=self.candidates, descriptor_lce=self.descriptor_lce,
                             matcher_lce=self.matcher_lce, batch_size=self.batch_size, num_workers=self.num_workers,
-                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size)
+                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size, content_tokens=content_tokens,
+                            descriptor_content_tokens=self.descriptor_content_tokens)
 
 
 @dataclasses.dataclass
@@ -161,5 +171,6 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
             "matcher": request.models.matcher_label(), "threshold": run.origin,
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce,
+            "content tokens": content_tokens_text(request.config()),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows}

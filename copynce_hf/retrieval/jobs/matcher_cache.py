@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from PIL import Image
@@ -26,7 +26,15 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from ...images import load_image
-from ...modeling.errors import ImageLoadError
+from ...modeling.errors import ConfigError, ImageLoadError
+from ..search.content_tokens import (
+    ContentSettings,
+    fuse_kept,
+    keep_tokens,
+    local_keep_masks,
+    unit_patch_tokens,
+)
+from ..search.onnx_runtime import OnnxMatcherModel
 from ..search.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
 
 logger = logging.getLogger(__name__)
@@ -83,13 +91,28 @@ class MatcherScorer:
         query_views, reference_views, view_pairs: override the LCE mode's views (image -> list of
             view images; view 0 must be the full image) and pair rule ``(Vq, Vr) -> [(qi, ri)]``.
         max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+        content: fuse content tokens only (:mod:`..search.content_tokens`, beyond the paper): without
+            ``keep_masks``, each query and its candidates are masked against one another (the query against its
+            first ``content.neighbours`` candidates, a candidate against the query and the other first ones);
+            whole images only (``lce`` ``none``). ``None``: every token.
+        keep_masks: id -> (L,) bool fixed keep masks of the images (computed against their own neighbours in
+            the collection, :mod:`.content_masks`); an image absent keeps every token. Needs ``content``.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
                  query_views: ViewFunction | None = None, reference_views: ViewFunction | None = None,
                  view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
-                 max_pixels: int | None = None):
+                 max_pixels: int | None = None, content: ContentSettings | None = None,
+                 keep_masks: Mapping[str, torch.Tensor] | None = None):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
+        if content is not None and lce != "none":
+            raise ConfigError(f"content tokens apply to whole images only (matcher_lce none), got matcher_lce {lce!r}")
+        if content is not None and isinstance(model, OnnxMatcherModel):
+            raise ConfigError("content tokens fuse sequences of varying length, which the ONNX fusion graph does not "
+                              "take: use --runtime torch, or --no-content-tokens with --runtime onnx")
+        if keep_masks is not None and content is None:
+            raise ConfigError("keep_masks are content tokens: give the content settings too")
+        self.content, self.keep_masks = content, keep_masks
         self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
         self.model = model.eval()
@@ -106,6 +129,7 @@ class MatcherScorer:
         self._cached_views = 0
         self.encoded_views = 0  # encoder passes run (one per view), for cost reports
         self.fused_pairs = 0  # fusion passes run (one per view pair)
+        self.content_counts = {"masked": 0, "dropped": 0, "tokens": 0, "kept whole": 0}  # with ``content``
 
     # ------------------------------------------------------------------ encoding
     @torch.inference_mode()
@@ -155,6 +179,39 @@ class MatcherScorer:
         best.scatter_reduce_(0, torch.tensor(owners), flat, reduce="amax")
         return best.tolist()
 
+    def _masks(self, query_id: str, query_tokens: torch.Tensor, reference_ids: list[str],
+               references: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The keep masks (L,) of a query (tokens (1, 1 + L, C)) and of its references (each (1, 1 + L', C)):
+        the fixed ``keep_masks``, or those of the query's local set."""
+        if self.keep_masks is not None:
+            def fixed(image_id: str, tokens: torch.Tensor) -> torch.Tensor:
+                mask = self.keep_masks.get(image_id)
+                return torch.ones(tokens.shape[1] - 1, dtype=torch.bool) if mask is None else mask
+
+            return fixed(query_id, query_tokens), [fixed(i, t) for i, t in zip(reference_ids, references)]
+        query_masks, reference_masks = local_keep_masks(unit_patch_tokens(query_tokens)[0],
+                                                        unit_patch_tokens(torch.cat(references)), self.content)
+        counts = self.content_counts
+        for masks in (query_masks, reference_masks):
+            counts["masked"] += len(masks.keep)
+            counts["dropped"] += int((~masks.keep).sum())
+            counts["tokens"] += masks.keep.numel()
+            counts["kept whole"] += int(masks.fell_back.sum())
+        return query_masks.keep[0], list(reference_masks.keep)
+
+    @torch.inference_mode()
+    def _fuse_content(self, query_id: str, query_tokens: torch.Tensor, reference_ids: list[str],
+                      references: list[torch.Tensor]) -> list[float]:
+        """``sigmoid(fuse(...))`` of one query (1, 1 + L, C) with each reference (1, 1 + L', C) on their content
+        tokens (whole images: one view each)."""
+        query_keep, reference_keeps = self._masks(query_id, query_tokens, reference_ids, references)
+        query_sequence = keep_tokens(query_tokens[0], query_keep)
+        logits = fuse_kept(self.fuse, [query_sequence] * len(references),
+                           [keep_tokens(tokens[0], keep) for tokens, keep in zip(references, reference_keeps)],
+                           self.batch_size)
+        self.fused_pairs += len(references)
+        return torch.sigmoid(logits).tolist()
+
     def score(self, pairs: list[tuple[str, str]], query_files: dict, reference_files: dict, num_workers: int = 0,
               progress: bool = True, description: str = "matcher",
               on_scored: Callable[[int], None] | None = None) -> list[float | None]:
@@ -183,7 +240,10 @@ class MatcherScorer:
                     self._reference_tokens([pairs[row][1] for row in wanted], reference_files)
                     scored = [row for row in wanted if self._references.get(pairs[row][1]) is not None]
                     if scored:
-                        values = self._fuse_max(query_tokens, [self._references[pairs[row][1]] for row in scored])
+                        reference_ids = [pairs[row][1] for row in scored]
+                        references = [self._references[reference_id] for reference_id in reference_ids]
+                        values = (self._fuse_content(query_ids[item["index"]], query_tokens, reference_ids, references)
+                                  if self.content is not None else self._fuse_max(query_tokens, references))
                         for row, value in zip(scored, values):
                             scores[row] = value
                 bar.update(len(rows))
