@@ -16,7 +16,7 @@ from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup, detect
 from copynce_hf.retrieval.apps.content_stage import pair_neighbours
 from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
-from copynce_hf.retrieval.jobs.content_masks import TokenCache, neighbour_keep_masks, walk_order
+from copynce_hf.retrieval.jobs.content_masks import TokenCache, neighbour_matches, walk_order
 from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
 from copynce_hf.retrieval.search.content_tokens import (
     ContentSettings,
@@ -27,6 +27,7 @@ from copynce_hf.retrieval.search.content_tokens import (
     fuse_kept,
     keep_tokens,
     local_keep_masks,
+    pair_keep,
     unit_patch_tokens,
 )
 from copynce_hf.retrieval.search.predictions import Prediction
@@ -61,15 +62,33 @@ def test_a_token_shared_by_enough_neighbours_is_dropped_and_never_all_of_them():
     assert masks.keep.tolist() == [[True, True], [False, True]] and masks.fell_back.tolist() == [True, False]
 
 
+def test_pair_masks_leave_the_pair_out_of_the_count():
+    matched = torch.tensor([[True, True, False], [True, False, False], [True, False, True]])  # 3 neighbours x 3
+    assert pair_keep(matched, 2)[0].tolist() == [False, True, True]
+    assert pair_keep(matched, 2, partner=0)[0].tolist() == [False, True, True]  # token 0 still in 2 others
+    assert pair_keep(matched, 3, partner=0) == (pytest.approx(torch.ones(3, dtype=torch.bool)), False)
+    assert pair_keep(torch.ones(2, 3, dtype=torch.bool), 2)[1] and not pair_keep(torch.ones(2, 3, dtype=torch.bool),
+                                                                                     2, partner=1)[1]
+
+
 def test_local_masks_of_a_query_and_its_candidates():
     frame, settings = [0], ContentSettings(0.8, 2, 3)
     query = _unit(frame, [1])
+    # candidate 0 is a copy of the query's content in the frame, 1 and 2 other photos in the frame, 3 unframed
     candidates = torch.stack([_unit(frame, [1]), _unit(frame, [2]), _unit(frame, [3]), _unit([4], [5])])
-    query_masks, candidate_masks = local_keep_masks(query, candidates, settings)
-    assert query_masks.keep.tolist() == [[False, True]]  # the frame is in its first 3 candidates
-    # candidate 0 (a copy of the query's content) shares its content with the query only: kept; the last
-    # candidate shares nothing; the frame of the others is shared with the query and the other framed ones
-    assert candidate_masks.keep.tolist() == [[False, True], [False, True], [False, True], [True, True]]
+    masks = local_keep_masks(query, candidates, settings)
+    # the neighbours are the first 3 candidates; in the pair of candidate r, r itself does not count: the frame is
+    # still shared with the 2 others; the query's content, shared with candidate 0 alone, stays
+    assert masks.query.tolist() == [[False, True]] * 4
+    assert masks.reference.tolist() == [[False, True], [False, True], [False, True], [True, True]]
+    assert masks.kept_whole == 0
+    copies = torch.stack([_unit(frame, [1]), _unit(frame, [1]), _unit([4], [5])])  # two copies of the query
+    masks = local_keep_masks(query, copies, ContentSettings(0.8, 2, 3))
+    assert masks.query.tolist() == [[True, True], [True, True], [True, True]]  # a copy of copies keeps its content
+    assert masks.reference.tolist() == [[True, True]] * 3
+    assert masks.kept_whole == 1  # the query beside the unrelated image: every token in both copies, kept whole
+    masks = local_keep_masks(query, copies, ContentSettings(0.8, 1, 3))  # one other image sharing a token is enough
+    assert masks.query.tolist()[2] == [True, True] and masks.kept_whole == 5  # all shared: kept whole
     with pytest.raises(ConfigError, match="content_min_images"):
         ContentSettings(0.8, 0, 3)
     with pytest.raises(ConfigError, match="content_tau must be a cosine strictly between -1 and 1, got 1.5"):
@@ -135,11 +154,17 @@ def test_collection_masks_drop_the_shared_frame(framed):
     neighbours = {image_id: [other for other in source.ids if other != image_id] for image_id in source.ids}
     assert walk_order(["F3", "P"], {"F3": ["F1"], "F1": ["F3"]}) == ["F3", "F1", "P"]
     cache = TokenCache(matcher.pre_fusion_tokens, processor, files, capacity=3, batch_size=2)
-    found = neighbour_keep_masks(source.ids, neighbours, cache, ContentSettings(0.8, 2, 10))
+    found = neighbour_matches(source.ids, neighbours, cache, ContentSettings(0.8, 2, 10))
     frame = [False, True, False, True]  # the 2x2 grid: the left column is the frame
-    assert {image_id: mask.tolist() for image_id, mask in found.masks.items()} == {
+    assert {image_id: found.keep(image_id).tolist() for image_id in source.ids} == {
         **{f"F{i}": frame for i in range(6)}, "P": [True] * 4}
-    assert found.fell_back == [] and found.dropped == pytest.approx(12 / 28)
+    assert found.keep("F0", "F1").tolist() == frame and found.keep("F0", "P").tolist() == frame
+    assert found.neighbours["F0"] == ["F1", "F2", "F3", "F4", "F5", "P"]
+    assert found.matched["F0"].tolist() == [[True, False, True, False]] * 5 + [[False] * 4]
+    assert "7 images compared with their neighbours, 42.9% of their tokens shared with 2 or more" in found.summary()
+    three = neighbour_matches(["F0"], {"F0": ["F1", "P"]}, cache, ContentSettings(0.8, 2, 10))
+    assert three.keep("F0").tolist() == [True] * 4  # shared with one neighbour only
+    assert three.keep("P") is None  # not asked: keeps every token
     assert cache.encoded == len(source.ids)  # one request held them all
     cache.get(["P"])  # back to 3 images
     cache.get(["F0", "F1", "F2", "F3"])
@@ -166,7 +191,8 @@ def test_dedup_matcher_scores_content_tokens_and_keeps_them_apart_in_its_cache(f
     assert identity_on["settings"] != identity_off["settings"]
     fresh, _ = run(True, tmp_path / "fresh")
     assert content == fresh and set(content) == set(whole)
-    assert any("matcher content tokens" in line and "7 images masked" in line for line in lines)
+    assert any("matcher content tokens" in line and "7 images compared with their neighbours" in line
+               for line in lines)
     # the oracle: each framed pair fused without the frame's tokens, the plain image whole
     with torch.no_grad():
         pixels = processor(images=[Image.open(framed / f"{i}.png") for i in ("F0", "F1", "P")],
@@ -195,16 +221,17 @@ def test_detect_masks_each_query_with_its_candidates(framed, tmp_path):
                        config=DetectConfig(k=7, candidates=7, content_tokens=content, content_neighbours=3),
                        progress=False, log=lines.append)
         results[content] = {p.reference_id: p.score for p in found.predictions}
-    assert any("each query with its candidates" in line for line in lines)
+    assert any("of the query's 3 best candidates" in line and "pairs dropped" in line for line in lines)
     # the oracle: the scorer on the same candidate order, masks from local_keep_masks
     order = sorted(results[False], key=lambda r: -next(p.score for p in found.candidates if p.reference_id == r))
     with torch.no_grad():
         images = [Image.open(queries_folder / "q.png")] + [Image.open(framed / f"{r}.png") for r in order]
         encoded = matcher.pre_fusion_tokens(processor(images=images, return_tensors="pt")["pixel_values"])
         tokens = unit_patch_tokens(encoded)
-        query_masks, candidate_masks = local_keep_masks(tokens[0], tokens[1:], ContentSettings(0.8, 2, 3))
-        expected = {r: torch.sigmoid(fuse_content(matcher, encoded[0], encoded[1 + i], query_masks.keep[0],
-                                                  candidate_masks.keep[i])).item() for i, r in enumerate(order)}
+        masks = local_keep_masks(tokens[0], tokens[1:], ContentSettings(0.8, 2, 3))
+        expected = {r: torch.sigmoid(fuse_content(matcher, encoded[0], encoded[1 + i], masks.query[i],
+                                                  masks.reference[i])).item() for i, r in enumerate(order)}
+    assert not masks.query.all() and masks.query.any()  # the frame goes, the rest stays
     assert results[True] == pytest.approx(expected, abs=1e-5)
     assert results[True] != pytest.approx(results[False], abs=1e-4)
 

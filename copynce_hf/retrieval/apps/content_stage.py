@@ -4,7 +4,8 @@ content descriptors.
 
 * Matcher stage (``content_tokens``): ``detect`` masks each query and its candidates against one another inside
   :class:`~..jobs.matcher_cache.MatcherScorer`; ``dedup`` masks each image against the images it shares
-  candidate pairs with (:func:`dedup_keep_masks`: one more encoder pass per image) and scores with those masks.
+  candidate pairs with (:func:`dedup_keep_masks`: one more encoder pass per image), each side of a pair
+  without the other counting among its neighbours.
 * Descriptor stage (``descriptor_content_tokens``): after the raw search, each image is masked against its
   nearest images by raw descriptor (its own final-layer patch tokens, one more encoder pass), described again
   from its content tokens (a second pass, for the images that lost tokens), and the search runs again on the
@@ -22,13 +23,8 @@ import numpy as np
 import torch
 
 from ...modeling.errors import ConfigError
-from ..jobs.content_masks import (
-    CollectionMasks,
-    TokenCache,
-    masks_digest_lines,
-    processed_pixels,
-    sharded_keep_masks,
-)
+from ..jobs.content_masks import CollectionMatches, TokenCache, processed_pixels, sharded_matches
+from ..jobs.matcher_cache import check_content_fusion
 from ..jobs.work_folder import lines_digest
 from ..search.content_tokens import ContentSettings, content_descriptors
 from ..search.descriptors import DescriptorSet
@@ -59,24 +55,24 @@ def content_setting(settings: ContentSettings | None) -> dict | bool:
     return False if settings is None else settings.identity()
 
 
-def content_identity(settings: ContentSettings | None, keep_masks: Mapping[str, torch.Tensor] | None) -> dict:
+def content_identity(settings: ContentSettings | None, matches: CollectionMatches | None) -> dict:
     """What content tokens add to the identity of saved matcher scores: nothing without them; the settings, and
-    a digest of the fixed masks (or ``"per query"`` when each query's local set masks it)."""
+    a digest of the collection's matches (or ``"per query"`` when each query's local set masks it)."""
     if settings is None:
         return {}
-    masks = "per query" if keep_masks is None else lines_digest(masks_digest_lines(keep_masks))
+    masks = "per query" if matches is None else lines_digest(matches.digest_lines())
     return {"content_tokens": settings.identity(), "content_masks": masks}
 
 
 def log_local_masks(settings: ContentSettings, counts: Iterable[dict[str, int]], log: Callable[[str], None]) -> None:
     """The line saying what the per-query masks of ``detect``'s matcher dropped (``counts`` of each process, from
     :attr:`~..jobs.matcher_cache.MatcherScorer.content_counts`)."""
-    total = {name: sum(count[name] for count in counts) for name in ("masked", "dropped", "tokens", "kept whole")}
-    if not total["masked"]:
+    total = {name: sum(count[name] for count in counts) for name in ("pairs", "dropped", "tokens", "kept whole")}
+    if not total["pairs"]:
         return
-    log(f"matcher content tokens (tau {settings.tau}, {settings.min_images} of {settings.neighbours} neighbours, "
-        f"each query with its candidates): {total['dropped'] / max(1, total['tokens']):.1%} of the tokens of "
-        f"{total['masked']} masked images dropped, {total['kept whole']} kept whole (every token shared)")
+    log(f"matcher content tokens (tau {settings.tau}, {settings.min_images} of the query's {settings.neighbours} "
+        f"best candidates): {total['dropped'] / max(1, total['tokens']):.1%} of the tokens of {total['pairs']} "
+        f"pairs dropped, {total['kept whole']} sides kept whole (every token shared)")
 
 
 def pair_neighbours(pairs: Iterable[Prediction]) -> dict[str, list[str]]:
@@ -90,19 +86,20 @@ def pair_neighbours(pairs: Iterable[Prediction]) -> dict[str, list[str]]:
 
 
 def dedup_keep_masks(matcher: tuple, images: Mapping, ids: list[str], candidates: list[Prediction], config,
-                     accelerator, log: Callable[[str], None]) -> CollectionMasks | None:
-    """``dedup``'s matcher keep masks: each image's encoder tokens against those of its ``content_neighbours``
-    best partners among the candidate pairs (one encoder pass per image, counted in the result); ``None`` when
+                     accelerator, log: Callable[[str], None]) -> CollectionMatches | None:
+    """``dedup``'s matcher matches: each image's encoder tokens against those of its ``content_neighbours`` best
+    partners among the candidate pairs (one encoder pass per image, counted in the result); ``None`` when
     ``content_tokens`` is off."""
     settings = matcher_content(config)
     if settings is None:
         return None
     model, processor = matcher
+    check_content_fusion(model)
     model = model.to(accelerator.device)
     cache = TokenCache(model.pre_fusion_tokens, processor, images, config.cache_size, config.batch_size,
                        getattr(images, "max_pixels", None), accelerator.device)
     with accelerator.autocast():
-        found = sharded_keep_masks(ids, pair_neighbours(candidates), cache, settings, accelerator)
+        found = sharded_matches(ids, pair_neighbours(candidates), cache, settings, accelerator)
     log(f"matcher content tokens (tau {settings.tau}, {settings.min_images} of {settings.neighbours} "
         f"neighbours): {found.summary()}")
     return found
@@ -118,19 +115,22 @@ def _self_neighbours(index: DescriptorIndex, k: int) -> dict[str, list[str]]:
     return {image_id: others[:k] for image_id, others in neighbours.items()}
 
 
-def _describe_changed(descriptor, images: Mapping, keys: list, masks: CollectionMasks, raw: DescriptorSet,
+def _describe_changed(descriptor, images: Mapping, keys: list, matches: CollectionMatches, raw: DescriptorSet,
                       config, accelerator) -> tuple[DescriptorSet, int]:
-    """``raw`` (row ``i`` the image ``images[keys[i]]``) with the rows of the images that lost tokens replaced by
-    their content descriptors, and how many were described again (each process a share, gathered)."""
-    changed = [row for row, key in enumerate(keys) if key in masks.masks and not bool(masks.masks[key].all())]
+    """``raw`` (row ``i`` the image ``images[keys[i]]``) with the rows of the images that lose tokens (every
+    neighbour counting) replaced by their content descriptors, and how many were described again (each process a
+    share, gathered)."""
+    masks = {key: matches.keep(key) for key in keys}
+    changed = [row for row, key in enumerate(keys) if masks[key] is not None and not bool(masks[key].all())]
     processes, rank = accelerator.num_processes, accelerator.process_index
     mine = changed[rank::processes]
     model = descriptor.model.to(accelerator.device).eval()
     described: dict[int, np.ndarray] = {}
     for start in range(0, len(mine), config.batch_size):
         part = mine[start:start + config.batch_size]
-        pixels = torch.stack([processed_pixels(images, keys[row], descriptor.processor) for row in part])
-        keep = torch.stack([masks.masks[keys[row]] for row in part])
+        pixels = torch.stack([processed_pixels(images, keys[row], descriptor.processor,
+                                               getattr(images, "max_pixels", None)) for row in part])
+        keep = torch.stack([masks[keys[row]] for row in part])
         with torch.inference_mode(), accelerator.autocast():
             vectors = content_descriptors(model, pixels.to(accelerator.device), keep).float().cpu().numpy()
         described.update(zip(part, vectors))
@@ -156,12 +156,12 @@ def content_descriptor_set(descriptor, images: Mapping, keys: list, raw: Descrip
                           f"{type(model).__name__} is not one (use --runtime torch)")
     model = model.to(accelerator.device).eval()
     cache = TokenCache(model.encode, descriptor.processor, images, config.cache_size, config.batch_size,
-                       None, accelerator.device)
+                       getattr(images, "max_pixels", None), accelerator.device)
     with accelerator.autocast():
-        masks = sharded_keep_masks(keys, neighbours, cache, settings, accelerator)
-    content, described = _describe_changed(descriptor, images, keys, masks, raw, config, accelerator)
+        matches = sharded_matches(keys, neighbours, cache, settings, accelerator)
+    content, described = _describe_changed(descriptor, images, keys, matches, raw, config, accelerator)
     log(f"{descriptor.name}: descriptor content tokens of the {what} (tau {settings.tau}, {settings.min_images} "
-        f"of {settings.neighbours} neighbours): {masks.summary()}; {described} images described again from their "
+        f"of {settings.neighbours} neighbours): {matches.summary()}; {described} images described again from their "
         "content tokens (a second encoder pass each)")
     return content
 
@@ -185,6 +185,7 @@ class _QueriesAndReferences(Mapping):
 
     def __init__(self, queries: Mapping, references: Mapping):
         self.sides = {"query": queries, "reference": references}
+        self.max_pixels = getattr(queries, "max_pixels", None)  # one limit for both: detect reads both with it
 
     def __getitem__(self, key):
         side, image_id = key

@@ -261,7 +261,7 @@ class _DedupRun:
     log: Callable[[str], None]
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     cost: dict[str, int] | None = None
-    keep_masks: dict | None = None  # the images' content-token masks (``content_tokens``)
+    matches: object = None  # the images' content-token matches in their neighbours (``content_tokens``)
 
     @property
     def preset(self) -> ViewPreset:
@@ -303,7 +303,7 @@ class _DedupRun:
     def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
         """The matcher's score of each pair (:func:`~.detect.matcher_scores`); its passes add to :attr:`cost`."""
         scores, cost = matcher_scores(pairs, *self.matcher, self.source, self.source, self.config, self.accelerator,
-                                      folder, self.progress, self.log, self.keep_masks)
+                                      folder, self.progress, self.log, self.matches)
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
         return scores
 
@@ -313,12 +313,11 @@ class _DedupRun:
         if self.matcher is None:
             return list(candidates)
         start = time.perf_counter()
-        masks = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids), candidates,
-                                 self.config, self.accelerator, self.log)
-        self.keep_masks = masks.masks if masks is not None else None
+        self.matches = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids), candidates,
+                                        self.config, self.accelerator, self.log)
         pair_ids = [(p.query_id, p.reference_id) for p in candidates]
         scores = self.matcher_scores(pair_ids, folder)
-        self.cost["encoded_views"] += masks.encoded if masks is not None else 0
+        self.cost["encoded_views"] += self.matches.encoded if self.matches is not None else 0
         pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
         self.seconds["matcher"] = time.perf_counter() - start
         self.log(f"matcher: {len(pairs)} pairs verified ({self.cost['encoded_views']} encoder passes, "

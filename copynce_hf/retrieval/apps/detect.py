@@ -205,10 +205,12 @@ def note_skips(descriptors: DescriptorSet, reasons: dict[str, str]) -> None:
 
 
 class SourceImages:
-    """id -> image mapping over an image source (file paths when the source has them, else loaded images)."""
+    """id -> image mapping over an image source (file paths when the source has them, else loaded images), with the
+    source's image size limit (``max_pixels``)."""
 
     def __init__(self, source):
         self.source = source
+        self.max_pixels = getattr(source, "max_pixels", None)
         self.position = {image_id: i for i, image_id in enumerate(source.ids)}
         self.files = source.lookup() if hasattr(source, "lookup") else None
 
@@ -478,17 +480,16 @@ class _DescriptorStage:
 
 
 def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,
-                    accelerator, folder, progress: bool, log, keep_masks: dict | None = None
-                    ) -> tuple[list[float | None], dict[str, int]]:
+                    accelerator, folder, progress: bool, log, matches=None) -> tuple[list[float | None], dict[str, int]]:
     """The matcher's score of every pair (``None``: unscored), chunk by chunk over the processes, and the passes
     it ran (encoder views, fusion pairs; summed over the processes, resumed chunks cost nothing). With
-    ``content_tokens``, ``keep_masks`` (id -> (L,) bool, :func:`~.content_stage.dedup_keep_masks`) are the
-    images' fixed masks; without them each query's local set masks it and its candidates."""
+    ``content_tokens``, ``matches`` (:func:`~.content_stage.dedup_keep_masks`) mask the images against their
+    neighbours in the collection; without them each query's local set masks it and its candidates."""
     model = model.to(accelerator.device)
     content = matcher_content(config)
     scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
                            cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None),
-                           content=content, keep_masks=keep_masks if content is not None else None)
+                           content=content, matches=matches if content is not None else None)
     query_images, reference_images = SourceImages(queries), SourceImages(references)
 
     def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:
@@ -498,7 +499,7 @@ def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, refe
     identity = None
     if folder is not None:
         settings = {"matcher_lce": config.matcher_lce, "max_pixels": getattr(queries, "max_pixels", None),
-                    **content_identity(content, keep_masks)}
+                    **content_identity(content, matches)}
         identity = scoring_identity(model, processor, settings, query_images.files or {},
                                     reference_images.files or {}, pairs)
     scores = score_in_chunks(pairs, score_chunk, config.chunk_size, folder, identity, accelerator, progress,
@@ -508,6 +509,6 @@ def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, refe
         from accelerate.utils import gather_object
 
         passes = gather_object(passes)
-    if content is not None and keep_masks is None:
+    if content is not None and matches is None:
         log_local_masks(content, [p[2] for p in passes], log)
     return scores.scores, {"encoded_views": sum(p[0] for p in passes), "fused_pairs": sum(p[1] for p in passes)}

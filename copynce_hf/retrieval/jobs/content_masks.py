@@ -1,5 +1,6 @@
-"""Keep masks of content tokens (:mod:`..search.content_tokens`) over a collection: the images' tokens read and
-encoded through a bounded cache, each image compared with its own neighbour images.
+"""Content tokens (:mod:`..search.content_tokens`) over a collection: the images' tokens read and encoded
+through a bounded cache, and which tokens of each image match in each of its own neighbour images
+(:class:`CollectionMatches`, from which a pair's keep masks follow, the pair's other image left out).
 
 Two callers: ``dedup``'s matcher stage (each image's neighbours are the images it shares candidate pairs with)
 and the descriptor stage of ``dedup`` and ``detect`` with ``descriptor_content_tokens`` (each image's neighbours
@@ -22,11 +23,11 @@ import torch
 
 from ...images import load_image
 from ...modeling.errors import ImageLoadError
-from ..search.content_tokens import ContentSettings, bursty_keep_batch, unit_patch_tokens
+from ..search.content_tokens import ContentSettings, matched_in, pair_keep, unit_patch_tokens
 
 logger = logging.getLogger(__name__)
 
-#: Images whose masks are computed together (their neighbours' tokens are held at once).
+#: Images whose matches are computed together (their neighbours' tokens are held at once).
 _BLOCK = 16
 
 
@@ -111,76 +112,89 @@ def walk_order(ids: Sequence[str], neighbours: Mapping[str, Sequence[str]]) -> l
 
 
 @dataclasses.dataclass
-class CollectionMasks:
-    """Keep masks of a collection's images: ``masks`` id -> (L,) bool (images without neighbours or unreadable
-    are absent: they keep every token), ``fell_back`` the ids kept whole because every token was bursty,
-    ``dropped`` the share of tokens dropped over the masked images, ``encoded`` the encoder passes run."""
+class CollectionMatches:
+    """Which tokens of each image of a collection match in each of its neighbour images.
 
-    masks: dict[str, torch.Tensor]
-    fell_back: list[str]
-    dropped: float
-    encoded: int
+    Attributes:
+        settings: how they were found.
+        neighbours: id -> its neighbour ids (best first), those that count.
+        matched: id -> (K, L) bool, row ``k``: its tokens matched in ``neighbours[id][k]``. Images without
+            neighbours, or unreadable, are absent: they keep every token.
+        encoded: the encoder passes run to find them.
+    """
+
+    settings: ContentSettings
+    neighbours: dict = dataclasses.field(default_factory=dict)
+    matched: dict = dataclasses.field(default_factory=dict)
+    encoded: int = 0
+
+    def keep(self, image_id, partner=None) -> torch.Tensor | None:
+        """(L,) bool: the tokens of ``image_id`` kept when it is scored against ``partner`` (left out of its
+        neighbours, :func:`~..search.content_tokens.pair_keep`; ``None``: every neighbour counts); ``None`` when the
+        image keeps every token."""
+        if image_id not in self.matched:
+            return None
+        others = self.neighbours[image_id]
+        row = others.index(partner) if partner in others else None
+        return pair_keep(self.matched[image_id], self.settings.min_images, row)[0]
 
     def summary(self) -> str:
-        """One line for the logs."""
-        return (f"{len(self.masks)} images masked, {self.dropped:.1%} of their tokens dropped as shared with "
-                f"their neighbours, {len(self.fell_back)} kept whole (every token shared), {self.encoded} "
-                "encoder passes")
+        """One line for the logs (every neighbour counted)."""
+        masks = [pair_keep(matched, self.settings.min_images) for matched in self.matched.values()]
+        dropped = 1.0 - float(torch.cat([keep for keep, _ in masks]).float().mean()) if masks else 0.0
+        return (f"{len(masks)} images compared with their neighbours, {dropped:.1%} of their tokens shared with "
+                f"{self.settings.min_images} or more, {sum(fell for _, fell in masks)} images kept whole (every token "
+                f"shared), {self.encoded} encoder passes")
+
+    def digest_lines(self) -> list[str]:
+        """One line per image (id, neighbours, matched tokens as 0/1), sorted: what the identity of scores computed
+        with these matches is a digest of."""
+        def bits(matched: torch.Tensor) -> str:
+            return "".join("1" if value else "0" for value in matched.flatten().tolist())
+
+        return [f"{image_id}\t{','.join(map(str, self.neighbours[image_id]))}\t{bits(matched)}"
+                for image_id, matched in sorted(self.matched.items(), key=lambda item: str(item[0]))]
 
 
-def neighbour_keep_masks(ids: Sequence[str], neighbours: Mapping[str, Sequence[str]], cache: TokenCache,
-                         settings: ContentSettings) -> CollectionMasks:
-    """The keep mask of every image of ``ids`` against its neighbours (``neighbours[id]``, best first; the first
+def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache,
+                      settings: ContentSettings) -> CollectionMatches:
+    """The matches of every image of ``ids`` in its neighbours (``neighbours[id]``, best first; the first
     ``settings.neighbours`` readable ones count), tokens from ``cache``."""
-    masks: dict[str, torch.Tensor] = {}
-    fell_back: list[str] = []
+    found = CollectionMatches(settings)
     asked = set(ids)
     order = [image_id for image_id in walk_order(ids, neighbours) if image_id in asked]
     for start in range(0, len(order), _BLOCK):
         block = order[start:start + _BLOCK]
-        wanted = {image_id: list(neighbours.get(image_id, ()))[: 4 * settings.neighbours] for image_id in block}
+        wanted = {image_id: [other for other in list(neighbours.get(image_id, ()))[: 4 * settings.neighbours]
+                             if other != image_id] for image_id in block}
         tokens = cache.get([*block, *(other for others in wanted.values() for other in others)])
-        rows = [image_id for image_id in block if tokens[image_id] is not None]
-        if not rows:
-            continue
-        pool_ids = list(dict.fromkeys(other for image_id in rows for other in wanted[image_id]
-                                      if tokens[other] is not None and other != image_id))
-        if not pool_ids:
-            continue
-        position = {image_id: i for i, image_id in enumerate(pool_ids)}
-        index = torch.full((len(rows), settings.neighbours), -1, dtype=torch.long)
-        for row, image_id in enumerate(rows):
-            chosen = [position[o] for o in wanted[image_id] if o in position and o != image_id][: settings.neighbours]
-            index[row, : len(chosen)] = torch.tensor(chosen, dtype=torch.long)
-        found = bursty_keep_batch(torch.stack([tokens[i] for i in rows]), torch.stack([tokens[i] for i in pool_ids]),
-                                  index, settings.tau, settings.min_images)
-        masks.update(zip(rows, found.keep))
-        fell_back += [image_id for image_id, fell in zip(rows, found.fell_back.tolist()) if fell]
-    dropped = 1.0 - float(torch.stack(list(masks.values())).float().mean()) if masks else 0.0
-    return CollectionMasks(masks, fell_back, dropped, cache.encoded)
+        for image_id in block:
+            chosen = [other for other in wanted[image_id] if tokens[other] is not None][: settings.neighbours]
+            if tokens[image_id] is None or not chosen:
+                continue
+            found.neighbours[image_id] = chosen
+            found.matched[image_id] = matched_in(tokens[image_id][None], torch.stack([tokens[o] for o in chosen]),
+                                                 settings.tau)[0].cpu()
+    found.encoded = cache.encoded
+    return found
 
 
-def sharded_keep_masks(ids: Sequence[str], neighbours: Mapping[str, Sequence[str]], cache: TokenCache,
-                       settings: ContentSettings, accelerator=None) -> CollectionMasks:
-    """:func:`neighbour_keep_masks` with the images shared among Accelerate's processes (each a contiguous part of
-    the walk order) and the masks gathered, so that every process gets them all."""
+def sharded_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache,
+                    settings: ContentSettings, accelerator=None) -> CollectionMatches:
+    """:func:`neighbour_matches` with the images shared among Accelerate's processes (each a contiguous part of
+    the walk order) and the matches gathered, so that every process gets them all."""
     processes = accelerator.num_processes if accelerator is not None else 1
     if processes == 1:
-        return neighbour_keep_masks(ids, neighbours, cache, settings)
+        return neighbour_matches(ids, neighbours, cache, settings)
     from accelerate.utils import gather_object
 
     order = walk_order(ids, neighbours)
     share = -(-len(order) // processes)
     mine = order[accelerator.process_index * share:(accelerator.process_index + 1) * share]
-    part = neighbour_keep_masks(mine, neighbours, cache, settings)
-    parts = gather_object([(part.masks, part.fell_back, part.encoded)])
-    masks = {image_id: mask for gathered, _, _ in parts for image_id, mask in gathered.items()}
-    dropped = 1.0 - float(torch.stack(list(masks.values())).float().mean()) if masks else 0.0
-    return CollectionMasks(masks, [i for _, fell, _ in parts for i in fell], dropped, sum(p[2] for p in parts))
-
-
-def masks_digest_lines(masks: Mapping[str, torch.Tensor]) -> list[str]:
-    """One line per masked image (``id``, then its mask as 0/1 characters), sorted: what a digest of the masks
-    (the identity of scores computed with them) is taken over."""
-    return [f"{image_id}\t{''.join('1' if kept else '0' for kept in mask.tolist())}"
-            for image_id, mask in sorted(masks.items())]
+    part = neighbour_matches(mine, neighbours, cache, settings)
+    found = CollectionMatches(settings)
+    for gathered in gather_object([part]):
+        found.neighbours.update(gathered.neighbours)
+        found.matched.update(gathered.matched)
+        found.encoded += gathered.encoded
+    return found

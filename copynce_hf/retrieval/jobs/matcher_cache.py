@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import torch
 from PIL import Image
@@ -36,6 +36,7 @@ from ..search.content_tokens import (
 )
 from ..search.onnx_runtime import OnnxMatcherModel
 from ..search.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
+from .content_masks import CollectionMatches
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,13 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
         logits (B,)`` (the fusion blocks and the classifier).
     """
     return model.pre_fusion_tokens, (lambda query, reference: model.fuse(query, reference)[0])
+
+
+def check_content_fusion(model) -> None:
+    """Refuse content tokens with a matcher that cannot fuse token sequences of varying length (ONNX Runtime)."""
+    if isinstance(model, OnnxMatcherModel):
+        raise ConfigError("content tokens fuse sequences of varying length, which the ONNX fusion graph does not "
+                          "take: use --runtime torch, or --no-content-tokens with --runtime onnx")
 
 
 class _ViewImages(Dataset):
@@ -92,27 +100,28 @@ class MatcherScorer:
             view images; view 0 must be the full image) and pair rule ``(Vq, Vr) -> [(qi, ri)]``.
         max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
         content: fuse content tokens only (:mod:`..search.content_tokens`, beyond the paper): without
-            ``keep_masks``, each query and its candidates are masked against one another (the query against its
-            first ``content.neighbours`` candidates, a candidate against the query and the other first ones);
-            whole images only (``lce`` ``none``). ``None``: every token.
-        keep_masks: id -> (L,) bool fixed keep masks of the images (computed against their own neighbours in
-            the collection, :mod:`.content_masks`); an image absent keeps every token. Needs ``content``.
+            ``matches``, each query and its candidates are masked pair by pair within that local set
+            (:func:`~..search.content_tokens.local_keep_masks`: tokens shared with enough of the query's first
+            ``content.neighbours`` candidates, the pair's own candidate left out, are dropped); whole images
+            only (``lce`` ``none``). ``None``: every token.
+        matches: the images' matches in their own neighbours in the collection
+            (:class:`~.content_masks.CollectionMatches`): each side of a pair keeps the tokens that are not
+            shared with enough neighbours other than the pair's other image. Needs ``content``.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
                  query_views: ViewFunction | None = None, reference_views: ViewFunction | None = None,
                  view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
                  max_pixels: int | None = None, content: ContentSettings | None = None,
-                 keep_masks: Mapping[str, torch.Tensor] | None = None):
+                 matches: CollectionMatches | None = None):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
         if content is not None and lce != "none":
             raise ConfigError(f"content tokens apply to whole images only (matcher_lce none), got matcher_lce {lce!r}")
-        if content is not None and isinstance(model, OnnxMatcherModel):
-            raise ConfigError("content tokens fuse sequences of varying length, which the ONNX fusion graph does not "
-                              "take: use --runtime torch, or --no-content-tokens with --runtime onnx")
-        if keep_masks is not None and content is None:
-            raise ConfigError("keep_masks are content tokens: give the content settings too")
-        self.content, self.keep_masks = content, keep_masks
+        if content is not None:
+            check_content_fusion(model)
+        if matches is not None and content is None:
+            raise ConfigError("matches are content tokens: give the content settings too")
+        self.content, self.matches = content, matches
         self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
         self.model = model.eval()
@@ -129,7 +138,7 @@ class MatcherScorer:
         self._cached_views = 0
         self.encoded_views = 0  # encoder passes run (one per view), for cost reports
         self.fused_pairs = 0  # fusion passes run (one per view pair)
-        self.content_counts = {"masked": 0, "dropped": 0, "tokens": 0, "kept whole": 0}  # with ``content``
+        self.content_counts = {"pairs": 0, "dropped": 0, "tokens": 0, "kept whole": 0}  # local masks (detect)
 
     # ------------------------------------------------------------------ encoding
     @torch.inference_mode()
@@ -180,33 +189,33 @@ class MatcherScorer:
         return best.tolist()
 
     def _masks(self, query_id: str, query_tokens: torch.Tensor, reference_ids: list[str],
-               references: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The keep masks (L,) of a query (tokens (1, 1 + L, C)) and of its references (each (1, 1 + L', C)):
-        the fixed ``keep_masks``, or those of the query's local set."""
-        if self.keep_masks is not None:
-            def fixed(image_id: str, tokens: torch.Tensor) -> torch.Tensor:
-                mask = self.keep_masks.get(image_id)
+               references: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The keep masks of a query (tokens (1, 1 + L, C)), (L,) in its pair with each reference, and of each
+        reference (tokens (1, 1 + L', C)), (L',) in its pair with the query: from ``matches``, or from the query's
+        local set (counted in :attr:`content_counts`)."""
+        if self.matches is not None:
+            def keep(image_id: str, partner: str, tokens: torch.Tensor) -> torch.Tensor:
+                mask = self.matches.keep(image_id, partner)
                 return torch.ones(tokens.shape[1] - 1, dtype=torch.bool) if mask is None else mask
 
-            return fixed(query_id, query_tokens), [fixed(i, t) for i, t in zip(reference_ids, references)]
-        query_masks, reference_masks = local_keep_masks(unit_patch_tokens(query_tokens)[0],
-                                                        unit_patch_tokens(torch.cat(references)), self.content)
+            return ([keep(query_id, reference_id, query_tokens) for reference_id in reference_ids],
+                    [keep(reference_id, query_id, tokens) for reference_id, tokens in zip(reference_ids, references)])
+        masks = local_keep_masks(unit_patch_tokens(query_tokens)[0], unit_patch_tokens(torch.cat(references)),
+                                 self.content)
         counts = self.content_counts
-        for masks in (query_masks, reference_masks):
-            counts["masked"] += len(masks.keep)
-            counts["dropped"] += int((~masks.keep).sum())
-            counts["tokens"] += masks.keep.numel()
-            counts["kept whole"] += int(masks.fell_back.sum())
-        return query_masks.keep[0], list(reference_masks.keep)
+        counts["pairs"] += len(references)
+        counts["dropped"] += int((~masks.query).sum() + (~masks.reference).sum())
+        counts["tokens"] += masks.query.numel() + masks.reference.numel()
+        counts["kept whole"] += masks.kept_whole
+        return list(masks.query), list(masks.reference)
 
     @torch.inference_mode()
     def _fuse_content(self, query_id: str, query_tokens: torch.Tensor, reference_ids: list[str],
                       references: list[torch.Tensor]) -> list[float]:
         """``sigmoid(fuse(...))`` of one query (1, 1 + L, C) with each reference (1, 1 + L', C) on their content
         tokens (whole images: one view each)."""
-        query_keep, reference_keeps = self._masks(query_id, query_tokens, reference_ids, references)
-        query_sequence = keep_tokens(query_tokens[0], query_keep)
-        logits = fuse_kept(self.fuse, [query_sequence] * len(references),
+        query_keeps, reference_keeps = self._masks(query_id, query_tokens, reference_ids, references)
+        logits = fuse_kept(self.fuse, [keep_tokens(query_tokens[0], keep) for keep in query_keeps],
                            [keep_tokens(tokens[0], keep) for tokens, keep in zip(references, reference_keeps)],
                            self.batch_size)
         self.fused_pairs += len(references)

@@ -159,32 +159,67 @@ def bursty_keep_batch(tokens: torch.Tensor, pool: torch.Tensor, neighbours: torc
     return KeepMasks(keep, fell_back)
 
 
-def local_keep_masks(query: torch.Tensor, candidates: torch.Tensor, settings: ContentSettings
-                     ) -> tuple[KeepMasks, KeepMasks]:
-    """Keep masks of a query and its candidate references, each against the others of that local set.
+def pair_keep(matched: torch.Tensor, min_images: int, partner: int | None = None) -> tuple[torch.Tensor, bool]:
+    """The tokens of an image to keep when it is scored against one partner image.
 
-    The query's neighbours are its first ``settings.neighbours`` candidates (the candidates come best first);
-    a candidate's are the query and the other first candidates, ``settings.neighbours`` in all.
+    Args:
+        matched: (K, L) bool, row ``k``: the image's tokens matched in its neighbour ``k``.
+        min_images: a token matched in this many neighbours is bursty.
+        partner: the row of the image it is scored against, left out of the count (its match is the evidence
+            being weighed, not a sign of a template); ``None``: every row counts.
+
+    Returns:
+        ``(keep (L,) bool, fell back)``: every token kept, and ``True``, when every token is bursty.
+    """
+    rows = torch.ones(matched.shape[0], dtype=torch.bool)
+    if partner is not None:
+        rows[partner] = False
+    bursty = matched[rows].sum(0) >= min_images
+    if bool(bursty.all()):
+        return torch.ones_like(bursty), True
+    return ~bursty, False
+
+
+@dataclasses.dataclass
+class PairMasks:
+    """Keep masks of the two sides of many pairs: ``query`` (P, L) and ``reference`` (P, L') bool, and
+    ``kept_whole`` the masks of every token (each side of each pair counts once) that fell back to keeping all."""
+
+    query: torch.Tensor
+    reference: torch.Tensor
+    kept_whole: int
+
+
+def local_keep_masks(query: torch.Tensor, candidates: torch.Tensor, settings: ContentSettings) -> PairMasks:
+    """Keep masks of a query and each of its candidate references, pair by pair, within that local set.
+
+    The neighbours are the query's first ``settings.neighbours`` candidates (the candidates come best first): in
+    the pair of candidate ``r``, the query's tokens are counted in those neighbours and ``r``'s tokens in the
+    same neighbours, ``r`` itself left out on both sides (:func:`pair_keep`: what the query shares with ``r`` is
+    the evidence; a token is bursty when enough *other* images share it).
 
     Args:
         query: (L, C) unit-norm patch tokens of the query.
-        candidates: (R, L, C) unit-norm patch tokens of its candidates, best first.
+        candidates: (R, L', C) unit-norm patch tokens of its candidates, best first.
 
     Returns:
-        ``(query masks (1, L), candidate masks (R, L))``.
+        :class:`PairMasks` of the R pairs: query (R, L), reference (R, L').
     """
-    if query.dim() != 2 or candidates.dim() != 3 or candidates.shape[1:] != query.shape:
-        raise ShapeError(f"query tokens (L, C) and candidate tokens (R, L, C), got {tuple(query.shape)} and "
+    if query.dim() != 2 or candidates.dim() != 3 or candidates.shape[-1] != query.shape[-1]:
+        raise ShapeError(f"query tokens (L, C) and candidate tokens (R, L', C), got {tuple(query.shape)} and "
                          f"{tuple(candidates.shape)}")
     top = min(settings.neighbours, len(candidates))
-    pool = torch.cat([query[None], candidates[:top]])  # row 0 the query, row 1 + j candidate j
-    query_masks = bursty_keep_batch(query[None], pool, torch.arange(1, 1 + top)[None], settings.tau,
-                                    settings.min_images)
-    index = torch.full((len(candidates), settings.neighbours), -1, dtype=torch.long)
+    neighbours = candidates[:top]
+    query_matched = matched_in(query[None], neighbours, settings.tau)[0]  # (top, L)
+    candidate_matched = matched_in(candidates, neighbours, settings.tau)  # (R, top, L')
+    query_keep, reference_keep, kept_whole = [], [], 0
     for row in range(len(candidates)):
-        chosen = [0, *(1 + j for j in range(top) if j != row)][: settings.neighbours]
-        index[row, : len(chosen)] = torch.tensor(chosen)
-    return query_masks, bursty_keep_batch(candidates, pool, index, settings.tau, settings.min_images)
+        partner = row if row < top else None
+        for matched, kept in ((query_matched, query_keep), (candidate_matched[row], reference_keep)):
+            keep, fell_back = pair_keep(matched, settings.min_images, partner)
+            kept.append(keep)
+            kept_whole += fell_back
+    return PairMasks(torch.stack(query_keep), torch.stack(reference_keep), kept_whole)
 
 
 def keep_tokens(encoded: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
