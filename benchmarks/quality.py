@@ -303,7 +303,8 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
         stages[-1] = (name + "-merged", names + ("baseline",), *rest)
     for name, descriptor_names, score_norm, descriptor_lce, matcher_lce, pool in stages:
         config = DetectConfig(k=k, candidates=k if pool == "k" else candidates, descriptor_lce=descriptor_lce,
-                              matcher_lce=matcher_lce or "none", batch_size=batch_size)
+                              matcher_lce=matcher_lce or "none", batch_size=batch_size,
+                              content_tokens=False)  # the paper's stages; content tokens are beyond the paper
         system = PipelineSystem(name, [models[n] for n in descriptor_names], matcher if matcher_lce else None,
                                 config, auxiliary if score_norm else None, index_folder)
         info = {"family": "pipeline", "descriptors": list(descriptor_names), "score_normalization": score_norm,

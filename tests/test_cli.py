@@ -377,7 +377,8 @@ PIPELINE = ("detect", "calibrate", "dedup")
 @pytest.mark.parametrize(("option", "commands"), [
     ("--calibration", ("detect", "dedup")), ("--precision", ("detect", "dedup")), ("--matcher", PIPELINE),
     ("--candidates", PIPELINE), ("--descriptor-lce", PIPELINE), ("--matcher-lce", (*PIPELINE, "match")),
-    ("--runtime", ("detect", "index", "search", "match")),
+    ("--runtime", ("detect", "index", "search", "match")), ("--content-tokens", PIPELINE),
+    ("--descriptor-content-tokens", PIPELINE),
 ])
 def test_a_shared_option_is_declared_once_with_one_help(option, commands):
     """An option of several commands has the same help in each (only a command's own default replaces the
@@ -388,4 +389,5 @@ def test_a_shared_option_is_declared_once_with_one_help(option, commands):
     actions = [_options(command)[option] for command in commands]
     assert {without_defaults(action.help) for action in actions} == {without_defaults(actions[0].help)}
     assert len({(tuple(action.choices or ()), action.type, action.metavar) for action in actions}) == 1
-    assert option in ("--candidates", "--descriptor-lce", "--matcher-lce") or len({a.help for a in actions}) == 1
+    assert option in ("--candidates", "--descriptor-lce", "--matcher-lce", "--content-tokens") or len(
+        {a.help for a in actions}) == 1

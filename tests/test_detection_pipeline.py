@@ -366,7 +366,8 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     other = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=8, **TINY_VIT)).eval()
     descriptors = [Descriptor("one", descriptor, processor), Descriptor("two", other, processor)]
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
-    config = DetectConfig(k=2, candidates=3, descriptor_lce="matcher-views", matcher_lce="paper", batch_size=16)
+    config = DetectConfig(k=2, candidates=3, descriptor_lce="matcher-views", matcher_lce="paper", batch_size=16,
+                          content_tokens=False)
     result = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),
                     config, index_folder=tmp_path / "indexes", progress=False)
     assert set(result.per_model) == {"one", "two"}

@@ -29,6 +29,7 @@ from copynce_hf.retrieval import (
     read_predictions,
     write_predictions,
 )
+from copynce_hf.retrieval.search.content_tokens import ContentSettings
 
 TOLERANCE = 1e-4
 pytestmark = pytest.mark.slow  # the module exports three graphs of the embedded models (a minute on two idle cores)
@@ -115,6 +116,8 @@ def test_matcher_scores_through_the_token_cache_equal_pytorch(onnx_cache):
         scores[runtime] = np.array(scorer.score(pairs, files, files, progress=False))
         assert scorer.encoded_views == 3 + len(files)  # each image encoded once, whatever the runtime
     np.testing.assert_allclose(scores["onnx"], scores["torch"], atol=TOLERANCE, rtol=0)
+    with pytest.raises(ConfigError, match="the ONNX fusion graph does not take: use --runtime torch"):
+        MatcherScorer(model, processor, content=ContentSettings(0.8))  # the last model loaded: ONNX
 
 
 def test_export_onnx_command_on_a_tiny_matcher_of_the_old_form(tmp_path, capsys):
@@ -186,7 +189,8 @@ def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pa
     predictions = {}
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "detect", str(tmp_path / "queries"), "--references", str(references), "--runtime",
-                     runtime, "--candidates", "3", "--k", "3", "--gallery", "1", "--output", str(tmp_path / runtime)])
+                     runtime, "--candidates", "3", "--k", "3", "--gallery", "1", "--output", str(tmp_path / runtime),
+                     "--no-content-tokens"])  # ONNX fusion takes no content tokens: the same settings on both
         assert code == 0, capsys.readouterr().err
         predictions[runtime] = {(p.query_id, p.reference_id): p.score
                                 for p in read_predictions(tmp_path / runtime / "predictions.csv")}
@@ -232,7 +236,7 @@ def test_dedup_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
         # one given threshold for both: a self-calibrated one is chosen from each runtime's own scores (and the
         # embedded matcher's, about 0.9996, lies above these crops' scores: no group would be compared)
         code = main([*quiet, "dedup", str(collection), "--runtime", runtime, "--candidates", "2", "--gallery", "1",
-                     "--threshold", "0.5", "--output", str(tmp_path / runtime)])
+                     "--threshold", "0.5", "--output", str(tmp_path / runtime), "--no-content-tokens"])  # as ONNX Runtime can
         err = capsys.readouterr().err
         assert code == 0, err
         pairs[runtime] = {(p.query_id, p.reference_id): p.score
@@ -257,7 +261,8 @@ def test_calibrate_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp
     calibrations = {}
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "calibrate", str(references), "--sample", "3", "--num-distractors", "2", "--k", "3",
-                     "--candidates", "3", "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.json")])
+                     "--candidates", "3", "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.json"),
+                     "--no-content-tokens"])  # as ONNX Runtime can
         assert code == 0, capsys.readouterr().err
         calibrations[runtime] = json.loads((tmp_path / f"{runtime}.json").read_text())
     torch_file, onnx_file = calibrations["torch"], calibrations["onnx"]

@@ -48,6 +48,7 @@ def register(commands) -> argparse.ArgumentParser:
                    help="images of the collection the self-calibration copies (default 64; all when it has fewer)")
     options.add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
     options.add_collection_normalisation(p, dedup=True)
+    options.add_content_tokens(p, "(default on; off with --matcher-lce paper or all, or --runtime onnx)")
     p.add_argument("--gallery", type=options.positive_int, default=8, help="groups shown in report.html (default 8)")
     options.add_chunk_size(p)
     options.add_whitening(p)
@@ -73,7 +74,8 @@ def request_of(args):
                         collection_k_start=args.collection_k_start, collection_k_end=args.collection_k_end,
                         matcher_normalisation=args.matcher_normalisation, matcher_alpha=args.matcher_alpha,
                         matcher_k_start=args.matcher_k_start, matcher_k_end=args.matcher_k_end,
-                        matcher_anchor=args.matcher_anchor, grouping=args.grouping, input=options.image_input(args),
+                        matcher_anchor=args.matcher_anchor, grouping=args.grouping, content_tokens=args.content_tokens,
+                        descriptor_content_tokens=bool(args.descriptor_content_tokens), input=options.image_input(args),
                         gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 

@@ -221,6 +221,19 @@ def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False
                    "connected components (two images join through any chain of pairs)")
 
 
+def add_content_tokens(p: argparse.ArgumentParser, default_text: str) -> None:
+    """``--content-tokens`` / ``--no-content-tokens`` and ``--descriptor-content-tokens`` (detect, calibrate, dedup;
+    beyond the paper)."""
+    p.add_argument("--content-tokens", action=argparse.BooleanOptionalAction, default=None,
+                   help="the matcher ignores the patch tokens an image shares (cosine above 0.8) with 2 of its 10 "
+                   "neighbour images (templates, frames, meme bands), so that two different photos in one frame are "
+                   "not copies; whole images only (--matcher-lce none), PyTorch runtime only " + default_text)
+    p.add_argument("--descriptor-content-tokens", action="store_true", default=None,
+                   help="search again with descriptors of each image's content tokens (final-layer tokens shared at "
+                   "a cosine above 0.6 with 2 of its 10 nearest images dropped): two more descriptor passes per "
+                   "image; whole images only (--descriptor-lce none; default off)")
+
+
 def add_calibration(p: argparse.ArgumentParser) -> None:
     """``--calibration`` and ``--precision``: copies decided at a threshold of ``copynce calibrate`` (detect, dedup)."""
     p.add_argument("--calibration", metavar="FILE",
@@ -250,6 +263,7 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-end", type=non_negative_int,
                    help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
     add_verification(p)
+    add_content_tokens(p, "(fast: on; accurate, paper, --matcher-lce paper or all, --runtime onnx: off)")
     p.add_argument("--k", type=positive_int, help="predictions kept per query (presets: 10)")
     add_collection_normalisation(p)
 
@@ -276,5 +290,7 @@ def pipeline_settings(args):
     models = PipelineModels(args.models or [None], args.matcher, args.runtime)
     overrides = {name: getattr(args, name) for name in (*DETECT_PRESET_FIELDS, *COLLECTION_FIELDS)
                  if getattr(args, name) is not None}
+    if getattr(args, "descriptor_content_tokens", None):
+        overrides["descriptor_content_tokens"] = True
     return PipelineSettings(models, args.preset, overrides, args.aux, args.batch_size, args.num_workers,
                             getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE), getattr(args, "whiten_dim", None))

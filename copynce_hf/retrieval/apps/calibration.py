@@ -50,6 +50,10 @@ STAGES = ("descriptor", "matcher")
 #: change how many pairs are scored): a calibration holds for a detect run only when they agree.
 SCORE_SETTINGS = ("descriptor_lce", "matcher_lce", "alpha", "k_start", "k_end")
 
+#: The content-token settings of a calibration (:func:`~.content_stage.content_setting`: ``False`` or the
+#: settings); a calibration written before they existed was made without them.
+CONTENT_SETTINGS = ("content_tokens", "descriptor_content_tokens")
+
 
 @dataclasses.dataclass(frozen=True)
 class OperatingPoint:
@@ -164,8 +168,12 @@ def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: s
     if not score_normalisation:
         for name in ("alpha", "k_start", "k_end"):
             settings.pop(name)
+    from .content_stage import content_setting, descriptor_content, matcher_content  # torch: not for --help
+
     settings["score_normalisation"] = bool(score_normalisation)
     settings["reference_normalisation"] = reference_normalisation(config)
+    settings["content_tokens"] = content_setting(matcher_content(config))
+    settings["descriptor_content_tokens"] = content_setting(descriptor_content(config))
     return {"descriptors": list(descriptors), "matcher": matcher, "preset": preset, "settings": settings}
 
 
@@ -236,11 +244,12 @@ class Calibration:
         if pipeline["preset"] != mine["preset"]:
             raise ConfigError(f"{self.name} was made with --preset {mine['preset']}, but this run uses --preset "
                               f"{pipeline['preset']}")
-        for name in ("score_normalisation", *SCORE_SETTINGS):  # on/off first: it decides whether alpha... apply
-            if pipeline["matcher"] is None and name == "matcher_lce":
+        for name in ("score_normalisation", *SCORE_SETTINGS, *CONTENT_SETTINGS):  # on/off first: alpha... apply
+            if pipeline["matcher"] is None and name in ("matcher_lce", "content_tokens"):
                 continue
-            if mine["settings"].get(name) != pipeline["settings"].get(name):
-                raise ConfigError(f"{self.name} was made with {name}={mine['settings'].get(name)!r}, but this run "
+            made_with = mine["settings"].get(name, False if name in CONTENT_SETTINGS else None)  # older files: off
+            if made_with != pipeline["settings"].get(name):
+                raise ConfigError(f"{self.name} was made with {name}={made_with!r}, but this run "
                                   f"uses {name}={pipeline['settings'].get(name)!r}")
         # a file written before reference normalisation existed was made without it
         made_with, used = mine["settings"].get("reference_normalisation"), pipeline["settings"].get(

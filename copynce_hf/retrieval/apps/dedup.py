@@ -53,9 +53,17 @@ from ..search.presets import COLLECTION_K_END, COLLECTION_K_START
 from ..search.references import search_references
 from ..search.view_search import owner_of
 from ..search.views import ViewPreset
+from .content_stage import (
+    content_setting,
+    dedup_content_index,
+    dedup_keep_masks,
+    descriptor_content,
+    matcher_content,
+)
 from .detect import (
     Descriptor,
     DetectConfig,
+    SourceImages,
     learn_whitening,
     matcher_scores,
     note_skips,
@@ -225,11 +233,14 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
     calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
     if matcher is not None:
         checks = [("matcher", calibrated.get("matcher"), matcher),
-                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce)]
+                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce),
+                  ("content tokens", settings.get("content_tokens", False), content_setting(matcher_content(config)))]
     else:
         checks = [("descriptor model(s)", calibrated.get("descriptors"), [descriptor]),
                   ("descriptor_lce", settings.get("descriptor_lce"), config.descriptor_lce),
-                  ("score normalisation", settings.get("score_normalisation"), False)]
+                  ("score normalisation", settings.get("score_normalisation"), False),
+                  ("descriptor content tokens", settings.get("descriptor_content_tokens", False),
+                   content_setting(descriptor_content(config)))]
         if whitened:
             raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
                               "--whiten-from and --matcher none needs --threshold")
@@ -297,6 +308,8 @@ def dedup(
     if whitening_folder is None and folder is not None:
         whitening_folder = folder / "whitening"
     index, queries, skipped = run.descriptors(folder, whiten_from, whitening_folder)
+    index, queries = dedup_content_index(descriptor, SourceImages(source), index, queries, config, run.accelerator,
+                                         log, run.seconds)
     readable = [image_id for image_id in source.ids if image_id not in skipped]
     if len(readable) < 2:
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
@@ -352,6 +365,7 @@ class _DedupRun:
     log: Callable[[str], None]
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     cost: dict[str, int] | None = None
+    matches: object = None  # the images' content-token matches in their neighbours (``content_tokens``)
 
     @property
     def preset(self) -> ViewPreset:
@@ -417,7 +431,7 @@ class _DedupRun:
     def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
         """The matcher's score of each pair (:func:`~.detect.matcher_scores`); its passes add to :attr:`cost`."""
         scores, cost = matcher_scores(pairs, *self.matcher, self.source, self.source, self.config, self.accelerator,
-                                      folder, self.progress, self.log)
+                                      folder, self.progress, self.log, self.matches)
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
         return scores
 
@@ -427,8 +441,11 @@ class _DedupRun:
         if self.matcher is None:
             return dict(candidates.raw)
         start = time.perf_counter()
+        self.matches = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids),
+                                        candidates.pairs, self.config, self.accelerator, self.log)
         pair_ids = list(candidates.raw)
         scores = self.matcher_scores(pair_ids, folder)
+        self.cost["encoded_views"] += self.matches.encoded if self.matches is not None else 0
         verified = {pair: score for pair, score in zip(pair_ids, scores) if score is not None}
         self.seconds["matcher"] = time.perf_counter() - start
         self.log(f"matcher: {len(verified)} pairs verified ({self.cost['encoded_views']} encoder passes, "

@@ -22,7 +22,7 @@ from ...outputs import check_output_folder, run_folder
 from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, DEFAULT_CHUNK_SIZE
 from ..search.sources import ImageInput
 from .calibration import Calibration
-from .pipeline_settings import PipelineModels
+from .pipeline_settings import PipelineModels, content_tokens_text
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,10 @@ class DedupRequest:
             collection normalisation (:class:`~.detect.DetectConfig`; CSLS over the collection's own neighbours).
         matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
             matcher_k_start, matcher_k_end, matcher_anchor and grouping: as in :class:`~.dedup.DedupSettings`.
+        content_tokens: the matcher fuses content tokens only (``None``: the default of
+            :class:`~.detect.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
+            ONNX Runtime).
+        descriptor_content_tokens: the self-search runs again on content descriptors.
         input: how images are read (sub-folders, size limit).
         gallery: groups shown in ``report.html``.
         progress: progress bars.
@@ -79,6 +83,8 @@ class DedupRequest:
     matcher_k_end: int = COLLECTION_K_END
     matcher_anchor: float = 0.0
     grouping: str = "representative"
+    content_tokens: bool | None = None
+    descriptor_content_tokens: bool = False
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     gallery: int = 8
     progress: bool = True
@@ -88,9 +94,13 @@ class DedupRequest:
         """The :class:`~.detect.DetectConfig` of the run."""
         from .detect import DetectConfig
 
+        content_tokens = self.content_tokens
+        if content_tokens is None:
+            content_tokens = DetectConfig.content_tokens and self.matcher_lce == "none" and self.models.runtime != "onnx"
         return DetectConfig(candidates=self.candidates, descriptor_lce=self.descriptor_lce,
                             matcher_lce=self.matcher_lce, batch_size=self.batch_size, num_workers=self.num_workers,
-                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size,
+                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size, content_tokens=content_tokens,
+                            descriptor_content_tokens=self.descriptor_content_tokens,
                             collection_normalisation=self.collection_normalisation,
                             collection_alpha=self.collection_alpha, collection_k_start=self.collection_k_start,
                             collection_k_end=self.collection_k_end)
@@ -222,5 +232,6 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
             "matcher collection normalisation": matcher_normalisation, "grouping": settings.grouping,
+            "content tokens": content_tokens_text(request.config()),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows}

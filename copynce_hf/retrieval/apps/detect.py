@@ -38,6 +38,13 @@ from ..jobs.matcher_cache import MatcherScorer
 from ..jobs.work_folder import holds_identity, views_identity
 from ..search.background import check_ranks, normalised_reference_scores, reference_background
 from ..search.candidates import candidate_recall, merge_candidates, top_per_query
+from ..search.content_tokens import (
+    DESCRIPTOR_TAU,
+    MATCHER_TAU,
+    MIN_IMAGES,
+    NEIGHBOURS,
+    check_content_settings,
+)
 from ..search.descriptors import DescriptorSet
 from ..search.index import DescriptorIndex, IndexConfig
 from ..search.predictions import Prediction, prediction_metrics
@@ -52,6 +59,7 @@ from ..search.references import search_references
 from ..search.view_search import extract_view_descriptors
 from ..search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
 from ..search.whitening import Whitening
+from .content_stage import content_identity, detect_content_search, log_local_masks, matcher_content
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,13 @@ class DetectConfig:
         reference_background: where a reference's neighbours are taken: ``collection`` (the other references: one
             self-search of the reference index, cached beside it) or ``auxiliary`` (the auxiliary images, which
             must be given).
+        content_tokens: the matcher fuses content tokens only, dropping the encoder tokens an image shares with
+            ``content_min_images`` of its ``content_neighbours`` neighbour images at a cosine above
+            ``content_tau`` (template, "bursty" regions; :mod:`.content_stage`, beyond the paper); whole images
+            only (``matcher_lce`` ``none``).
+        descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
+            tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
+            ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
     """
 
     k: int = 10
@@ -115,10 +130,25 @@ class DetectConfig:
     collection_k_start: int = COLLECTION_K_START
     collection_k_end: int = COLLECTION_K_END
     reference_background: str = "collection"
+    content_tokens: bool = True
+    content_tau: float = MATCHER_TAU
+    content_min_images: int = MIN_IMAGES
+    content_neighbours: int = NEIGHBOURS
+    descriptor_content_tokens: bool = False
+    descriptor_content_tau: float = DESCRIPTOR_TAU
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
         check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
+        check_content_settings(self.content_tau, self.content_min_images, self.content_neighbours)
+        check_content_settings(self.descriptor_content_tau, self.content_min_images, self.content_neighbours,
+                               "descriptor_content_tau")
+        if self.content_tokens and self.matcher_lce != "none":
+            raise ConfigError(f"content tokens apply to whole images only: matcher_lce {self.matcher_lce!r} needs "
+                              "content_tokens=False (--no-content-tokens)")
+        if self.descriptor_content_tokens and self.descriptor_lce != "none":
+            raise ConfigError(f"descriptor content tokens apply to whole images only: descriptor_lce "
+                              f"{self.descriptor_lce!r} needs descriptor_content_tokens=False")
         for name in ("k", "candidates", "batch_size", "chunk_size"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -203,10 +233,12 @@ def note_skips(descriptors: DescriptorSet, reasons: dict[str, str]) -> None:
 
 
 class SourceImages:
-    """id -> image mapping over an image source (file paths when the source has them, else loaded images)."""
+    """id -> image mapping over an image source (file paths when the source has them, else loaded images), with the
+    source's image size limit (``max_pixels``)."""
 
     def __init__(self, source):
         self.source = source
+        self.max_pixels = getattr(source, "max_pixels", None)
         self.position = {image_id: i for i, image_id in enumerate(source.ids)}
         self.files = source.lookup() if hasattr(source, "lookup") else None
 
@@ -464,6 +496,10 @@ class _DescriptorStage:
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(self.queries)} query images could be read")
         config = self.config
+        index, auxiliary_index, query_views = detect_content_search(
+            descriptor, (SourceImages(self.queries), SourceImages(self.references),
+                         SourceImages(self.auxiliary) if self.auxiliary is not None else None),
+            index, auxiliary_index, query_views, config, self.extract["accelerator"], self.log)
         pool = 2 * config.candidates if config.collection_normalisation else config.candidates
         found = search_references(index, query_views, pool, query_views=self.preset,
                                   auxiliary=auxiliary_index, alpha=config.alpha, k_start=config.k_start,
@@ -509,12 +545,16 @@ class _DescriptorStage:
 
 
 def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,
-                    accelerator, folder, progress: bool, log) -> tuple[list[float | None], dict[str, int]]:
+                    accelerator, folder, progress: bool, log, matches=None) -> tuple[list[float | None], dict[str, int]]:
     """The matcher's score of every pair (``None``: unscored), chunk by chunk over the processes, and the passes
-    it ran (encoder views, fusion pairs; summed over the processes, resumed chunks cost nothing)."""
+    it ran (encoder views, fusion pairs; summed over the processes, resumed chunks cost nothing). With
+    ``content_tokens``, ``matches`` (:func:`~.content_stage.dedup_keep_masks`) mask the images against their
+    neighbours in the collection; without them each query's local set masks it and its candidates."""
     model = model.to(accelerator.device)
+    content = matcher_content(config)
     scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
-                           cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None))
+                           cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None),
+                           content=content, matches=matches if content is not None else None)
     query_images, reference_images = SourceImages(queries), SourceImages(references)
 
     def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:
@@ -523,14 +563,17 @@ def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, refe
 
     identity = None
     if folder is not None:
-        settings = {"matcher_lce": config.matcher_lce, "max_pixels": getattr(queries, "max_pixels", None)}
+        settings = {"matcher_lce": config.matcher_lce, "max_pixels": getattr(queries, "max_pixels", None),
+                    **content_identity(content, matches)}
         identity = scoring_identity(model, processor, settings, query_images.files or {},
                                     reference_images.files or {}, pairs)
     scores = score_in_chunks(pairs, score_chunk, config.chunk_size, folder, identity, accelerator, progress,
                              f"matcher ({MATCHER_VIEW_NAMES[config.matcher_lce]})", lambda line: log(f"matcher: {line}"))
-    passes = [(scorer.encoded_views, scorer.fused_pairs)]
+    passes = [(scorer.encoded_views, scorer.fused_pairs, scorer.content_counts)]
     if accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
         passes = gather_object(passes)
+    if content is not None and matches is None:
+        log_local_masks(content, [p[2] for p in passes], log)
     return scores.scores, {"encoded_views": sum(p[0] for p in passes), "fused_pairs": sum(p[1] for p in passes)}

@@ -24,7 +24,7 @@ from ...outputs import StagedFile, check_output_folder, run_folder
 from ..search.predictions import Prediction, metric_warnings_logged, read_ground_truth, write_predictions
 from ..search.sources import ImageInput
 from .calibration import Decision, calibrated_decision, decision_report
-from .pipeline_settings import PipelineSettings
+from .pipeline_settings import PipelineSettings, content_tokens_text
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +235,7 @@ def report_settings(run: DetectRun) -> dict[str, object]:
                                 f"{settings.aux}" if settings.aux else "off"),
         "collection normalisation": collection_text(config),
         "candidates per query": config.candidates, "predictions per query": config.k,
+        "content tokens": content_tokens_text(config),
         "whitening": whitening,
     }
     decision = run.inputs.decision

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
-from ..search.presets import DEFAULT_CHUNK_SIZE
+from ..search.presets import DEFAULT_CHUNK_SIZE, DETECT_PRESETS
 from .calibration import model_identity, pipeline_identity
 
 #: The ``matcher`` value of a run without matcher (descriptor scores decide).
@@ -36,6 +36,17 @@ def model_label(path, default, runtime: str) -> str:
     """How reports name a model: its folder or Hub id, else the embedded ``default``, with ``(ONNX Runtime)`` when
     ``runtime`` is ``onnx``."""
     return str(path or default) + (" (ONNX Runtime)" if runtime == "onnx" else "")
+
+
+def content_tokens_text(config) -> str:
+    """How a report names the content-token settings of a :class:`~.detect.DetectConfig`."""
+    stages = [f"matcher (tau {config.content_tau})" if config.content_tokens else None,
+              f"descriptor (tau {config.descriptor_content_tau})" if config.descriptor_content_tokens else None]
+    stages = [stage for stage in stages if stage]
+    if not stages:
+        return "off"
+    return (f"{' and '.join(stages)}: tokens shared with {config.content_min_images} of "
+            f"{config.content_neighbours} neighbour images dropped")
 
 
 @dataclasses.dataclass
@@ -118,11 +129,16 @@ class PipelineSettings:
     whiten_dim: int | None = None
 
     def config(self):
-        """The :class:`~.detect.DetectConfig` of the preset with the overrides."""
+        """The :class:`~.detect.DetectConfig` of the preset with the overrides. Content tokens not asked for
+        explicitly are off where they cannot apply: with the matcher's local crops or ONNX Runtime."""
         from .detect import DetectConfig
 
+        overrides = dict(self.overrides)
+        matcher_lce = overrides.get("matcher_lce", DETECT_PRESETS.get(self.preset, {}).get("matcher_lce", "none"))
+        if "content_tokens" not in overrides and (matcher_lce != "none" or self.models.runtime == "onnx"):
+            overrides["content_tokens"] = False
         return DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
-                                        chunk_size=self.chunk_size, whiten_dim=self.whiten_dim, **self.overrides)
+                                        chunk_size=self.chunk_size, whiten_dim=self.whiten_dim, **overrides)
 
     def identity(self) -> dict[str, Any]:
         """What a calibration of this pipeline is tied to (:func:`~.calibration.pipeline_identity`)."""

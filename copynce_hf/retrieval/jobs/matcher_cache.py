@@ -26,8 +26,17 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from ...images import load_image
-from ...modeling.errors import ImageLoadError
+from ...modeling.errors import ConfigError, ImageLoadError
+from ..search.content_tokens import (
+    ContentSettings,
+    fuse_kept,
+    keep_tokens,
+    local_keep_masks,
+    unit_patch_tokens,
+)
+from ..search.onnx_runtime import OnnxMatcherModel
 from ..search.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
+from .content_masks import CollectionMatches
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +52,13 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
         logits (B,)`` (the fusion blocks and the classifier).
     """
     return model.pre_fusion_tokens, (lambda query, reference: model.fuse(query, reference)[0])
+
+
+def check_content_fusion(model) -> None:
+    """Refuse content tokens with a matcher that cannot fuse token sequences of varying length (ONNX Runtime)."""
+    if isinstance(model, OnnxMatcherModel):
+        raise ConfigError("content tokens fuse sequences of varying length, which the ONNX fusion graph does not "
+                          "take: use --runtime torch, or --no-content-tokens with --runtime onnx")
 
 
 class _ViewImages(Dataset):
@@ -83,13 +99,29 @@ class MatcherScorer:
         query_views, reference_views, view_pairs: override the LCE mode's views (image -> list of
             view images; view 0 must be the full image) and pair rule ``(Vq, Vr) -> [(qi, ri)]``.
         max_pixels: image size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
+        content: fuse content tokens only (:mod:`..search.content_tokens`, beyond the paper): without
+            ``matches``, each query and its candidates are masked pair by pair within that local set
+            (:func:`~..search.content_tokens.local_keep_masks`: tokens shared with enough of the query's first
+            ``content.neighbours`` candidates, the pair's own candidate left out, are dropped); whole images
+            only (``lce`` ``none``). ``None``: every token.
+        matches: the images' matches in their own neighbours in the collection
+            (:class:`~.content_masks.CollectionMatches`): each side of a pair keeps the tokens that are not
+            shared with enough neighbours other than the pair's other image. Needs ``content``.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
                  query_views: ViewFunction | None = None, reference_views: ViewFunction | None = None,
                  view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
-                 max_pixels: int | None = None):
+                 max_pixels: int | None = None, content: ContentSettings | None = None,
+                 matches: CollectionMatches | None = None):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
+        if content is not None and lce != "none":
+            raise ConfigError(f"content tokens apply to whole images only (matcher_lce none), got matcher_lce {lce!r}")
+        if content is not None:
+            check_content_fusion(model)
+        if matches is not None and content is None:
+            raise ConfigError("matches are content tokens: give the content settings too")
+        self.content, self.matches = content, matches
         self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
         self.model = model.eval()
@@ -106,6 +138,7 @@ class MatcherScorer:
         self._cached_views = 0
         self.encoded_views = 0  # encoder passes run (one per view), for cost reports
         self.fused_pairs = 0  # fusion passes run (one per view pair)
+        self.content_counts = {"pairs": 0, "dropped": 0, "tokens": 0, "kept whole": 0}  # local masks (detect)
 
     # ------------------------------------------------------------------ encoding
     @torch.inference_mode()
@@ -155,6 +188,39 @@ class MatcherScorer:
         best.scatter_reduce_(0, torch.tensor(owners), flat, reduce="amax")
         return best.tolist()
 
+    def _masks(self, query_id: str, query_tokens: torch.Tensor, reference_ids: list[str],
+               references: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The keep masks of a query (tokens (1, 1 + L, C)), (L,) in its pair with each reference, and of each
+        reference (tokens (1, 1 + L', C)), (L',) in its pair with the query: from ``matches``, or from the query's
+        local set (counted in :attr:`content_counts`)."""
+        if self.matches is not None:
+            def keep(image_id: str, partner: str, tokens: torch.Tensor) -> torch.Tensor:
+                mask = self.matches.keep(image_id, partner)
+                return torch.ones(tokens.shape[1] - 1, dtype=torch.bool) if mask is None else mask
+
+            return ([keep(query_id, reference_id, query_tokens) for reference_id in reference_ids],
+                    [keep(reference_id, query_id, tokens) for reference_id, tokens in zip(reference_ids, references)])
+        masks = local_keep_masks(unit_patch_tokens(query_tokens)[0], unit_patch_tokens(torch.cat(references)),
+                                 self.content)
+        counts = self.content_counts
+        counts["pairs"] += len(references)
+        counts["dropped"] += int((~masks.query).sum() + (~masks.reference).sum())
+        counts["tokens"] += masks.query.numel() + masks.reference.numel()
+        counts["kept whole"] += masks.kept_whole
+        return list(masks.query), list(masks.reference)
+
+    @torch.inference_mode()
+    def _fuse_content(self, query_id: str, query_tokens: torch.Tensor, reference_ids: list[str],
+                      references: list[torch.Tensor]) -> list[float]:
+        """``sigmoid(fuse(...))`` of one query (1, 1 + L, C) with each reference (1, 1 + L', C) on their content
+        tokens (whole images: one view each)."""
+        query_keeps, reference_keeps = self._masks(query_id, query_tokens, reference_ids, references)
+        logits = fuse_kept(self.fuse, [keep_tokens(query_tokens[0], keep) for keep in query_keeps],
+                           [keep_tokens(tokens[0], keep) for tokens, keep in zip(references, reference_keeps)],
+                           self.batch_size)
+        self.fused_pairs += len(references)
+        return torch.sigmoid(logits).tolist()
+
     def score(self, pairs: list[tuple[str, str]], query_files: dict, reference_files: dict, num_workers: int = 0,
               progress: bool = True, description: str = "matcher",
               on_scored: Callable[[int], None] | None = None) -> list[float | None]:
@@ -183,7 +249,10 @@ class MatcherScorer:
                     self._reference_tokens([pairs[row][1] for row in wanted], reference_files)
                     scored = [row for row in wanted if self._references.get(pairs[row][1]) is not None]
                     if scored:
-                        values = self._fuse_max(query_tokens, [self._references[pairs[row][1]] for row in scored])
+                        reference_ids = [pairs[row][1] for row in scored]
+                        references = [self._references[reference_id] for reference_id in reference_ids]
+                        values = (self._fuse_content(query_ids[item["index"]], query_tokens, reference_ids, references)
+                                  if self.content is not None else self._fuse_max(query_tokens, references))
                         for row, value in zip(scored, values):
                             scores[row] = value
                 bar.update(len(rows))
