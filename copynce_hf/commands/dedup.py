@@ -1,4 +1,4 @@
-"""``copynce dedup``: every group of copies inside one folder (self-search, matcher verification, connected
+"""``copynce dedup``: every group of copies inside one folder or dataset (self-search, matcher verification, connected
 groups), with a group gallery."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from . import options
 from .console import progress_log
 
 DESCRIPTION = (
-    "Search every image of IMAGES among the others (itself left out) with the descriptor, verify "
+    "Search every image of IMAGES (or of --dataset) among the others (itself left out) with the descriptor, verify "
     "each candidate pair once with the matcher, and join the pairs scored at or above the threshold into "
     "groups (connected components). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first: the score "
     "of each member with the group's first image), OUTPUT/pairs.csv (every verified pair and its score), "
     "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes and OUTPUT/rescoring (reused by the "
-    "next run: a run cut short resumes)."
+    "next run: a run cut short resumes, from the last complete chunk of descriptors or of matcher pairs). Under "
+    "`accelerate launch` the processes share both."
 )
 EPILOG = (
     "Scores are copy probabilities with the matcher (default threshold 0.5), cosines with --matcher "
@@ -27,9 +28,10 @@ def register(commands) -> argparse.ArgumentParser:
     """Add ``dedup`` and its options to the ``copynce`` subcommands."""
     from ..model_loading import DEFAULT_DESCRIPTOR
 
-    p = commands.add_parser("dedup", help="find every group of copies inside one folder", description=DESCRIPTION,
-                            epilog=EPILOG)
-    p.add_argument("images", help="folder of images")
+    p = commands.add_parser("dedup", help="find every group of copies inside one folder or dataset",
+                            description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("images", nargs="?", help="folder of images (or --dataset)")
+    options.add_dataset_input(p, "--dataset", "images")
     p.add_argument("--output", required=True, help="folder for groups.csv, pairs.csv, report.html, indexes/")
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)
@@ -58,7 +60,7 @@ def request_of(args):
                         candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
                         batch_size=args.batch_size, num_workers=args.num_workers, chunk_size=args.chunk_size,
                         whiten_dim=args.whiten_dim, whiten_from=args.whiten_from, input=options.image_input(args),
-                        gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
+                        dataset=args.dataset, gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 
 def run(args) -> int:

@@ -274,7 +274,7 @@ class _DedupRun:
         start = time.perf_counter()
         index = view_index(descriptor, self.source, self.preset, folder / "references" if folder else None,
                            progress=progress, description=f"{descriptor.name}: image views", whitening=whitening,
-                           **self.extract)
+                           log=self.log, **self.extract)
         self.seconds["index"] = time.perf_counter() - start
         skipped: dict[str, str] = {}
         note_skips(index.references, skipped)
@@ -303,7 +303,8 @@ class _DedupRun:
         scores = self.matcher_scores(pair_ids, folder)
         pairs = [Prediction(a, b, s) for (a, b), s in zip(pair_ids, scores) if s is not None]
         self.seconds["matcher"] = time.perf_counter() - start
-        self.log(f"matcher: {len(pairs)} pairs verified ({self.cost['encoded_views']} encoder passes, "
+        on = f" on {self.accelerator.num_processes} processes" if self.accelerator.num_processes > 1 else ""
+        self.log(f"matcher: {len(pairs)} pairs verified{on} ({self.cost['encoded_views']} encoder passes, "
                  f"{self.cost['fused_pairs']} fusion passes)")
         return pairs
 

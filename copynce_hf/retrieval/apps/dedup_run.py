@@ -1,7 +1,8 @@
 """``copynce dedup`` as one call: a :class:`DedupRequest` in, ``groups.csv`` and ``pairs.csv`` written and a
 :class:`DedupRun` out.
 
-:func:`run_dedup` checks the inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
+:func:`run_dedup` opens the images (a folder, or a dataset as ``copynce index --dataset`` opens one), checks the
+inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
 ``--threshold``, a calibration file's at ``--precision``, or the matcher's 0.5) before any model loads, loads the
 models (:mod:`.pipeline_settings`) and runs :func:`~.dedup.dedup` with its caches in ``OUTPUT/indexes`` and
 ``OUTPUT/rescoring``. The group gallery (``report.html``) is drawn from the returned run by
@@ -18,7 +19,7 @@ from pathlib import Path
 from ...modeling.errors import ConfigError
 from ...outputs import check_output_folder, run_folder
 from ..search.presets import DEFAULT_CHUNK_SIZE
-from ..search.sources import ImageInput
+from ..search.sources import ImageInput, count_text
 from .calibration import Calibration
 from .pipeline_settings import PipelineModels
 
@@ -30,7 +31,7 @@ class DedupRequest:
     """A ``copynce dedup`` run.
 
     Attributes:
-        images: the folder searched for copies of its own images.
+        images: the folder searched for copies of its own images (``None`` with ``dataset``).
         output: the output folder.
         models: the descriptor (one) and the matcher (:class:`~.pipeline_settings.PipelineModels`).
         threshold: pairs scored at or above it are copies (``None``: from ``calibration``, else 0.5 with a matcher).
@@ -38,13 +39,15 @@ class DedupRequest:
         candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
             :class:`~.detect.DetectConfig`.
         whiten_from: sample images to learn a whitening from (``None``: none).
-        input: how images are read (sub-folders, size limit).
+        dataset: instead of ``images``, a dataset (Hub id, Parquet file or folder, ``save_to_disk`` folder, image
+            folder: :func:`~..search.sources.open_dataset_source`), read by random access (not streamed).
+        input: how images are read (sub-folders, size limit, the dataset's split and columns).
         gallery: groups shown in ``report.html``.
         progress: progress bars.
         log: receives one line per stage (on the main process only).
     """
 
-    images: str
+    images: str | None
     output: str
     models: PipelineModels = dataclasses.field(default_factory=lambda: PipelineModels(descriptor_option="--model"))
     threshold: float | None = None
@@ -58,6 +61,7 @@ class DedupRequest:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     whiten_dim: int | None = None
     whiten_from: str | None = None
+    dataset: str | None = None
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     gallery: int = 8
     progress: bool = True
@@ -122,7 +126,10 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
     where this run made it."""
     check_output_folder(request.output)
     request.models.check_paths()
-    source = request.input.folder(request.images)
+    if request.dataset is not None and request.input.streaming:
+        raise ConfigError(f"dedup reads dataset {request.dataset!r} by random access (the matcher reads each pair's "
+                          "two images): it cannot be streamed")
+    source = request.input.folder_or_dataset(request.images, request.dataset, "--dataset")
     whiten_from = request.input.whitening_sample(request.whiten_from, request.whiten_dim)
     config = request.config()
     threshold, origin = dedup_threshold(request, config)
@@ -155,11 +162,16 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
 
 
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
-    """The settings ``report.html`` lists: images, models, threshold, candidates, views, whitening, groups."""
+    """The settings ``report.html`` lists: images, models, threshold, candidates, views, whitening, groups, images
+    skipped (unreadable, with their reasons)."""
     request = run.request
-    return {"images": str(Path(request.images).resolve()), "descriptor": run.descriptor.source,
+    skipped = run.result.skipped
+    images = (f"{request.dataset} (split {request.input.split})" if request.dataset is not None
+              else str(Path(request.images).resolve()))
+    return {"images": images, "descriptor": run.descriptor.source,
             "matcher": request.models.matcher_label(), "threshold": run.origin,
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce,
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
-            "groups": len(run.result.groups), "images in groups": run.rows}
+            "groups": len(run.result.groups), "images in groups": run.rows,
+            "images skipped": count_text(skipped.values()) if skipped else "none"}
