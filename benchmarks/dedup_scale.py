@@ -1,10 +1,11 @@
-"""``copynce dedup --dataset`` at scale: wall time per stage, peak resident memory, candidate and verified pairs
-and the groups found, on a synthetic collection of N images written as a ``save_to_disk`` dataset.
+"""``copynce dedup --dataset`` at scale: wall and CPU time per stage, peak resident memory, candidate and verified
+pairs and the groups found, on a synthetic collection of N images written as a ``save_to_disk`` dataset.
 
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 20000            # the whole run
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 2000              # a whole run
     OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 100000 --label descriptor \\
         -- --matcher none --threshold 0.9                                                     # descriptor stages
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 100000 --matcher-minutes 30
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 100000 --label matcher \\
+        --matcher-minutes 30                           # the matcher stage, on the index of the run before
     python -m benchmarks.dedup_scale --table
 
 The collection (:func:`build_collection`, seeded, reused when its manifest matches): N rows with the columns
@@ -19,17 +20,18 @@ The collection (:func:`build_collection`, seeded, reused when its manifest match
 * ``--corrupt`` rows (10) that are not images (random bytes, or a JPEG cut after 200 bytes): skipped and counted.
 
 Each run starts ``copynce dedup --dataset COLLECTION --output WORK/dedup-N`` (the embedded descriptor and
-matcher unless options after ``--`` say otherwise) as a child process, reads its progress lines as they come and
-timestamps them, which gives the wall time of each stage: ``load`` (the dataset opened, the models loaded),
+matcher unless options after ``--`` say otherwise) as a child process and reads its progress lines as they come,
+each with the wall seconds since the start and the child's CPU seconds and peak memory (``VmHWM``) then. A stage
+lasts from the line ending the one before to its own: ``load`` (the dataset opened, the models loaded),
 ``descriptors`` (the index of every image, embedded in chunks, and the self-search), ``matcher`` (verifying the
 candidate pairs), ``groups`` (grouping, with the matcher's score of each member to its group's first image where
 that pair was not a candidate) and ``write`` (``groups.csv``, ``pairs.csv``, ``report.html``); the report's own
-table of stage seconds is kept too. Peak resident memory: the child's ``VmHWM`` as each stage ends and its
-``getrusage`` maximum at the end. ``--matcher-minutes M`` kills the run once its matcher stage has run M minutes:
-the pairs scored by then (the matcher's chunk files) give its rate, and the whole matcher stage is extrapolated
-from it, linearly, and recorded as extrapolated. A later run with the same output folder reuses the index (and
-the scored chunks), as ``copynce dedup`` always does: run the descriptor-only run first and the matcher run after
-it to measure the matcher without embedding the images twice.
+table of stage seconds is kept too, and the machine's load average (on a shared machine the wall time depends on
+it, the CPU time much less). ``--matcher-minutes M`` kills the run once its matcher stage has run M minutes: the
+pairs its progress bar counted by then give its rate (per wall and per CPU second), and the whole matcher stage is
+extrapolated from it, linearly, and recorded as extrapolated. A later run with the same output folder reuses the
+index (and the scored chunks), as ``copynce dedup`` always does: run the descriptor-only run first and the matcher
+run after it to measure the matcher without embedding the images twice.
 
 Results go to ``<output-dir>/dedup_scale.json`` (one entry per images and label).
 """
@@ -68,6 +70,8 @@ STAGE_LINES = (("load", re.compile(r"^copynce dedup: (\d+) images, descriptor: "
                                       r"(\d+) fusion passes\)")),
                ("groups", re.compile(r"^copynce dedup: (\d+) groups of copies \((\d+) images\)")),
                ("write", re.compile(r"^wrote \d+ groups of copies")))
+#: An update of the matcher's progress bar: pairs scored and pairs in all.
+MATCHER_BAR = re.compile(r"^matcher \(.*\):\s+\d+%\|.*\|\s*(\d+)/(\d+) ")
 SIZES = (96, 160)
 
 
@@ -181,21 +185,25 @@ def build_collection(folder: Path, images: int, copy_fraction: float = 0.01, cor
 # ---------------------------------------------------------------------------------------------- the run
 
 
-def _peak_mib(pid: int) -> float | None:
-    """``VmHWM`` (peak resident memory) of process ``pid`` in MiB; ``None`` once it is gone."""
+def _process_figures(pid: int) -> tuple[float | None, float | None]:
+    """``(CPU seconds, user and system, peak resident memory in MiB (VmHWM))`` of process ``pid`` so far;
+    ``(None, None)`` once it is gone."""
     try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()  # from field 3 (state) on: utime is 14, stime 15
         with open(f"/proc/{pid}/status") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM")) / 1024
-    except (OSError, StopIteration):
-        return None
+            peak = next(int(line.split()[1]) for line in handle if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None, None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), peak
 
 
 class _Progress:
-    """The child's output lines, timestamped as they arrive (a thread per stream), copied to a log file."""
+    """The child's output lines as they arrive (a thread per stream), each with the wall seconds since the start,
+    the child's CPU seconds and its peak memory then, copied to a log file."""
 
     def __init__(self, process: subprocess.Popen, log: Path):
         self.process, self.start, self.lines = process, time.monotonic(), []
-        self.peaks: dict[str, float | None] = {}
         self.lock, self.log = threading.Lock(), log.open("w", encoding="utf-8")
         self.threads = [threading.Thread(target=self._read, args=(stream,), daemon=True)
                         for stream in (process.stdout, process.stderr)]
@@ -205,22 +213,19 @@ class _Progress:
     def _read(self, stream) -> None:
         for raw in iter(stream.readline, ""):
             seconds = time.monotonic() - self.start
+            cpu, peak = _process_figures(self.process.pid)
             for line in raw.rstrip("\n").split("\r"):  # a progress bar's updates end with \r
-                if not line.strip():
-                    continue
-                with self.lock:
-                    self.lines.append((seconds, line))
-                    self.log.write(f"[{seconds:9.1f} s] {line}\n")
-                    self.log.flush()
-                    for stage, pattern in STAGE_LINES:
-                        if pattern.search(line) and stage not in self.peaks:
-                            self.peaks[stage] = _peak_mib(self.process.pid)
+                if line.strip():
+                    with self.lock:
+                        self.lines.append((seconds, cpu, peak, line))
+                        self.log.write(f"[{seconds:9.1f} s, cpu {cpu or 0:9.1f} s] {line}\n")
+                        self.log.flush()
 
     def seen(self, stage: str) -> float | None:
         """The seconds at which ``stage`` ended (its line arrived); ``None`` before."""
         pattern = dict(STAGE_LINES)[stage]
         with self.lock:
-            return next((seconds for seconds, line in self.lines if pattern.search(line)), None)
+            return next((seconds for seconds, _, _, line in self.lines if pattern.search(line)), None)
 
     def close(self) -> None:
         for thread in self.threads:
@@ -228,29 +233,55 @@ class _Progress:
         self.log.close()
 
 
-def stage_times(lines: list[tuple[float, str]]) -> tuple[dict[str, float], dict[str, list[int]]]:
-    """``(seconds of each stage, the numbers its line gave)`` from timestamped progress lines: a stage lasts from
-    the end of the one before (the start of the run for ``load``) to its own line (:data:`STAGE_LINES`)."""
-    seconds, numbers, previous = {}, {}, 0.0
+def stage_times(lines: list[tuple[float, float | None, float | None, str]]) -> dict:
+    """What each stage took, from the progress lines ``(wall seconds, CPU seconds, peak MiB, text)``: a stage lasts
+    from the end of the one before (the start of the run for ``load``) to its own line (:data:`STAGE_LINES`).
+    Returns ``{"seconds": ..., "cpu_seconds": ..., "peak_rss_mib": (at its end), "numbers": (its line's)}``."""
+    found = {"seconds": {}, "cpu_seconds": {}, "peak_rss_mib": {}, "numbers": {}}
+    wall_before, cpu_before = 0.0, 0.0
     for stage, pattern in STAGE_LINES:
-        found = next(((at, match) for at, line in lines if (match := pattern.search(line))), None)
-        if found is None:
+        hit = next(((wall, cpu, peak, match) for wall, cpu, peak, line in lines if (match := pattern.search(line))),
+                   None)
+        if hit is None:
             continue
-        seconds[stage], numbers[stage] = round(found[0] - previous, 1), [int(g) for g in found[1].groups()]
-        previous = found[0]
-    return seconds, numbers
+        wall, cpu, peak, match = hit
+        found["seconds"][stage], found["numbers"][stage] = round(wall - wall_before, 1), [int(g) for g in match.groups()]
+        found["cpu_seconds"][stage] = None if cpu is None else round(cpu - cpu_before, 1)
+        found["peak_rss_mib"][stage] = None if peak is None else round(peak, 1)
+        wall_before, cpu_before = wall, cpu if cpu is not None else cpu_before
+    return found
+
+
+def matcher_progress(lines: list[tuple[float, float | None, float | None, str]]) -> dict | None:
+    """The matcher stage so far (from the candidates' line to the last update of its progress bar before the
+    verified pairs' line): ``{"pairs": scored, "of": candidate pairs, "seconds": wall, "cpu_seconds": ...}``;
+    ``None`` before the stage or without an update."""
+    starts = [(wall, cpu) for wall, cpu, _, line in lines if dict(STAGE_LINES)["descriptors"].search(line)]
+    if not starts:
+        return None
+    last = None
+    for wall, cpu, _, line in lines:
+        if dict(STAGE_LINES)["matcher"].search(line):
+            break
+        if wall >= starts[0][0] and (match := MATCHER_BAR.search(line)):
+            last = (wall, cpu, int(match.group(1)), int(match.group(2)))
+    if last is None or last[2] == 0:
+        return None
+    return {"pairs": last[2], "of": last[3], "seconds": round(last[0] - starts[0][0], 1),
+            "cpu_seconds": None if last[1] is None or starts[0][1] is None else round(last[1] - starts[0][1], 1)}
 
 
 def run_dedup(dataset: Path, output: Path, options: list[str], log: Path, matcher_minutes: float | None) -> dict:
     """Run ``copynce dedup --dataset DATASET --output OUTPUT OPTIONS`` in a child process (this process's
-    environment: set ``OMP_NUM_THREADS``, ``nice`` the benchmark); its stages, memory, exit and the machine's load
-    average meanwhile (sampled once a minute: the cores are shared on a busy machine). With
-    ``matcher_minutes`` the child is killed once its matcher stage has run that long."""
+    environment: set ``OMP_NUM_THREADS``, ``nice`` the benchmark); its stages (wall and CPU seconds, peak memory),
+    exit, and the machine's load average meanwhile (sampled once a minute: on a shared machine the wall time
+    depends on it, the CPU time much less). With ``matcher_minutes`` the child is killed once its matcher stage has
+    run that long."""
     command = [sys.executable, "-m", "copynce_hf.cli", "dedup", "--dataset", str(dataset), "--output", str(output),
                *options]
     environment = {**os.environ, "TQDM_MININTERVAL": "60", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
                    "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    start, started_at = time.monotonic(), time.time()
+    start = time.monotonic()
     process = subprocess.Popen(command, env=environment, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, bufsize=1)
     progress, killed, loads = _Progress(process, log), False, []
@@ -266,12 +297,11 @@ def run_dedup(dataset: Path, output: Path, options: list[str], log: Path, matche
             process.wait()
     wall = time.monotonic() - start
     progress.close()
-    seconds, numbers = stage_times(progress.lines)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"command": " ".join(command), "returncode": process.returncode, "killed_in_matcher_stage": killed,
-            "wall_seconds": round(wall, 1), "stage_seconds": seconds, "stage_numbers": numbers,
-            "peak_rss_mib_at_stage_end": {k: None if v is None else round(v, 1) for k, v in progress.peaks.items()},
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
-            "started_at": started_at, "matcher_start_seconds": progress.seen("descriptors"),
+            "wall_seconds": round(wall, 1), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "stages": stage_times(progress.lines),
+            "matcher_progress": matcher_progress(progress.lines),
             "load_average_1min": {"mean": round(float(np.mean(loads)), 2), "max": round(max(loads), 2)}
             if loads else None}
 
@@ -305,43 +335,51 @@ def found_groups(output: Path, truth: list[list[str]]) -> dict:
             "report_stage_seconds": _report_stages(output / "report.html")}
 
 
-def matcher_rate(output: Path, run: dict, candidates: int) -> dict:
-    """The matcher stage of a run killed in it: pairs scored by then (its chunk files written in this run), their
-    rate over the stage's seconds up to the last chunk written (from the candidates' line: the identity of the
-    work is computed in them), and the whole stage extrapolated linearly to ``candidates`` pairs."""
-    if run["matcher_start_seconds"] is None:
-        return {"chunks": 0, "pairs_scored": 0}
-    started = run["started_at"] + run["matcher_start_seconds"]  # the candidates' line: the stage starts
-    chunks = [path for path in (output / "rescoring").glob("chunk-*.json") if path.stat().st_mtime > started]
-    if not chunks:
-        return {"chunks": 0, "pairs_scored": 0}
-    scored = sum(len(json.loads(path.read_text())["scores"]) for path in chunks)
-    elapsed = max(path.stat().st_mtime for path in chunks) - started
-    rate = scored / elapsed
-    return {"chunks": len(chunks), "pairs_scored": scored, "seconds_to_last_chunk": round(elapsed, 1),
-            "pairs_per_second": round(rate, 3), "candidate_pairs": candidates,
-            "extrapolated_matcher_seconds": round(candidates / rate, 0),
-            "note": "extrapolated: candidate pairs / the rate of the chunks scored before the run was killed"}
+def matcher_rate(run: dict, candidates: int) -> dict:
+    """The matcher stage of a run killed in it: the pairs scored by its last progress update, their rate per wall
+    second and per CPU second of the stage (from the candidates' line: the work's identity is computed in it, the
+    image stamps included), and the whole stage extrapolated linearly to ``candidates`` pairs, both ways."""
+    done = run.get("matcher_progress")
+    if done is None:
+        return {"pairs_scored": 0}
+    rate = {"pairs_scored": done["pairs"], "candidate_pairs": candidates, "seconds": done["seconds"],
+            "cpu_seconds": done["cpu_seconds"], "pairs_per_second": round(done["pairs"] / done["seconds"], 3),
+            "extrapolated_matcher_seconds": round(candidates * done["seconds"] / done["pairs"]),
+            "note": "extrapolated: candidate pairs at the rate of the pairs scored before the run was killed"}
+    if done["cpu_seconds"]:
+        rate["pairs_per_cpu_second"] = round(done["pairs"] / done["cpu_seconds"], 3)
+        rate["extrapolated_matcher_cpu_seconds"] = round(candidates * done["cpu_seconds"] / done["pairs"])
+    return rate
+
+
+def _stage_cell(stages: dict, stage: str) -> str:
+    """``wall s (CPU s)`` of one stage, or empty."""
+    if stage not in stages["seconds"]:
+        return ""
+    cpu = stages["cpu_seconds"].get(stage)
+    return f"{stages['seconds'][stage]:.0f}" + ("" if cpu is None else f" ({cpu:.0f})")
 
 
 def markdown_table(record: dict) -> str:
-    """The runs of ``dedup_scale.json`` as a Markdown table."""
-    lines = ["| images | run | load s | descriptors s | matcher s | groups s | write s | wall s | peak RSS MiB | "
-             "candidate pairs | pairs verified | groups (pair P / R) |", "|" + " --- |" * 12]
+    """The runs of ``dedup_scale.json`` as a Markdown table (seconds: wall, CPU in parentheses)."""
+    lines = ["| images | run | load s | descriptors s | matcher s | groups s | write s | whole run s | peak RSS MiB "
+             "| load average | candidate pairs | pairs verified | groups (pair P / R) |", "|" + " --- |" * 13]
     for _, entry in sorted(record.get("runs", {}).items(), key=lambda item: (item[1]["images"], item[0])):
-        run, stages = entry["run"], entry["run"]["stage_seconds"]
-        numbers, found = run["stage_numbers"], entry.get("found") or {}
-        matcher = stages.get("matcher", "")
-        if entry.get("matcher_rate", {}).get("extrapolated_matcher_seconds"):
-            rate = entry["matcher_rate"]
-            matcher = (f"{rate['extrapolated_matcher_seconds']:.0f} (extrapolated from {rate['pairs_scored']} pairs "
-                       f"in {rate['seconds_to_last_chunk']:.0f} s)")
-        groups = (f"{found['groups']} ({found['pair_precision']:.2f} / {found['pair_recall']:.2f})" if found else "")
-        verified = found.get("pairs_verified", entry.get("matcher_rate", {}).get("pairs_scored", ""))
-        lines.append(f"| {entry['images']} | {entry['label']} | {stages.get('load', '')} | "
-                     f"{stages.get('descriptors', '')} | {matcher} | {stages.get('groups', '')} | "
-                     f"{stages.get('write', '')} | {run['wall_seconds']} | {run['peak_rss_mib']} | "
-                     f"{numbers.get('descriptors', [''])[0]} | {verified} | {groups} |")
+        run, found, rate = entry["run"], entry.get("found") or {}, entry.get("matcher_rate") or {}
+        stages = run["stages"]
+        cells = {stage: _stage_cell(stages, stage) for stage, _ in STAGE_LINES}
+        if rate.get("extrapolated_matcher_seconds"):
+            cpu = (f" ({rate['extrapolated_matcher_cpu_seconds']})" if rate.get("extrapolated_matcher_cpu_seconds")
+                   else "")
+            cells["matcher"] = (f"**extrapolated** {rate['extrapolated_matcher_seconds']}{cpu} from "
+                                f"{rate['pairs_scored']} pairs in {rate['seconds']:.0f} s")
+        groups = f"{found['groups']} ({found['pair_precision']:.2f} / {found['pair_recall']:.2f})" if found else ""
+        verified = found.get("pairs_verified", f"{rate['pairs_scored']} (killed)" if rate else "")
+        load = run.get("load_average_1min") or {}
+        lines.append(f"| {entry['images']} | {entry['label']} | {cells['load']} | {cells['descriptors']} | "
+                     f"{cells['matcher']} | {cells['groups']} | {cells['write']} | {run['wall_seconds']:.0f} "
+                     f"({run['cpu_seconds']:.0f}) | {run['peak_rss_mib']:.0f} | {load.get('mean', '')} | "
+                     f"{stages['numbers'].get('descriptors', [''])[0]} | {verified} | {groups} |")
     return "\n".join(lines)
 
 
@@ -388,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
     if run["returncode"] == 0:
         entry["found"] = found_groups(output, manifest["truth"])
     elif run["killed_in_matcher_stage"]:
-        entry["matcher_rate"] = matcher_rate(output, run, run["stage_numbers"]["descriptors"][0])
+        entry["matcher_rate"] = matcher_rate(run, run["stages"]["numbers"]["descriptors"][0])
     record["runs"][f"{args.images}:{args.label}"] = entry
     write_json(results, record)
     logger.info("%s", json.dumps(entry["run"], indent=1))
