@@ -14,7 +14,10 @@ The collection (:func:`build_collection`, seeded, reused when its manifest match
 * distinct synthetic images (:func:`synthetic_image`): a low-frequency colour field with 3-9 random ellipses,
   rectangles, polygons and lines and a little noise, 96-160 pixels a side, JPEG quality 60-95. No two are
   copies of each other (the ImageNet sample's 600 training photos would give 160 crops of each photo, which
-  overlap: copies of one another);
+  overlap: copies of one another). The costs per image and per pair do not depend on the content, and the
+  candidate pairs are each image's nearest others whatever they look like; the groups do: the embedded matcher,
+  trained on photographs, scores most candidate pairs of these synthetic images as copies, so that with it the
+  groups chain into one (see the run's ``pair_precision``), a limit of the model on such images, not of the scale;
 * ``--copy-fraction`` of them (1 %) with one planted copy each, made by the mini-DISC query recipe
   (``CopyRecipe.minidisc_queries()``): the true groups, kept in ``manifest.json``;
 * ``--corrupt`` rows (10) that are not images (random bytes, or a JPEG cut after 200 bytes): skipped and counted.
