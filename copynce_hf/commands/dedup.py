@@ -1,5 +1,5 @@
-"""``copynce dedup``: every group of copies inside one folder (self-search, matcher verification, collection
-normalisation, groups that do not chain), with a group gallery."""
+"""``copynce dedup``: every group of copies inside one folder or dataset (self-search, matcher verification,
+collection normalisation, groups that do not chain), with a group gallery."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from . import options
 from .console import progress_log
 
 DESCRIPTION = (
-    "Search every image of IMAGES among the others (itself left out) with the descriptor, verify "
+    "Search every image of IMAGES (or of --dataset) among the others (itself left out) with the descriptor, verify "
     "each candidate pair once with the matcher, and join the pairs scored at or above the threshold into "
     "groups: a pair joins a group only if it clears the threshold against the group's first member (--grouping). "
     "By default both stages discount what many images of the collection share (a screenshot frame, a meme band: "
@@ -17,7 +17,8 @@ DESCRIPTION = (
     "joined_score,rule: each member's score with the group's first image and how it joined), OUTPUT/pairs.csv "
     "(every verified pair, its decision score and its raw score), "
     "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes and OUTPUT/rescoring (reused by the "
-    "next run: a run cut short resumes)."
+    "next run: a run cut short resumes, from the last complete chunk of descriptors or of matcher pairs). Under "
+    "`accelerate launch` the processes share both."
 )
 EPILOG = (
     "Scores are copy probabilities with the matcher, cosines with --matcher none. Without --threshold or "
@@ -34,9 +35,10 @@ def register(commands) -> argparse.ArgumentParser:
     """Add ``dedup`` and its options to the ``copynce`` subcommands."""
     from ..model_loading import DEFAULT_DESCRIPTOR
 
-    p = commands.add_parser("dedup", help="find every group of copies inside one folder", description=DESCRIPTION,
-                            epilog=EPILOG)
-    p.add_argument("images", help="folder of images")
+    p = commands.add_parser("dedup", help="find every group of copies inside one folder or dataset",
+                            description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("images", nargs="?", help="folder of images (or --dataset)")
+    options.add_dataset_input(p, "--dataset", "images")
     p.add_argument("--output", required=True, help="folder for groups.csv, pairs.csv, report.html, indexes/")
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)
@@ -76,7 +78,7 @@ def request_of(args):
                         matcher_k_start=args.matcher_k_start, matcher_k_end=args.matcher_k_end,
                         matcher_anchor=args.matcher_anchor, grouping=args.grouping, content_tokens=args.content_tokens,
                         descriptor_content_tokens=bool(args.descriptor_content_tokens), input=options.image_input(args),
-                        gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
+                        dataset=args.dataset, gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 
 def run(args) -> int:

@@ -394,7 +394,7 @@ class _DedupRun:
         start = time.perf_counter()
         index = view_index(descriptor, self.source, self.preset, folder / "references" if folder else None,
                            progress=progress, description=f"{descriptor.name}: image views", whitening=whitening,
-                           **self.extract)
+                           log=self.log, **self.extract)
         self.seconds["index"] = time.perf_counter() - start
         skipped: dict[str, str] = {}
         note_skips(index.references, skipped)
@@ -448,7 +448,8 @@ class _DedupRun:
         self.cost["encoded_views"] += self.matches.encoded if self.matches is not None else 0
         verified = {pair: score for pair, score in zip(pair_ids, scores) if score is not None}
         self.seconds["matcher"] = time.perf_counter() - start
-        self.log(f"matcher: {len(verified)} pairs verified ({self.cost['encoded_views']} encoder passes, "
+        on = f" on {self.accelerator.num_processes} processes" if self.accelerator.num_processes > 1 else ""
+        self.log(f"matcher: {len(verified)} pairs verified{on} ({self.cost['encoded_views']} encoder passes, "
                  f"{self.cost['fused_pairs']} fusion passes)")
         return verified
 

@@ -1,7 +1,8 @@
 """``copynce dedup`` as one call: a :class:`DedupRequest` in, ``groups.csv`` and ``pairs.csv`` written and a
 :class:`DedupRun` out.
 
-:func:`run_dedup` checks the inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
+:func:`run_dedup` opens the images (a folder, or a dataset as ``copynce index --dataset`` opens one), checks the
+inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
 ``--threshold``, or a calibration file's at ``--precision``) before any model loads, loads the models
 (:mod:`.pipeline_settings`), self-calibrates the threshold on the collection when neither was given
 (:func:`~.dedup_calibration.self_calibrate`: the dedup pipeline run on copies of a sample of the collection, kept
@@ -20,7 +21,7 @@ from pathlib import Path
 from ...modeling.errors import ConfigError
 from ...outputs import check_output_folder, run_folder
 from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, DEFAULT_CHUNK_SIZE
-from ..search.sources import ImageInput
+from ..search.sources import ImageInput, count_text
 from .calibration import Calibration
 from .pipeline_settings import PipelineModels, content_tokens_text
 
@@ -32,7 +33,7 @@ class DedupRequest:
     """A ``copynce dedup`` run.
 
     Attributes:
-        images: the folder searched for copies of its own images.
+        images: the folder searched for copies of its own images (``None`` with ``dataset``).
         output: the output folder.
         models: the descriptor (one) and the matcher (:class:`~.pipeline_settings.PipelineModels`).
         threshold: pairs scored at or above it are copies (``None``: from ``calibration``, else self-calibrated).
@@ -51,13 +52,15 @@ class DedupRequest:
             :class:`~.detect.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
             ONNX Runtime).
         descriptor_content_tokens: the self-search runs again on content descriptors.
-        input: how images are read (sub-folders, size limit).
+        dataset: instead of ``images``, a dataset (Hub id, Parquet file or folder, ``save_to_disk`` folder, image
+            folder: :func:`~..search.sources.open_dataset_source`), read by random access (not streamed).
+        input: how images are read (sub-folders, size limit, the dataset's split and columns).
         gallery: groups shown in ``report.html``.
         progress: progress bars.
         log: receives one line per stage (on the main process only).
     """
 
-    images: str
+    images: str | None
     output: str
     models: PipelineModels = dataclasses.field(default_factory=lambda: PipelineModels(descriptor_option="--model"))
     threshold: float | None = None
@@ -85,6 +88,7 @@ class DedupRequest:
     grouping: str = "representative"
     content_tokens: bool | None = None
     descriptor_content_tokens: bool = False
+    dataset: str | None = None
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     gallery: int = 8
     progress: bool = True
@@ -172,7 +176,10 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
     where this run made it."""
     check_output_folder(request.output)
     request.models.check_paths()
-    source = request.input.folder(request.images)
+    if request.dataset is not None and request.input.streaming:
+        raise ConfigError(f"dedup reads dataset {request.dataset!r} by random access (the matcher reads each pair's "
+                          "two images): it cannot be streamed")
+    source = request.input.folder_or_dataset(request.images, request.dataset, "--dataset")
     whiten_from = request.input.whitening_sample(request.whiten_from, request.whiten_dim)
     config, settings = request.config(), request.settings()
     threshold, origin = dedup_threshold(request, config)
@@ -217,8 +224,12 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
 
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
-    self-calibrated), candidates, views, normalisation, grouping, whitening, groups."""
+    self-calibrated), candidates, views, normalisation, grouping, whitening, groups, images skipped (unreadable,
+    with their reasons)."""
     request, settings = run.request, run.request.settings()
+    skipped = run.result.skipped
+    images = (f"{request.dataset} (split {request.input.split})" if request.dataset is not None
+              else str(Path(request.images).resolve()))
     calibration = {} if run.self_calibration is None else {
         "self-calibration": f"{run.self_calibration.file} (the calibration collection's verified pairs, their kinds and "
                             "decision scores)"}
@@ -227,11 +238,12 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     matcher_normalisation = (f"alpha {settings.matcher_alpha}, verified pairs of ranks {settings.matcher_k_start}-"
                              f"{settings.matcher_k_end}, backgrounds above logit {settings.matcher_anchor:g}"
                              if settings.matcher_normalisation and run.matcher is not None else "off")
-    return {"images": str(Path(request.images).resolve()), "descriptor": run.descriptor.source,
+    return {"images": images, "descriptor": run.descriptor.source,
             "matcher": request.models.matcher_label(), "threshold": run.origin, **calibration,
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
             "matcher collection normalisation": matcher_normalisation, "grouping": settings.grouping,
             "content tokens": content_tokens_text(request.config()),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
-            "groups": len(run.result.groups), "images in groups": run.rows}
+            "groups": len(run.result.groups), "images in groups": run.rows,
+            "images skipped": count_text(skipped.values()) if skipped else "none"}

@@ -188,6 +188,9 @@ class _UndecodedById(Mapping):
     def __getitem__(self, image_id: str):
         return self.source.undecoded(self.position[image_id])
 
+    def __contains__(self, image_id) -> bool:
+        return image_id in self.position  # without reading the row (Mapping's own reads it)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.source.ids)
 

@@ -1,0 +1,116 @@
+"""Tests of the ``copynce dedup --dataset`` scale benchmark (benchmarks/dedup_scale.py): its collection, how it
+reads a run's stages, the matcher rate of a run killed in its matcher stage, and one whole run with tiny models."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from conftest import save_tiny_models
+from PIL import Image
+
+from benchmarks.dedup_scale import (
+    build_collection,
+    collection_plan,
+    main,
+    matcher_progress,
+    matcher_rate,
+    stage_times,
+)
+from copynce_hf.images import load_image
+from copynce_hf.modeling.errors import ImageLoadError
+
+
+def test_the_plan_holds_distinct_images_planted_copies_and_corrupt_rows():
+    plan = collection_plan(200, 0.05, 3, seed=1)
+    kinds = [kind for kind, _ in plan]
+    assert len(plan) == 200 and kinds.count("copy") == 10 and kinds.count("corrupt") == 3
+    bases = sorted(number for kind, number in plan if kind == "base")
+    assert bases == list(range(187))  # each distinct image once
+    copied = [number for kind, number in plan if kind == "copy"]
+    assert len(set(copied)) == 10 and set(copied) <= set(bases)
+    assert plan == collection_plan(200, 0.05, 3, seed=1) and plan != collection_plan(200, 0.05, 3, seed=2)
+    assert kinds[:20] != sorted(kinds[:20]) or kinds[20:40] != sorted(kinds[20:40])  # shuffled
+    with pytest.raises(ValueError, match="cannot hold"):
+        collection_plan(10, 0.5, 1, seed=0)
+
+
+def test_the_collection_is_a_saved_dataset_with_its_truth_and_is_reused(tmp_path):
+    import datasets
+
+    folder = tmp_path / "collection"
+    manifest = build_collection(folder, 30, copy_fraction=0.1, corrupt=2, seed=0)
+    table = datasets.load_from_disk(str(folder)).cast_column("image", datasets.Image(decode=False))
+    ids = table["image_id"]
+    assert ids == [f"img{row:06d}" for row in range(30)] and len(manifest["truth"]) == 3
+    images = {image_id: row["bytes"] for image_id, row in zip(ids, table["image"])}
+    for original, copy in manifest["truth"]:
+        first, second = (Image.open(io.BytesIO(images[i])) for i in (original, copy))
+        assert first.format == second.format == "JPEG" and 96 <= min(first.size) and max(first.size) <= 160
+        assert images[original] != images[copy]
+    for corrupt in manifest["corrupt"]:
+        with pytest.raises(ImageLoadError):  # what dedup skips and counts
+            load_image(images[corrupt])
+    sizes = {Image.open(io.BytesIO(images[i])).size for i in ids if i not in manifest["corrupt"]}
+    assert len(sizes) > 10  # sizes drawn between 96 and 160 pixels
+    stamp = (folder / "manifest.json").stat().st_mtime_ns
+    assert build_collection(folder, 30, copy_fraction=0.1, corrupt=2, seed=0) == manifest
+    assert (folder / "manifest.json").stat().st_mtime_ns == stamp  # reused, not built again
+    assert build_collection(folder, 30, copy_fraction=0.1, corrupt=2, seed=1)["truth"] != manifest["truth"]
+
+
+PROGRESS = [(3.0, 2.0, 300.0, "Loading weights: 100%"),
+            (10.0, 8.0, 400.0, "copynce dedup: 99 images, descriptor: d, matcher: m"),
+            (70.5, 50.0, 900.0, "copynce dedup: d: 800 candidate pairs among 98 images (the 10 nearest other images "
+                                "of each)"),
+            (130.5, 80.0, 950.0, "matcher (whole images):  25%|##5       | 200/800 [01:00<03:00, 3.33pair/s]"),
+            (190.5, 110.0, 960.0, "matcher (whole images):  50%|#####     | 400/800 [02:00<02:00, 3.33pair/s]"),
+            (400.0, 250.0, 1000.0, "copynce dedup: matcher: 790 pairs verified (120 encoder passes, 790 fusion "
+                                   "passes)"),
+            (400.5, 250.2, 1000.0, "matcher (whole images): 100%|##########| 5/5 [00:00<00:00, 3.33pair/s]"),
+            (401.0, 250.5, 1000.0, "copynce dedup: 4 groups of copies (9 images) at threshold 0.5"),
+            (403.0, 252.0, None, "wrote 4 groups of copies (9 images) to out/groups.csv, 790 verified pairs to ...")]
+
+
+def test_stage_times_run_from_one_progress_line_to_the_next():
+    stages = stage_times(PROGRESS)
+    assert stages["seconds"] == {"load": 10.0, "descriptors": 60.5, "matcher": 329.5, "groups": 1.0, "write": 2.0}
+    assert stages["cpu_seconds"] == {"load": 8.0, "descriptors": 42.0, "matcher": 200.0, "groups": 0.5, "write": 1.5}
+    assert stages["peak_rss_mib"] == {"load": 400.0, "descriptors": 900.0, "matcher": 1000.0, "groups": 1000.0,
+                                      "write": None}
+    assert stages["numbers"]["descriptors"] == [800, 98] and stages["numbers"]["matcher"] == [790, 120, 790]
+    assert stage_times(PROGRESS[:3])["seconds"] == {"load": 10.0, "descriptors": 60.5}
+
+
+def test_the_matcher_rate_of_a_killed_run_is_its_last_progress_update_extrapolated():
+    # killed after the second update: 400 of 800 pairs in 120 wall seconds, 60 CPU seconds
+    done = matcher_progress(PROGRESS[:5])
+    assert done == {"pairs": 400, "of": 800, "seconds": 120.0, "cpu_seconds": 60.0}
+    assert matcher_progress(PROGRESS) == done  # the groups' own matcher bar after the stage does not count
+    assert matcher_progress(PROGRESS[:3]) is None and matcher_progress(PROGRESS[:1]) is None
+    rate = matcher_rate({"matcher_progress": done}, candidates=800)
+    assert rate["pairs_per_second"] == pytest.approx(3.333, abs=1e-3) and rate["pairs_per_cpu_second"] == 6.667
+    assert rate["extrapolated_matcher_seconds"] == 240 and rate["extrapolated_matcher_cpu_seconds"] == 120
+    assert "extrapolated" in rate["note"] and matcher_rate({"matcher_progress": None}, 800) == {"pairs_scored": 0}
+
+
+@pytest.mark.slow
+def test_a_whole_run_with_tiny_models_records_its_stages_groups_and_memory(tmp_path, capsys):
+    models = save_tiny_models(tmp_path / "models", seed=0)
+    record = main(["--images", "40", "--copy-fraction", "0.1", "--corrupt", "2", "--label", "tiny", "--work-dir",
+                   str(tmp_path / "work"), "--output-dir", str(tmp_path / "out"), "--", "--model", models["descriptor"],
+                   "--matcher", models["matcher"], "--threshold", "0.4", "--candidates", "3", "--chunk-size", "10"])
+    entry = record["runs"]["40:tiny"]
+    run, found, stages = entry["run"], entry["found"], entry["run"]["stages"]
+    assert run["returncode"] == 0 and not run["killed_in_matcher_stage"]
+    assert set(stages["seconds"]) == set(stages["cpu_seconds"]) == {"load", "descriptors", "matcher", "groups", "write"}
+    assert stages["numbers"]["load"] == [40] and stages["numbers"]["descriptors"][1] == 38  # 2 corrupt rows
+    assert found["pairs_verified"] == stages["numbers"]["matcher"][0] > 0
+    assert 0 <= found["pair_precision"] <= 1 and set(found["report_stage_seconds"]) >= {"index", "matcher"}
+    peaks = [peak for peak in stages["peak_rss_mib"].values() if peak is not None]
+    assert peaks and run["peak_rss_mib"] >= max(peaks) > 100
+    assert 0 < sum(stages["cpu_seconds"].values()) <= run["cpu_seconds"]
+    assert "skipping image" in (tmp_path / "work" / "dedup-40-tiny.log").read_text()
+    assert json.loads((tmp_path / "out" / "dedup_scale.json").read_text())["runs"]["40:tiny"]["images"] == 40
+    assert "| 40 | tiny |" in capsys.readouterr().out  # the table
