@@ -296,3 +296,16 @@ def test_the_command_line_options_reach_the_run(framed, tmp_path, capsys):
         assert f"content tokens</th><td>{shown}" in (output / "report.html").read_text()
     code, _, err = run_cli(capsys, *common, "--matcher-lce", "paper", "--content-tokens", "--output", tmp_path / "x")
     assert code == 2 and "content tokens apply to whole images only" in err
+
+
+def test_matches_computed_in_blocks_equal_one_pass(monkeypatch):
+    from copynce_hf.retrieval.search import content_tokens
+
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.nn.functional.normalize(torch.randn(5, 6, 4, generator=generator), dim=-1)
+    others = torch.nn.functional.normalize(torch.randn(3, 7, 4, generator=generator), dim=-1)
+    one_pass = torch.einsum("nlc,mkc->nmlk", tokens, others).amax(-1) > 0.5
+    assert 0 < one_pass.float().mean() < 1
+    for elements in (1 << 24, 50, 1):  # everything at once; an image against one other at a time; less than that
+        monkeypatch.setattr(content_tokens, "_BLOCK_ELEMENTS", elements)
+        assert torch.equal(content_tokens.matched_in(tokens, others, 0.5), one_pass)

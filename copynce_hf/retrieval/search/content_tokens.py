@@ -95,11 +95,14 @@ def matched_in(tokens: torch.Tensor, others: torch.Tensor, tau: float) -> torch.
                          f"and {tuple(others.shape)}")
     count, length = tokens.shape[:2]
     result = torch.zeros((count, others.shape[0], length), dtype=torch.bool, device=tokens.device)
-    per_block = max(1, _BLOCK_ELEMENTS // max(1, length * others.shape[1]))
-    for start in range(0, others.shape[0], per_block):
-        block = others[start:start + per_block].to(tokens.dtype)
-        best = torch.einsum("nlc,mkc->nmlk", tokens, block).amax(-1)  # (N, m, L)
-        result[:, start:start + per_block] = best > tau
+    pair_elements = max(1, length * others.shape[1])  # one image against one other: (L, L') cosines
+    images = max(1, min(count, _BLOCK_ELEMENTS // pair_elements))
+    per_block = max(1, _BLOCK_ELEMENTS // (pair_elements * images))
+    others = others.to(tokens.dtype)
+    for first in range(0, count, images):
+        for start in range(0, others.shape[0], per_block):
+            cosines = torch.einsum("nlc,mkc->nmlk", tokens[first:first + images], others[start:start + per_block])
+            result[first:first + images, start:start + per_block] = cosines.amax(-1) > tau  # (n, m, L)
     return result
 
 
