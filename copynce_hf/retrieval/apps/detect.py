@@ -107,9 +107,9 @@ class DetectConfig:
             self-search of the reference index, cached beside it) or ``auxiliary`` (the auxiliary images, which
             must be given).
         content_tokens: the matcher fuses content tokens only, dropping the encoder tokens an image shares with
-            ``content_min_images`` of its ``content_neighbours`` neighbour images at a cosine above
-            ``content_tau`` (template, "bursty" regions; :mod:`.content_stage`, beyond the paper); whole images
-            only (``matcher_lce`` ``none``).
+            ``content_min_images`` of its ``content_neighbours`` neighbour images (the pair's other image not
+            counting) at a cosine above ``content_tau`` (template, "bursty" regions; :mod:`.content_stage`, beyond
+            the paper); whole images only (``matcher_lce`` ``none``).
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
