@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import run_cli, save_tiny_models, tiny_models
+from conftest import TINY_VIT, run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
@@ -197,6 +197,55 @@ def test_identical_images_form_one_group_and_no_image_is_its_own_pair(collection
     assert (tmp_path / "idx" / "tiny" / "references" / "identity.json").is_file()  # detect's index cache
 
 
+def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(collection):
+    from copynce_hf.retrieval.apps.dedup import DedupSettings
+    from copynce_hf.retrieval.search.background import mean_logit_probability, probability_logit
+
+    import torch
+
+    from copynce_hf import CopyNCEMatcherConfig, CopyNCEMatcherModel
+    from copynce_hf.retrieval.apps.dedup import order_dependent
+
+    descriptor, symmetric, processor = tiny_models(0)
+    torch.manual_seed(1)  # the form with segment embeddings (the embedded matcher's), made order-dependent
+    matcher = CopyNCEMatcherModel(CopyNCEMatcherConfig(num_fusion_layers=1, segment_embeddings=True,
+                                                       keep_image_cls_tokens=False, **TINY_VIT)).eval()
+    with torch.no_grad():
+        matcher.segment_embeddings.normal_(0.0, 1.0)
+    assert order_dependent(matcher) and not order_dependent(symmetric)
+
+    def raw_scores(source, orders, model=matcher):
+        # threshold 1: no group, so no member is scored against its group's first outside the candidates
+        result = dedup(source, Descriptor("tiny", descriptor, processor), (model, processor), threshold=1.0,
+                       config=DetectConfig(candidates=4), settings=DedupSettings(matcher_orders=orders),
+                       progress=False)
+        return result.raw_scores, result.matcher_cost["fused_pairs"]
+
+    forward = ImageFolderSource(collection)
+    backward = ImageFolderSource(collection)  # the same images, the collection's order reversed
+    backward.files, backward.ids = backward.files[::-1], backward.ids[::-1]
+    both, both_passes = raw_scores(forward, "both")
+    earlier_first, one_passes = raw_scores(forward, "one")
+    later_first, _ = raw_scores(backward, "one")
+    assert set(both) == set(earlier_first) and both_passes == 2 * one_passes == 2 * len(both)
+    # the earlier image is the query in `earlier_first`, the later one in `later_first` (its pairs reversed)
+    assert {(b, a) for a, b in later_first} == set(both)
+    for (a, b), score in both.items():
+        assert score == pytest.approx(mean_logit_probability(earlier_first[(a, b)], later_first[(b, a)]), rel=1e-4)
+    asymmetric = [abs(probability_logit(earlier_first[(a, b)]) - probability_logit(later_first[(b, a)]))
+                  for a, b in both]
+    assert max(asymmetric) > 1e-3  # this matcher is not symmetric: the two orders differ
+    assert raw_scores(forward, "auto") == (both, both_passes)  # auto: both orders for this matcher
+    # the authors' form gives one score whatever the order: auto scores each pair once
+    once, once_passes = raw_scores(forward, "auto", symmetric)
+    assert once_passes == len(once)
+    assert once == pytest.approx(raw_scores(forward, "both", symmetric)[0], rel=1e-5)
+    assert mean_logit_probability(0.9, 0.1) == pytest.approx(0.5)
+    assert mean_logit_probability(0.99, 0.5) == pytest.approx(1 / (1 + 99 ** -0.5))
+    with pytest.raises(ConfigError, match="matcher_orders must be one of auto, both, one, got 'three'"):
+        DedupSettings(matcher_orders="three")
+
+
 def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, capsys):
     models = save_tiny_models(tmp_path / "models", seed=0)
     output = tmp_path / "found"
@@ -322,16 +371,18 @@ def test_collection_normalisation_and_grouping_options_reach_the_library():
     config, settings = defaults.config(), defaults.settings()
     assert (config.collection_normalisation, config.collection_k_start, config.collection_k_end) == (True, 2, 9)
     assert (settings.grouping, settings.matcher_normalisation, settings.matcher_anchor) == ("representative", True, 0.0)
+    assert settings.matcher_orders == "auto"
     request = dedup_command.request_of(parser.parse_args([
         "--quiet", "dedup", "imgs", "--output", "out", "--collection-normalisation", "off", "--collection-alpha", "0.5",
         "--collection-k-start", "1", "--collection-k-end", "6", "--matcher-normalisation", "on",
         "--matcher-alpha", "2", "--matcher-k-start", "3", "--matcher-k-end", "7", "--matcher-anchor", "1.5",
-        "--grouping", "connected"]))
+        "--grouping", "connected", "--matcher-orders", "one"]))
     config, settings = request.config(), request.settings()
     assert (config.collection_normalisation, config.collection_alpha, config.collection_k_start,
             config.collection_k_end) == (False, 0.5, 1, 6)
     assert (settings.grouping, settings.matcher_normalisation, settings.matcher_alpha, settings.matcher_k_start,
-            settings.matcher_k_end, settings.matcher_anchor) == ("connected", True, 2.0, 3, 7, 1.5)
+            settings.matcher_k_end, settings.matcher_anchor, settings.matcher_orders) == (
+        "connected", True, 2.0, 3, 7, 1.5, "one")
     # the matcher stage follows --collection-normalisation unless it is given
     off = dedup_command.request_of(parser.parse_args(["--quiet", "dedup", "imgs", "--output", "out",
                                                       "--collection-normalisation", "off"]))

@@ -21,6 +21,7 @@ from ..retrieval.search.presets import (
     DEFAULT_CHUNK_SIZE,
     DETECT_PRESET_FIELDS,
     DETECT_PRESETS,
+    MATCHER_ORDERS,
     REFERENCE_BACKGROUNDS,
 )
 from ..retrieval.search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
@@ -215,6 +216,12 @@ def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False
     group.add_argument("--matcher-anchor", type=float, default=0.0, metavar="LOGIT",
                        help="only the part of a background above this logit is discounted (default 0: "
                        "probability 0.5, so that images whose other pairs are non-copies keep their scores)")
+    p.add_argument("--matcher-orders", choices=MATCHER_ORDERS, default="auto",
+                   help="both: the matcher scores each pair twice, each image the query once, and the mean of the "
+                   "two logits decides (neither of two edited copies is the original); one: once, the earlier "
+                   "image as the query (half the matcher's fusion passes); auto (default): both for a matcher "
+                   "with segment embeddings (its score depends on the order, as the embedded matcher's), one for "
+                   "the authors' form (the same score in both orders)")
     p.add_argument("--grouping", choices=GROUPINGS, default="representative",
                    help="representative (default): a pair joins a group only if it clears the threshold against "
                    "the group's first member, two groups merge only if their first members' pair does; connected: "

@@ -9,8 +9,10 @@ The detection pipeline of :mod:`.detect` with the collection on both sides:
    collection_k_end``, a pair's score is its cosine minus the mean of its two backgrounds (CSLS,
    :mod:`~..search.background`), and each image keeps its ``candidates`` best pairs by that score out of its
    ``max(2 * candidates, collection_k_end + 1)`` nearest; without it, its ``candidates`` nearest by cosine;
-2. each unordered pair kept (from either side) is verified once by the matcher, the earlier image in the
-   collection's order as the query, in the chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: the
+2. each unordered pair kept (from either side) is verified by the matcher: once, the earlier image in the
+   collection's order as the query, when the matcher's score does not depend on the order (the authors' form);
+   in both orders for a matcher whose fused sequence tells query from reference (segment embeddings), its
+   probability then the sigmoid of the mean of the two logits (``DedupSettings.matcher_orders``); in the chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: the
    encoder-token cache, chunks shared by Accelerate's processes, saved and resumed). With matcher normalisation
    (:class:`DedupSettings`, on by default) the decision score is the matcher's probability with each image's
    background logit above an anchor discounted (:func:`~..search.background.normalised_probability`); without a
@@ -42,6 +44,7 @@ from ...outputs import StagedFile
 from ..search.background import (
     check_ranks,
     matcher_backgrounds,
+    mean_logit_probability,
     neighbour_background,
     normalised_probability,
     pair_background,
@@ -49,7 +52,7 @@ from ..search.background import (
 from ..search.descriptors import DescriptorSet
 from ..search.index import DescriptorIndex
 from ..search.predictions import Prediction
-from ..search.presets import COLLECTION_K_END, COLLECTION_K_START
+from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDERS
 from ..search.references import search_references
 from ..search.view_search import owner_of
 from ..search.views import ViewPreset
@@ -89,6 +92,11 @@ class DedupSettings:
         matcher_k_start, matcher_k_end: the 0-based ranks of an image's verified pairs (by decreasing probability)
             averaged into its background; its best ``matcher_k_start`` pairs, its likely copies, are left out.
         matcher_anchor: the logit above which a background is discounted (0: probability 0.5).
+        matcher_orders: ``both`` (each pair scored twice, each image the query once, the two logits averaged:
+            neither side of a pair of two edited copies is "the original"), ``one`` (the earlier image in the
+            collection's order as the query; half the fusion passes) or ``auto``: ``both`` for a matcher whose
+            score depends on the order (:func:`order_dependent`), ``one`` for the others, whose two orders give
+            the same score.
     """
 
     grouping: str = "representative"
@@ -97,11 +105,23 @@ class DedupSettings:
     matcher_k_start: int = COLLECTION_K_START
     matcher_k_end: int = COLLECTION_K_END
     matcher_anchor: float = 0.0
+    matcher_orders: str = "auto"
 
     def __post_init__(self) -> None:
         if self.grouping not in GROUPINGS:
             raise ConfigError(f"grouping must be one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
+        if self.matcher_orders not in MATCHER_ORDERS:
+            raise ConfigError(f"matcher_orders must be one of {', '.join(MATCHER_ORDERS)}, got "
+                              f"{self.matcher_orders!r}")
         check_ranks(self.matcher_k_start, self.matcher_k_end, "matcher normalisation")
+
+
+def order_dependent(matcher) -> bool:
+    """Whether the matcher's score of ``(a, b)`` can differ from its score of ``(b, a)``: with segment embeddings
+    (query and reference tokens marked apart). Without them the fusion blocks see one set of tokens with no
+    position across the two images, and the copy logit (read from the fusion CLS token) is the same in both
+    orders: scoring twice would double the cost for nothing."""
+    return bool(getattr(getattr(matcher, "config", None), "segment_embeddings", False))
 
 
 @dataclasses.dataclass
@@ -429,11 +449,19 @@ class _DedupRun:
         return found
 
     def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
-        """The matcher's score of each pair (:func:`~.detect.matcher_scores`); its passes add to :attr:`cost`."""
-        scores, cost = matcher_scores(pairs, *self.matcher, self.source, self.source, self.config, self.accelerator,
-                                      folder, self.progress, self.log, self.matches)
+        """The matcher's score of each pair (:func:`~.detect.matcher_scores`; with ``matcher_orders="both"`` the
+        pairs and their reversals in one scoring, so that they share chunks and resume, then
+        :func:`~..search.background.mean_logit_probability` of the two); its passes add to :attr:`cost`."""
+        orders = self.settings.matcher_orders
+        both = orders == "both" or (orders == "auto" and order_dependent(self.matcher[0]))
+        ordered = pairs + [(b, a) for a, b in pairs] if both else pairs
+        scores, cost = matcher_scores(ordered, *self.matcher, self.source, self.source, self.config,
+                                      self.accelerator, folder, self.progress, self.log, self.matches)
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
-        return scores
+        if not both:
+            return scores
+        return [None if None in (forward, backward) else mean_logit_probability(forward, backward)
+                for forward, backward in zip(scores[:len(pairs)], scores[len(pairs):])]
 
     def verify(self, candidates: CandidatePairs, folder) -> dict[tuple[str, str], float]:
         """Step 2: ``(earlier, later)`` -> raw score of each candidate pair: the matcher's probability (chunks kept in

@@ -47,7 +47,8 @@ class DedupRequest:
         collection_normalisation, collection_alpha, collection_k_start, collection_k_end: the descriptor stage's
             collection normalisation (:class:`~.detect.DetectConfig`; CSLS over the collection's own neighbours).
         matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
-            matcher_k_start, matcher_k_end, matcher_anchor and grouping: as in :class:`~.dedup.DedupSettings`.
+            matcher_k_start, matcher_k_end, matcher_anchor, matcher_orders and grouping: as in
+            :class:`~.dedup.DedupSettings`.
         content_tokens: the matcher fuses content tokens only (``None``: the default of
             :class:`~.detect.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
             ONNX Runtime).
@@ -85,6 +86,7 @@ class DedupRequest:
     matcher_k_start: int = COLLECTION_K_START
     matcher_k_end: int = COLLECTION_K_END
     matcher_anchor: float = 0.0
+    matcher_orders: str = "auto"
     grouping: str = "representative"
     content_tokens: bool | None = None
     descriptor_content_tokens: bool = False
@@ -117,7 +119,8 @@ class DedupRequest:
                                  else self.matcher_normalisation)
         return DedupSettings(grouping=self.grouping, matcher_normalisation=matcher_normalisation,
                              matcher_alpha=self.matcher_alpha, matcher_k_start=self.matcher_k_start,
-                             matcher_k_end=self.matcher_k_end, matcher_anchor=self.matcher_anchor)
+                             matcher_k_end=self.matcher_k_end, matcher_anchor=self.matcher_anchor,
+                             matcher_orders=self.matcher_orders)
 
 
 @dataclasses.dataclass
@@ -222,6 +225,19 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     return run
 
 
+def matcher_orders_text(orders: str, matcher: tuple | None) -> str:
+    """How the matcher's pairs were scored, in words (``report.html``)."""
+    from .dedup import order_dependent
+
+    if matcher is None:
+        return "no matcher"
+    both = orders == "both" or (orders == "auto" and order_dependent(matcher[0]))
+    chosen = "" if orders != "auto" else (" (auto: the matcher tells query from reference)" if both else
+                                          " (auto: the matcher's score does not depend on the order)")
+    return ("both: each pair scored twice, each image the query once, the mean logit" if both
+            else "one: the earlier image as the query") + chosen
+
+
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
     self-calibrated), candidates, views, normalisation, grouping, whitening, groups, images skipped (unreadable,
@@ -242,7 +258,9 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
             "matcher": request.models.matcher_label(), "threshold": run.origin, **calibration,
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
-            "matcher collection normalisation": matcher_normalisation, "grouping": settings.grouping,
+            "matcher collection normalisation": matcher_normalisation,
+            "matcher orders": matcher_orders_text(settings.matcher_orders, run.matcher),
+            "grouping": settings.grouping,
             "content tokens": content_tokens_text(request.config()),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows,

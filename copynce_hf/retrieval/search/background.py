@@ -108,6 +108,12 @@ def sigmoid(logit: float) -> float:
     return 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
 
 
+def mean_logit_probability(first: float, second: float) -> float:
+    """``sigmoid((logit(first) + logit(second)) / 2)``: one probability from the matcher's two scores of a pair
+    (each image the query once), averaged as evidence (logits) rather than as probabilities."""
+    return sigmoid((probability_logit(first) + probability_logit(second)) / 2)
+
+
 def matcher_backgrounds(pairs: Iterable[tuple[str, str, float]], k_start: int, k_end: int) -> dict[str, float]:
     """Each image's matcher background: the mean *logit* of its verified pairs of ranks ``k_start..k_end``
     (0-based, by decreasing probability, over every verified pair the image is in, either side).

@@ -28,6 +28,11 @@ DEFAULT_INDEX_CHUNK_SIZE = 10_000
 #: two or three copies sits at ranks 0-1 and does not discount itself.
 COLLECTION_K_START, COLLECTION_K_END = 2, 9
 
+#: How many times ``copynce dedup``'s matcher scores each pair (``DedupSettings.matcher_orders``): ``auto`` (both
+#: orders when the matcher's score depends on which image is the query, once otherwise), in both orders (each image
+#: the query once, the mean logit decides) or once (the earlier image as the query).
+MATCHER_ORDERS = ("auto", "both", "one")
+
 #: Where ``copynce detect`` measures each reference's background: among the other references (``collection``)
 #: or among the auxiliary images (``auxiliary``, needs them).
 REFERENCE_BACKGROUNDS = ("collection", "auxiliary")
