@@ -67,8 +67,12 @@ __all__ = ["synthetic_image", "collection_plan", "build_collection", "run_dedup"
            "main"]
 
 #: What each progress line of ``copynce dedup`` ends (the stage that ends there), matched in order.
+#: The self-calibration (without ``--threshold``) runs the same stages on its calibration collection first; its
+#: lines say ``self-calibration:`` and end at ``self-calibrated on``, and the collection's own stages leave them out.
 STAGE_LINES = (("load", re.compile(r"^copynce dedup: (\d+) images, descriptor: ")),
-               ("descriptors", re.compile(r"^copynce dedup: .*: (\d+) candidate pairs among (\d+) images")),
+               ("self-calibration", re.compile(r"^copynce dedup: self-calibrated on (\d+) images")),
+               ("descriptors", re.compile(r"^copynce dedup: (?!self-calibration: ).*: (\d+) candidate pairs among "
+                                          r"(\d+) images")),
                ("matcher", re.compile(r"^copynce dedup: matcher: (\d+) pairs verified.*\((\d+) encoder passes, "
                                       r"(\d+) fusion passes\)")),
                ("groups", re.compile(r"^copynce dedup: (\d+) groups of copies \((\d+) images\)")),
@@ -365,8 +369,9 @@ def _stage_cell(stages: dict, stage: str) -> str:
 
 def markdown_table(record: dict) -> str:
     """The runs of ``dedup_scale.json`` as a Markdown table (seconds: wall, CPU in parentheses)."""
-    lines = ["| images | run | load s | descriptors s | matcher s | groups s | write s | whole run s | peak RSS MiB "
-             "| load average | candidate pairs | pairs verified | groups (pair P / R) |", "|" + " --- |" * 13]
+    lines = ["| images | run | load s | self-calibration s | descriptors s | matcher s | groups s | write s | whole run s "
+             "| peak RSS MiB | load average | candidate pairs | pairs verified | groups (pair P / R) |",
+             "|" + " --- |" * 14]
     for _, entry in sorted(record.get("runs", {}).items(), key=lambda item: (item[1]["images"], item[0])):
         run, found, rate = entry["run"], entry.get("found") or {}, entry.get("matcher_rate") or {}
         stages = run["stages"]
@@ -379,7 +384,8 @@ def markdown_table(record: dict) -> str:
         groups = f"{found['groups']} ({found['pair_precision']:.2f} / {found['pair_recall']:.2f})" if found else ""
         verified = found.get("pairs_verified", f"{rate['pairs_scored']} (killed)" if rate else "")
         load = run.get("load_average_1min") or {}
-        lines.append(f"| {entry['images']} | {entry['label']} | {cells['load']} | {cells['descriptors']} | "
+        lines.append(f"| {entry['images']} | {entry['label']} | {cells['load']} | {cells['self-calibration']} | "
+                     f"{cells['descriptors']} | "
                      f"{cells['matcher']} | {cells['groups']} | {cells['write']} | {run['wall_seconds']:.0f} "
                      f"({run['cpu_seconds']:.0f}) | {run['peak_rss_mib']:.0f} | {load.get('mean', '')} | "
                      f"{stages['numbers'].get('descriptors', [''])[0]} | {verified} | {groups} |")

@@ -83,6 +83,22 @@ def test_stage_times_run_from_one_progress_line_to_the_next():
     assert stage_times(PROGRESS[:3])["seconds"] == {"load": 10.0, "descriptors": 60.5}
 
 
+def test_the_self_calibration_is_a_stage_of_its_own_and_its_lines_end_no_other():
+    calibration = [
+        (20.0, 15.0, 500.0, "copynce dedup: self-calibration: d: 1549 candidate pairs among 256 images (the 10 best)"),
+        (25.0, 19.0, 520.0, "matcher (whole images):  50%|#####     | 700/1549 [00:05<00:05, 140pair/s]"),
+        (44.0, 38.0, 560.0, "copynce dedup: self-calibration: matcher: 1549 pairs verified (740 encoder passes, "
+                            "1549 fusion passes)"),
+        (44.5, 38.5, 560.0, "copynce dedup: self-calibration: 0 groups of copies (0 images) at threshold inf"),
+        (45.0, 39.0, 560.0, "copynce dedup: self-calibrated on 64 images of this collection: threshold 0.99")]
+    lines = PROGRESS[:2] + calibration + [(wall + 45.0, cpu + 39.0, peak, line) for wall, cpu, peak, line in PROGRESS[2:]]
+    stages = stage_times(lines)
+    assert stages["seconds"] == {"load": 10.0, "self-calibration": 35.0, "descriptors": 70.5, "matcher": 329.5,
+                                 "groups": 1.0, "write": 2.0}
+    assert stages["numbers"]["self-calibration"] == [64] and stages["numbers"]["descriptors"] == [800, 98]
+    assert matcher_progress(lines) == {"pairs": 400, "of": 800, "seconds": 120.0, "cpu_seconds": 60.0}
+
+
 def test_the_matcher_rate_of_a_killed_run_is_its_last_progress_update_extrapolated():
     # killed after the second update: 400 of 800 pairs in 120 wall seconds, 60 CPU seconds
     done = matcher_progress(PROGRESS[:5])
