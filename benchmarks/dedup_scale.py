@@ -261,21 +261,37 @@ def stage_times(lines: list[tuple[float, float | None, float | None, str]]) -> d
 
 def matcher_progress(lines: list[tuple[float, float | None, float | None, str]]) -> dict | None:
     """The matcher stage so far (from the candidates' line to the last update of its progress bar before the
-    verified pairs' line): ``{"pairs": scored, "of": candidate pairs, "seconds": wall, "cpu_seconds": ...}``;
-    ``None`` before the stage or without an update."""
+    verified pairs' line): ``{"pairs": scored, "of": the bar's total (fusion passes: twice the pairs when each is
+    scored in both orders), "seconds": wall, "cpu_seconds": ..., "first": (wall, CPU, pairs) of the bar's first
+    line}``: what comes before the bar (content tokens, the work's identity) is the stage's setup. ``None`` before
+    the stage or without an update."""
     starts = [(wall, cpu) for wall, cpu, _, line in lines if dict(STAGE_LINES)["descriptors"].search(line)]
     if not starts:
         return None
-    last = None
+    first = last = None
     for wall, cpu, _, line in lines:
         if dict(STAGE_LINES)["matcher"].search(line):
             break
         if wall >= starts[0][0] and (match := MATCHER_BAR.search(line)):
             last = (wall, cpu, int(match.group(1)), int(match.group(2)))
+            first = first or last
     if last is None or last[2] == 0:
         return None
+
+    def since_start(seconds, start):
+        return None if seconds is None or start is None else round(seconds - start, 1)
+
     return {"pairs": last[2], "of": last[3], "seconds": round(last[0] - starts[0][0], 1),
-            "cpu_seconds": None if last[1] is None or starts[0][1] is None else round(last[1] - starts[0][1], 1)}
+            "cpu_seconds": since_start(last[1], starts[0][1]),
+            "first": [since_start(first[0], starts[0][0]), since_start(first[1], starts[0][1]), first[2]]}
+
+
+def matcher_started(lines: list[tuple[float, float | None, float | None, str]]) -> float | None:
+    """The seconds at which the collection's matcher started scoring (its progress bar's first line after the
+    candidates' line); ``None`` before."""
+    starts = [wall for wall, _, _, line in lines if dict(STAGE_LINES)["descriptors"].search(line)]
+    return next((wall for wall, _, _, line in lines if starts and wall >= starts[0] and MATCHER_BAR.search(line)),
+                None)
 
 
 def run_dedup(dataset: Path, output: Path, options: list[str], log: Path, matcher_minutes: float | None) -> dict:
@@ -283,7 +299,7 @@ def run_dedup(dataset: Path, output: Path, options: list[str], log: Path, matche
     environment: set ``OMP_NUM_THREADS``, ``nice`` the benchmark); its stages (wall and CPU seconds, peak memory),
     exit, and the machine's load average meanwhile (sampled once a minute: on a shared machine the wall time
     depends on it, the CPU time much less). With ``matcher_minutes`` the child is killed once its matcher stage has
-    run that long."""
+    scored pairs that long (its setup before, content tokens and the work's identity, is not counted)."""
     command = [sys.executable, "-m", "copynce_hf.cli", "dedup", "--dataset", str(dataset), "--output", str(output),
                *options]
     environment = {**os.environ, "TQDM_MININTERVAL": "60", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
@@ -296,7 +312,8 @@ def run_dedup(dataset: Path, output: Path, options: list[str], log: Path, matche
         time.sleep(1)
         if len(loads) < (time.monotonic() - start) / 60:
             loads.append(os.getloadavg()[0])  # the machine's load, once a minute: the run shares its cores
-        matcher_start = progress.seen("descriptors")
+        with progress.lock:
+            matcher_start = matcher_started(list(progress.lines))
         if (matcher_minutes is not None and matcher_start is not None
                 and time.monotonic() - progress.start - matcher_start > 60 * matcher_minutes):
             process.send_signal(signal.SIGKILL)
@@ -344,18 +361,28 @@ def found_groups(output: Path, truth: list[list[str]]) -> dict:
 
 def matcher_rate(run: dict, candidates: int) -> dict:
     """The matcher stage of a run killed in it: the pairs scored by its last progress update, their rate per wall
-    second and per CPU second of the stage (from the candidates' line: the work's identity is computed in it, the
-    image stamps included), and the whole stage extrapolated linearly to ``candidates`` pairs, both ways."""
+    second and per CPU second (between the bar's first and last lines), and the whole stage extrapolated: its
+    setup (from the candidates' line to the bar's first line: content tokens, the work's identity) plus the bar's
+    total at that rate, both ways. ``candidates`` is recorded beside (the bar counts both orders of a pair)."""
     done = run.get("matcher_progress")
     if done is None:
         return {"pairs_scored": 0}
-    rate = {"pairs_scored": done["pairs"], "candidate_pairs": candidates, "seconds": done["seconds"],
-            "cpu_seconds": done["cpu_seconds"], "pairs_per_second": round(done["pairs"] / done["seconds"], 3),
-            "extrapolated_matcher_seconds": round(candidates * done["seconds"] / done["pairs"]),
-            "note": "extrapolated: candidate pairs at the rate of the pairs scored before the run was killed"}
-    if done["cpu_seconds"]:
-        rate["pairs_per_cpu_second"] = round(done["pairs"] / done["cpu_seconds"], 3)
-        rate["extrapolated_matcher_cpu_seconds"] = round(candidates * done["cpu_seconds"] / done["pairs"])
+    first_wall, first_cpu, first_pairs = done.get("first") or (0.0, 0.0, 0)
+    scored = done["pairs"] - first_pairs
+    if scored <= 0:
+        first_wall, first_cpu, first_pairs, scored = 0.0, 0.0, 0, done["pairs"]
+
+    def extrapolated(seconds_at_first, seconds_at_last):
+        return round(seconds_at_first + (done["of"] - first_pairs) * (seconds_at_last - seconds_at_first) / scored)
+
+    rate = {"pairs_scored": done["pairs"], "bar_total": done["of"], "candidate_pairs": candidates,
+            "seconds": done["seconds"], "setup_seconds": first_wall, "cpu_seconds": done["cpu_seconds"],
+            "pairs_per_second": round(scored / (done["seconds"] - first_wall), 3),
+            "extrapolated_matcher_seconds": extrapolated(first_wall, done["seconds"]),
+            "note": "extrapolated: the setup, then the bar's total at the rate of the updates before the kill"}
+    if done["cpu_seconds"] and first_cpu is not None:
+        rate["pairs_per_cpu_second"] = round(scored / (done["cpu_seconds"] - first_cpu), 3)
+        rate["extrapolated_matcher_cpu_seconds"] = extrapolated(first_cpu, done["cpu_seconds"])
     return rate
 
 

@@ -299,15 +299,17 @@ def run_dedup_task(args, train: list[Path], save, plan: DedupPlan = DEFAULT_DEDU
 def detect_request(folder: Path, references: str, output: Path, options: dict):
     """The :class:`DetectRequest` of ``copynce detect folder/queries --references folder/<references>
     --ground-truth folder/ground_truth.csv --output output`` with ``options`` (fields of the request or of its
-    :class:`PipelineSettings`, preset fields, ``models`` (comma-separated), ``matcher``, ``runtime``)."""
+    :class:`PipelineSettings`, preset fields, collection normalisation fields, ``models`` (comma-separated),
+    ``matcher``, ``runtime``)."""
     from copynce_hf.retrieval import DETECT_PRESET_FIELDS
+    from copynce_hf.retrieval.search.presets import COLLECTION_FIELDS
     from copynce_hf.retrieval.apps.detect_run import DetectRequest
     from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
 
     options = dict(options)
     descriptors = [None if m in ("", None) else str(m) for m in str(options.pop("models", "")).split(",")]
     models = PipelineModels(descriptors, options.pop("matcher", None), options.pop("runtime", "torch"))
-    overrides = {key: options.pop(key) for key in list(options) if key in DETECT_PRESET_FIELDS}
+    overrides = {key: options.pop(key) for key in list(options) if key in (*DETECT_PRESET_FIELDS, *COLLECTION_FIELDS)}
     settings_fields = {f.name for f in dataclasses.fields(PipelineSettings)} - {"models", "overrides"}
     settings = PipelineSettings(models, overrides=overrides,
                                 **{key: options.pop(key) for key in list(options) if key in settings_fields})
@@ -316,7 +318,7 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     for key in options:
         if key not in fields:
             raise SystemExit(f"detect option {key!r} is not a field of DetectRequest or PipelineSettings, a preset "
-                             "field, models, matcher or runtime")
+                             "or collection normalisation field, models, matcher or runtime")
     return DetectRequest(str(folder / references), str(output), settings, queries=str(folder / "queries"),
                          ground_truth=str(folder / "ground_truth.csv"),
                          **{"progress": False, "log": logger.info, **options})

@@ -16,6 +16,7 @@ from benchmarks.dedup_scale import (
     main,
     matcher_progress,
     matcher_rate,
+    matcher_started,
     stage_times,
 )
 from copynce_hf.images import load_image
@@ -96,19 +97,34 @@ def test_the_self_calibration_is_a_stage_of_its_own_and_its_lines_end_no_other()
     assert stages["seconds"] == {"load": 10.0, "self-calibration": 35.0, "descriptors": 70.5, "matcher": 329.5,
                                  "groups": 1.0, "write": 2.0}
     assert stages["numbers"]["self-calibration"] == [64] and stages["numbers"]["descriptors"] == [800, 98]
-    assert matcher_progress(lines) == {"pairs": 400, "of": 800, "seconds": 120.0, "cpu_seconds": 60.0}
+    assert matcher_progress(lines) == {"pairs": 400, "of": 800, "seconds": 120.0, "cpu_seconds": 60.0,
+                                       "first": [60.0, 30.0, 200]}
+    assert matcher_started(lines) == 175.5 and matcher_started(lines[:3]) is None  # not the self-calibration's bar
 
 
 def test_the_matcher_rate_of_a_killed_run_is_its_last_progress_update_extrapolated():
     # killed after the second update: 400 of 800 pairs in 120 wall seconds, 60 CPU seconds
     done = matcher_progress(PROGRESS[:5])
-    assert done == {"pairs": 400, "of": 800, "seconds": 120.0, "cpu_seconds": 60.0}
+    assert done == {"pairs": 400, "of": 800, "seconds": 120.0, "cpu_seconds": 60.0, "first": [60.0, 30.0, 200]}
     assert matcher_progress(PROGRESS) == done  # the groups' own matcher bar after the stage does not count
     assert matcher_progress(PROGRESS[:3]) is None and matcher_progress(PROGRESS[:1]) is None
     rate = matcher_rate({"matcher_progress": done}, candidates=800)
     assert rate["pairs_per_second"] == pytest.approx(3.333, abs=1e-3) and rate["pairs_per_cpu_second"] == 6.667
     assert rate["extrapolated_matcher_seconds"] == 240 and rate["extrapolated_matcher_cpu_seconds"] == 120
     assert "extrapolated" in rate["note"] and matcher_rate({"matcher_progress": None}, 800) == {"pairs_scored": 0}
+
+
+def test_the_matchers_setup_is_counted_once_not_at_the_rate_of_its_pairs():
+    # content tokens take 300 s before the bar's first line (0 of 1600 fusion passes: 800 pairs in both orders),
+    # then 400 passes in 100 s: the stage is 300 + 1600 / 4 = 700 s, not 1600 / 400 * 400 = 1600 s
+    lines = [PROGRESS[2],
+             (370.5, 250.0, 950.0, "matcher (whole images):   0%|          | 0/1600 [00:00<?, ?pair/s]"),
+             (470.5, 300.0, 960.0, "matcher (whole images):  25%|##5       | 400/1600 [01:40<05:00, 4pair/s]")]
+    done = matcher_progress(lines)
+    assert done["first"] == [300.0, 200.0, 0] and matcher_started(lines) == 370.5
+    rate = matcher_rate({"matcher_progress": done}, candidates=800)
+    assert rate["extrapolated_matcher_seconds"] == 700 and rate["extrapolated_matcher_cpu_seconds"] == 400
+    assert rate["setup_seconds"] == 300.0 and rate["pairs_per_second"] == 4.0 and rate["bar_total"] == 1600
 
 
 @pytest.mark.slow
