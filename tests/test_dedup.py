@@ -389,12 +389,12 @@ def test_collection_normalisation_and_grouping_options_reach_the_library():
 
     detect_args = ["--quiet", "detect", "q", "--references", "r", "--output", "out"]
     assert detect_command.request_of(parser.parse_args(detect_args)).pipeline.config() == DetectConfig()
-    given = detect_command.request_of(parser.parse_args([*detect_args, "--collection-normalisation", "off",
+    given = detect_command.request_of(parser.parse_args([*detect_args, "--collection-normalisation", "on",
                                                          "--collection-k-end", "4", "--reference-background",
                                                          "auxiliary", "--collection-alpha", "0.25"])).pipeline
     config = given.config()
     assert (config.collection_normalisation, config.collection_k_start, config.collection_k_end,
-            config.reference_background, config.collection_alpha) == (False, 2, 4, "auxiliary", 0.25)
+            config.reference_background, config.collection_alpha) == (True, 2, 4, "auxiliary", 0.25)
     assert given.preset_text() == ("fast (collection_alpha, collection_k_end, collection_normalisation, "
                                    "reference_background given)")
     with pytest.raises(ConfigError, match="collection normalisation needs 0 <= k_start <= k_end"):
@@ -404,7 +404,12 @@ def test_collection_normalisation_and_grouping_options_reach_the_library():
 
 def test_detect_reference_background_from_the_auxiliary_images_needs_them(collection, tmp_path, capsys):
     models = save_tiny_models(tmp_path / "models", seed=0)
-    code, _, err = run_cli(capsys, "detect", collection, "--references", collection, "--output", tmp_path / "out",
-                           "--models", models["descriptor"], "--matcher", "none", "--reference-background", "auxiliary")
+    command = ["detect", collection, "--references", collection, "--output", tmp_path / "out", "--models",
+               models["descriptor"], "--matcher", "none", "--reference-background", "auxiliary"]
+    code, _, err = run_cli(capsys, *command, "--collection-normalisation", "on")
     assert code == 2 and "--reference-background auxiliary needs auxiliary images: give --aux FOLDER" in err
+    # collection normalisation is off by default in detect: where to measure backgrounds means nothing without it
+    code, _, err = run_cli(capsys, *command)
+    assert code == 2 and "reference_background 'auxiliary' sets where collection normalisation" in err
+    assert "(--collection-normalisation on)" in err
     assert not (tmp_path / "out").exists()  # refused before any model work

@@ -367,7 +367,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     descriptors = [Descriptor("one", descriptor, processor), Descriptor("two", other, processor)]
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
     config = DetectConfig(k=2, candidates=3, descriptor_lce="matcher-views", matcher_lce="paper", batch_size=16,
-                          content_tokens=False)
+                          content_tokens=False, collection_normalisation=True)
     result = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),
                     config, index_folder=tmp_path / "indexes", progress=False)
     assert set(result.per_model) == {"one", "two"}
@@ -402,13 +402,15 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     # descriptors only: the merged candidates' top-k
     plain = detect(queries, references, descriptors[:1], None, None, DetectConfig(k=1, candidates=4), progress=False)
     assert plain.matcher_cost is None and len(plain.predictions) == 2
-    # with collection normalisation (the default) a pair's score is its cosine less its reference's background:
+    # with collection normalisation (off by default) a pair's score is its cosine less its reference's background:
     # the mean cosine of the reference to the other references of ranks 2..9 (here 2..3: 4 others)
     from copynce_hf.retrieval import reference_background
 
     cosines = detect(queries, references, descriptors[:1], None, None,
                      DetectConfig(k=5, candidates=5, collection_normalisation=False), progress=False)
-    every = detect(queries, references, descriptors[:1], None, None, DetectConfig(k=5, candidates=5), progress=False)
+    assert not DetectConfig().collection_normalisation
+    every = detect(queries, references, descriptors[:1], None, None,
+                   DetectConfig(k=5, candidates=5, collection_normalisation=True), progress=False)
     index = view_index(descriptors[0], references, ViewPreset("none"), progress=False)
     reference_backgrounds = reference_background(index, 2, 9)
     assert len(reference_backgrounds) == 5 and len(every.predictions) == len(cosines.predictions) == 10
@@ -417,7 +419,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
         assert p.score == pytest.approx(cosine[(p.query_id, p.reference_id)] - reference_backgrounds[p.reference_id],
                                         abs=1e-5)
     with pytest.raises(ConfigError, match="auxiliary images"):
-        detect(queries, references, descriptors[:1], None, None, DetectConfig(reference_background="auxiliary"),
-               progress=False)
+        detect(queries, references, descriptors[:1], None, None,
+               DetectConfig(reference_background="auxiliary", collection_normalisation=True), progress=False)
     with pytest.raises(ConfigError, match="descriptor_lce"):
         DetectConfig(descriptor_lce="all")

@@ -144,7 +144,7 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
     descriptors = [Descriptor("tiny", descriptor, processor, source="tiny-0")]
     queries, references = ImageFolderSource(folders / "queries"), ImageFolderSource(folders / "refs")
     sample = ImageFolderSource(folders / "sample")
-    config = DetectConfig(k=3, candidates=3, whiten_dim=6)
+    config = DetectConfig(k=3, candidates=3, whiten_dim=6, collection_normalisation=True)
     lines: list[str] = []
     result = detect(queries, references, descriptors, None, None, config, index_folder=tmp_path / "idx",
                     progress=False, log=lines.append, whiten_from=sample)
@@ -154,7 +154,7 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
     query_views = DescriptorSet.load(tmp_path / "idx" / "tiny" / "queries" / "descriptors.safetensors")
     whitened_references = index.whitening.whiten(index.references.descriptors)
     expected = index.whitening.whiten(query_views.descriptors) @ whitened_references.T
-    # collection normalisation (on by default) subtracts each reference's background, measured whitened too: its
+    # collection normalisation (on here) subtracts each reference's background, measured whitened too: its
     # mean whitened cosine to the other references of ranks 2..9 (those it has)
     among = whitened_references @ whitened_references.T
     others = among[~np.eye(len(among), dtype=bool)].reshape(len(among), len(among) - 1)
@@ -169,7 +169,7 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
                    progress=False, log=lines.append, whiten_from=sample)
     assert [(p.query_id, p.reference_id, p.score) for p in again.predictions] == [
         (p.query_id, p.reference_id, p.score) for p in result.predictions]
-    detect(queries, references, descriptors, None, None, DetectConfig(k=3, candidates=3),
+    detect(queries, references, descriptors, None, None, DetectConfig(k=3, candidates=3, collection_normalisation=True),
            index_folder=tmp_path / "idx", progress=False)
     assert DescriptorIndex.load(tmp_path / "idx" / "tiny" / "references").whitening is None
     # the references' backgrounds were computed again, unwhitened

@@ -154,7 +154,7 @@ def reference_normalisation(config) -> dict[str, Any] | None:
     """The reference-side collection normalisation of a :class:`~copynce_hf.retrieval.DetectConfig` as a calibration
     records it: ``None`` when off, else its source, ranks and weight. It changes descriptor scores only (with a
     matcher, which candidates are verified), so only a calibration's descriptor stage is tied to it."""
-    if not getattr(config, "collection_normalisation", False):
+    if not getattr(config, "normalises_references", False):
         return None
     return {"source": config.reference_background, "alpha": config.collection_alpha,
             "k_start": config.collection_k_start, "k_end": config.collection_k_end}

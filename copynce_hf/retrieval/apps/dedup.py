@@ -264,7 +264,7 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
         if whitened:
             raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
                               "--whiten-from and --matcher none needs --threshold")
-        if config.collection_normalisation:
+        if config.normalises_collection:
             raise ConfigError(f"{calibration.name} holds thresholds of raw descriptor cosines; a dedup run with "
                               "--matcher none decides by collection-normalised scores: pass "
                               "--collection-normalisation off to use it, or --threshold")
@@ -432,9 +432,9 @@ class _DedupRun:
 
     def candidates(self, index: DescriptorIndex, queries: DescriptorSet, readable: int) -> CandidatePairs:
         """Step 1's self-search: the pairs to verify (:func:`self_search_pairs`), collection-normalised when
-        ``config.collection_normalisation``."""
+        ``config.normalises_collection``."""
         config, start = self.config, time.perf_counter()
-        ranks = (config.collection_k_start, config.collection_k_end) if config.collection_normalisation else None
+        ranks = (config.collection_k_start, config.collection_k_end) if config.normalises_collection else None
         found = self_search_pairs(index, queries, self.preset, config.candidates, self.order, ranks,
                                   config.collection_alpha)
         self.seconds["self-search"] = time.perf_counter() - start

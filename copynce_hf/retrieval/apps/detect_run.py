@@ -119,7 +119,7 @@ def open_detect_inputs(request: DetectRequest) -> DetectInputs:
     if ground_truth is not None:
         check_ground_truth_ids(ground_truth, request.ground_truth, queries.ids, references.ids)
     config = settings.config()
-    if config.collection_normalisation and config.reference_background == "auxiliary" and auxiliary is None:
+    if config.normalises_references and config.reference_background == "auxiliary" and auxiliary is None:
         raise ConfigError("--reference-background auxiliary needs auxiliary images: give --aux FOLDER")
     whiten_from = images.whitening_sample(request.whiten_from, settings.whiten_dim)
     if whiten_from is not None and request.calibration is not None and not settings.models.has_matcher:
@@ -209,7 +209,7 @@ def write_detect_data(run: DetectRun) -> None:
 def collection_text(config) -> str:
     """How logs and reports name the reference-side collection normalisation of a
     :class:`~.detect.DetectConfig`: ``off``, or its source, ranks and weight."""
-    if not config.collection_normalisation:
+    if not config.normalises_references:
         return "off"
     source = "the other references" if config.reference_background == "collection" else "the auxiliary images"
     return (f"reference backgrounds from {source}, ranks {config.collection_k_start}-{config.collection_k_end}, "
