@@ -302,9 +302,9 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     :class:`PipelineSettings`, preset fields, collection normalisation fields, ``models`` (comma-separated),
     ``matcher``, ``runtime``)."""
     from copynce_hf.retrieval import DETECT_PRESET_FIELDS
-    from copynce_hf.retrieval.search.presets import COLLECTION_FIELDS
     from copynce_hf.retrieval.apps.detect_run import DetectRequest
     from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
+    from copynce_hf.retrieval.search.presets import COLLECTION_FIELDS
 
     options = dict(options)
     descriptors = [None if m in ("", None) else str(m) for m in str(options.pop("models", "")).split(",")]

@@ -217,7 +217,8 @@ def test_detect_names_its_views_in_plain_words_and_counts_what_it_could(tmp_path
     lines = []
     result = detect(ImageFolderSource(reference_folder), ImageFolderSource(reference_folder),
                     [Descriptor("tiny", descriptor, processor)], (matcher, processor),
-                    config=DetectConfig(candidates=50), progress=False, log=lines.append)
+                    config=DetectConfig(candidates=50, collection_normalisation=True), progress=False,
+                    log=lines.append)
     assert lines[0].startswith("tiny: 16 candidate pairs (whole images, less each reference's background: its mean "
                                "cosine to the other references of ranks 2-9, median ") and "none" not in " ".join(lines)
     assert result.candidates_per_query == 4  # the 4 readable references, not the 50 asked for

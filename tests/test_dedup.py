@@ -198,13 +198,11 @@ def test_identical_images_form_one_group_and_no_image_is_its_own_pair(collection
 
 
 def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(collection):
-    from copynce_hf.retrieval.apps.dedup import DedupSettings
-    from copynce_hf.retrieval.search.background import mean_logit_probability, probability_logit
-
     import torch
 
     from copynce_hf import CopyNCEMatcherConfig, CopyNCEMatcherModel
-    from copynce_hf.retrieval.apps.dedup import order_dependent
+    from copynce_hf.retrieval.apps.dedup import DedupSettings, order_dependent
+    from copynce_hf.retrieval.search.background import mean_logit_probability, probability_logit
 
     descriptor, symmetric, processor = tiny_models(0)
     torch.manual_seed(1)  # the form with segment embeddings (the embedded matcher's), made order-dependent
@@ -215,9 +213,10 @@ def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(
     assert order_dependent(matcher) and not order_dependent(symmetric)
 
     def raw_scores(source, orders, model=matcher):
+        # every pair a candidate (10 images, 9 each: the identical files tie, no tie decides which pairs are verified);
         # threshold 1: no group, so no member is scored against its group's first outside the candidates
         result = dedup(source, Descriptor("tiny", descriptor, processor), (model, processor), threshold=1.0,
-                       config=DetectConfig(candidates=4), settings=DedupSettings(matcher_orders=orders),
+                       config=DetectConfig(candidates=9), settings=DedupSettings(matcher_orders=orders),
                        progress=False)
         return result.raw_scores, result.matcher_cost["fused_pairs"]
 
@@ -227,7 +226,7 @@ def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(
     both, both_passes = raw_scores(forward, "both")
     earlier_first, one_passes = raw_scores(forward, "one")
     later_first, _ = raw_scores(backward, "one")
-    assert set(both) == set(earlier_first) and both_passes == 2 * one_passes == 2 * len(both)
+    assert len(both) == 45 and set(both) == set(earlier_first) and both_passes == 2 * one_passes == 2 * len(both)
     # the earlier image is the query in `earlier_first`, the later one in `later_first` (its pairs reversed)
     assert {(b, a) for a, b in later_first} == set(both)
     for (a, b), score in both.items():
