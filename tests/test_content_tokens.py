@@ -147,14 +147,16 @@ def framed(tmp_path_factory):
     return folder
 
 
-def test_collection_masks_drop_the_shared_frame(framed):
+def test_collection_masks_drop_the_shared_frame(framed, capsys):
     _, matcher, processor = tiny_models(0)
     source = ImageFolderSource(framed)
     files = source.lookup()
     neighbours = {image_id: [other for other in source.ids if other != image_id] for image_id in source.ids}
     assert walk_order(["F3", "P"], {"F3": ["F1"], "F1": ["F3"]}) == ["F3", "F1", "P"]
     cache = TokenCache(matcher.pre_fusion_tokens, processor, files, capacity=3, batch_size=2)
-    found = neighbour_matches(source.ids, neighbours, cache, ContentSettings(0.8, 2, 10))
+    found = neighbour_matches(source.ids, neighbours, cache, ContentSettings(0.8, 2, 10), progress=True)
+    bar = capsys.readouterr().err  # the images done and the encoder passes run (a long stage at scale)
+    assert "content tokens: 100%" in bar and "7/7" in bar and "encoder_passes=" in bar
     frame = [False, True, False, True]  # the 2x2 grid: the left column is the frame
     assert {image_id: found.keep(image_id).tolist() for image_id in source.ids} == {
         **{f"F{i}": frame for i in range(6)}, "P": [True] * 4}

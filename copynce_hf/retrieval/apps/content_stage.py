@@ -86,10 +86,10 @@ def pair_neighbours(pairs: Iterable[Prediction]) -> dict[str, list[str]]:
 
 
 def dedup_keep_masks(matcher: tuple, images: Mapping, ids: list[str], candidates: list[Prediction], config,
-                     accelerator, log: Callable[[str], None]) -> CollectionMatches | None:
+                     accelerator, log: Callable[[str], None], progress: bool = False) -> CollectionMatches | None:
     """``dedup``'s matcher matches: each image's encoder tokens against those of its ``content_neighbours`` best
-    partners among the candidate pairs (one encoder pass per image, counted in the result); ``None`` when
-    ``content_tokens`` is off."""
+    partners among the candidate pairs (one encoder pass per image while the token cache holds the walk's reach,
+    counted in the result); ``None`` when ``content_tokens`` is off. ``progress``: a bar over the images."""
     settings = matcher_content(config)
     if settings is None:
         return None
@@ -99,7 +99,7 @@ def dedup_keep_masks(matcher: tuple, images: Mapping, ids: list[str], candidates
     cache = TokenCache(model.pre_fusion_tokens, processor, images, config.cache_size, config.batch_size,
                        getattr(images, "max_pixels", None), accelerator.device)
     with accelerator.autocast():
-        found = sharded_matches(ids, pair_neighbours(candidates), cache, settings, accelerator)
+        found = sharded_matches(ids, pair_neighbours(candidates), cache, settings, accelerator, progress)
     log(f"matcher content tokens (tau {settings.tau}, {settings.min_images} of {settings.neighbours} "
         f"neighbours): {found.summary()}")
     return found

@@ -470,7 +470,7 @@ class _DedupRun:
             return dict(candidates.raw)
         start = time.perf_counter()
         self.matches = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids),
-                                        candidates.pairs, self.config, self.accelerator, self.log)
+                                        candidates.pairs, self.config, self.accelerator, self.log, self.progress)
         pair_ids = list(candidates.raw)
         scores = self.matcher_scores(pair_ids, folder)
         self.cost["encoded_views"] += self.matches.encoded if self.matches is not None else 0

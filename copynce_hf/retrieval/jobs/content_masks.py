@@ -20,6 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from ...images import load_image
 from ...modeling.errors import ImageLoadError
@@ -157,12 +158,14 @@ class CollectionMatches:
 
 
 def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache,
-                      settings: ContentSettings) -> CollectionMatches:
+                      settings: ContentSettings, progress: bool = False) -> CollectionMatches:
     """The matches of every image of ``ids`` in its neighbours (``neighbours[id]``, best first; the first
-    ``settings.neighbours`` readable ones count), tokens from ``cache``."""
+    ``settings.neighbours`` readable ones count), tokens from ``cache``; ``progress``: a bar over the images, with
+    the encoder passes run so far (more than one per image when the cache is smaller than the walk's reach)."""
     found = CollectionMatches(settings)
     asked = set(ids)
     order = [image_id for image_id in walk_order(ids, neighbours) if image_id in asked]
+    bar = tqdm(total=len(order), desc="content tokens", unit="img", disable=not progress)
     for start in range(0, len(order), _BLOCK):
         block = order[start:start + _BLOCK]
         wanted = {image_id: [other for other in list(neighbours.get(image_id, ()))[: 4 * settings.neighbours]
@@ -175,23 +178,27 @@ def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cach
             found.neighbours[image_id] = chosen
             found.matched[image_id] = matched_in(tokens[image_id][None], torch.stack([tokens[o] for o in chosen]),
                                                  settings.tau)[0].cpu()
+        bar.update(len(block))
+        bar.set_postfix(encoder_passes=cache.encoded, refresh=False)
+    bar.close()
     found.encoded = cache.encoded
     return found
 
 
 def sharded_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache,
-                    settings: ContentSettings, accelerator=None) -> CollectionMatches:
+                    settings: ContentSettings, accelerator=None, progress: bool = False) -> CollectionMatches:
     """:func:`neighbour_matches` with the images shared among Accelerate's processes (each a contiguous part of
-    the walk order) and the matches gathered, so that every process gets them all."""
+    the walk order) and the matches gathered, so that every process gets them all (``progress``: the main
+    process's bar)."""
     processes = accelerator.num_processes if accelerator is not None else 1
     if processes == 1:
-        return neighbour_matches(ids, neighbours, cache, settings)
+        return neighbour_matches(ids, neighbours, cache, settings, progress)
     from accelerate.utils import gather_object
 
     order = walk_order(ids, neighbours)
     share = -(-len(order) // processes)
     mine = order[accelerator.process_index * share:(accelerator.process_index + 1) * share]
-    part = neighbour_matches(mine, neighbours, cache, settings)
+    part = neighbour_matches(mine, neighbours, cache, settings, progress and accelerator.is_main_process)
     found = CollectionMatches(settings)
     for gathered in gather_object([part]):
         found.neighbours.update(gathered.neighbours)
