@@ -259,39 +259,44 @@ def stage_times(lines: list[tuple[float, float | None, float | None, str]]) -> d
     return found
 
 
+def _matcher_bars(lines: list[tuple[float, float | None, float | None, str]]) -> tuple[tuple | None, list[tuple]]:
+    """``(wall, CPU)`` of the collection's candidates' line (``None`` before it) and the updates of the matcher's
+    progress bar after it and before the verified pairs' line, each ``(wall, CPU, pairs scored, bar total)``."""
+    candidates, matcher = dict(STAGE_LINES)["descriptors"], dict(STAGE_LINES)["matcher"]
+    start = next(((wall, cpu) for wall, cpu, _, line in lines if candidates.search(line)), None)
+    bars = []
+    for wall, cpu, _, line in lines:
+        if matcher.search(line):
+            break
+        if start is not None and wall >= start[0] and (match := MATCHER_BAR.search(line)):
+            bars.append((wall, cpu, int(match.group(1)), int(match.group(2))))
+    return start, bars
+
+
 def matcher_progress(lines: list[tuple[float, float | None, float | None, str]]) -> dict | None:
     """The matcher stage so far (from the candidates' line to the last update of its progress bar before the
     verified pairs' line): ``{"pairs": scored, "of": the bar's total (fusion passes: twice the pairs when each is
     scored in both orders), "seconds": wall, "cpu_seconds": ..., "first": (wall, CPU, pairs) of the bar's first
     line}``: what comes before the bar (content tokens, the work's identity) is the stage's setup. ``None`` before
     the stage or without an update."""
-    starts = [(wall, cpu) for wall, cpu, _, line in lines if dict(STAGE_LINES)["descriptors"].search(line)]
-    if not starts:
+    start, bars = _matcher_bars(lines)
+    if not bars or bars[-1][2] == 0:
         return None
-    first = last = None
-    for wall, cpu, _, line in lines:
-        if dict(STAGE_LINES)["matcher"].search(line):
-            break
-        if wall >= starts[0][0] and (match := MATCHER_BAR.search(line)):
-            last = (wall, cpu, int(match.group(1)), int(match.group(2)))
-            first = first or last
-    if last is None or last[2] == 0:
-        return None
+    first, last = bars[0], bars[-1]
 
-    def since_start(seconds, start):
-        return None if seconds is None or start is None else round(seconds - start, 1)
+    def since_start(seconds, at_start):
+        return None if seconds is None or at_start is None else round(seconds - at_start, 1)
 
-    return {"pairs": last[2], "of": last[3], "seconds": round(last[0] - starts[0][0], 1),
-            "cpu_seconds": since_start(last[1], starts[0][1]),
-            "first": [since_start(first[0], starts[0][0]), since_start(first[1], starts[0][1]), first[2]]}
+    return {"pairs": last[2], "of": last[3], "seconds": round(last[0] - start[0], 1),
+            "cpu_seconds": since_start(last[1], start[1]),
+            "first": [since_start(first[0], start[0]), since_start(first[1], start[1]), first[2]]}
 
 
 def matcher_started(lines: list[tuple[float, float | None, float | None, str]]) -> float | None:
     """The seconds at which the collection's matcher started scoring (its progress bar's first line after the
     candidates' line); ``None`` before."""
-    starts = [wall for wall, _, _, line in lines if dict(STAGE_LINES)["descriptors"].search(line)]
-    return next((wall for wall, _, _, line in lines if starts and wall >= starts[0] and MATCHER_BAR.search(line)),
-                None)
+    _, bars = _matcher_bars(lines)
+    return bars[0][0] if bars else None
 
 
 def run_dedup(dataset: Path, output: Path, options: list[str], log: Path, matcher_minutes: float | None) -> dict:

@@ -188,8 +188,8 @@ def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False
     default = (lambda value: value) if dedup else (lambda value: None)
     scores = "each pair's descriptor score loses the mean of its two images' backgrounds" if dedup else (
         "every query->reference descriptor score loses its reference's background")
-    state = "on (default)" if dedup else "on (default off: it keeps references sharing a template out of the " \
-        "query's best candidates, where content tokens would recognise the template)"
+    state = "on (default)" if dedup else ("on (default off: it keeps references sharing a template out of the "
+                                          "query's best candidates, where content tokens would recognise the template)")
     group.add_argument("--collection-normalisation", type=on_off, metavar="{on,off}", default=default(True),
                        help=f"{state}: {scores} (an image's background: its mean cosine to its neighbours of "
                        "ranks --collection-k-start..--collection-k-end among the other images) before candidates "

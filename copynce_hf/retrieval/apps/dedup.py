@@ -12,11 +12,12 @@ The detection pipeline of :mod:`.detect` with the collection on both sides:
 2. each unordered pair kept (from either side) is verified by the matcher: once, the earlier image in the
    collection's order as the query, when the matcher's score does not depend on the order (the authors' form);
    in both orders for a matcher whose fused sequence tells query from reference (segment embeddings), its
-   probability then the sigmoid of the mean of the two logits (``DedupSettings.matcher_orders``); in the chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: the
-   encoder-token cache, chunks shared by Accelerate's processes, saved and resumed). With matcher normalisation
-   (:class:`DedupSettings`, on by default) the decision score is the matcher's probability with each image's
-   background logit above an anchor discounted (:func:`~..search.background.normalised_probability`); without a
-   matcher the descriptor score of step 1 decides;
+   probability then the sigmoid of the mean of the two logits (``DedupSettings.matcher_orders``); in the
+   chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: the encoder-token cache, chunks shared by
+   Accelerate's processes, saved and resumed). With matcher normalisation (:class:`DedupSettings`, on by default)
+   the decision score is the matcher's probability with each image's background logit above an anchor discounted
+   (:func:`~..search.background.normalised_probability`); without a matcher the descriptor score of step 1
+   decides;
 3. groups of the pairs whose decision score is at or above the threshold (:mod:`.grouping`): by default a pair
    joins a group only if it clears the threshold against the group's representative, or connected components
    (``grouping="connected"``); each member gets its score to the first member (scored now when that pair was not
@@ -114,6 +115,10 @@ class DedupSettings:
             raise ConfigError(f"matcher_orders must be one of {', '.join(MATCHER_ORDERS)}, got "
                               f"{self.matcher_orders!r}")
         check_ranks(self.matcher_k_start, self.matcher_k_end, "matcher normalisation")
+
+    def scores_both_orders(self, matcher) -> bool:
+        """Whether ``matcher`` (a model) scores each pair in both orders under :attr:`matcher_orders`."""
+        return self.matcher_orders == "both" or (self.matcher_orders == "auto" and order_dependent(matcher))
 
 
 def order_dependent(matcher) -> bool:
@@ -452,8 +457,7 @@ class _DedupRun:
         """The matcher's score of each pair (:func:`~.detect.matcher_scores`; with ``matcher_orders="both"`` the
         pairs and their reversals in one scoring, so that they share chunks and resume, then
         :func:`~..search.background.mean_logit_probability` of the two); its passes add to :attr:`cost`."""
-        orders = self.settings.matcher_orders
-        both = orders == "both" or (orders == "auto" and order_dependent(self.matcher[0]))
+        both = self.settings.scores_both_orders(self.matcher[0])
         ordered = pairs + [(b, a) for a, b in pairs] if both else pairs
         scores, cost = matcher_scores(ordered, *self.matcher, self.source, self.source, self.config,
                                       self.accelerator, folder, self.progress, self.log, self.matches)

@@ -225,14 +225,13 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     return run
 
 
-def matcher_orders_text(orders: str, matcher: tuple | None) -> str:
-    """How the matcher's pairs were scored, in words (``report.html``)."""
-    from .dedup import order_dependent
-
+def matcher_orders_text(settings, matcher: tuple | None) -> str:
+    """How the matcher's pairs were scored under ``settings`` (:class:`~.dedup.DedupSettings`), in words
+    (``report.html``)."""
     if matcher is None:
         return "no matcher"
-    both = orders == "both" or (orders == "auto" and order_dependent(matcher[0]))
-    chosen = "" if orders != "auto" else (" (auto: the matcher tells query from reference)" if both else
+    both = settings.scores_both_orders(matcher[0])
+    chosen = "" if settings.matcher_orders != "auto" else (" (auto: the matcher tells query from reference)" if both else
                                           " (auto: the matcher's score does not depend on the order)")
     return ("both: each pair scored twice, each image the query once, the mean logit" if both
             else "one: the earlier image as the query") + chosen
@@ -259,7 +258,7 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
             "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
             "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
             "matcher collection normalisation": matcher_normalisation,
-            "matcher orders": matcher_orders_text(settings.matcher_orders, run.matcher),
+            "matcher orders": matcher_orders_text(settings, run.matcher),
             "grouping": settings.grouping,
             "content tokens": content_tokens_text(request.config()),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
