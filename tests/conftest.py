@@ -231,3 +231,32 @@ def shrunk_asset_images(folder: Path, side: int) -> Path:
         image.thumbnail((side, side))
         image.save(folder / path.name, quality=90)
     return folder
+
+
+def iterator_states(state) -> list[dict]:
+    """The per-worker :class:`StreamingPairIterator` states inside a ``StatefulDataLoader`` state."""
+    if isinstance(state, dict):
+        if "buffer" in state and "stream" in state:
+            return [state]
+        return [found for value in state.values() for found in iterator_states(value)]
+    return []
+
+
+def cli_killed_when(command: list, ready, log: Path, environment: dict) -> None:
+    """Run ``copynce --quiet COMMAND`` in a process of its own (``environment``, output to ``log``) and kill it
+    with SIGKILL as soon as ``ready()`` is true (or after 300 s); it must not have ended by itself."""
+    import signal
+    import time
+
+    with log.open("w") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "copynce_hf.cli", "--quiet", *map(str, command)],
+                                   env=environment, cwd=REPO_ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not ready() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=60)
+        finally:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL, log.read_text()[-2000:]  # killed before the end

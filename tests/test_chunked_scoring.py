@@ -10,15 +10,13 @@ import hashlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import free_port, save_tiny_models
+from conftest import cli_killed_when, free_port, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -197,19 +195,7 @@ def test_match_killed_with_sigkill_resumes_from_its_last_chunk(workspace, tmp_pa
     output = tmp_path / "scored.csv"
     work = tmp_path / ".scored.csv.rescoring"
     log = tmp_path / "killed.log"
-    with log.open("w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "copynce_hf.cli", "--quiet",
-                                    *_match_options(root, models, output)],
-                                   env=_environment(), cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 300
-            while not any(work.glob("chunk-*.json")) and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=60)
-        finally:
-            process.kill()
-    assert process.returncode == -signal.SIGKILL, log.read_text()[-2000:]  # killed before the end
+    cli_killed_when(_match_options(root, models, output), lambda: any(work.glob("chunk-*.json")), log, _environment())
     assert not output.exists()
     written = len(list(work.glob("chunk-*.json")))
     assert 1 <= written < 3

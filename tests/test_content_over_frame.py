@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import iterator_states
 from PIL import Image
 
 from copynce_hf.data import (
@@ -300,17 +301,9 @@ def test_a_streamed_run_resumes_inside_a_template_group(tmp_path, workers):
         if len(seen) == 2:  # 4 pairs: inside a worker's second group (workers 0) or its first (2 workers)
             state = interrupted.state_dict()
             break
-    assert any("group" in worker for worker in _iterator_states(state))
+    assert any("group" in worker for worker in iterator_states(state))
     resumed = [[_described(pair) for pair in batch] for batch in loader(state)]
     assert seen + resumed == full
-
-
-def _iterator_states(state) -> list[dict]:
-    if isinstance(state, dict):
-        if "buffer" in state and "stream" in state:
-            return [state]
-        return [found for value in state.values() for found in _iterator_states(value)]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------- configuration

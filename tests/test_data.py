@@ -8,6 +8,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from conftest import iterator_states
 from PIL import Image
 
 from copynce_hf.data import (
@@ -364,15 +365,6 @@ def _log_read(row, log):
     return row
 
 
-def _iterator_states(state) -> list[dict]:
-    """The per-worker :class:`StreamingPairIterator` states inside a ``StatefulDataLoader`` state."""
-    if isinstance(state, dict):
-        if "buffer" in state and "stream" in state:
-            return [state]
-        return [found for value in state.values() for found in _iterator_states(value)]
-    return []
-
-
 @pytest.mark.parametrize(("shards", "workers"), [(1, 2), (4, 2), (2, 0)])
 def test_streaming_pairs_resume_exactly_without_rereading(tmp_path, shards, workers):
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -417,7 +409,7 @@ def test_streaming_pairs_resume_exactly_without_rereading(tmp_path, shards, work
     assert seen + resumed == full
     # Nothing read before the checkpoint is read again: the resumed workers read exactly the rows that
     # were neither trained on nor waiting in a shuffle buffer.
-    buffered = [row["image_id"] for worker in _iterator_states(state) for row in worker["buffer"]]
+    buffered = [row["image_id"] for worker in iterator_states(state) for row in worker["buffer"]]
     consumed = {p[0] for batch in seen for p in batch}
     read_after = log.read_text().split()
     assert len(read_after) == len(set(read_after))

@@ -8,16 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
-from conftest import free_port, run_cli, save_tiny_models, tiny_models
+from conftest import cli_killed_when, free_port, run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -210,22 +208,6 @@ def _matcher_options(collection, models, output: Path) -> list[str]:
             str(output)]
 
 
-def _killed_when(command: list[str], written: Path, log: Path) -> None:
-    """Run ``copynce COMMAND`` in a process of its own and kill it (SIGKILL) as soon as ``written`` exists."""
-    with log.open("w") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "copynce_hf.cli", "--quiet", *command], env=_environment(),
-                                   cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 300
-            while not written.exists() and process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.005)
-            process.send_signal(signal.SIGKILL)
-            process.wait(timeout=60)
-        finally:
-            process.kill()
-    assert process.returncode == -signal.SIGKILL, log.read_text()[-2000:]  # killed before the end
-
-
 @pytest.fixture
 def one_thread():
     """PyTorch on one thread, as the killed runs' ``OMP_NUM_THREADS=1``, so that scores compare to the last bits."""
@@ -242,13 +224,14 @@ def test_dedup_killed_after_its_index_then_in_its_matcher_stage_resumes_to_the_s
         models, collection, tmp_path, capsys, one_thread):
     output = tmp_path / "killed"
     index = output / "indexes" / "descriptor" / "references" / "identity.json"
-    _killed_when(_matcher_options(collection, models, output), index, tmp_path / "first.log")
+    cli_killed_when(_matcher_options(collection, models, output), index.exists, tmp_path / "first.log", _environment())
     assert index.is_file() and not (output / "groups.csv").exists()
     built = index.stat().st_mtime_ns
 
     first_chunk = output / "rescoring" / "chunk-000000.json"
     first_chunk.unlink(missing_ok=True)  # if the first run scored it: so that this run is killed after a chunk of its own
-    _killed_when(_matcher_options(collection, models, output), first_chunk, tmp_path / "second.log")
+    cli_killed_when(_matcher_options(collection, models, output), first_chunk.exists, tmp_path / "second.log",
+                    _environment())
     scored = len(list((output / "rescoring").glob("chunk-*.json")))
     assert not (output / "groups.csv").exists() and 1 <= scored
 
