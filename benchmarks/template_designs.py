@@ -188,6 +188,15 @@ def _avatar(draw: ImageDraw.ImageDraw, x: int, y: int, size: int, rng: np.random
 # ---------------------------------------------------------------------------------------------- frame designs
 
 
+def _action_icons(draw: ImageDraw.ImageDraw, left: int, step: int, bookmark: int, top: int, size: int,
+                  ink) -> None:
+    """A post's action row: heart, comment bubble and share plane from ``left`` every ``step`` pixels, and a
+    bookmark at ``bookmark``, all ``size`` pixels high at ``top``."""
+    for number, kind in enumerate(("heart", "bubble", "plane")):
+        _icon(draw, kind, left + step * number, top, size, ink)
+    _icon(draw, "bookmark", bookmark, top, size, ink)
+
+
 def _light_post(rng: np.random.Generator) -> tuple[Image.Image, tuple[int, int, int, int], str]:
     """A light photo post: header with avatar and name, a square photo box, icons, likes and caption lines."""
     width, height, box = 540, 800, (0, 70, 540, 540)
@@ -199,9 +208,7 @@ def _light_post(rng: np.random.Generator) -> tuple[Image.Image, tuple[int, int, 
     draw.text((72, 38), _words(rng, 2).title(), font=caption_font(REGULAR, 14), fill=ink)
     draw.text((width - 50, 16), "...", font=caption_font(BOLD, 22), fill=ink)
     draw.rectangle((0, box[1], width - 1, box[1] + box[3] - 1), fill=(239, 239, 239))
-    for number, kind in enumerate(("heart", "bubble", "plane")):
-        _icon(draw, kind, 16 + 48 * number, 624, 28, ink)
-    _icon(draw, "bookmark", width - 46, 624, 28, ink)
+    _action_icons(draw, 16, 48, width - 46, 624, 28, ink)
     draw.text((16, 664), f"{int(rng.integers(100, 99999)):,} likes", font=caption_font(BOLD, 16), fill=ink)
     draw.text((16, 688), f"{name}  {_words(rng, 6)}", font=caption_font(REGULAR, 16), fill=ink)
     draw.text((16, 712), _words(rng, 7), font=caption_font(REGULAR, 16), fill=ink)
@@ -226,9 +233,7 @@ def _dark_screen(rng: np.random.Generator) -> tuple[Image.Image, tuple[int, int,
     draw.text((66, 88), name, font=caption_font(BOLD, 16), fill=ink)
     draw.text((66, 110), _words(rng, 2).title(), font=caption_font(REGULAR, 13), fill=grey)
     draw.rectangle((0, box[1], width - 1, box[1] + box[3] - 1), fill=(0, 0, 0))
-    for number, kind in enumerate(("heart", "bubble", "plane")):
-        _icon(draw, kind, 14 + 46 * number, 634, 26, ink)
-    _icon(draw, "bookmark", width - 42, 634, 26, ink)
+    _action_icons(draw, 14, 46, width - 42, 634, 26, ink)
     draw.text((14, 672), f"Liked by {_user_name(rng)} and others", font=caption_font(REGULAR, 14), fill=ink)
     draw.text((14, 696), f"{name} {_words(rng, 5)}", font=caption_font(REGULAR, 14), fill=ink)
     draw.text((14, 718), _words(rng, 6), font=caption_font(REGULAR, 14), fill=ink)
