@@ -16,9 +16,10 @@ DESCRIPTION = (
     "--collection-normalisation). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first,joined_by,"
     "joined_score,rule: each member's score with the group's first image and how it joined), OUTPUT/pairs.csv "
     "(every verified pair, its decision score and its raw score), "
-    "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes and OUTPUT/rescoring (reused by the "
-    "next run: a run cut short resumes, from the last complete chunk of descriptors or of matcher pairs). Under "
-    "`accelerate launch` the processes share both."
+    "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes, OUTPUT/tokens (the matcher's encoder "
+    "tokens, each image encoded once) and OUTPUT/rescoring (reused by the next run: a run cut short resumes, from "
+    "the last complete chunk of descriptors, tokens or matcher pairs). Under `accelerate launch` the processes "
+    "share them."
 )
 EPILOG = (
     "Scores are copy probabilities with the matcher, cosines with --matcher none. Without --threshold or "

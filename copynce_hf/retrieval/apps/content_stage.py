@@ -23,8 +23,15 @@ import numpy as np
 import torch
 
 from ...modeling.errors import ConfigError
-from ..jobs.content_masks import CollectionMatches, TokenCache, processed_pixels, sharded_matches
+from ..jobs.content_masks import (
+    CollectionMatches,
+    StoredUnitTokens,
+    TokenCache,
+    processed_pixels,
+    sharded_matches,
+)
 from ..jobs.matcher_cache import check_content_fusion
+from ..jobs.token_store import TokenStore
 from ..jobs.work_folder import lines_digest
 from ..search.content_tokens import ContentSettings, content_descriptors
 from ..search.descriptors import DescriptorSet
@@ -86,18 +93,24 @@ def pair_neighbours(pairs: Iterable[Prediction]) -> dict[str, list[str]]:
 
 
 def dedup_keep_masks(matcher: tuple, images: Mapping, ids: list[str], candidates: list[Prediction], config,
-                     accelerator, log: Callable[[str], None], progress: bool = False) -> CollectionMatches | None:
+                     accelerator, log: Callable[[str], None], progress: bool = False,
+                     tokens: TokenStore | None = None) -> CollectionMatches | None:
     """``dedup``'s matcher matches: each image's encoder tokens against those of its ``content_neighbours`` best
-    partners among the candidate pairs (one encoder pass per image while the token cache holds the walk's reach,
-    counted in the result); ``None`` when ``content_tokens`` is off. ``progress``: a bar over the images."""
+    partners among the candidate pairs, read from ``tokens`` (every image encoded once) or encoded through a token
+    cache (one encoder pass per image while it holds the walk's reach, counted in the result); ``None`` when
+    ``content_tokens`` is off. ``progress``: a bar over the images."""
     settings = matcher_content(config)
     if settings is None:
         return None
     model, processor = matcher
     check_content_fusion(model)
-    model = model.to(accelerator.device)
-    cache = TokenCache(model.pre_fusion_tokens, processor, images, config.cache_size, config.batch_size,
-                       getattr(images, "max_pixels", None), accelerator.device)
+    if tokens is not None:
+        cache = StoredUnitTokens(tokens)
+        ids = [image_id for image_id in ids if image_id in tokens]  # the others are in no pair: nothing to mask
+    else:
+        model = model.to(accelerator.device)
+        cache = TokenCache(model.pre_fusion_tokens, processor, images, config.cache_size, config.batch_size,
+                           getattr(images, "max_pixels", None), accelerator.device)
     with accelerator.autocast():
         found = sharded_matches(ids, pair_neighbours(candidates), cache, settings, accelerator, progress)
     log(f"matcher content tokens (tau {settings.tau}, {settings.min_images} of {settings.neighbours} "

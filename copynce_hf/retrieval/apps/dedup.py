@@ -13,8 +13,10 @@ The detection pipeline of :mod:`.detect` with the collection on both sides:
    collection's order as the query, when the matcher's score does not depend on the order (the authors' form);
    in both orders for a matcher whose fused sequence tells query from reference (segment embeddings), its
    probability then the sigmoid of the mean of the two logits (``DedupSettings.matcher_orders``); in the
-   chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: the encoder-token cache, chunks shared by
-   Accelerate's processes, saved and resumed). With matcher normalisation (:class:`DedupSettings`, on by default)
+   chunks ``detect`` scores in (:func:`~.detect.matcher_scores`: chunks shared by Accelerate's processes, saved
+   and resumed). Whole images (``matcher_lce`` ``none``) are encoded once each into a token store
+   (:mod:`~..jobs.token_store`) that the content tokens and every fusion read; LCE views go through the
+   encoder-token cache. With matcher normalisation (:class:`DedupSettings`, on by default)
    the decision score is the matcher's probability with each image's background logit above an anchor discounted
    (:func:`~..search.background.normalised_probability`); without a matcher the descriptor score of step 1
    decides;
@@ -42,6 +44,7 @@ import numpy as np
 
 from ...modeling.errors import ConfigError, PredictionsError
 from ...outputs import StagedFile
+from ..jobs.token_store import TokenStore, token_folder, token_identity
 from ..search.background import (
     check_ranks,
     matcher_backgrounds,
@@ -297,6 +300,7 @@ def dedup(
     accelerator=None,
     settings: DedupSettings | None = None,
     whitening_folder: str | os.PathLike | None = None,
+    tokens_folder: str | os.PathLike | None = None,
 ) -> DedupResult:
     """Find the groups of copies among the images of ``source``.
 
@@ -322,6 +326,8 @@ def dedup(
         settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
         whitening_folder: where the whitening's sample descriptors are kept (``None``:
             ``<index_folder>/<descriptor name>/whitening``, or nowhere without ``index_folder``).
+        tokens_folder: where the matcher's token store is kept and resumed from (:mod:`~..jobs.token_store`;
+            ``None``: a temporary folder, removed at the end).
     """
     from ...precision import make_accelerator
 
@@ -340,13 +346,14 @@ def dedup(
         raise PredictionsError(f"deduplication needs at least 2 readable images, got {len(readable)} of "
                                f"{len(source)}")
     candidates = run.candidates(index, queries, len(readable))
-    raw = run.verify(candidates, rescoring_folder)
-    decide = run.decision(candidates, raw)
-    start = time.perf_counter()
-    decided = {pair: decide(*pair, score) for pair, score in raw.items()}
-    members = group_members(source.ids, decided, threshold, settings.grouping,
-                            lambda missing: run.score_missing(missing, decide, index, queries))
-    run.seconds["groups"] = time.perf_counter() - start
+    with token_folder(tokens_folder, run.accelerator) as run.tokens_folder:
+        raw = run.verify(candidates, rescoring_folder)
+        decide = run.decision(candidates, raw)
+        start = time.perf_counter()
+        decided = {pair: decide(*pair, score) for pair, score in raw.items()}
+        members = group_members(source.ids, decided, threshold, settings.grouping,
+                                lambda missing: run.score_missing(missing, decide, index, queries))
+        run.seconds["groups"] = time.perf_counter() - start
     log(f"{len(members)} groups of copies ({sum(len(group) for group in members)} images) at threshold "
         f"{threshold:.4g} ({settings.grouping} grouping)")
     backgrounds = {"descriptor": candidates.background, "matcher": decide.matcher_background or {}}
@@ -391,6 +398,8 @@ class _DedupRun:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     cost: dict[str, int] | None = None
     matches: object = None  # the images' content-token matches in their neighbours (``content_tokens``)
+    tokens_folder: Path | None = None  # where the token store goes
+    tokens: TokenStore | None = None  # the images' matcher encoder tokens (whole images)
 
     @property
     def preset(self) -> ViewPreset:
@@ -460,7 +469,7 @@ class _DedupRun:
         both = self.settings.scores_both_orders(self.matcher[0])
         ordered = pairs + [(b, a) for a, b in pairs] if both else pairs
         scores, cost = matcher_scores(ordered, *self.matcher, self.source, self.source, self.config,
-                                      self.accelerator, folder, self.progress, self.log, self.matches)
+                                      self.accelerator, folder, self.progress, self.log, self.matches, self.tokens)
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
         if not both:
             return scores
@@ -473,17 +482,36 @@ class _DedupRun:
         if self.matcher is None:
             return dict(candidates.raw)
         start = time.perf_counter()
+        self.tokens = self.token_store(list(candidates.raw))
         self.matches = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids),
-                                        candidates.pairs, self.config, self.accelerator, self.log, self.progress)
+                                        candidates.pairs, self.config, self.accelerator, self.log, self.progress,
+                                        self.tokens)
         pair_ids = list(candidates.raw)
         scores = self.matcher_scores(pair_ids, folder)
         self.cost["encoded_views"] += self.matches.encoded if self.matches is not None else 0
+        self.cost["encoded_views"] += self.tokens.encoded if self.tokens is not None else 0
         verified = {pair: score for pair, score in zip(pair_ids, scores) if score is not None}
         self.seconds["matcher"] = time.perf_counter() - start
         on = f" on {self.accelerator.num_processes} processes" if self.accelerator.num_processes > 1 else ""
         self.log(f"matcher: {len(verified)} pairs verified{on} ({self.cost['encoded_views']} encoder passes, "
                  f"{self.cost['fused_pairs']} fusion passes)")
         return verified
+
+    def token_store(self, pairs: list[tuple[str, str]]) -> TokenStore | None:
+        """The matcher's encoder tokens of every image of ``pairs``, each encoded once (kept in
+        :attr:`tokens_folder`, resumed after a kill); ``None`` with LCE views, which the scorer's cache encodes."""
+        if self.config.matcher_lce != "none":
+            return None
+        in_pairs = {image_id for pair in pairs for image_id in pair}
+        ids = [image_id for image_id in self.source.ids if image_id in in_pairs]
+        model, processor = self.matcher
+        model = model.to(self.accelerator.device)
+        images = SourceImages(self.source)
+        identity = token_identity(model, processor, ids, images.files or {}, self.source, self.accelerator)
+        return TokenStore.build(ids, images, model.pre_fusion_tokens, processor, self.tokens_folder, identity,
+                                batch_size=self.config.batch_size, num_workers=self.config.num_workers,
+                                accelerator=self.accelerator, progress=self.progress,
+                                log=lambda line: self.log(f"matcher: {line}"))
 
     def decision(self, candidates: CandidatePairs, raw: dict[tuple[str, str], float]) -> _PairDecision:
         """How raw scores become decision scores; with a matcher and matcher normalisation, each image's matcher

@@ -7,7 +7,8 @@ inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
 (:mod:`.pipeline_settings`), self-calibrates the threshold on the collection when neither was given
 (:func:`~.dedup_calibration.self_calibrate`: the dedup pipeline run on copies of a sample of the collection, kept
 in ``OUTPUT/self_calibration``) and runs :func:`~.dedup.dedup`
-with its caches in ``OUTPUT/indexes`` and ``OUTPUT/rescoring``. The group gallery (``report.html``) is drawn from the returned run by
+with its caches in ``OUTPUT/indexes``, ``OUTPUT/tokens`` (the matcher's token store) and ``OUTPUT/rescoring``. The group
+gallery (``report.html``) is drawn from the returned run by
 :func:`copynce_hf.retrieval.reports.run_folders.write_dedup_folder`, the one call of the command.
 """
 
@@ -216,7 +217,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
         threshold, origin = calibration.threshold, calibration.origin
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
-                   accelerator=accelerator, settings=settings)
+                   accelerator=accelerator, settings=settings, tokens_folder=output / "tokens")
     if not accelerator.is_main_process:
         return None
     run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)

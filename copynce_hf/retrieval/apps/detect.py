@@ -610,16 +610,18 @@ class _DescriptorStage:
 
 
 def matcher_scores(pairs: list[tuple[str, str]], model, processor, queries, references, config: DetectConfig,
-                    accelerator, folder, progress: bool, log, matches=None) -> tuple[list[float | None], dict[str, int]]:
+                   accelerator, folder, progress: bool, log, matches=None, tokens=None
+                   ) -> tuple[list[float | None], dict[str, int]]:
     """The matcher's score of every pair (``None``: unscored), chunk by chunk over the processes, and the passes
     it ran (encoder views, fusion pairs; summed over the processes, resumed chunks cost nothing). With
     ``content_tokens``, ``matches`` (:func:`~.content_stage.dedup_keep_masks`) mask the images against their
-    neighbours in the collection; without them each query's local set masks it and its candidates."""
+    neighbours in the collection; without them each query's local set masks it and its candidates. ``tokens``: a
+    :class:`~..jobs.token_store.TokenStore` holding every image of the pairs, read instead of encoding them."""
     model = model.to(accelerator.device)
     content = matcher_content(config)
     scorer = MatcherScorer(model, processor, lce=config.matcher_lce, batch_size=config.batch_size,
                            cache_size=config.cache_size, max_pixels=getattr(queries, "max_pixels", None),
-                           content=content, matches=matches if content is not None else None)
+                           content=content, matches=matches if content is not None else None, tokens=tokens)
     query_images, reference_images = SourceImages(queries), SourceImages(references)
 
     def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:

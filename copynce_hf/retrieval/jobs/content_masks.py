@@ -9,7 +9,8 @@ candidates are encoded anyway, and :class:`~.matcher_cache.MatcherScorer` masks 
 
 The images are visited in the order of a breadth-first walk of the neighbour graph, so that an image's
 neighbours tend to be in the cache when it is reached: with a collection that fits the cache every image is
-encoded once, otherwise some are encoded again (:attr:`TokenCache.encoded` counts the passes).
+encoded once, otherwise some are encoded again (:attr:`TokenCache.encoded` counts the passes). ``dedup`` reads
+them from its token store instead (:class:`StoredUnitTokens`, :mod:`.token_store`: every image encoded once).
 """
 
 from __future__ import annotations
@@ -92,6 +93,21 @@ class TokenCache:
         return {image_id: self._tokens[image_id] for image_id in needed}
 
 
+class StoredUnitTokens:
+    """:class:`TokenCache`'s reads from a :class:`~.token_store.TokenStore` whose images are already encoded: the
+    same unit-norm patch tokens (L, C) by id, no encoder pass (``encoded`` stays 0: the store counts its own)."""
+
+    encoded = 0
+
+    def __init__(self, store):
+        self.store = store
+
+    def get(self, image_ids: Sequence[str]) -> dict[str, torch.Tensor | None]:
+        """id -> (L, C) unit-norm float32 tokens (``None``: unreadable) of every id asked for."""
+        return {image_id: None if tokens is None else unit_patch_tokens(tokens[None])[0]
+                for image_id, tokens in self.store.get(image_ids).items()}
+
+
 def walk_order(ids: Sequence[str], neighbours: Mapping[str, Sequence[str]]) -> list[str]:
     """``ids`` in the order of a breadth-first walk of the neighbour graph (each unvisited id, in the order of
     ``ids``, starts a walk), so that images near one another in the graph come near one another in the list."""
@@ -145,7 +161,7 @@ class CollectionMatches:
         dropped = 1.0 - float(torch.cat([keep for keep, _ in masks]).float().mean()) if masks else 0.0
         return (f"{len(masks)} images compared with their neighbours, {dropped:.1%} of their tokens shared with "
                 f"{self.settings.min_images} or more, {sum(fell for _, fell in masks)} images kept whole (every token "
-                f"shared), {self.encoded} encoder passes")
+                f"shared), " + (f"{self.encoded} encoder passes" if self.encoded else "no encoder pass (stored tokens)"))
 
     def digest_lines(self) -> list[str]:
         """One line per image (id, neighbours, matched tokens as 0/1), sorted: what the identity of scores computed
@@ -157,7 +173,7 @@ class CollectionMatches:
                 for image_id, matched in sorted(self.matched.items(), key=lambda item: str(item[0]))]
 
 
-def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache,
+def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache | StoredUnitTokens,
                       settings: ContentSettings, progress: bool = False) -> CollectionMatches:
     """The matches of every image of ``ids`` in its neighbours (``neighbours[id]``, best first; the first
     ``settings.neighbours`` readable ones count), tokens from ``cache``; ``progress``: a bar over the images, with
@@ -185,7 +201,7 @@ def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cach
     return found
 
 
-def sharded_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache,
+def sharded_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache | StoredUnitTokens,
                     settings: ContentSettings, accelerator=None, progress: bool = False) -> CollectionMatches:
     """:func:`neighbour_matches` with the images shared among Accelerate's processes (each a contiguous part of
     the walk order) and the matches gathered, so that every process gets them all (``progress``: the main

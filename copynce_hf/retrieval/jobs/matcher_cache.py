@@ -37,6 +37,7 @@ from ..search.content_tokens import (
 from ..search.onnx_runtime import OnnxMatcherModel
 from ..search.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
 from .content_masks import CollectionMatches
+from .token_store import TokenStore
 
 logger = logging.getLogger(__name__)
 
@@ -107,21 +108,24 @@ class MatcherScorer:
         matches: the images' matches in their own neighbours in the collection
             (:class:`~.content_masks.CollectionMatches`): each side of a pair keeps the tokens that are not
             shared with enough neighbours other than the pair's other image. Needs ``content``.
+        tokens: the images' encoder tokens, already computed (:class:`~.token_store.TokenStore`, whole images:
+            ``lce`` ``none``): read instead of encoding the images (every image of a pair must be in it).
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
                  query_views: ViewFunction | None = None, reference_views: ViewFunction | None = None,
                  view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
                  max_pixels: int | None = None, content: ContentSettings | None = None,
-                 matches: CollectionMatches | None = None):
+                 matches: CollectionMatches | None = None, tokens: TokenStore | None = None):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
-        if content is not None and lce != "none":
-            raise ConfigError(f"content tokens apply to whole images only (matcher_lce none), got matcher_lce {lce!r}")
+        for what, given in (("content tokens", content), ("a token store", tokens)):
+            if given is not None and lce != "none":
+                raise ConfigError(f"{what} apply to whole images only (matcher_lce none), got matcher_lce {lce!r}")
         if content is not None:
             check_content_fusion(model)
         if matches is not None and content is None:
             raise ConfigError("matches are content tokens: give the content settings too")
-        self.content, self.matches = content, matches
+        self.content, self.matches, self.tokens = content, matches, tokens
         self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
         self.model = model.eval()
@@ -237,21 +241,17 @@ class MatcherScorer:
             by_query.setdefault(query_id, []).append(row)
         scores: list[float | None] = [None] * len(pairs)
         query_ids = [qid for qid in by_query if qid in query_files]
-        dataset = _ViewImages([query_files[qid] for qid in query_ids], self.query_views, self.image_processor,
-                              self.max_pixels)
-        loader = DataLoader(dataset, batch_size=1, num_workers=num_workers, collate_fn=_first)
         with tqdm(total=len(pairs), desc=description, unit="pair", disable=not progress) as bar:
-            for item in loader:
-                rows = by_query[query_ids[item["index"]]]
-                if item["valid"]:
-                    query_tokens = self._encode_views(item["views"])
+            for query_id, query_tokens in self._query_tokens(query_ids, query_files, num_workers):
+                rows = by_query[query_id]
+                if query_tokens is not None:
                     wanted = [row for row in rows if pairs[row][1] in reference_files]
-                    self._reference_tokens([pairs[row][1] for row in wanted], reference_files)
-                    scored = [row for row in wanted if self._references.get(pairs[row][1]) is not None]
+                    found = self._reference_lookup([pairs[row][1] for row in wanted], reference_files)
+                    scored = [row for row in wanted if found[pairs[row][1]] is not None]
                     if scored:
                         reference_ids = [pairs[row][1] for row in scored]
-                        references = [self._references[reference_id] for reference_id in reference_ids]
-                        values = (self._fuse_content(query_ids[item["index"]], query_tokens, reference_ids, references)
+                        references = [found[reference_id] for reference_id in reference_ids]
+                        values = (self._fuse_content(query_id, query_tokens, reference_ids, references)
                                   if self.content is not None else self._fuse_max(query_tokens, references))
                         for row, value in zip(scored, values):
                             scores[row] = value
@@ -259,3 +259,25 @@ class MatcherScorer:
                 if on_scored is not None:
                     on_scored(len(rows))
         return scores
+
+    def _query_tokens(self, query_ids: list[str], query_files: dict, num_workers: int):
+        """``(query id, its views' tokens (Vq, 1 + L, C) or None when unreadable)`` of each query, in order: read
+        from :attr:`tokens`, or encoded (images read ahead by ``num_workers`` ``DataLoader`` workers)."""
+        if self.tokens is not None:
+            for query_id in query_ids:
+                stored = self.tokens.tokens(query_id)
+                yield query_id, None if stored is None else stored[None].to(self.device)
+            return
+        dataset = _ViewImages([query_files[qid] for qid in query_ids], self.query_views, self.image_processor,
+                             self.max_pixels)
+        for item in DataLoader(dataset, batch_size=1, num_workers=num_workers, collate_fn=_first):
+            yield query_ids[item["index"]], self._encode_views(item["views"]) if item["valid"] else None
+
+    def _reference_lookup(self, reference_ids: list[str], files: dict) -> dict[str, torch.Tensor | None]:
+        """id -> the views' tokens (Vr, 1 + L, C) of each reference (``None``: unreadable): read from
+        :attr:`tokens`, or through the LRU cache."""
+        if self.tokens is not None:
+            return {rid: None if stored is None else stored[None].to(self.device)
+                    for rid, stored in self.tokens.get(reference_ids).items()}
+        self._reference_tokens(reference_ids, files)
+        return {rid: self._references[rid] for rid in reference_ids}
