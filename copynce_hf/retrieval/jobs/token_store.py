@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -181,6 +182,7 @@ class _ChunkFile:
     def __init__(self, path: Path):
         self.path = path
         self._fd = os.open(path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)
         size, length = int.from_bytes(os.pread(self._fd, 8, 0), "little"), os.fstat(self._fd).st_size
         if 8 + size > length:
             raise ValueError(f"{path} is not a safetensors file (its header would end past the file)")
@@ -197,9 +199,6 @@ class _ChunkFile:
         data = bytearray(os.pread(self._fd, end - start, self._data + start))
         return torch.frombuffer(data, dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
-    def __del__(self):
-        with contextlib.suppress(OSError, AttributeError):
-            os.close(self._fd)
 
 
 def _complete(path: Path, identity: dict) -> bool:
