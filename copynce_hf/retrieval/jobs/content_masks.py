@@ -173,6 +173,28 @@ class CollectionMatches:
                 for image_id, matched in sorted(self.matched.items(), key=lambda item: str(item[0]))]
 
 
+class _MatchRows:
+    """The matches (K, L) of the images of one walk, kept as rows of one bool array (N, ``neighbours``, L) allocated
+    at the first: many small tensors allocated between the walk's large transient ones fragment the heap (at 100,000
+    images, 6 GB resident for 200 MB of matches). A match of another length is kept as a tensor of its own."""
+
+    def __init__(self, count: int, neighbours: int):
+        self.count, self.neighbours = count, neighbours
+        self.rows: torch.Tensor | None = None
+        self.used = 0
+
+    def keep(self, matched: torch.Tensor) -> torch.Tensor:
+        """``matched`` (K, L) bool, as kept: a view of the next row of the array, or a copy."""
+        if self.rows is None:
+            self.rows = torch.zeros((self.count, self.neighbours, matched.shape[1]), dtype=torch.bool)
+        if len(matched) > self.neighbours or matched.shape[1] != self.rows.shape[2] or self.used == self.count:
+            return matched.clone()
+        row = self.rows[self.used, :len(matched)]
+        row.copy_(matched)
+        self.used += 1
+        return row
+
+
 def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache: TokenCache | StoredUnitTokens,
                       settings: ContentSettings, progress: bool = False) -> CollectionMatches:
     """The matches of every image of ``ids`` in its neighbours (``neighbours[id]``, best first; the first
@@ -182,6 +204,7 @@ def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cach
     asked = set(ids)
     order = [image_id for image_id in walk_order(ids, neighbours) if image_id in asked]
     bar = tqdm(total=len(order), desc="content tokens", unit="img", disable=not progress)
+    rows = _MatchRows(len(order), settings.neighbours)
     for start in range(0, len(order), _BLOCK):
         block = order[start:start + _BLOCK]
         wanted = {image_id: [other for other in list(neighbours.get(image_id, ()))[: 4 * settings.neighbours]
@@ -192,8 +215,8 @@ def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cach
             if tokens[image_id] is None or not chosen:
                 continue
             found.neighbours[image_id] = chosen
-            found.matched[image_id] = matched_in(tokens[image_id][None], torch.stack([tokens[o] for o in chosen]),
-                                                 settings.tau)[0].cpu()
+            found.matched[image_id] = rows.keep(matched_in(tokens[image_id][None],
+                                                           torch.stack([tokens[o] for o in chosen]), settings.tau)[0].cpu())
         bar.update(len(block))
         bar.set_postfix(encoder_passes=cache.encoded, refresh=False)
     bar.close()
@@ -215,6 +238,7 @@ def sharded_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cache:
     share = -(-len(order) // processes)
     mine = order[accelerator.process_index * share:(accelerator.process_index + 1) * share]
     part = neighbour_matches(mine, neighbours, cache, settings, progress and accelerator.is_main_process)
+    part.matched = {image_id: matched.clone() for image_id, matched in part.matched.items()}  # not the whole array each
     found = CollectionMatches(settings)
     for gathered in gather_object([part]):
         found.neighbours.update(gathered.neighbours)
