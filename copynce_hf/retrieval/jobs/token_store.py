@@ -4,8 +4,9 @@ tokens (:mod:`.content_masks`) and its matcher scoring (:class:`~.matcher_cache.
 The matcher (paper, "Matcher") runs its first blocks on each image alone, so a pair's fusion needs each image's
 encoder tokens once. An in-memory cache re-encodes an image whenever it was dropped before its next pair, and in a
 collection the candidate pairs have no locality: at 100,000 images a 4,096-image cache ran 13.7 encoder passes per
-image. :meth:`TokenStore.build` encodes every image once into a folder instead, and reads come back from memory-mapped
-files, so memory holds one chunk of tokens however large the collection.
+image. :meth:`TokenStore.build` encodes every image once into a folder instead, and each read takes one image's
+tokens from its chunk file by offset, so memory holds one chunk of tokens while encoding, and the tokens in use
+while reading, however large the collection.
 
 The folder holds ``identity.json`` (the model's weights, its image processor, the images and their files, the
 size limit, the mixed precision, the chunk size: :mod:`.work_folder`) and ``chunk-NNNNNN.safetensors``: chunk ``i``
