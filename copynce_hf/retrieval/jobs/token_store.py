@@ -144,11 +144,8 @@ class TokenStore:
             raise ValueError("the token store's image ids must be unique")
         processes = accelerator.num_processes if accelerator is not None else 1
         rank = accelerator.process_index if accelerator is not None else 0
-        work = WorkFolder(folder, {**identity, "chunk_size": chunk_size}, _IDENTITY_FILE, ".safetensors")
-        if rank == 0:
-            work.open()
-        if processes > 1:
-            accelerator.wait_for_everyone()
+        work = _opened(WorkFolder(folder, {**identity, "chunk_size": chunk_size}, _IDENTITY_FILE, ".safetensors"),
+                       accelerator)
         chunks = [list(ids[start:start + chunk_size]) for start in range(0, len(ids), chunk_size)]
         todo = [index for index in range(len(chunks)) if not _complete(work.chunk_path(index), work.identity)]
         if rank == 0 and len(todo) < len(chunks):
@@ -200,6 +197,16 @@ class _ChunkFile:
         data = bytearray(os.pread(self._fd, end - start, self._data + start))
         return torch.frombuffer(data, dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
+
+
+def _opened(work: WorkFolder, accelerator) -> WorkFolder:
+    """``work`` made ready for its identity by the main process (:meth:`~.work_folder.WorkFolder.open`: chunks of
+    other inputs deleted), the other processes waiting for it."""
+    if accelerator is None or accelerator.is_main_process:
+        work.open()
+    if accelerator is not None and accelerator.num_processes > 1:
+        accelerator.wait_for_everyone()
+    return work
 
 
 def _complete(path: Path, identity: dict) -> bool:
