@@ -129,6 +129,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def launch_two_cpu_processes(target: list[str], environment: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of ``target`` (a script and its arguments, or ``-m module ...``) as two local CPU
+    processes (gloo) from the repository root, output captured. Accelerate 1.x launches ``--cpu --num_processes 2``
+    as one process, so the two are launched through torchrun (``--multi_gpu``) with ``ACCELERATE_USE_CPU`` set."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(free_port()), *target]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**environment, "ACCELERATE_USE_CPU": "true"}, cwd=REPO_ROOT)
+
+
 def shared_split(split: str) -> list[Path]:
     """Files of one split of ../shared/data/imagenet-sample (sorted), or skip the test."""
     if not SPLITS_CSV.exists():

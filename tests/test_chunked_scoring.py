@@ -10,13 +10,11 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_killed_when, free_port, save_tiny_models
+from conftest import cli_killed_when, launch_two_cpu_processes, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -158,13 +156,8 @@ def test_two_processes_detect_the_same_as_one_and_a_rerun_resumes(workspace, tmp
     chunks = sorted((one / "rescoring").glob("chunk-*.json"))
     assert len(chunks) == 6  # 6 queries x 4 candidates, chunks of 5 pairs: one query each
 
-    # Accelerate 1.x launches `--cpu --num_processes 2` as one process; two local CPU processes (gloo) are
-    # launched through torchrun (`--multi_gpu`) with ACCELERATE_USE_CPU set.
     two = tmp_path / "two"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(free_port()), "-m", "copynce_hf.cli", *_detect_options(root, models, two)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_environment(), cwd=REPO)
+    result = launch_two_cpu_processes(["-m", "copynce_hf.cli", *_detect_options(root, models, two)], _environment())
     assert result.returncode == 0, result.stderr[-3000:]
     _same(read_predictions(two / "predictions.csv"), expected)
     # the pairs were shared, each fused once in all (24 candidates x 35 view pairs); one process wrote

@@ -8,14 +8,12 @@ from __future__ import annotations
 import csv
 import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
-from conftest import cli_killed_when, free_port, run_cli, save_tiny_models, tiny_models
+from conftest import cli_killed_when, launch_two_cpu_processes, run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
@@ -254,13 +252,9 @@ def test_two_processes_dedup_a_dataset_as_one_does(models, collection, tmp_path,
     one = tmp_path / "one"
     code, _, err = run_cli(capsys, *_matcher_options(collection, models, one))
     assert code == 0, err
-    # Accelerate 1.x launches `--cpu --num_processes 2` as one process; two local CPU processes (gloo) are
-    # launched through torchrun (`--multi_gpu`) with ACCELERATE_USE_CPU set.
     two = tmp_path / "two"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(free_port()), "-m", "copynce_hf.cli", *_matcher_options(collection, models, two)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_environment(), cwd=REPO)
+    result = launch_two_cpu_processes(["-m", "copynce_hf.cli", *_matcher_options(collection, models, two)],
+                                      _environment())
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_run(two, one)
     # the pairs were shared, each fused once in all (35 view pairs each); one process logged and wrote

@@ -142,24 +142,18 @@ def test_dedup_encodes_each_image_once_and_scores_as_without_a_store(tmp_path):
 @pytest.mark.slow
 def test_two_processes_share_the_chunks_and_read_them_all(images, tmp_path):
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    from conftest import free_port
+    from conftest import launch_two_cpu_processes
 
     _, matcher, processor = tiny_models(3)
     alone = _build(images, tmp_path / "alone", matcher, processor, batch_size=2, chunk_size=2)
     folder = next(iter(images.values())).parent
     repo = Path(__file__).resolve().parents[1]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
+    environment = {**os.environ, "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])}
-    # Accelerate 1.x launches two local CPU processes (gloo) through torchrun (`--multi_gpu`) with ACCELERATE_USE_CPU
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(free_port()), str(repo / "tests" / "_token_store_worker.py"), str(folder), str(tmp_path / "two"),
-               str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=repo)
+    result = launch_two_cpu_processes([str(repo / "tests" / "_token_store_worker.py"), str(folder),
+                                       str(tmp_path / "two"), str(tmp_path)], environment)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(list((tmp_path / "two").glob("chunk-*.safetensors"))) == 4  # 8 images, 2 a chunk, 2 chunks each
     for rank in (0, 1):

@@ -10,14 +10,13 @@ import os
 import re
 import runpy
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import TINY_VIT, free_port, shrunk_asset_images, tiny_model_options
+from conftest import TINY_VIT, launch_two_cpu_processes, shrunk_asset_images, tiny_model_options
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -368,14 +367,10 @@ def test_wall_time_budget_stops_early_and_still_saves(train_script, tmp_path, im
 
 def test_two_processes_gloo_agree_on_weights(tmp_path, images):
     output = tmp_path / "ddp"
-    # Accelerate 1.x launches `--cpu --num_processes 2` as ONE process unless mpirun is used; two local
-    # CPU processes (gloo) are launched through torchrun (`--multi_gpu`) with ACCELERATE_USE_CPU set.
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "true"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(free_port()), str(REPO / "scripts" / "train.py"),
-               *_tiny(images, output, "--max_steps", "4", "--per_device_train_batch_size", "4")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=REPO)
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = launch_two_cpu_processes([str(REPO / "scripts" / "train.py"),
+                                       *_tiny(images, output, "--max_steps", "4", "--per_device_train_batch_size", "4")],
+                                      environment)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((output / "training_summary.json").read_text())
     assert summary["num_processes"] == 2 and summary["steps"] == 4
