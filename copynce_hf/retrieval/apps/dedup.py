@@ -482,11 +482,11 @@ class _DedupRun:
         if self.matcher is None:
             return dict(candidates.raw)
         start = time.perf_counter()
-        self.tokens = self.token_store(list(candidates.raw))
+        pair_ids = list(candidates.raw)
+        self.tokens = self.token_store(pair_ids)
         self.matches = dedup_keep_masks(self.matcher, SourceImages(self.source), list(self.source.ids),
                                         candidates.pairs, self.config, self.accelerator, self.log, self.progress,
                                         self.tokens)
-        pair_ids = list(candidates.raw)
         scores = self.matcher_scores(pair_ids, folder)
         self.cost["encoded_views"] += self.matches.encoded if self.matches is not None else 0
         self.cost["encoded_views"] += self.tokens.encoded if self.tokens is not None else 0

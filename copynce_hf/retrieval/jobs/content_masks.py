@@ -161,7 +161,7 @@ class CollectionMatches:
         dropped = 1.0 - float(torch.cat([keep for keep, _ in masks]).float().mean()) if masks else 0.0
         return (f"{len(masks)} images compared with their neighbours, {dropped:.1%} of their tokens shared with "
                 f"{self.settings.min_images} or more, {sum(fell for _, fell in masks)} images kept whole (every token "
-                f"shared), " + (f"{self.encoded} encoder passes" if self.encoded else "no encoder pass (stored tokens)"))
+                f"shared), {self.encoded} encoder passes")
 
     def digest_lines(self) -> list[str]:
         """One line per image (id, neighbours, matched tokens as 0/1), sorted: what the identity of scores computed
