@@ -106,7 +106,6 @@ def dedup_keep_masks(matcher: tuple, images: Mapping, ids: list[str], candidates
     check_content_fusion(model)
     if tokens is not None:
         cache = StoredUnitTokens(tokens)
-        ids = [image_id for image_id in ids if image_id in tokens]  # the others are in no pair: nothing to mask
     else:
         model = model.to(accelerator.device)
         cache = TokenCache(model.pre_fusion_tokens, processor, images, config.cache_size, config.batch_size,

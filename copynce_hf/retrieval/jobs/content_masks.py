@@ -201,8 +201,8 @@ def neighbour_matches(ids: Sequence, neighbours: Mapping[object, Sequence], cach
     ``settings.neighbours`` readable ones count), tokens from ``cache``; ``progress``: a bar over the images, with
     the encoder passes run so far (more than one per image when the cache is smaller than the walk's reach)."""
     found = CollectionMatches(settings)
-    asked = set(ids)
-    order = [image_id for image_id in walk_order(ids, neighbours) if image_id in asked]
+    asked = set(ids)  # an image without neighbours has nothing to be masked against: it is not read
+    order = [image_id for image_id in walk_order(ids, neighbours) if image_id in asked and neighbours.get(image_id)]
     bar = tqdm(total=len(order), desc="content tokens", unit="img", disable=not progress)
     rows = _MatchRows(len(order), settings.neighbours)
     for start in range(0, len(order), _BLOCK):

@@ -198,7 +198,6 @@ class _ChunkFile:
         return torch.frombuffer(data, dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
-
 def _opened(work: WorkFolder, accelerator) -> WorkFolder:
     """``work`` made ready for its identity by the main process (:meth:`~.work_folder.WorkFolder.open`: chunks of
     other inputs deleted), the other processes waiting for it."""
