@@ -9,6 +9,8 @@ Here, once (everything the GPU machine needs and lacks goes to ``.gpu/``, which 
 On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s: 600``::
 
     bash .gpu/run.sh                                   # packages into /tmp/site, then ``run --output-dir $OUT``
+    bash .gpu/run.sh --pairs content-over-frame        # the same on copy-to-copy and shared-template pairs
+    bash .gpu/run.sh --pairs content-over-frame --descriptor-init scratch --descriptor-size next
 
 On the CPU (``tests/test_gpu_training.py`` runs this with tiny numbers)::
 
@@ -21,13 +23,15 @@ What ``run`` does, each step in this process, in this order:
    task, precision and engine of a training run's own ``eval``, with that run's configuration);
 2. a calibration run of ``--calibration-seconds`` that measures the training pairs per second (skipped
    with ``--descriptor-steps``), from which the descriptor gets the steps that fill ``--descriptor-seconds``;
-3. the descriptor run: ``configs/bench_descriptor.yaml`` (the embedded descriptor's setting) with
+3. the descriptor run: ``configs/bench_descriptor.yaml`` (the embedded descriptor's setting; with ``--pairs
+   content-over-frame``, ``configs/content_over_frame_descriptor.yaml``, and the matcher's file likewise) with
    ``--batch-size`` pairs per step (128: 4x the CPU runs' 32; learning rate 1e-3 as there, not scaled),
    a warm-up of 5 % of the steps, a weight average (EMA 0.998) beside the trained weights, ``--workers``
    data-loader workers, bf16 autocast. It starts from the embedded descriptor (``--descriptor-init
    embedded``, the default): that model already holds 83k pairs of CPU training, and a run continued from
    it is compared with exactly what it started from; ``--descriptor-init scratch`` trains the config's
-   fresh model (a point of the compute-scaling curve instead);
+   fresh model (a point of the compute-scaling curve instead), of ``--descriptor-size`` (``next``: ViT-S's
+   width and depth at 112 pixels, :data:`DESCRIPTOR_SIZES`) at ``bench_descriptor.yaml``'s learning rate;
 4. of its EMA and trained weights, the one with the better held-out muAP (the run's own evaluation);
 5. the k-NN graph (k = 8) of the training images under that descriptor
    (:func:`copynce_hf.data.knn_features.knn_graph_of_images`, ``scripts/build_knn.py``'s work);
@@ -43,7 +47,9 @@ What ``run`` does, each step in this process, in this order:
    ``$OUT`` holds only what the device call sends back: at most 8 files).
 
 The report's ``better`` compares one draw of 30 held-out copies, where good models differ by about one query:
-decide an export afterwards, here, on ten draws (``python -m benchmarks.held_out``, BENCHMARKS.md).
+decide an export afterwards, here, on ten draws (``python -m benchmarks.held_out``, BENCHMARKS.md), and for
+``--pairs content-over-frame`` on template collections of the held-out photos too (``python -m
+benchmarks.held_out_templates``).
 
 Every run also stops at its ``max_train_seconds`` (1.2 x its budget), so a slower machine cuts a run
 short rather than the device call. The held-out images are the last 40 of the train split
@@ -75,6 +81,21 @@ __all__ = ["RunPlan", "build_parser", "main", "prepare", "run", "travelling_byte
 
 DESCRIPTOR_CONFIG = REPO_ROOT / "configs" / "bench_descriptor.yaml"
 MATCHER_CONFIG = REPO_ROOT / "configs" / "bench_matcher.yaml"
+#: ``--pairs``: the training configs of each kind of pairs. ``paper``: the embedded models' own (an edited query
+#: against its unedited reference); ``content-over-frame``: the same continued with copy-to-copy positives and
+#: shared-template negatives (beyond the paper, docs/FIDELITY.md).
+PAIR_CONFIGS = {
+    "paper": {"descriptor": DESCRIPTOR_CONFIG, "matcher": MATCHER_CONFIG},
+    "content-over-frame": {"descriptor": REPO_ROOT / "configs" / "content_over_frame_descriptor.yaml",
+                           "matcher": REPO_ROOT / "configs" / "content_over_frame_matcher.yaml"},
+}
+#: ``--descriptor-size``: the model fields of each descriptor size over ``bench_descriptor.yaml``'s (``embedded``:
+#: 6 blocks, 192 wide, 112 pixels, 8-pixel patches). ``next``: ViT-S's width and depth at the same input, trained
+#: from scratch (``--descriptor-init scratch``): the embedded size stopped improving with more pairs.
+DESCRIPTOR_SIZES = {
+    "embedded": {},
+    "next": {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536},
+}
 EMBEDDED = REPO_ROOT / "copynce_hf" / "pretrained"
 #: The folder ``prepare`` fills and the device call carries (git-ignored).
 BUNDLE = REPO_ROOT / ".gpu"
@@ -142,13 +163,7 @@ def _bundle_packages(bundle: Path, names: tuple[str, ...]) -> None:
                     "--platform", "manylinux2014_x86_64", "-d", str(wheels), *pins], check=True)
     import magic  # noqa: F401  (libmagic is loaded: its file is the one to carry)
 
-    from copynce_hf.pixtrace import CopyRecipe
-    from copynce_hf.training import load_config
-
-    recipes = {name for path in (DESCRIPTOR_CONFIG, MATCHER_CONFIG) for config in [load_config(path)]
-               for name in (config.query_recipe, config.reference_recipe)}
-    kept = {Path(font).stem for name in recipes for _, step in CopyRecipe.preset(name).steps
-            if hasattr(step, "font_choices") for font in step.font_choices()}
+    kept = {Path(font).stem for font in _training_fonts()}
     if (bundle / "site").exists():
         shutil.rmtree(bundle / "site")
     for name in COPIED:
@@ -163,6 +178,24 @@ def _bundle_packages(bundle: Path, names: tuple[str, ...]) -> None:
     library = _libmagic_path()
     (bundle / "lib").mkdir(exist_ok=True)
     shutil.copyfile(library, bundle / "lib" / "libmagic.so.1")
+
+
+def _training_fonts() -> set[str]:
+    """The AugLy fonts (``"<name>.ttf"``) that the runs of every ``--pairs`` may draw: the text steps of their
+    configs' recipes, the queries' captions, and the templates' frames and meme bands."""
+    from augly.utils import MEME_DEFAULT_FONT
+
+    from copynce_hf.pixtrace import CopyRecipe
+    from copynce_hf.pixtrace.edits.frames import FRAME_FONTS
+    from copynce_hf.pixtrace.steps import CAPTION_FONTS
+    from copynce_hf.pixtrace.templates import TEMPLATE_FONTS
+    from copynce_hf.training import load_config
+
+    recipes = {name for configs in PAIR_CONFIGS.values() for path in configs.values() for config in [load_config(path)]
+               for name in (config.query_recipe, config.reference_recipe, config.reference_copy_recipe)}
+    fonts = {font for name in recipes if name != "off" for _, step in CopyRecipe.preset(name).steps
+             if hasattr(step, "font_choices") for font in step.font_choices()}
+    return fonts | {*CAPTION_FONTS, *TEMPLATE_FONTS, *FRAME_FONTS, Path(MEME_DEFAULT_FONT).name}
 
 
 def _libmagic_path() -> Path:
@@ -223,7 +256,9 @@ class RunPlan:
     workers: int = 16
     precision: str = "bf16"
     held_out: int = 40
+    pairs: str = "paper"
     descriptor_init: str = "embedded"
+    descriptor_size: str = "embedded"
     descriptor_seconds: float = 200.0
     matcher_seconds: float = 75.0
     calibration_seconds: float = 20.0
@@ -243,13 +278,30 @@ class RunPlan:
             values.update(model_name_or_path=str(EMBEDDED / "matcher"), init_from_dino=None, learning_rate=2.5e-4)
         elif self.descriptor_init == "embedded":
             values.update(model_name_or_path=str(EMBEDDED / "descriptor"))
+        else:  # a fresh model of the size asked: bench_descriptor.yaml's architecture, losses and learning rate
+            bench = _bench_descriptor()
+            values.update(model_name_or_path=None, learning_rate=bench.learning_rate,
+                          model={**bench.model, **DESCRIPTOR_SIZES[self.descriptor_size]})
         return values
 
+    def config(self, kind: str, overrides: dict):
+        """The :class:`TrainingConfig` of a ``kind`` run on this plan's pairs, with ``overrides``."""
+        from copynce_hf.training import load_config
 
-def _config(kind: str, overrides: dict):
+        return load_config(PAIR_CONFIGS[self.pairs][kind], overrides)
+
+    def check(self) -> None:
+        """A clear error for settings that contradict each other (before anything runs)."""
+        if self.descriptor_size != "embedded" and self.descriptor_init == "embedded":
+            raise SystemExit(f"--descriptor-size {self.descriptor_size} is a new architecture: it needs "
+                             "--descriptor-init scratch (the embedded weights have the embedded size)")
+
+
+def _bench_descriptor():
+    """``bench_descriptor.yaml``: the embedded descriptor's architecture, losses and training from scratch."""
     from copynce_hf.training import load_config
 
-    return load_config(DESCRIPTOR_CONFIG if kind == "descriptor" else MATCHER_CONFIG, overrides)
+    return load_config(DESCRIPTOR_CONFIG)
 
 
 def _train(config) -> dict:
@@ -318,6 +370,7 @@ def run(plan: RunPlan) -> dict:
     from copynce_hf.data.knn_features import knn_graph_of_images
     from copynce_hf.training.run import held_out_score
 
+    plan.check()
     started = time.perf_counter()
     if plan.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "true"  # Accelerate reads it: the CPU although a GPU is there
@@ -334,20 +387,21 @@ def run(plan: RunPlan) -> dict:
 
     descriptor = report.setdefault("descriptor", {})
     descriptor_overrides = plan.overrides("descriptor", work / "descriptor")
-    descriptor["current"] = held_out_score(_config("descriptor", {**descriptor_overrides,
+    current = {key: value for key, value in descriptor_overrides.items() if key != "model"}  # the folder's size
+    descriptor["current"] = held_out_score(plan.config("descriptor", {**current,
                                                                    "model_name_or_path": str(EMBEDDED / "descriptor")}))
     save("current descriptor scored")
 
     steps = plan.descriptor_steps
     if steps is None:
-        calibration = _train(_config("descriptor", {**plan.overrides("descriptor", work / "calibration"),
+        calibration = _train(plan.config("descriptor", {**plan.overrides("descriptor", work / "calibration"),
                                                     "max_steps": 100_000, "num_eval_images": 0,
                                                     "max_train_seconds": plan.calibration_seconds}))
         descriptor["calibration_pairs_per_second"] = _pairs_per_second(calibration)
         steps = _steps(plan.descriptor_seconds, descriptor["calibration_pairs_per_second"], plan.batch_size)
         shutil.rmtree(work / "calibration", ignore_errors=True)
         save("calibrated")
-    summary = _train(_config("descriptor", {**descriptor_overrides, "max_steps": steps,
+    summary = _train(plan.config("descriptor", {**descriptor_overrides, "max_steps": steps,
                                             "warmup_steps": max(1, steps // 20), "ema_decay": 0.998,
                                             "max_train_seconds": 1.2 * plan.descriptor_seconds}))
     which, folder, chosen = _chosen_descriptor(summary)
@@ -368,10 +422,10 @@ def run(plan: RunPlan) -> dict:
 
     matcher = report.setdefault("matcher", {})
     matcher_overrides = {**plan.overrides("matcher", work / "matcher"), "knn_graph": str(graph_path)}
-    matcher["current"] = held_out_score(_config("matcher", matcher_overrides))
+    matcher["current"] = held_out_score(plan.config("matcher", matcher_overrides))
     save("current matcher scored")
     steps = plan.matcher_steps or _steps(plan.matcher_seconds, rate, plan.batch_size)
-    summary = _train(_config("matcher", {**matcher_overrides, "max_steps": steps, "warmup_steps": max(1, steps // 20),
+    summary = _train(plan.config("matcher", {**matcher_overrides, "max_steps": steps, "warmup_steps": max(1, steps // 20),
                                          "max_train_seconds": 1.2 * plan.matcher_seconds}))
     matcher.update(planned_steps=steps, steps=summary["steps"], pairs=summary["pairs_per_process"],
                    wall_seconds=summary["wall_seconds"], new=_scored(summary),
@@ -410,7 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     go.add_argument("--workers", type=int, default=defaults.workers, help="data-loader workers")
     go.add_argument("--precision", choices=["bf16", "fp16", "no"], default=defaults.precision)
     go.add_argument("--held-out", type=int, default=defaults.held_out, help="held-out images (the configs' 40)")
+    go.add_argument("--pairs", choices=sorted(PAIR_CONFIGS), default=defaults.pairs,
+                    help="the training pairs: the paper's, or content over frame (configs/content_over_frame_*.yaml)")
     go.add_argument("--descriptor-init", choices=["embedded", "scratch"], default=defaults.descriptor_init)
+    go.add_argument("--descriptor-size", choices=sorted(DESCRIPTOR_SIZES), default=defaults.descriptor_size,
+                    help="next: ViT-S width and depth at 112 pixels (with --descriptor-init scratch)")
     go.add_argument("--descriptor-seconds", type=float, default=defaults.descriptor_seconds)
     go.add_argument("--matcher-seconds", type=float, default=defaults.matcher_seconds)
     go.add_argument("--calibration-seconds", type=float, default=defaults.calibration_seconds)

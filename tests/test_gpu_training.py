@@ -43,7 +43,7 @@ def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp
     plan = gpu_training.RunPlan(ASSET_IMAGES, out, device="cpu", batch_size=4, workers=0, precision="no", held_out=4)
     overrides = {**plan.overrides("matcher", work / "rescored"), "knn_graph": str(out / "knn_graph.safetensors"),
                  "model_name_or_path": str(work / "matcher")}
-    assert held_out_score(gpu_training._config("matcher", overrides)) == report["matcher"]["new"]["eval"]
+    assert held_out_score(plan.config("matcher", overrides)) == report["matcher"]["new"]["eval"]
 
 
 def test_steps_come_from_the_measured_pairs_per_second():
@@ -105,3 +105,27 @@ def test_chosen_trained_weights_travel_in_the_run_layout_so_the_card_names_them(
         folder = unpacked / name / "without_ema" if trained else unpacked / name
         assert (folder / "config.json").is_file() and (unpacked / name / "training_summary.json").is_file()
         assert training_settings(folder)["weights"].startswith(expected)
+
+
+def test_content_over_frame_pairs_and_the_next_descriptor_size_come_from_their_configs(tmp_path):
+    plan = gpu_training.RunPlan(ASSET_IMAGES, tmp_path, pairs="content-over-frame", descriptor_init="scratch",
+                                descriptor_size="next")
+    descriptor = plan.config("descriptor", plan.overrides("descriptor", tmp_path / "d"))
+    assert descriptor.template_share > 0 and descriptor.copy_to_copy_share > 0  # the new pairs, from their file
+    assert descriptor.model_name_or_path is None and descriptor.learning_rate == 1e-3  # fresh, at the bench rate
+    assert {key: descriptor.model[key] for key in ("hidden_size", "num_hidden_layers", "image_size")} == \
+        {"hidden_size": 384, "num_hidden_layers": 12, "image_size": 112}
+    assert descriptor.model["copynce_weight"] == 5.0  # bench_descriptor.yaml's losses kept
+    matcher = plan.config("matcher", plan.overrides("matcher", tmp_path / "m"))
+    assert matcher.template_share > 0 and matcher.model_name_or_path.endswith("pretrained/matcher")
+    with pytest.raises(SystemExit, match="--descriptor-init scratch"):
+        gpu_training.RunPlan(ASSET_IMAGES, tmp_path, descriptor_size="next").check()
+
+
+def test_the_bundle_keeps_every_font_the_new_pairs_draw():
+    from copynce_hf.pixtrace.edits.frames import FRAME_FONTS
+    from copynce_hf.pixtrace.templates import TEMPLATE_FONTS
+
+    fonts = gpu_training._training_fonts()
+    assert set(TEMPLATE_FONTS) | set(FRAME_FONTS) <= fonts  # the templates' meme bands and app frames
+    assert all(font.endswith(".ttf") for font in fonts) and len(fonts) < 40  # not AugLy's whole folder

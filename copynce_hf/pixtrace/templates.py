@@ -45,7 +45,8 @@ MAX_CANVAS_SIDE = 1024
 
 _CAPTIONS = ("when you see it", "me on monday", "nobody:", "this is fine", "POV: you found it", "true story",
              "wait for it", "every single time", "can't unsee", "the best day", "mood", "my plans vs reality")
-_FONTS = ("Impact.ttf", "IBMPlexSans-Bold.ttf", "Montserrat-Black.ttf", "OpenSans-Bold.ttf")
+#: The fonts of the meme templates' captions (AugLy's bundled fonts).
+TEMPLATE_FONTS = ("Impact.ttf", "IBMPlexSans-Bold.ttf", "Montserrat-Black.ttf", "OpenSans-Bold.ttf")
 
 #: ``pick(rng) -> (image id, image)``: a background photo for the ``background`` kind (None: none available).
 BackgroundPicker = Callable[[np.random.Generator], "tuple[str, Image.Image] | None"]
@@ -179,7 +180,7 @@ class TemplateRecipe:
 
 def _overlay_params(rng: np.random.Generator) -> dict[str, Any]:
     names = emoji_names()
-    return {"text": str(rng.choice(_CAPTIONS)), "font": str(rng.choice(_FONTS)),
+    return {"text": str(rng.choice(_CAPTIONS)), "font": str(rng.choice(TEMPLATE_FONTS)),
             "font_size": float(rng.uniform(0.08, 0.16)), "color": [int(v) for v in rng.integers(0, 256, 3)],
             "x": float(rng.uniform(0.02, 0.3)), "y": float(rng.choice([rng.uniform(0.02, 0.15), rng.uniform(0.75, 0.85)])),
             "emoji": names[int(rng.integers(len(names)))], "emoji_size": float(rng.uniform(0.2, 0.35)),

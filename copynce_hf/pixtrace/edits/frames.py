@@ -21,7 +21,8 @@ from ...modeling.errors import EditParameterError
 #: The frame styles: a social-media feed post, a phone chat with the photo in a message, a full-screen story.
 FRAME_STYLES = ("post", "chat", "story")
 
-_FONTS = ("IBMPlexSans-Bold.ttf", "Raleway-ExtraBold.ttf", "OpenSans-Regular.ttf", "Montserrat-Medium.ttf")
+#: The fonts of the frames' text (AugLy's bundled fonts).
+FRAME_FONTS = ("IBMPlexSans-Bold.ttf", "Raleway-ExtraBold.ttf", "OpenSans-Regular.ttf", "Montserrat-Medium.ttf")
 _WORDS = ("look", "this", "today", "wow", "new", "best", "photo", "friends", "weekend", "again", "love", "view",
           "morning", "city", "trip", "home", "story", "share", "amazing", "finally", "who", "else", "remember")
 
@@ -89,7 +90,7 @@ def draw_frame(style: str, seed: int, size: tuple[int, int]) -> Image.Image:
     height, width = size
     frame = Image.new("RGB", (width, height), layout.background)
     draw = ImageDraw.Draw(frame)
-    font = _font(_FONTS[int(seed) % len(_FONTS)], round(0.045 * width))
+    font = _font(FRAME_FONTS[int(seed) % len(FRAME_FONTS)], round(0.045 * width))
     top, left, box_h, box_w = layout.box
     box = (round(left * width), round(top * height), round((left + box_w) * width), round((top + box_h) * height))
     unit = max(2, round(0.06 * width))  # avatar and icon size
