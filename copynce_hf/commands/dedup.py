@@ -78,6 +78,7 @@ def request_of(args):
                         matcher_normalisation=args.matcher_normalisation, matcher_alpha=args.matcher_alpha,
                         matcher_k_start=args.matcher_k_start, matcher_k_end=args.matcher_k_end,
                         matcher_anchor=args.matcher_anchor, matcher_orders=args.matcher_orders,
+                        content_crops=args.content_crops,
                         grouping=args.grouping, content_tokens=args.content_tokens,
                         descriptor_content_tokens=bool(args.descriptor_content_tokens), input=options.image_input(args),
                         dataset=args.dataset, gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))

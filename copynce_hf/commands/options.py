@@ -224,6 +224,11 @@ def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False
                    "image as the query (half the matcher's fusion passes); auto (default): both for a matcher "
                    "with segment embeddings (its score depends on the order, as the embedded matcher's), one for "
                    "the authors' form (the same score in both orders)")
+    p.add_argument("--content-crops", action=argparse.BooleanOptionalAction, default=True,
+                   help="with content tokens: each image whose own content (the tokens it does not share with its "
+                   "neighbours) covers less than 60%% of it gets a second view, that region cut from its pixels; "
+                   "the crops propose candidate pairs, and a pair whose best descriptor match involves a crop is "
+                   "verified on those views (default on; --no-content-crops: whole images only)")
     p.add_argument("--grouping", choices=GROUPINGS, default="representative",
                    help="representative (default): a pair joins a group only if it clears the threshold against "
                    "the group's first member, two groups merge only if their first members' pair does; connected: "

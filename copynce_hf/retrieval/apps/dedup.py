@@ -54,12 +54,14 @@ from ..search.background import (
     pair_background,
 )
 from ..search.descriptors import DescriptorSet
+from ..search.extract import extract_descriptors
 from ..search.index import DescriptorIndex
 from ..search.predictions import Prediction
 from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDERS
 from ..search.references import search_references
 from ..search.view_search import owner_of
 from ..search.views import ViewPreset
+from .content_crops import VIEW_CROP, VIEW_WHOLE, Box, CropPair, CropSource, content_boxes, crop_pairs
 from .content_stage import (
     content_setting,
     dedup_content_index,
@@ -101,6 +103,8 @@ class DedupSettings:
             collection's order as the query; half the fusion passes) or ``auto``: ``both`` for a matcher whose
             score depends on the order (:func:`order_dependent`), ``one`` for the others, whose two orders give
             the same score.
+        content_crops: with content tokens, each image's own content cut from its pixels as a second view, which
+            proposes pairs and verifies those its descriptor matches best (:mod:`.content_crops`).
     """
 
     grouping: str = "representative"
@@ -110,6 +114,7 @@ class DedupSettings:
     matcher_k_end: int = COLLECTION_K_END
     matcher_anchor: float = 0.0
     matcher_orders: str = "auto"
+    content_crops: bool = True
 
     def __post_init__(self) -> None:
         if self.grouping not in GROUPINGS:
@@ -152,6 +157,9 @@ class DedupResult:
         raw_candidate_scores: ``(earlier, later)`` -> descriptor cosine of every candidate.
         backgrounds: ``descriptor`` / ``matcher`` -> image id -> its background (cosine, logit); empty without
             normalisation.
+        crop_boxes: image id -> the box of its content crop (:mod:`.content_crops`), for the images that have one.
+        crop_pairs: the pairs verified on their best views, one of them a content crop
+            (:class:`~.content_crops.CropPair`); their raw scores are those of those views.
     """
 
     members: list[list[GroupMember]]
@@ -164,6 +172,8 @@ class DedupResult:
     raw_scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     raw_candidate_scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     backgrounds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    crop_boxes: dict[str, Box] = dataclasses.field(default_factory=dict)
+    crop_pairs: list[CropPair] = dataclasses.field(default_factory=list)
 
     @property
     def groups(self) -> list[list[tuple[str, float | None]]]:
@@ -348,6 +358,7 @@ def dedup(
     candidates = run.candidates(index, queries, len(readable))
     with token_folder(tokens_folder, run.accelerator) as run.tokens_folder:
         raw = run.verify(candidates, rescoring_folder)
+        raw = run.content_crops(index, raw)
         decide = run.decision(candidates, raw)
         start = time.perf_counter()
         decided = {pair: decide(*pair, score) for pair, score in raw.items()}
@@ -359,7 +370,8 @@ def dedup(
     backgrounds = {"descriptor": candidates.background, "matcher": decide.matcher_background or {}}
     return DedupResult(members, [Prediction(a, b, score) for (a, b), score in decided.items()], candidates.pairs,
                        threshold, run.seconds, skipped, run.cost, raw, candidates.raw,
-                       {stage: found for stage, found in backgrounds.items() if found})
+                       {stage: found for stage, found in backgrounds.items() if found}, run.crops.boxes if run.crops
+                       else {}, run.crop_pairs)
 
 
 @dataclasses.dataclass
@@ -400,6 +412,8 @@ class _DedupRun:
     matches: object = None  # the images' content-token matches in their neighbours (``content_tokens``)
     tokens_folder: Path | None = None  # where the token store goes
     tokens: TokenStore | None = None  # the images' matcher encoder tokens (whole images)
+    crops: CropSource | None = None  # the content crops (``content_crops``)
+    crop_pairs: list[CropPair] = dataclasses.field(default_factory=list)  # the pairs verified on them
 
     @property
     def preset(self) -> ViewPreset:
@@ -496,6 +510,59 @@ class _DedupRun:
         self.log(f"matcher: {len(verified)} pairs verified{on} ({self.cost['encoded_views']} encoder passes, "
                  f"{self.cost['fused_pairs']} fusion passes)")
         return verified
+
+    def content_crops(self, index: DescriptorIndex, raw: dict[tuple[str, str], float]
+                      ) -> dict[tuple[str, str], float]:
+        """Step 2b (:mod:`.content_crops`): ``raw`` with the pairs that content crops propose or decide scored on
+        their best views; ``raw`` itself without content tokens, with view presets, or with ``content_crops`` off."""
+        if not (self.settings.content_crops and self.matches is not None and self.preset.name == "none"):
+            return raw
+        start = time.perf_counter()
+        images = SourceImages(self.source)
+        self.crops = crops = CropSource(images, content_boxes(self.source.ids, self.matches.keep), images.max_pixels)
+        if not len(crops):
+            self.seconds["content crops"] = time.perf_counter() - start
+            self.log("content crops: no image has a region of its own content small enough to crop")
+            return raw
+        described = extract_descriptors(self.descriptor.model, self.descriptor.processor, crops,
+                                        progress=self.progress, description=f"{self.descriptor.name}: content crops",
+                                        **self.extract)
+        pairs = crop_pairs(index.references, described, self.config.candidates, self.order)
+        scores = self.view_scores(pairs, crops)
+        self.crop_pairs = [pair for pair, score in zip(pairs, scores) if score is not None]
+        updated = dict(raw)
+        for pair, score in zip(pairs, scores):
+            if score is not None:
+                updated[(pair.a, pair.b)] = score
+        replaced = sum(1 for pair, score in zip(pairs, scores) if score is not None and (pair.a, pair.b) in raw)
+        self.seconds["content crops"] = time.perf_counter() - start
+        self.log(f"content crops: {len(crops)} of {len(self.source)} images cropped to their own content, "
+                 f"{len(pairs)} pairs verified on their crops ({replaced} of them whole-image candidates)")
+        return updated
+
+    def view_scores(self, pairs: list, crops: CropSource) -> list[float | None]:
+        """The matcher's score of each :class:`~.content_crops.CropPair` on its two views, every token kept (a crop
+        is its image's own content); both orders as :meth:`matcher_scores`."""
+        both = self.settings.scores_both_orders(self.matcher[0])
+        config = dataclasses.replace(self.config, content_tokens=False)
+        sources = {VIEW_WHOLE: self.source, VIEW_CROP: crops}
+        scores: dict[int, float | None] = {}
+        for views in sorted({(pair.view_a, pair.view_b) for pair in pairs}):
+            rows = [i for i, pair in enumerate(pairs) if (pair.view_a, pair.view_b) == views]
+            forward = [(pairs[i].a, pairs[i].b) for i in rows]
+            found = self._scores_between(forward, sources[views[0]], sources[views[1]], config)
+            if both:
+                backward = self._scores_between([(b, a) for a, b in forward], sources[views[1]], sources[views[0]],
+                                                config)
+                found = [None if None in pair else mean_logit_probability(*pair) for pair in zip(found, backward)]
+            scores.update(zip(rows, found))
+        return [scores[i] for i in range(len(pairs))]
+
+    def _scores_between(self, pairs: list[tuple[str, str]], queries, references, config) -> list[float | None]:
+        scores, cost = matcher_scores(pairs, *self.matcher, queries, references, config, self.accelerator, None,
+                                      False, self.log)
+        self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
+        return scores
 
     def token_store(self, pairs: list[tuple[str, str]]) -> TokenStore | None:
         """The matcher's encoder tokens of every image of ``pairs``, each encoded once (kept in

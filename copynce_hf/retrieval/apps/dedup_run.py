@@ -48,7 +48,7 @@ class DedupRequest:
         collection_normalisation, collection_alpha, collection_k_start, collection_k_end: the descriptor stage's
             collection normalisation (:class:`~.detect.DetectConfig`; CSLS over the collection's own neighbours).
         matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
-            matcher_k_start, matcher_k_end, matcher_anchor, matcher_orders and grouping: as in
+            matcher_k_start, matcher_k_end, matcher_anchor, matcher_orders, content_crops and grouping: as in
             :class:`~.dedup.DedupSettings`.
         content_tokens: the matcher fuses content tokens only (``None``: the default of
             :class:`~.detect.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
@@ -88,6 +88,7 @@ class DedupRequest:
     matcher_k_end: int = COLLECTION_K_END
     matcher_anchor: float = 0.0
     matcher_orders: str = "auto"
+    content_crops: bool = True
     grouping: str = "representative"
     content_tokens: bool | None = None
     descriptor_content_tokens: bool = False
@@ -121,7 +122,7 @@ class DedupRequest:
         return DedupSettings(grouping=self.grouping, matcher_normalisation=matcher_normalisation,
                              matcher_alpha=self.matcher_alpha, matcher_k_start=self.matcher_k_start,
                              matcher_k_end=self.matcher_k_end, matcher_anchor=self.matcher_anchor,
-                             matcher_orders=self.matcher_orders)
+                             matcher_orders=self.matcher_orders, content_crops=self.content_crops)
 
 
 @dataclasses.dataclass
@@ -238,6 +239,16 @@ def matcher_orders_text(settings, matcher: tuple | None) -> str:
             else "one: the earlier image as the query") + chosen
 
 
+def content_crops_text(result, asked: bool) -> str:
+    """What content crops did in a :class:`~.dedup.DedupResult`, in words (``report.html``)."""
+    if not asked:
+        return "off"
+    if "content crops" not in result.seconds:
+        return "on, not run (they need content tokens, whole-image views and a matcher)"
+    return (f"{len(result.crop_boxes)} images cropped to their own content, {len(result.crop_pairs)} pairs verified "
+            "on their crops")
+
+
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
     self-calibrated), candidates, views, normalisation, grouping, whitening, groups, images skipped (unreadable,
@@ -262,6 +273,7 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
             "matcher orders": matcher_orders_text(settings, run.matcher),
             "grouping": settings.grouping,
             "content tokens": content_tokens_text(request.config()),
+            "content crops": content_crops_text(run.result, settings.content_crops),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows,
             "images skipped": count_text(skipped.values()) if skipped else "none"}

@@ -1,0 +1,152 @@
+"""Content crops in ``copynce dedup``: the box of an image's own content, the crop cut from its pixels, the pairs a
+crop decides, and the stage in the library call (its scores are the matcher's on the crop images themselves)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from copynce_hf.modeling.errors import ShapeError
+from copynce_hf.retrieval import Descriptor, DescriptorSet, DetectConfig, ImageFolderSource, dedup
+from copynce_hf.retrieval.apps.content_crops import (
+    VIEW_CROP,
+    VIEW_WHOLE,
+    CropPair,
+    CropSource,
+    content_box,
+    content_boxes,
+    crop_pairs,
+)
+
+
+def _mask(side: int, cells) -> torch.Tensor:
+    grid = torch.zeros(side, side, dtype=torch.bool)
+    for r, c in cells:
+        grid[r, c] = True
+    return grid.reshape(-1)
+
+
+def test_the_box_is_the_largest_region_of_kept_tokens_grown_by_one_patch():
+    block = [(r, c) for r in range(4, 8) for c in range(5, 10)]  # rows 4-7, columns 5-9 of a 14 x 14 grid
+    stray = [(0, 0), (13, 13)]  # kept tokens of the frame (a user name, a caption word): not the content
+    assert content_box(_mask(14, block + stray)) == (4 / 14, 3 / 14, 11 / 14, 9 / 14)
+    # diagonal neighbours are not connected: the larger of two regions wins
+    assert content_box(_mask(14, [(2, 2), (3, 3), (3, 4)])) == (2 / 14, 2 / 14, 6 / 14, 5 / 14)
+    assert content_box(_mask(14, [(6, 6)])) == (5 / 14, 5 / 14, 8 / 14, 8 / 14)  # one token: 3 x 3 patches
+    assert content_box(_mask(14, [])) is None
+    assert content_box(torch.ones(196, dtype=torch.bool)) is None  # the whole image is its own content
+    big = [(r, c) for r in range(1, 12) for c in range(1, 12)]  # 13 x 13 with the margin: 86 % of the image
+    assert content_box(_mask(14, big)) is None and content_box(_mask(14, big), max_area=0.9) is not None
+    assert content_box(_mask(14, [(0, 0)]), margin=0) is None  # narrower than 2 patches
+    with pytest.raises(ShapeError, match="square token grid"):
+        content_box(torch.ones(10, dtype=torch.bool))
+    keeps = {"a": _mask(14, block), "b": None, "c": torch.ones(196, dtype=torch.bool)}
+    assert content_boxes(["a", "b", "c"], keeps.get) == {"a": (4 / 14, 3 / 14, 11 / 14, 9 / 14)}
+
+
+def test_a_crop_is_cut_from_the_full_resolution_pixels(tmp_path):
+    pixels = np.zeros((140, 280, 3), dtype=np.uint8)
+    pixels[70:, 70:210] = (200, 30, 90)  # the box (0.25, 0.5, 0.75, 1.0) of a 280 x 140 image
+    Image.fromarray(pixels).save(tmp_path / "framed.png")
+    source = CropSource({"framed": tmp_path / "framed.png"}, {"framed": (0.25, 0.5, 0.75, 1.0)})
+    crop = source.load(0)
+    assert source.ids == ["framed"] and len(source) == 1 and crop.size == (140, 70)
+    assert np.array_equal(np.asarray(crop), np.broadcast_to(np.array([200, 30, 90], np.uint8), (70, 140, 3)))
+    in_memory = CropSource({"framed": Image.fromarray(pixels)}, {"framed": (0.25, 0.5, 0.75, 1.0)})
+    assert np.array_equal(np.asarray(in_memory.load(0)), np.asarray(crop))
+
+
+def _unit(rows) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_a_pair_goes_to_its_crops_only_when_a_crop_matches_better_than_the_whole_images():
+    order = {"A": 0, "B": 1, "C": 2, "D": 3}
+    whole = DescriptorSet(list(order), _unit([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0.6, 0.8, 0, 0]]))
+    # A's crop is B's photo (A frames B); C's crop is nearest C itself (never a pair), then A's whole image
+    crops = DescriptorSet(["A", "C"], _unit([[0, 1, 0.05, 0], [0.1, 0, 0.995, 0]]))
+    pairs = crop_pairs(whole, crops, candidates=1, order=order)
+    by_pair = {(p.a, p.b): p for p in pairs}
+    assert by_pair[("A", "B")] == CropPair("A", "B", VIEW_CROP, VIEW_WHOLE, pytest.approx(0.99875, abs=1e-4))
+    # (A, C): A's whole image and C's crop, cosine 0.0995 against 0 for the two whole images
+    assert (by_pair[("A", "C")].view_a, by_pair[("A", "C")].view_b) == (VIEW_WHOLE, VIEW_CROP)
+    assert [(p.a, p.b) for p in pairs] == sorted(by_pair, key=lambda k: (order[k[0]], order[k[1]]))
+    # D's crop nearly is B (cosine 0.99995, above the whole images' 0.8): the crop decides (B, D)
+    crops = DescriptorSet(["D"], _unit([[0, 1, 0, 0.01]]))
+    assert ("B", "D") in {(p.a, p.b) for p in crop_pairs(whole, crops, candidates=3, order=order)}
+    # a crop no better than its whole image decides nothing: the whole-image stage keeps its pairs
+    same = DescriptorSet(["D"], whole.descriptors[3:4])
+    assert crop_pairs(whole, same, candidates=3, order=order) == []
+    assert crop_pairs(whole, DescriptorSet([], np.zeros((0, 4), np.float32)), candidates=3, order=order) == []
+
+
+def _framed_collection(folder) -> None:
+    """Four bundled photos pasted small (a quarter of the side) into one shared background photo (a template), the
+    four photos alone, and two other photos."""
+    from copynce_hf.data import ASSET_IMAGES
+
+    folder.mkdir()
+    files = sorted(ASSET_IMAGES.glob("*.jpg"))
+    background = Image.open(files[0]).convert("RGB").resize((256, 256))
+    for i, path in enumerate(files[1:5]):
+        photo = Image.open(path).convert("RGB")
+        photo.save(folder / f"photo{i}.png")
+        framed = background.copy()
+        framed.paste(photo.resize((64, 64)), (96, 96))
+        framed.save(folder / f"framed{i}.png")
+    for i, path in enumerate(files[5:7]):
+        Image.open(path).convert("RGB").save(folder / f"other{i}.png")
+
+
+def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
+    from copynce_hf.model_loading import load_model
+    from copynce_hf.retrieval.apps.dedup import DedupSettings
+    from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
+
+    _framed_collection(tmp_path / "images")
+    descriptor, processor = load_model(None, "descriptor", "--model")
+    matcher, _ = load_model(None, "matcher", "--matcher")
+    source = ImageFolderSource(tmp_path / "images")
+    lines: list[str] = []
+    config = DetectConfig(candidates=9)
+
+    def run(crops: bool):
+        return dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=1.0,
+                     config=config, settings=DedupSettings(content_crops=crops, matcher_orders="one"), progress=False,
+                     log=lines.append)
+
+    whole, cropped = run(False), run(True)
+    assert "content crops" not in whole.seconds and not whole.crop_boxes and not whole.crop_pairs
+    assert cropped.crop_boxes and cropped.crop_pairs, "\n".join(lines)
+    assert any(line.startswith("content crops: ") for line in lines)
+    assert set(whole.raw_scores) <= set(cropped.raw_scores)
+    # every other pair keeps its whole-image score; each crop pair's is the matcher's on its two views, every token
+    # kept: the oracle cuts the views itself and scores them as whole images
+    decided = {(pair.a, pair.b) for pair in cropped.crop_pairs}
+    assert all(cropped.raw_scores[pair] == score for pair, score in whole.raw_scores.items() if pair not in decided)
+    files = dict(zip(source.ids, source.files))
+    scorer = MatcherScorer(matcher, processor)
+    for pair in cropped.crop_pairs:
+        views = []
+        for image_id, view in ((pair.a, pair.view_a), (pair.b, pair.view_b)):
+            image = Image.open(files[image_id]).convert("RGB")
+            if view == VIEW_CROP:
+                left, top, right, bottom = cropped.crop_boxes[image_id]
+                image = image.crop((int(left * 256), int(top * 256), round(right * 256), round(bottom * 256)))
+            views.append(image)
+        names = (f"{pair.a}:{pair.view_a}", f"{pair.b}:{pair.view_b}")  # the scorer caches tokens by image id
+        expected = scorer.score([names], {names[0]: views[0]}, {names[1]: views[1]}, progress=False)[0]
+        assert cropped.raw_scores[(pair.a, pair.b)] == pytest.approx(expected, abs=1e-5)
+    from copynce_hf.retrieval.apps.dedup_run import content_crops_text
+
+    assert content_crops_text(whole, False) == "off"  # report.html's line
+    assert content_crops_text(cropped, True) == (f"4 images cropped to their own content, {len(cropped.crop_pairs)} "
+                                                 "pairs verified on their crops")
+    # only the framed images are cropped, each to a box around its photo (pixels 96-160 of 256: 0.375-0.625)
+    assert sorted(cropped.crop_boxes) == [f"framed{i}" for i in range(4)]
+    for left, top, right, bottom in cropped.crop_boxes.values():
+        assert left <= 0.375 and top <= 0.375 and right >= 0.625 and bottom >= 0.625
+        assert (right - left) * (bottom - top) < 0.6
