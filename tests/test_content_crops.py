@@ -18,6 +18,7 @@ from copynce_hf.retrieval.apps.content_crops import (
     content_box,
     content_boxes,
     crop_pairs,
+    crop_views,
 )
 
 
@@ -81,6 +82,11 @@ def test_a_pair_goes_to_its_crops_only_when_a_crop_matches_better_than_the_whole
     same = DescriptorSet(["D"], whole.descriptors[3:4])
     assert crop_pairs(whole, same, candidates=3, order=order) == []
     assert crop_pairs(whole, DescriptorSet([], np.zeros((0, 4), np.float32)), candidates=3, order=order) == []
+    # a pair grouping scores outside the candidates takes the same rule: its best views, if a crop is among them
+    crops = DescriptorSet(["A", "C"], _unit([[0, 1, 0.05, 0], [0.1, 0, 0.995, 0]]))
+    views = crop_views([("A", "B"), ("B", "C"), ("B", "D")], whole, crops)
+    assert views[0] == CropPair("A", "B", VIEW_CROP, VIEW_WHOLE, pytest.approx(0.99875, abs=1e-4))
+    assert views[1] is None and views[2] is None  # (B, C): 0 for the crop as for the wholes; D has no crop
 
 
 def _framed_collection(folder) -> None:

@@ -34,7 +34,7 @@ from ...modeling.errors import ShapeError
 from ..search.descriptors import DescriptorSet
 
 __all__ = ["MAX_AREA", "MARGIN", "MIN_SIDE", "Box", "CropSource", "CropPair", "content_box", "content_boxes",
-           "crop_pairs", "VIEW_WHOLE", "VIEW_CROP"]
+           "crop_pairs", "crop_views", "VIEW_WHOLE", "VIEW_CROP"]
 
 #: A region of kept tokens covering at least this fraction of the image is the whole image: no crop.
 MAX_AREA = 0.6
@@ -158,7 +158,6 @@ def crop_pairs(whole: DescriptorSet, crops: DescriptorSet, candidates: int, orde
     decides the pair). ``whole``: (N, D) unit descriptors of the whole images; ``crops``: (M, D) of the crops,
     ids those of their images. Pairs in ``order`` (the collection's), sorted."""
     rows = {image_id: i for i, image_id in enumerate(whole.ids)}
-    crop_rows = {image_id: i for i, image_id in enumerate(crops.ids)}
     best: dict[tuple[str, str], CropPair] = {}
 
     def offer(crop_id: str, other: str, other_view: str, cosine: float) -> None:
@@ -182,6 +181,28 @@ def crop_pairs(whole: DescriptorSet, crops: DescriptorSet, candidates: int, orde
         if a not in rows or b not in rows:
             continue
         whole_cosine = float(whole.descriptors[rows[a]] @ whole.descriptors[rows[b]])
-        if pair.cosine > whole_cosine and (a in crop_rows or b in crop_rows):
+        if pair.cosine > whole_cosine:
             kept.append(pair)
     return sorted(kept, key=lambda pair: (order[pair.a], order[pair.b]))
+
+
+def crop_views(pairs: list[tuple[str, str]], whole: DescriptorSet, crops: DescriptorSet) -> list[CropPair | None]:
+    """For given pairs ``(a, b)`` (those grouping scores outside the candidates): the :class:`CropPair` of each
+    whose best cosine over its views involves a crop and is above the whole images' own, else ``None`` (the
+    whole images decide). Descriptors as :func:`crop_pairs`'."""
+    rows = {image_id: i for i, image_id in enumerate(whole.ids)}
+    crop_rows = {image_id: i for i, image_id in enumerate(crops.ids)}
+
+    def views(image_id: str) -> list[tuple[str, np.ndarray]]:
+        found = [(VIEW_WHOLE, whole.descriptors[rows[image_id]])] if image_id in rows else []
+        return found + ([(VIEW_CROP, crops.descriptors[crop_rows[image_id]])] if image_id in crop_rows else [])
+
+    decided: list[CropPair | None] = []
+    for a, b in pairs:
+        options = [(float(first @ second), view_a, view_b) for view_a, first in views(a) for view_b, second in views(b)]
+        whole_cosine = max((cosine for cosine, view_a, view_b in options if view_a == view_b == VIEW_WHOLE),
+                           default=float("-inf"))
+        cropped = [option for option in options if VIEW_CROP in option[1:]]
+        best = max(cropped, default=None)
+        decided.append(None if best is None or best[0] <= whole_cosine else CropPair(a, b, best[1], best[2], best[0]))
+    return decided

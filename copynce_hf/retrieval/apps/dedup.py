@@ -61,7 +61,16 @@ from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDER
 from ..search.references import search_references
 from ..search.view_search import owner_of
 from ..search.views import ViewPreset
-from .content_crops import VIEW_CROP, VIEW_WHOLE, Box, CropPair, CropSource, content_boxes, crop_pairs
+from .content_crops import (
+    VIEW_CROP,
+    VIEW_WHOLE,
+    Box,
+    CropPair,
+    CropSource,
+    content_boxes,
+    crop_pairs,
+    crop_views,
+)
 from .content_stage import (
     content_setting,
     dedup_content_index,
@@ -414,6 +423,8 @@ class _DedupRun:
     tokens: TokenStore | None = None  # the images' matcher encoder tokens (whole images)
     crops: CropSource | None = None  # the content crops (``content_crops``)
     crop_pairs: list[CropPair] = dataclasses.field(default_factory=list)  # the pairs verified on them
+    crop_descriptors: DescriptorSet | None = None  # the crops' descriptors (ids: their images')
+    whole_descriptors: DescriptorSet | None = None  # the whole images' (the index's references)
 
     @property
     def preset(self) -> ViewPreset:
@@ -527,6 +538,7 @@ class _DedupRun:
         described = extract_descriptors(self.descriptor.model, self.descriptor.processor, crops,
                                         progress=self.progress, description=f"{self.descriptor.name}: content crops",
                                         **self.extract)
+        self.crop_descriptors, self.whole_descriptors = described, index.references
         pairs = crop_pairs(index.references, described, self.config.candidates, self.order)
         scores = self.view_scores(pairs, crops)
         self.crop_pairs = [pair for pair, score in zip(pairs, scores) if score is not None]
@@ -598,9 +610,18 @@ class _DedupRun:
     def score_missing(self, pairs: list[tuple[str, str]], decide: _PairDecision, index: DescriptorIndex,
                       queries: DescriptorSet) -> list[float | None]:
         """The decision scores of pairs that were not candidates (a member and its group's first member): scored
-        now by the matcher, or by the descriptor without one (``None``: the matcher could not)."""
-        if self.matcher is not None:
-            raw = self.matcher_scores(pairs, None)
+        now by the matcher (on their views when a content crop matches best, as :meth:`content_crops` scores), or by
+        the descriptor without one (``None``: the matcher could not)."""
+        if self.matcher is not None:  # a pair a content crop matches best is scored on its views, as in the run
+            views = ([None] * len(pairs) if self.crop_descriptors is None
+                     else crop_views(pairs, self.whole_descriptors, self.crop_descriptors))
+            raw: list[float | None] = [None] * len(pairs)
+            whole = [i for i, view in enumerate(views) if view is None]
+            on_crops = [i for i, view in enumerate(views) if view is not None]
+            for rows, scores in ((whole, self.matcher_scores([pairs[i] for i in whole], None) if whole else []),
+                                 (on_crops, self.view_scores([views[i] for i in on_crops], self.crops))):
+                for i, score in zip(rows, scores):
+                    raw[i] = score
         else:
             raw = descriptor_pair_scores(index, queries, self.preset, pairs)
         return [None if score is None else decide(a, b, score) for (a, b), score in zip(pairs, raw)]
