@@ -42,8 +42,9 @@ MAX_AREA = 0.6
 MARGIN = 1
 #: The narrowest region cut, in patches (margin included).
 MIN_SIDE = 2
-#: The two views of an image.
-VIEW_WHOLE, VIEW_CROP = "whole", "crop"
+#: The two views of an image: the whole image, and its content crop.
+VIEW_WHOLE = "whole"
+VIEW_CROP = "crop"
 
 #: ``(left, top, right, bottom)`` as fractions of the image's width and height.
 Box = tuple[float, float, float, float]
