@@ -3,6 +3,8 @@ crop decides, and the stage in the library call (its scores are the matcher's on
 
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 import torch
@@ -146,7 +148,22 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
         names = (f"{pair.a}:{pair.view_a}", f"{pair.b}:{pair.view_b}")  # the scorer caches tokens by image id
         expected = scorer.score([names], {names[0]: views[0]}, {names[1]: views[1]}, progress=False)[0]
         assert cropped.raw_scores[(pair.a, pair.b)] == pytest.approx(expected, abs=1e-5)
+    from copynce_hf.retrieval.apps.dedup import write_crops, write_pairs
     from copynce_hf.retrieval.apps.dedup_run import content_crops_text
+
+    # pairs.csv names the views of each pair, content_crops.csv the boxes (and goes when a run has none)
+    assert write_pairs(tmp_path / "pairs.csv", cropped) == len(cropped.pairs)
+    with open(tmp_path / "pairs.csv", encoding="utf-8") as handle:
+        views = {(row["query_id"], row["reference_id"]): row["views"] for row in csv.DictReader(handle)}
+    assert {key for key, value in views.items() if value != "whole/whole"} == decided
+    assert views[(cropped.crop_pairs[0].a, cropped.crop_pairs[0].b)] == (f"{cropped.crop_pairs[0].view_a}/"
+                                                                           f"{cropped.crop_pairs[0].view_b}")
+    assert write_crops(tmp_path / "content_crops.csv", cropped) == 4
+    with open(tmp_path / "content_crops.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["image_id"] for row in rows] == list(cropped.crop_boxes)
+    assert float(rows[0]["left"]) == pytest.approx(cropped.crop_boxes[rows[0]["image_id"]][0], abs=1e-6)
+    assert write_crops(tmp_path / "content_crops.csv", whole) == 0 and not (tmp_path / "content_crops.csv").exists()
 
     assert content_crops_text(whole, False) == "off"  # report.html's line
     assert content_crops_text(cropped, True) == (f"4 images cropped to their own content, {len(cropped.crop_pairs)} "

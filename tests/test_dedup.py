@@ -263,7 +263,7 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
     assert float(rows[3][4]) == pytest.approx(1.0, abs=1e-5)
     with (output / "pairs.csv").open(newline="") as handle:
         pairs = list(csv.DictReader(handle))
-    assert list(pairs[0]) == ["query_id", "reference_id", "score", "raw_score"]
+    assert list(pairs[0]) == ["query_id", "reference_id", "score", "raw_score", "views"]
     assert all(row["score"] == row["raw_score"] for row in pairs)  # without normalisation the cosine decides
     code, _, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
                            "--threshold", 0.9999, "--candidates", 2, "--collection-normalisation", "off",

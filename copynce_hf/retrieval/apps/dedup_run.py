@@ -199,7 +199,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     """The model work of :func:`run_dedup` into the existing folder ``output`` (``configs``: the
     :class:`~.detect.DetectConfig` and :class:`~.dedup.DedupSettings` of the run)."""
     from ...precision import make_accelerator
-    from .dedup import dedup, write_pairs
+    from .dedup import dedup, write_crops, write_pairs
     from .dedup_calibration import FOLDER as SELF_CALIBRATION_FOLDER
     from .dedup_calibration import self_calibrate
     from .grouping import write_groups
@@ -224,6 +224,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)
     run.rows = write_groups(output / "groups.csv", result.members)
     write_pairs(output / "pairs.csv", result)
+    write_crops(output / "content_crops.csv", result)
     return run
 
 
