@@ -173,3 +173,35 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
     for left, top, right, bottom in cropped.crop_boxes.values():
         assert left <= 0.375 and top <= 0.375 and right >= 0.625 and bottom >= 0.625
         assert (right - left) * (bottom - top) < 0.6
+
+
+@pytest.mark.slow
+def test_two_processes_crop_and_score_as_one_does(tmp_path):
+    import json
+    import os
+    from pathlib import Path
+
+    from conftest import launch_two_cpu_processes
+
+    from copynce_hf.model_loading import load_model
+    from copynce_hf.retrieval.apps.dedup import DedupSettings
+
+    _framed_collection(tmp_path / "images")
+    descriptor, processor = load_model(None, "descriptor", "--model")
+    matcher, _ = load_model(None, "matcher", "--matcher")
+    alone = dedup(ImageFolderSource(tmp_path / "images"), Descriptor("embedded", descriptor, processor),
+                  (matcher, processor), threshold=1.0, config=DetectConfig(candidates=9),
+                  settings=DedupSettings(matcher_orders="one"), progress=False)
+    repo = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1",
+                   "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")])}
+    result = launch_two_cpu_processes([str(repo / "tests" / "_content_crops_worker.py"), str(tmp_path / "images"),
+                                       str(tmp_path)], environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):  # each process gets the whole result: the same crops, crop pairs and scores as one process
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text(encoding="utf-8"))
+        assert found["processes"] == 2 and found["boxes"] == {k: list(v) for k, v in alone.crop_boxes.items()}
+        assert found["crop_pairs"] == [[p.a, p.b, p.view_a, p.view_b] for p in alone.crop_pairs]
+        raw = {(a, b): score for a, b, score in found["raw"]}
+        assert raw.keys() == alone.raw_scores.keys()
+        assert [raw[pair] for pair in alone.raw_scores] == pytest.approx(list(alone.raw_scores.values()), abs=1e-5)
