@@ -168,6 +168,22 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
     assert content_crops_text(whole, False) == "off"  # report.html's line
     assert content_crops_text(cropped, True) == (f"4 images cropped to their own content, {len(cropped.crop_pairs)} "
                                                  "pairs verified on their crops")
+    # report.html outlines the crop a pair was scored on, on that image's thumbnail only
+    from copynce_hf.retrieval.reports.gallery import CROP_OUTLINE, write_group_gallery
+    from copynce_hf.retrieval.reports.run_folders import crop_boxes_of_pairs
+
+    boxes = crop_boxes_of_pairs(cropped)
+    assert set(boxes) == decided
+    for crop_pair in cropped.crop_pairs:  # the boxes of the views that were crops, and only theirs
+        sides = {crop_pair.a: crop_pair.view_a, crop_pair.b: crop_pair.view_b}
+        assert boxes[(crop_pair.a, crop_pair.b)] == {image_id: cropped.crop_boxes[image_id]
+                                                     for image_id, view in sides.items() if view == VIEW_CROP}
+    pair = cropped.crop_pairs[0]
+    write_group_gallery(tmp_path / "report.html", [[(pair.a, None), (pair.b, 0.5)]], files, crops=boxes)
+    thumbnails = sorted((tmp_path / "gallery").glob("*/*.png"))
+    outlined = {path.stem: bool((np.asarray(Image.open(path).convert("RGB")) == CROP_OUTLINE).all(axis=2).any())
+                for path in thumbnails if path.stem in ("query", "reference")}
+    assert outlined == {"query": pair.view_a == VIEW_CROP, "reference": pair.view_b == VIEW_CROP}
     # only the framed images are cropped, each to a box around its photo (pixels 96-160 of 256: 0.375-0.625)
     assert sorted(cropped.crop_boxes) == [f"framed{i}" for i in range(4)]
     for left, top, right, bottom in cropped.crop_boxes.values():

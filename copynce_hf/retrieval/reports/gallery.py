@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from jinja2 import Environment
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from ...images import load_image
 from ..search.predictions import Prediction
@@ -97,9 +97,19 @@ def pick_gallery(predictions: list[Prediction], threshold: float, count: int) ->
     return top, sorted(borderline, key=lambda p: -p.score)
 
 
-def _thumbnail(image, path: Path) -> None:
+#: The outline of a content crop on a thumbnail (``dedup``: the part of the image its pairs were scored on).
+CROP_OUTLINE = (255, 0, 200)
+
+
+def _thumbnail(image, path: Path, box: tuple[float, float, float, float] | None = None) -> None:
+    """A thumbnail of ``image`` at ``path``, with ``box`` (fractions of its width and height) outlined."""
     image = load_image(image).copy()
     image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE), Image.Resampling.BICUBIC)
+    if box is not None:
+        width, height = image.size
+        left, top, right, bottom = box
+        ImageDraw.Draw(image).rectangle((left * width, top * height, right * width - 1, bottom * height - 1),
+                                        outline=CROP_OUTLINE, width=max(2, round(min(width, height) / 80)))
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)
 
@@ -115,13 +125,14 @@ def pair_folder_name(query_id: str, reference_id: str) -> str:
 
 
 def match_card(prediction: Prediction, queries, references, model, processor, folder: Path, root: Path,
-               truth: dict[str, list[str]] | None = None) -> MatchCard:
+               truth: dict[str, list[str]] | None = None, boxes: dict | None = None) -> MatchCard:
     """The card of one pair: thumbnails (and heatmaps when ``model`` is given) written under ``folder``, paths
-    relative to ``root`` (the report's folder)."""
+    relative to ``root`` (the report's folder); ``boxes``: image id -> a box outlined on its thumbnail."""
     pair = folder / pair_folder_name(prediction.query_id, prediction.reference_id)
     query_image, reference_image = queries[prediction.query_id], references[prediction.reference_id]
-    _thumbnail(query_image, pair / "query.png")
-    _thumbnail(reference_image, pair / "reference.png")
+    boxes = boxes or {}
+    _thumbnail(query_image, pair / "query.png", boxes.get(prediction.query_id))
+    _thumbnail(reference_image, pair / "reference.png", boxes.get(prediction.reference_id))
     verdict = ""
     if truth is not None:
         verdict = "correct" if prediction.reference_id in truth.get(prediction.query_id, []) else "wrong"
@@ -194,7 +205,7 @@ def render_report(path: str | os.PathLike, sections: list[dict], settings: dict 
 def write_group_gallery(path: str | os.PathLike, groups: list[list[tuple[str, float | None]]], images, model=None,
                         processor=None, count: int = 8, members: int = 8, settings: dict | None = None,
                         stages: dict[str, float] | None = None, metrics: dict | None = None,
-                        title: str = "CopyNCE deduplication") -> Path:
+                        title: str = "CopyNCE deduplication", crops: dict | None = None) -> Path:
     """Write ``report.html`` (and ``gallery/`` beside it) for groups of copies found in one collection.
 
     Args:
@@ -203,14 +214,18 @@ def write_group_gallery(path: str | os.PathLike, groups: list[list[tuple[str, fl
             ``members`` other members paired with the first.
         images: id -> image (path or PIL image).
         model, processor: the model whose heatmaps are drawn; ``None``: no heatmaps.
+        crops: ``(a, b)`` pair -> ``{image id: box}`` of the content crops its score came from
+            (``dedup``'s ``crop_pairs``), outlined on the pair's thumbnails.
     """
     path = Path(path)
+    crops = crops or {}
     shown = sorted(range(len(groups)), key=lambda g: (-len(groups[g]), g))[:count]
     sections = []
     for number in sorted(shown):
         (first, _), *others = groups[number]
         cards = [match_card(Prediction(first, member, score), images, images, model, processor,
-                            path.parent / "gallery", path.parent)
+                            path.parent / "gallery", path.parent,
+                            boxes=crops.get((first, member)) or crops.get((member, first)))
                  for member, score in others[:members]]
         more = f" (the first {members} shown)" if len(others) > members else ""
         sections.append({"title": f"Group {number}: {len(groups[number])} images",

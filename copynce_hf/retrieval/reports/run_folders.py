@@ -34,5 +34,14 @@ def write_dedup_folder(request: DedupRequest) -> DedupRun | None:
         return None
     run.report = write_group_gallery(Path(request.output) / "report.html", run.result.groups, run.source.lookup(),
                                      *run.heatmap_model, count=request.gallery, settings=dedup_report_settings(run),
-                                     stages=run.result.seconds)
+                                     stages=run.result.seconds, crops=crop_boxes_of_pairs(run.result))
     return run
+
+
+def crop_boxes_of_pairs(result) -> dict[tuple[str, str], dict[str, tuple[float, float, float, float]]]:
+    """``(a, b)`` -> ``{image id: box}`` of the content crops each crop-scored pair of a dedup result was scored on."""
+    from ..apps.content_crops import VIEW_CROP
+
+    return {(pair.a, pair.b): {image_id: result.crop_boxes[image_id] for image_id, view in
+                               ((pair.a, pair.view_a), (pair.b, pair.view_b)) if view == VIEW_CROP}
+            for pair in result.crop_pairs}
