@@ -424,7 +424,6 @@ class _DedupRun:
     crops: CropSource | None = None  # the content crops (``content_crops``)
     crop_pairs: list[CropPair] = dataclasses.field(default_factory=list)  # the pairs verified on them
     crop_descriptors: DescriptorSet | None = None  # the crops' descriptors (ids: their images')
-    whole_descriptors: DescriptorSet | None = None  # the whole images' (the index's references)
 
     @property
     def preset(self) -> ViewPreset:
@@ -495,7 +494,7 @@ class _DedupRun:
         ordered = pairs + [(b, a) for a, b in pairs] if both else pairs
         scores, cost = matcher_scores(ordered, *self.matcher, self.source, self.source, self.config,
                                       self.accelerator, folder, self.progress, self.log, self.matches, self.tokens)
-        self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
+        self._add_cost(cost)
         if not both:
             return scores
         return [None if None in (forward, backward) else mean_logit_probability(forward, backward)
@@ -538,15 +537,13 @@ class _DedupRun:
         described = extract_descriptors(self.descriptor.model, self.descriptor.processor, crops,
                                         progress=self.progress, description=f"{self.descriptor.name}: content crops",
                                         **self.extract)
-        self.crop_descriptors, self.whole_descriptors = described, index.references
+        self.crop_descriptors = described
         pairs = crop_pairs(index.references, described, self.config.candidates, self.order)
-        scores = self.view_scores(pairs, crops)
-        self.crop_pairs = [pair for pair, score in zip(pairs, scores) if score is not None]
-        updated = dict(raw)
-        for pair, score in zip(pairs, scores):
-            if score is not None:
-                updated[(pair.a, pair.b)] = score
-        replaced = sum(1 for pair, score in zip(pairs, scores) if score is not None and (pair.a, pair.b) in raw)
+        scored = {(pair.a, pair.b): (pair, score) for pair, score in zip(pairs, self.view_scores(pairs, crops))
+                  if score is not None}
+        self.crop_pairs = [pair for pair, _ in scored.values()]
+        replaced = len(scored.keys() & raw.keys())
+        updated = {**raw, **{key: score for key, (_, score) in scored.items()}}
         self.seconds["content crops"] = time.perf_counter() - start
         self.log(f"content crops: {len(crops)} of {len(self.source)} images cropped to their own content, "
                  f"{len(pairs)} pairs verified on their crops ({replaced} of them whole-image candidates)")
@@ -573,8 +570,12 @@ class _DedupRun:
     def _scores_between(self, pairs: list[tuple[str, str]], queries, references, config) -> list[float | None]:
         scores, cost = matcher_scores(pairs, *self.matcher, queries, references, config, self.accelerator, None,
                                       False, self.log)
-        self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
+        self._add_cost(cost)
         return scores
+
+    def _add_cost(self, cost: dict[str, int]) -> None:
+        """Add a scoring's encoder and fusion passes to :attr:`cost`."""
+        self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
 
     def token_store(self, pairs: list[tuple[str, str]]) -> TokenStore | None:
         """The matcher's encoder tokens of every image of ``pairs``, each encoded once (kept in
@@ -614,7 +615,7 @@ class _DedupRun:
         the descriptor without one (``None``: the matcher could not)."""
         if self.matcher is not None:  # a pair a content crop matches best is scored on its views, as in the run
             views = ([None] * len(pairs) if self.crop_descriptors is None
-                     else crop_views(pairs, self.whole_descriptors, self.crop_descriptors))
+                     else crop_views(pairs, index.references, self.crop_descriptors))
             raw: list[float | None] = [None] * len(pairs)
             whole = [i for i, view in enumerate(views) if view is None]
             on_crops = [i for i, view in enumerate(views) if view is not None]
