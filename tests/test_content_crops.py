@@ -148,7 +148,8 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
         names = (f"{pair.a}:{pair.view_a}", f"{pair.b}:{pair.view_b}")  # the scorer caches tokens by image id
         expected = scorer.score([names], {names[0]: views[0]}, {names[1]: views[1]}, progress=False)[0]
         assert cropped.raw_scores[(pair.a, pair.b)] == pytest.approx(expected, abs=1e-5)
-    from copynce_hf.retrieval.apps.dedup import write_crops, write_pairs
+    from copynce_hf.retrieval.apps.content_crops import write_crops
+    from copynce_hf.retrieval.apps.dedup import write_pairs
     from copynce_hf.retrieval.apps.dedup_run import content_crops_text
 
     # pairs.csv names the views of each pair, content_crops.csv the boxes (and goes when a run has none)

@@ -11,15 +11,17 @@ from .console import progress_log
 DESCRIPTION = (
     "Search the references of every query image with one or more descriptors (optionally with "
     "local crops ensembling and score normalisation), merge their candidates, verify them with the matcher "
-    "(optionally with local crops ensembling) and write OUTPUT/predictions.csv (query_id,reference_id,score), "
-    "OUTPUT/report.html (a gallery of the top and borderline matches with heatmaps) and, with --ground-truth, "
+    "(optionally with local crops ensembling), search and verify again each query's own content cut from its frame "
+    "where it is a small part of the query (--query-crops: a copy pasted into a screenshot or a meme) and write "
+    "OUTPUT/predictions.csv (query_id,reference_id,score), OUTPUT/report.html (a gallery of the top and borderline "
+    "matches with heatmaps), OUTPUT/query_crops.csv (the boxes of the query crops) and, with --ground-truth, "
     "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run, the matcher's "
     "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes)."
 )
 EPILOG = (
     "Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
-    "candidates, 1 matcher pass per candidate, auxiliary ranks 0-9) suits a CPU: about 1.3 s per query with "
-    "the embedded 112-px models on one core. accurate (--descriptor-lce matcher-views --candidates 2 "
+    "candidates, 1 matcher pass per candidate, content tokens, query crops, auxiliary ranks 0-9) suits a CPU: about "
+    "1.5 s per query with the embedded 112-px models on one core (0.25 s of it the query crops on mini-DISC). accurate (--descriptor-lce matcher-views --candidates 2 "
     "--matcher-lce paper, auxiliary ranks 0-9): about 3.3 s per query on one core. paper (the authors' inference: "
     "--descriptor-lce authors, "
     "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "

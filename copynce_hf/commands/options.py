@@ -278,6 +278,11 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
                    help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
     add_verification(p)
     add_content_tokens(p, "(fast: on; accurate, paper, --matcher-lce paper or all, --runtime onnx: off)")
+    p.add_argument("--query-crops", action=argparse.BooleanOptionalAction, default=None,
+                   help="with content tokens and a matcher: each query whose own content (the tokens it does not "
+                   "share with its nearest references and queries) covers less than 60%% of it is also searched and "
+                   "verified as that part, cut from its pixels (a copy pasted into a screenshot or a meme); whole "
+                   "images only (presets: off)")
     p.add_argument("--k", type=positive_int, help="predictions kept per query (presets: 10)")
     add_collection_normalisation(p)
 

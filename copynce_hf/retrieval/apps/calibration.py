@@ -51,8 +51,8 @@ STAGES = ("descriptor", "matcher")
 SCORE_SETTINGS = ("descriptor_lce", "matcher_lce", "alpha", "k_start", "k_end")
 
 #: The content-token settings of a calibration (:func:`~.content_stage.content_setting`: ``False`` or the
-#: settings); a calibration written before they existed was made without them.
-CONTENT_SETTINGS = ("content_tokens", "descriptor_content_tokens")
+#: settings; ``query_crops``: ``True`` or ``False``); a calibration written before they existed was made without them.
+CONTENT_SETTINGS = ("content_tokens", "descriptor_content_tokens", "query_crops")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +174,7 @@ def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: s
     settings["reference_normalisation"] = reference_normalisation(config)
     settings["content_tokens"] = content_setting(matcher_content(config))
     settings["descriptor_content_tokens"] = content_setting(descriptor_content(config))
+    settings["query_crops"] = config.crops_queries
     return {"descriptors": list(descriptors), "matcher": matcher, "preset": preset, "settings": settings}
 
 
@@ -245,7 +246,7 @@ class Calibration:
             raise ConfigError(f"{self.name} was made with --preset {mine['preset']}, but this run uses --preset "
                               f"{pipeline['preset']}")
         for name in ("score_normalisation", *SCORE_SETTINGS, *CONTENT_SETTINGS):  # on/off first: alpha... apply
-            if pipeline["matcher"] is None and name in ("matcher_lce", "content_tokens"):
+            if pipeline["matcher"] is None and name in ("matcher_lce", "content_tokens", "query_crops"):
                 continue
             made_with = mine["settings"].get(name, False if name in CONTENT_SETTINGS else None)  # older files: off
             if made_with != pipeline["settings"].get(name):

@@ -21,9 +21,12 @@ g)`` of the height of the original image.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import os
 from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -31,10 +34,12 @@ import torch
 from PIL import Image
 
 from ...modeling.errors import ShapeError
+from ...outputs import StagedFile
 from ..search.descriptors import DescriptorSet
 
 __all__ = ["MAX_AREA", "MARGIN", "MIN_SIDE", "Box", "CropSource", "CropPair", "content_box", "content_boxes",
-           "crop_pairs", "crop_views", "VIEW_WHOLE", "VIEW_CROP"]
+           "crop_pairs", "crop_views", "nearest_rows", "write_crops", "CROP_COLUMNS", "VIEW_WHOLE",
+           "VIEW_CROP"]
 
 #: A region of kept tokens covering at least this fraction of the image is the whole image: no crop.
 MAX_AREA = 0.6
@@ -145,7 +150,7 @@ class CropPair:
     cosine: float
 
 
-def _top(queries: np.ndarray, base: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def nearest_rows(queries: np.ndarray, base: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Inner-product ``k`` nearest rows of ``base`` for each row of ``queries``: (Q, k) cosines and rows."""
     index = faiss.IndexFlatIP(base.shape[1])
     index.add(np.ascontiguousarray(base, dtype=np.float32))
@@ -172,7 +177,7 @@ def crop_pairs(whole: DescriptorSet, crops: DescriptorSet, candidates: int, orde
 
     if len(crops):
         for base, ids, view in ((whole.descriptors, whole.ids, VIEW_WHOLE), (crops.descriptors, crops.ids, VIEW_CROP)):
-            cosines, found = _top(crops.descriptors, base, candidates + 1)
+            cosines, found = nearest_rows(crops.descriptors, base, candidates + 1)
             for crop_id, row_cosines, row_found in zip(crops.ids, cosines, found):
                 for cosine, row in zip(row_cosines, row_found):
                     if row >= 0:
@@ -207,3 +212,23 @@ def crop_views(pairs: list[tuple[str, str]], whole: DescriptorSet, crops: Descri
         best = max(cropped, default=None)
         decided.append(None if best is None or best[0] <= whole_cosine else CropPair(a, b, best[1], best[2], best[0]))
     return decided
+
+
+#: The header of ``content_crops.csv`` and ``query_crops.csv``: each cropped image's box, as fractions of its width
+#: and height.
+CROP_COLUMNS = ("image_id", "left", "top", "right", "bottom")
+
+
+def write_crops(path: str | os.PathLike, result) -> int:
+    """Write ``content_crops.csv`` (``dedup``) or ``query_crops.csv`` (``detect``) (:data:`CROP_COLUMNS`): the box of
+    each image's content crop (``result.crop_boxes``), in their order; returns the rows written (none: no file, an
+    earlier run's removed)."""
+    if not result.crop_boxes:
+        Path(path).unlink(missing_ok=True)
+        return 0
+    with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CROP_COLUMNS)
+        for image_id, box in result.crop_boxes.items():
+            writer.writerow((image_id, *(f"{value:.6g}" for value in box)))
+    return len(result.crop_boxes)

@@ -191,7 +191,7 @@ def content_index(descriptor, images: Mapping, index: DescriptorIndex, settings:
                                  whitening=index.whitening)
 
 
-class _QueriesAndReferences(Mapping):
+class QueriesAndReferences(Mapping):
     """``("query", id)`` -> a query image, ``("reference", id)`` -> a reference image (ids may repeat between the
     two sets)."""
 
@@ -232,7 +232,7 @@ def content_queries(descriptor, query_images: Mapping, reference_images: Mapping
     neighbours: dict[object, list] = {}
     for p in search_references(raw_index, queries, settings.neighbours):
         neighbours.setdefault(("query", p.query_id), []).append(("reference", p.reference_id))
-    return content_descriptor_set(descriptor, _QueriesAndReferences(query_images, reference_images),
+    return content_descriptor_set(descriptor, QueriesAndReferences(query_images, reference_images),
                                   [("query", image_id) for image_id in queries.ids], queries, neighbours, settings,
                                   config, accelerator, log, "queries")
 

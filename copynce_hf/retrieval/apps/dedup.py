@@ -631,8 +631,6 @@ class _DedupRun:
 #: The header of ``pairs.csv``: the decision score (``score``, the one the threshold applies to), the raw one, and
 #: the views the matcher compared (``whole/whole``, or a content crop on either side: ``crop/whole``, ...).
 PAIR_COLUMNS = ("query_id", "reference_id", "score", "raw_score", "views")
-#: The header of ``content_crops.csv``: each cropped image's box, as fractions of its width and height.
-CROP_COLUMNS = ("image_id", "left", "top", "right", "bottom")
 
 
 def write_pairs(path: str | os.PathLike, result: DedupResult) -> int:
@@ -650,17 +648,3 @@ def write_pairs(path: str | os.PathLike, result: DedupResult) -> int:
             writer.writerow((*key, repr(p.score), repr(float(result.raw_scores[key])),
                              views.get(key, f"{VIEW_WHOLE}/{VIEW_WHOLE}")))
     return len(rows)
-
-
-def write_crops(path: str | os.PathLike, result: DedupResult) -> int:
-    """Write ``content_crops.csv`` (:data:`CROP_COLUMNS`): the box of each image's content crop, in the
-    collection's order of the result's boxes; returns the rows written (none: no file, an earlier run's removed)."""
-    if not result.crop_boxes:
-        Path(path).unlink(missing_ok=True)
-        return 0
-    with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(CROP_COLUMNS)
-        for image_id, box in result.crop_boxes.items():
-            writer.writerow((image_id, *(f"{value:.6g}" for value in box)))
-    return len(result.crop_boxes)

@@ -199,7 +199,8 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     """The model work of :func:`run_dedup` into the existing folder ``output`` (``configs``: the
     :class:`~.detect.DetectConfig` and :class:`~.dedup.DedupSettings` of the run)."""
     from ...precision import make_accelerator
-    from .dedup import dedup, write_crops, write_pairs
+    from .content_crops import write_crops
+    from .dedup import dedup, write_pairs
     from .dedup_calibration import FOLDER as SELF_CALIBRATION_FOLDER
     from .dedup_calibration import self_calibrate
     from .grouping import write_groups

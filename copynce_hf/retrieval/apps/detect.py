@@ -115,6 +115,10 @@ class DetectConfig:
             ``content_min_images`` of its ``content_neighbours`` neighbour images (the pair's other image not
             counting) at a cosine above ``content_tau`` (template, "bursty" regions; :mod:`.content_stage`, beyond
             the paper); whole images only (``matcher_lce`` ``none``).
+        query_crops: with content tokens and a matcher, each query's own content (the tokens it does not share with
+            its nearest references and queries) is cut from its pixels where it is a small part of the query, and
+            searched and verified as a second view of the query (:mod:`.query_crops`, beyond the paper), with the
+            first descriptor; it applies where content tokens do, to whole images (:attr:`crops_queries`).
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
@@ -141,6 +145,7 @@ class DetectConfig:
     content_tau: float = MATCHER_TAU
     content_min_images: int = MIN_IMAGES
     content_neighbours: int = NEIGHBOURS
+    query_crops: bool = True
     descriptor_content_tokens: bool = False
     descriptor_content_tau: float = DESCRIPTOR_TAU
 
@@ -170,6 +175,11 @@ class DetectConfig:
             raise ConfigError(f"reference_background {self.reference_background!r} sets where collection "
                               "normalisation measures the references' backgrounds, and it is off: give "
                               "collection_normalisation=True (--collection-normalisation on)")
+
+    @property
+    def crops_queries(self) -> bool:
+        """Whether query crops apply: asked for, with content tokens, on whole images (``descriptor_lce`` ``none``)."""
+        return self.query_crops and self.content_tokens and self.descriptor_lce == "none"
 
     @property
     def normalises_references(self) -> bool:
@@ -224,6 +234,8 @@ class DetectResult:
             were saved with it.
         candidates_per_query: the candidates each query could get: ``candidates``, or fewer when fewer
             references could be read.
+        crop_boxes: query id -> the box of its content crop (``query_crops``; fractions of its width and height).
+        crop_pairs: the ``(query, reference)`` pairs whose score is the matcher's on the query's crop.
     """
 
     predictions: list[Prediction]
@@ -236,6 +248,8 @@ class DetectResult:
     skipped_queries: dict[str, str] = dataclasses.field(default_factory=dict)
     skipped_references: dict[str, str] = dataclasses.field(default_factory=dict)
     candidates_per_query: int = 0
+    crop_boxes: dict[str, tuple[float, float, float, float]] = dataclasses.field(default_factory=dict)
+    crop_pairs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def candidate_recall(self, ground_truth: dict[str, list[str]]) -> float | None:
         return candidate_recall(self.candidates, ground_truth)
@@ -501,6 +515,8 @@ def detect(
         f"{result.matcher_cost['fused_pairs']} fusion passes)")
     if not rescored:
         raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
+    if config.crops_queries:
+        rescored = stage.query_crops(descriptors[0], matcher, result, rescored)
     result.predictions = top_per_query(rescored, config.k)
     return result
 
@@ -518,6 +534,8 @@ class _DescriptorStage:
     extract: dict
     progress: bool
     log: Callable[[str], None]
+    whole: dict[str, tuple[DescriptorSet, DescriptorSet]] = dataclasses.field(default_factory=dict)  # name ->
+    # (query, reference) descriptors of whole images, before content tokens: what query crops compare
 
     def whitening(self, descriptor: Descriptor, folder: Path | None) -> Whitening | None:
         """The descriptor's whitening learned from ``whiten_from`` (``None`` without it), cached in ``folder``."""
@@ -561,6 +579,7 @@ class _DescriptorStage:
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(self.queries)} query images could be read")
         config = self.config
+        self.whole[descriptor.name] = (query_views, index.references)
         index, auxiliary_index, query_views = detect_content_search(
             descriptor, (SourceImages(self.queries), SourceImages(self.references),
                          SourceImages(self.auxiliary) if self.auxiliary is not None else None),
@@ -581,6 +600,27 @@ class _DescriptorStage:
         self.log(f"{descriptor.name}: {len(found)} candidate pairs ({_DESCRIPTOR_VIEWS[config.descriptor_lce]}"
                  f"{normalised})")
         return found
+
+    def query_crops(self, descriptor: Descriptor, matcher: tuple, result: DetectResult,
+                    rescored: list[Prediction]) -> list[Prediction]:
+        """``rescored`` with the pairs the queries' content crops decide (:mod:`.query_crops`) scored on the crops;
+        their boxes, time and passes go to ``result``."""
+        from .query_crops import query_crops, with_crop_scores
+
+        start, config = time.perf_counter(), self.config
+        accelerator = self.extract["accelerator"]
+        crop_config = dataclasses.replace(config, content_tokens=False, query_crops=False)  # a crop: own content
+
+        def score_pairs(pairs, crops):
+            return matcher_scores(pairs, *matcher, crops, self.references, crop_config, accelerator, None, False,
+                                  self.log)
+
+        found = query_crops(self.queries, self.references, descriptor, matcher, *self.whole[descriptor.name], config,
+                            accelerator, self.log, score_pairs, self.progress)
+        result.crop_boxes, result.crop_pairs = found.boxes, list(found.scores)
+        result.matcher_cost = {name: result.matcher_cost[name] + found.cost[name] for name in found.cost}
+        result.seconds["query crops"] = time.perf_counter() - start
+        return with_crop_scores(rescored, found)
 
     def reference_background(self, descriptor: Descriptor, index: DescriptorIndex,
                              auxiliary_index: DescriptorIndex | None, folder: Path | None) -> dict[str, float]:

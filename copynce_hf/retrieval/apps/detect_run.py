@@ -4,7 +4,8 @@ data files written and a :class:`DetectRun` out.
 :func:`run_detect` checks every input and the output folder, reads the calibrated decision and the ground truth
 before any model loads, loads the models (:mod:`.pipeline_settings`), runs :func:`~.detect.detect` with its caches in
 ``OUTPUT/indexes`` and ``OUTPUT/rescoring``, and writes ``OUTPUT/predictions.csv`` (with the column ``copy`` when a
-calibration decides), ``OUTPUT/copies.csv`` (with a calibration) and ``OUTPUT/metrics.json`` (with a ground truth).
+calibration decides), ``OUTPUT/copies.csv`` (with a calibration), ``OUTPUT/query_crops.csv`` (with query crops) and ``OUTPUT/metrics.json``
+(with a ground truth).
 The match gallery (``report.html``) is drawn from the returned run by
 :func:`copynce_hf.retrieval.reports.run_folders.write_detect_folder`, the one call of the command.
 """
@@ -24,6 +25,7 @@ from ...outputs import StagedFile, check_output_folder, run_folder
 from ..search.predictions import Prediction, metric_warnings_logged, read_ground_truth, write_predictions
 from ..search.sources import ImageInput
 from .calibration import Decision, calibrated_decision, decision_report
+from .content_crops import write_crops
 from .pipeline_settings import PipelineSettings, content_tokens_text
 
 logger = logging.getLogger(__name__)
@@ -183,11 +185,13 @@ def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matc
 
 
 def write_detect_data(run: DetectRun) -> None:
-    """``predictions.csv`` (its column ``copy`` from the decision), ``copies.csv`` (with a decision) and
-    ``metrics.json`` (with a ground truth: the metrics, and how the decision did) into the output folder."""
+    """``predictions.csv`` (its column ``copy`` from the decision), ``copies.csv`` (with a decision),
+    ``query_crops.csv`` (the boxes of the query crops, when there are some) and ``metrics.json`` (with a ground truth:
+    the metrics, and how the decision did) into the output folder."""
     output, decision, predictions = Path(run.request.output), run.inputs.decision, run.result.predictions
     decided = None if decision is None else decision.threshold
     run.count = write_predictions(output / "predictions.csv", predictions, decision_threshold=decided)
+    write_crops(output / "query_crops.csv", run.result)
     run.copies = [p for p in predictions if decided is not None and p.score >= decided]
     if decision is not None:
         write_predictions(output / "copies.csv", run.copies)
@@ -216,6 +220,14 @@ def collection_text(config) -> str:
             f"alpha {config.collection_alpha}")
 
 
+def query_crops_text(result, asked: bool) -> str:
+    """How ``report.html`` names the query crops of a :class:`~.detect.DetectResult`."""
+    if not asked:
+        return "off"
+    return (f"{len(result.crop_boxes)} queries cropped to their own content, {len(result.crop_pairs)} pairs scored "
+            "on their crops")
+
+
 def report_settings(run: DetectRun) -> dict[str, object]:
     """The settings ``report.html`` lists: inputs, models, preset, views, score normalisation, whitening and the
     decision threshold."""
@@ -236,6 +248,7 @@ def report_settings(run: DetectRun) -> dict[str, object]:
         "collection normalisation": collection_text(config),
         "candidates per query": config.candidates, "predictions per query": config.k,
         "content tokens": content_tokens_text(config),
+        "query crops": query_crops_text(run.result, config.query_crops),
         "whitening": whitening,
     }
     decision = run.inputs.decision

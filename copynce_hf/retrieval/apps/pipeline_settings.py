@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
+from ...modeling.errors import ConfigError
 from ..search.presets import DEFAULT_CHUNK_SIZE, DETECT_PRESETS
 from .calibration import model_identity, pipeline_identity
 
@@ -130,15 +131,21 @@ class PipelineSettings:
 
     def config(self):
         """The :class:`~.detect.DetectConfig` of the preset with the overrides. Content tokens not asked for
-        explicitly are off where they cannot apply: with the matcher's local crops or ONNX Runtime."""
+        explicitly are off where they cannot apply: with the matcher's local crops or ONNX Runtime; query crops asked
+        for where content tokens are off, or with descriptor views, are a :class:`ConfigError`."""
         from .detect import DetectConfig
 
         overrides = dict(self.overrides)
         matcher_lce = overrides.get("matcher_lce", DETECT_PRESETS.get(self.preset, {}).get("matcher_lce", "none"))
         if "content_tokens" not in overrides and (matcher_lce != "none" or self.models.runtime == "onnx"):
             overrides["content_tokens"] = False
-        return DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
-                                        chunk_size=self.chunk_size, whiten_dim=self.whiten_dim, **overrides)
+        config = DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
+                                          chunk_size=self.chunk_size, whiten_dim=self.whiten_dim, **overrides)
+        if overrides.get("query_crops") and not config.crops_queries:
+            raise ConfigError("query crops are cut from the content tokens of whole images: --query-crops needs "
+                              f"content tokens and --descriptor-lce none (this run: content tokens "
+                              f"{'on' if config.content_tokens else 'off'}, descriptor LCE {config.descriptor_lce})")
+        return config
 
     def identity(self) -> dict[str, Any]:
         """What a calibration of this pipeline is tied to (:func:`~.calibration.pipeline_identity`)."""

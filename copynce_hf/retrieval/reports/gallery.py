@@ -97,7 +97,7 @@ def pick_gallery(predictions: list[Prediction], threshold: float, count: int) ->
     return top, sorted(borderline, key=lambda p: -p.score)
 
 
-#: The outline of a content crop on a thumbnail (``dedup``: the part of the image its pairs were scored on).
+#: The outline of a content crop on a thumbnail (the part of the image a pair was scored on: ``dedup``, ``detect``).
 CROP_OUTLINE = (255, 0, 200)
 
 
@@ -162,6 +162,7 @@ def write_gallery(
     metrics: dict | None = None,
     ground_truth: dict[str, list[str]] | None = None,
     title: str = "CopyNCE copy detection",
+    crops: dict | None = None,
 ) -> Path:
     """Write ``report.html`` (and ``gallery/`` beside it) for ``predictions``.
 
@@ -170,18 +171,24 @@ def write_gallery(
         model, processor: the model whose heatmaps are drawn (the matcher, else a descriptor); ``None``: no heatmaps.
         threshold: the score the borderline matches are nearest to.
         count: cards per gallery.
+        crops: ``(query, reference)`` pair -> ``{image id: box}`` of the crops its score came from (outlined).
     """
     path = Path(path)
     root = path.parent
     folder = root / "gallery"
     top, borderline = pick_gallery(predictions, threshold, count)
+    crops = crops or {}
+
+    def card(p: Prediction) -> MatchCard:
+        return match_card(p, queries, references, model, processor, folder, root, ground_truth,
+                          crops.get((p.query_id, p.reference_id)))
+
     sections = [
         {"title": "Top matches", "text": f"The {len(top)} queries whose best reference scored highest.",
-         "cards": [match_card(p, queries, references, model, processor, folder, root, ground_truth) for p in top]},
+         "cards": [card(p) for p in top]},
         {"title": "Borderline matches",
          "text": f"The {len(borderline)} other queries whose best score is nearest {threshold:.4g}.",
-         "cards": [match_card(p, queries, references, model, processor, folder, root, ground_truth)
-                   for p in borderline]},
+         "cards": [card(p) for p in borderline]},
     ]
     return render_report(path, sections, settings, stages, metrics, title)
 

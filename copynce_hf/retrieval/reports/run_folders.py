@@ -22,7 +22,8 @@ def write_detect_folder(request: DetectRequest) -> DetectRun | None:
     run.report = write_gallery(Path(request.output) / "report.html", run.result.predictions,
                                inputs.queries.lookup(), inputs.references.lookup(), *run.heatmap_model,
                                threshold=run.gallery_threshold, count=request.gallery, settings=report_settings(run),
-                               stages=run.result.seconds, metrics=run.metrics, ground_truth=inputs.ground_truth)
+                               stages=run.result.seconds, metrics=run.metrics, ground_truth=inputs.ground_truth,
+                               crops={pair: {pair[0]: run.result.crop_boxes[pair[0]]} for pair in run.result.crop_pairs})
     return run
 
 

@@ -44,14 +44,17 @@ COLLECTION_FIELDS = ("collection_normalisation", "collection_alpha", "collection
 
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields a preset sets.
 DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alpha", "k_start", "k_end",
-                        "content_tokens")
+                        "content_tokens", "query_crops")
 
 #: Preset name -> values of :data:`DETECT_PRESET_FIELDS`.
 DETECT_PRESETS: dict[str, dict] = {
     "fast": {"descriptor_lce": "none", "matcher_lce": "none", "candidates": DEFAULT_CANDIDATES, "k": 10,
-             "alpha": 1.0, "k_start": 0, "k_end": 9, "content_tokens": True},
+             "alpha": 1.0, "k_start": 0, "k_end": 9, "content_tokens": True,
+             "query_crops": True},
     "accurate": {"descriptor_lce": "matcher-views", "matcher_lce": "paper", "candidates": 2, "k": 10,
-                 "alpha": 1.0, "k_start": 0, "k_end": 9, "content_tokens": False},
+                 "alpha": 1.0, "k_start": 0, "k_end": 9, "content_tokens": False,
+                 "query_crops": False},
     "paper": {"descriptor_lce": "authors", "matcher_lce": "paper", "candidates": 400, "k": 10,
-              "alpha": 1.0, "k_start": 1, "k_end": 4, "content_tokens": False},
+              "alpha": 1.0, "k_start": 1, "k_end": 4, "content_tokens": False,
+              "query_crops": False},
 }
