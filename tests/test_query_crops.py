@@ -9,7 +9,7 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import Descriptor, DescriptorSet, DetectConfig, ImageFolderSource, detect
-from copynce_hf.retrieval.apps.query_crops import query_crop_pairs, query_neighbours
+from copynce_hf.retrieval.apps.content_crops import query_crop_pairs, query_neighbours
 
 
 def _unit(rows) -> np.ndarray:

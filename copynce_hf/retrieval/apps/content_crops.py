@@ -1,4 +1,5 @@
-"""Content crops: each image's own content, cut from its full-resolution pixels, as a second view in ``dedup``.
+"""Content crops: each image's own content, cut from its full-resolution pixels, as a second view in ``dedup``
+(every image) and ``detect`` (the queries).
 
 Beyond the paper. A copy put into a screenshot, then into a meme band or onto a background, can keep a few percent
 of its pixels: at the models' input size (112 pixels for the embedded ones) its photo is a handful of patches, too
@@ -17,6 +18,18 @@ and enters the search as a second view of that image:
 The boxes follow the image processor's resize (the whole image squeezed to the model's square input): a token of
 row ``r``, column ``c`` of a ``g x g`` grid covers ``[c / g, (c + 1) / g)`` of the width and ``[r / g, (r + 1) /
 g)`` of the height of the original image.
+
+**Query crops** (``detect``): a query that pastes a reference into a screenshot, a meme band or onto a background
+is cut the same way (:func:`query_crops`), with the references left whole (a reference set is the originals a
+moderation database holds):
+
+1. each query's content tokens: its matcher encoder tokens against its ``content_neighbours`` nearest images by
+   descriptor cosine, among the references *and the other queries* (:func:`query_neighbours`: a queue of uploads
+   holds many screenshots of one app, many posts of one meme template, so the frames recur among the queries too);
+2. its content box, as above, cut from the query's own pixels;
+3. each crop's descriptor searches the references for its ``candidates`` nearest; a pair whose crop cosine is above
+   the whole query's cosine to that reference (:func:`query_crop_pairs`) is scored by the matcher on the crop and
+   the reference (every token kept), and that score replaces the whole query's (:func:`with_crop_scores`).
 """
 
 from __future__ import annotations
@@ -35,11 +48,16 @@ from PIL import Image
 
 from ...modeling.errors import ShapeError
 from ...outputs import StagedFile
+from ..jobs.content_masks import CollectionMatches, TokenCache, sharded_matches
+from ..jobs.matcher_cache import check_content_fusion
 from ..search.descriptors import DescriptorSet
+from ..search.extract import extract_descriptors
+from ..search.predictions import Prediction
+from .content_stage import QueriesAndReferences, matcher_content
 
 __all__ = ["MAX_AREA", "MARGIN", "MIN_SIDE", "Box", "CropSource", "CropPair", "content_box", "content_boxes",
            "crop_pairs", "crop_views", "nearest_rows", "write_crops", "CROP_COLUMNS", "VIEW_WHOLE",
-           "VIEW_CROP"]
+           "VIEW_CROP", "QueryCrops", "query_neighbours", "query_crop_pairs", "query_crops", "with_crop_scores"]
 
 #: A region of kept tokens covering at least this fraction of the image is the whole image: no crop.
 MAX_AREA = 0.6
@@ -212,6 +230,103 @@ def crop_views(pairs: list[tuple[str, str]], whole: DescriptorSet, crops: Descri
         best = max(cropped, default=None)
         decided.append(None if best is None or best[0] <= whole_cosine else CropPair(a, b, best[1], best[2], best[0]))
     return decided
+
+
+@dataclasses.dataclass
+class QueryCrops:
+    """What :func:`query_crops` found: each cropped query's box (fractions of its width and height), the
+    ``(query, reference)`` pairs scored on the crop with their scores, and the passes it ran."""
+
+    boxes: dict[str, Box] = dataclasses.field(default_factory=dict)
+    scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    cost: dict[str, int] = dataclasses.field(default_factory=lambda: {"encoded_views": 0, "fused_pairs": 0})
+
+
+def query_neighbours(queries: DescriptorSet, references: DescriptorSet, k: int) -> dict[tuple, list[tuple]]:
+    """Each query's ``2 k`` nearest images by cosine among the references and the other queries, best first, as
+    keys of :class:`~.content_stage.QueriesAndReferences` (``("query", id)``, ``("reference", id)``; the content
+    tokens count the first ``k`` readable ones). Descriptors (N, D) and (M, D), unit rows."""
+    if not len(queries):
+        return {}
+    ref_cosines, ref_rows = nearest_rows(queries.descriptors, references.descriptors, 2 * k)
+    query_cosines, query_rows = nearest_rows(queries.descriptors, queries.descriptors, 2 * k + 1)
+    found: dict[tuple, list[tuple]] = {}
+    for row, query_id in enumerate(queries.ids):
+        scored = [(float(c), ("reference", references.ids[r])) for c, r in zip(ref_cosines[row], ref_rows[row])
+                  if r >= 0]
+        scored += [(float(c), ("query", queries.ids[r])) for c, r in zip(query_cosines[row], query_rows[row])
+                   if r >= 0 and r != row]
+        scored.sort(key=lambda item: (-item[0], item[1]))
+        found[("query", query_id)] = [key for _, key in scored[:2 * k]]
+    return found
+
+
+def query_crop_pairs(queries: DescriptorSet, references: DescriptorSet, crops: DescriptorSet, candidates: int
+                     ) -> list[tuple[str, str]]:
+    """The ``(query, reference)`` pairs a crop decides: each crop's ``candidates`` nearest references, kept where
+    the crop's cosine is above the whole query's (else the whole query decides the pair). Unit descriptors: whole
+    queries (N, D), references (M, D), crops (C, D) with the ids of their queries."""
+    if not len(crops) or not len(references):
+        return []
+    query_rows = {query_id: row for row, query_id in enumerate(queries.ids)}
+    cosines, rows = nearest_rows(crops.descriptors, references.descriptors, candidates)
+    pairs = []
+    for query_id, row_cosines, row_found in zip(crops.ids, cosines, rows):
+        whole = queries.descriptors[query_rows[query_id]]
+        for cosine, row in zip(row_cosines, row_found):
+            if row >= 0 and float(cosine) > float(whole @ references.descriptors[row]):
+                pairs.append((query_id, references.ids[row]))
+    return pairs
+
+
+def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, matcher: tuple,
+                queries: DescriptorSet, references: DescriptorSet, config, accelerator, log: Callable[[str], None],
+                score_pairs, progress: bool = False) -> QueryCrops:
+    """``detect``'s query crops (the module's docstring) and the pairs they decide.
+
+    Args:
+        query_images, reference_images: id -> image (a path or a PIL image) of the queries and the references
+            (``detect``'s :class:`~.detect.SourceImages`).
+        descriptor: the :class:`~.detect.Descriptor` whose whole-image descriptors are ``queries`` and
+            ``references`` (raw, unit rows) and which describes the crops.
+        matcher: ``(model, image processor)``; its encoder tokens find the content tokens.
+        config: the :class:`~.detect.DetectConfig` (content settings, candidates, batch size).
+        score_pairs: ``(pairs, query source) -> (scores, cost)``: the matcher's scores of ``(query, reference)``
+            pairs with the queries read from that source, every token kept (:func:`~.detect.matcher_scores`).
+    """
+    settings = matcher_content(config)
+    model, processor = matcher
+    check_content_fusion(model)
+    images = QueriesAndReferences(query_images, reference_images)
+    cache = TokenCache(model.to(accelerator.device).pre_fusion_tokens, processor, images, config.cache_size,
+                       config.batch_size, images.max_pixels, accelerator.device)
+    with accelerator.autocast():
+        matches: CollectionMatches = sharded_matches(
+            [("query", query_id) for query_id in queries.ids],
+            query_neighbours(queries, references, settings.neighbours), cache, settings, accelerator, progress)
+    found = QueryCrops(content_boxes(queries.ids, lambda query_id: matches.keep(("query", query_id))))
+    found.cost["encoded_views"] += matches.encoded
+    if not found.boxes:
+        log("query crops: no query has a region of its own content small enough to crop")
+        return found
+    crops = CropSource(query_images, found.boxes, images.max_pixels)
+    described = extract_descriptors(descriptor.model, descriptor.processor, crops, batch_size=config.batch_size,
+                                    num_workers=config.num_workers, accelerator=accelerator, progress=progress,
+                                    description=f"{descriptor.name}: query crops")
+    pairs = query_crop_pairs(queries, references, described, config.candidates)
+    scores, cost = score_pairs(pairs, crops) if pairs else ([], {"encoded_views": 0, "fused_pairs": 0})
+    found.scores = {pair: score for pair, score in zip(pairs, scores) if score is not None}
+    found.cost = {name: found.cost[name] + cost[name] for name in found.cost}
+    log(f"query crops: {len(found.boxes)} of {len(queries)} queries cropped to their own content (content tokens "
+        f"against their nearest references and queries), {len(found.scores)} pairs scored on their crops")
+    return found
+
+
+def with_crop_scores(rescored: list[Prediction], crops: QueryCrops) -> list[Prediction]:
+    """The matcher's predictions with those of the crop pairs: a pair scored on a crop takes that score."""
+    scores = {(p.query_id, p.reference_id): p.score for p in rescored}
+    scores.update(crops.scores)
+    return [Prediction(query_id, reference_id, score) for (query_id, reference_id), score in scores.items()]
 
 
 #: The header of ``content_crops.csv`` and ``query_crops.csv``: each cropped image's box, as fractions of its width

@@ -117,7 +117,7 @@ class DetectConfig:
             the paper); whole images only (``matcher_lce`` ``none``).
         query_crops: with content tokens and a matcher, each query's own content (the tokens it does not share with
             its nearest references and queries) is cut from its pixels where it is a small part of the query, and
-            searched and verified as a second view of the query (:mod:`.query_crops`, beyond the paper), with the
+            searched and verified as a second view of the query (:func:`~.content_crops.query_crops`, beyond the paper), with the
             first descriptor; it applies where content tokens do, to whole images (:attr:`crops_queries`).
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
@@ -603,9 +603,9 @@ class _DescriptorStage:
 
     def query_crops(self, descriptor: Descriptor, matcher: tuple, result: DetectResult,
                     rescored: list[Prediction]) -> list[Prediction]:
-        """``rescored`` with the pairs the queries' content crops decide (:mod:`.query_crops`) scored on the crops;
+        """``rescored`` with the pairs the queries' content crops decide (:func:`~.content_crops.query_crops`) scored on the crops;
         their boxes, time and passes go to ``result``."""
-        from .query_crops import query_crops, with_crop_scores
+        from .content_crops import query_crops, with_crop_scores
 
         start, config = time.perf_counter(), self.config
         accelerator = self.extract["accelerator"]
@@ -615,8 +615,8 @@ class _DescriptorStage:
             return matcher_scores(pairs, *matcher, crops, self.references, crop_config, accelerator, None, False,
                                   self.log)
 
-        found = query_crops(self.queries, self.references, descriptor, matcher, *self.whole[descriptor.name], config,
-                            accelerator, self.log, score_pairs, self.progress)
+        found = query_crops(SourceImages(self.queries), SourceImages(self.references), descriptor, matcher,
+                            *self.whole[descriptor.name], config, accelerator, self.log, score_pairs, self.progress)
         result.crop_boxes, result.crop_pairs = found.boxes, list(found.scores)
         result.matcher_cost = {name: result.matcher_cost[name] + found.cost[name] for name in found.cost}
         result.seconds["query crops"] = time.perf_counter() - start
