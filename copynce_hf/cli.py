@@ -105,14 +105,25 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()
     try:
-        return args.handler(args)
+        status = args.handler(args)
     except (CopyNCEError, ImportError) as error:
         message = " ".join(str(error).split())
         print(f"copynce {args.command}: error: {message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
+        status = 2
+    except KeyboardInterrupt:  # another process may be gone: no last barrier
         print(f"copynce {args.command}: interrupted", file=sys.stderr)
         return 130
+    _release_process_group()
+    return status
+
+
+def _release_process_group() -> None:
+    """Under ``accelerate launch``, end the processes' group together before the interpreter exits
+    (:func:`copynce_hf.precision.release_process_group`); a command that never loaded torch has none."""
+    if "torch" in sys.modules:
+        from .precision import release_process_group
+
+        release_process_group()
 
 
 if __name__ == "__main__":

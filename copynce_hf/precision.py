@@ -9,6 +9,7 @@ no``. :func:`make_accelerator` builds the ``Accelerator`` and says so in the log
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from accelerate import Accelerator
@@ -39,3 +40,21 @@ def make_accelerator(**kwargs) -> Accelerator:
     if warning and accelerator.is_main_process:
         logger.warning(warning)
     return accelerator
+
+
+def release_process_group() -> None:
+    """Destroy the process group of a multi-process run (training, or a command under ``accelerate launch``) once no
+    collective's tensors are held by its threads; nothing without one.
+
+    gloo's worker thread drops a finished collective (and the tensors it holds, e.g. the last evaluation's
+    gather) under the group's lock, and needs the GIL to do so. If the main thread frees the DDP model, and
+    with it the group, first, it waits for that lock while holding the GIL: the process hangs at exit. A
+    last barrier and a short pause (the GIL released) let the worker threads drop their work first. Left to the
+    interpreter's exit, the group's threads can also be torn down while still joinable: ``terminate called without
+    an active exception``, the process aborted.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    torch.distributed.barrier()
+    time.sleep(0.5)
+    torch.distributed.destroy_process_group()

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from copynce_hf.model_loading import load_model
-from copynce_hf.precision import make_accelerator
+from copynce_hf.precision import make_accelerator, release_process_group
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup
 from copynce_hf.retrieval.apps.dedup import DedupSettings
 
@@ -31,3 +31,4 @@ def main(images: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    release_process_group()  # the processes end together, as the copynce commands do

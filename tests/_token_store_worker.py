@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from conftest import tiny_models
 
-from copynce_hf.precision import make_accelerator
+from copynce_hf.precision import make_accelerator, release_process_group
 from copynce_hf.retrieval.jobs.token_store import TokenStore, token_identity
 
 
@@ -31,3 +31,4 @@ def main(images_folder: str, store_folder: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    release_process_group()  # the processes end together, as the copynce commands do

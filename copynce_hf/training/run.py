@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from ..data import ImageDecoder
 from ..modeling.errors import ConfigError
 from ..outputs import OutputPathError, check_output_folder
-from ..precision import make_accelerator
+from ..precision import make_accelerator, release_process_group
 from .checkpoints import (
     TrainingProgress,
     checkpoint_folder,
@@ -259,23 +259,8 @@ def finish(run: TrainingRun, started: float) -> dict:
         save_run(summary, run.config, accelerator.unwrap_model(run.model), run.processor, run.ema)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    _release_process_group()
+    release_process_group()
     return summary
-
-
-def _release_process_group() -> None:
-    """Destroy the process group of a multi-process run once no collective's tensors are held by its threads.
-
-    gloo's worker thread drops a finished collective (and the tensors it holds, e.g. the last evaluation's
-    gather) under the group's lock, and needs the GIL to do so. If the main thread frees the DDP model, and
-    with it the group, first, it waits for that lock while holding the GIL: the process hangs at exit. A
-    last barrier and a short pause (the GIL released) let the worker threads drop their work first.
-    """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    torch.distributed.barrier()
-    time.sleep(0.5)
-    torch.distributed.destroy_process_group()
 
 
 def _accelerator(config: TrainingConfig) -> Accelerator:
