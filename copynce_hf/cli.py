@@ -113,17 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # another process may be gone: no last barrier
         print(f"copynce {args.command}: interrupted", file=sys.stderr)
         return 130
-    _release_process_group()
-    return status
-
-
-def _release_process_group() -> None:
-    """Under ``accelerate launch``, end the processes' group together before the interpreter exits
-    (:func:`copynce_hf.precision.release_process_group`); a command that never loaded torch has none."""
-    if "torch" in sys.modules:
+    if "torch" in sys.modules:  # under accelerate launch the processes end their group together
         from .precision import release_process_group
 
         release_process_group()
+    return status
 
 
 if __name__ == "__main__":
