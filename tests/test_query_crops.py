@@ -121,6 +121,34 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
     assert sum(ranks(cropped)) < sum(ranks(whole))  # at seed 0: [2, 0, 0, 0] against [1, 2, 0, 4]
 
 
+@pytest.mark.slow
+def test_two_processes_crop_the_queries_as_one_does(tmp_path):
+    import os
+    from pathlib import Path
+
+    from conftest import launch_two_cpu_processes
+
+    from copynce_hf.cli import main
+
+    _framed_queries(tmp_path)
+    options = [str(tmp_path / "queries"), "--references", str(tmp_path / "references"), "--candidates", "6", "--k",
+               "6", "--gallery", "1", "--quiet"]
+    assert main(["detect", *options, "--output", str(tmp_path / "one")]) == 0
+    repo = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                   "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    result = launch_two_cpu_processes(["-m", "copynce_hf.cli", "detect", *options, "--output", str(tmp_path / "two")],
+                                      environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from copynce_hf.retrieval.search.predictions import read_predictions
+
+    crops = [(tmp_path / run / "query_crops.csv").read_text(encoding="utf-8") for run in ("one", "two")]
+    assert crops[0] == crops[1] and len(crops[0].splitlines()) == 5  # the same four boxes
+    one, two = (read_predictions(tmp_path / run / "predictions.csv") for run in ("one", "two"))
+    assert [p[:2] for p in one] == [p[:2] for p in two]  # the same pairs in the same order, the same scores
+    assert [p.score for p in two] == pytest.approx([p.score for p in one], abs=1e-6)
+
+
 def test_query_crops_apply_where_content_tokens_do():
     assert DetectConfig().crops_queries  # the default, as --preset fast
     assert not DetectConfig(content_tokens=False).crops_queries
