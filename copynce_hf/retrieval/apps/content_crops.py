@@ -318,7 +318,8 @@ def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, ma
     found.scores = {pair: score for pair, score in zip(pairs, scores) if score is not None}
     found.cost = {name: found.cost[name] + cost[name] for name in found.cost}
     log(f"query crops: {len(found.boxes)} of {len(queries)} queries cropped to their own content (content tokens "
-        f"against their nearest references and queries), {len(found.scores)} pairs scored on their crops")
+        f"against their nearest references and queries), {len(found.scores)} pairs scored on their crops "
+        f"({found.cost['encoded_views']} encoder passes, {found.cost['fused_pairs']} fusion passes)")
     return found
 
 
