@@ -103,6 +103,7 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
 
     assert write_crops(tmp_path / "query_crops.csv", cropped) == 4
     assert query_crops_text(whole, False) == "off"
+    assert query_crops_text(whole, True) == "on, not run (they need a matcher)"  # as with --matcher none
     assert query_crops_text(cropped, True) == (f"4 queries cropped to their own content, {len(cropped.crop_pairs)} "
                                                "pairs scored on their crops")
     pair = changed[0]

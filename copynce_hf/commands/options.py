@@ -282,7 +282,7 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
                    help="with content tokens and a matcher: each query whose own content (the tokens it does not "
                    "share with its nearest references and queries) covers less than 60%% of it is also searched and "
                    "verified as that part, cut from its pixels (a copy pasted into a screenshot or a meme); whole "
-                   "images only (presets: off)")
+                   "images only (fast: on where content tokens are; accurate, paper: off)")
     p.add_argument("--k", type=positive_int, help="predictions kept per query (presets: 10)")
     add_collection_normalisation(p)
 

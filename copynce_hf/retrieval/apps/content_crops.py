@@ -314,9 +314,10 @@ def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, ma
                                     num_workers=config.num_workers, accelerator=accelerator, progress=progress,
                                     description=f"{descriptor.name}: query crops")
     pairs = query_crop_pairs(queries, references, described, config.candidates)
-    scores, cost = score_pairs(pairs, crops) if pairs else ([], {"encoded_views": 0, "fused_pairs": 0})
-    found.scores = {pair: score for pair, score in zip(pairs, scores) if score is not None}
-    found.cost = {name: found.cost[name] + cost[name] for name in found.cost}
+    if pairs:
+        scores, cost = score_pairs(pairs, crops)
+        found.scores = {pair: score for pair, score in zip(pairs, scores) if score is not None}
+        found.cost = {name: found.cost[name] + cost[name] for name in found.cost}
     log(f"query crops: {len(found.boxes)} of {len(queries)} queries cropped to their own content (content tokens "
         f"against their nearest references and queries), {len(found.scores)} pairs scored on their crops "
         f"({found.cost['encoded_views']} encoder passes, {found.cost['fused_pairs']} fusion passes)")

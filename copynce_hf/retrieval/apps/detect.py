@@ -117,8 +117,9 @@ class DetectConfig:
             the paper); whole images only (``matcher_lce`` ``none``).
         query_crops: with content tokens and a matcher, each query's own content (the tokens it does not share with
             its nearest references and queries) is cut from its pixels where it is a small part of the query, and
-            searched and verified as a second view of the query (:func:`~.content_crops.query_crops`, beyond the paper), with the
-            first descriptor; it applies where content tokens do, to whole images (:attr:`crops_queries`).
+            searched and verified as a second view of the query (:func:`~.content_crops.query_crops`, beyond the
+            paper), with the first descriptor; it applies where content tokens do, to whole images
+            (:attr:`crops_queries`).
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
@@ -603,8 +604,8 @@ class _DescriptorStage:
 
     def query_crops(self, descriptor: Descriptor, matcher: tuple, result: DetectResult,
                     rescored: list[Prediction]) -> list[Prediction]:
-        """``rescored`` with the pairs the queries' content crops decide (:func:`~.content_crops.query_crops`) scored on the crops;
-        their boxes, time and passes go to ``result``."""
+        """``rescored`` with the pairs the queries' content crops decide (:func:`~.content_crops.query_crops`) scored
+        on the crops; their boxes, time and passes go to ``result``."""
         from .content_crops import query_crops, with_crop_scores
 
         start, config = time.perf_counter(), self.config

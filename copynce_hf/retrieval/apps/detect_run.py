@@ -4,8 +4,8 @@ data files written and a :class:`DetectRun` out.
 :func:`run_detect` checks every input and the output folder, reads the calibrated decision and the ground truth
 before any model loads, loads the models (:mod:`.pipeline_settings`), runs :func:`~.detect.detect` with its caches in
 ``OUTPUT/indexes`` and ``OUTPUT/rescoring``, and writes ``OUTPUT/predictions.csv`` (with the column ``copy`` when a
-calibration decides), ``OUTPUT/copies.csv`` (with a calibration), ``OUTPUT/query_crops.csv`` (with query crops) and ``OUTPUT/metrics.json``
-(with a ground truth).
+calibration decides), ``OUTPUT/copies.csv`` (with a calibration), ``OUTPUT/query_crops.csv`` (with query crops)
+and ``OUTPUT/metrics.json`` (with a ground truth).
 The match gallery (``report.html``) is drawn from the returned run by
 :func:`copynce_hf.retrieval.reports.run_folders.write_detect_folder`, the one call of the command.
 """
@@ -221,9 +221,12 @@ def collection_text(config) -> str:
 
 
 def query_crops_text(result, asked: bool) -> str:
-    """How ``report.html`` names the query crops of a :class:`~.detect.DetectResult`."""
+    """How ``report.html`` names the query crops of a :class:`~.detect.DetectResult` (``asked``: whether the config
+    applies them), as ``dedup``'s :func:`~.dedup_run.content_crops_text` names its crops."""
     if not asked:
         return "off"
+    if "query crops" not in result.seconds:
+        return "on, not run (they need a matcher)"
     return (f"{len(result.crop_boxes)} queries cropped to their own content, {len(result.crop_pairs)} pairs scored "
             "on their crops")
 
@@ -248,7 +251,7 @@ def report_settings(run: DetectRun) -> dict[str, object]:
         "collection normalisation": collection_text(config),
         "candidates per query": config.candidates, "predictions per query": config.k,
         "content tokens": content_tokens_text(config),
-        "query crops": query_crops_text(run.result, config.query_crops),
+        "query crops": query_crops_text(run.result, config.crops_queries),
         "whitening": whitening,
     }
     decision = run.inputs.decision
