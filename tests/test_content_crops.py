@@ -91,6 +91,14 @@ def test_a_pair_goes_to_its_crops_only_when_a_crop_matches_better_than_the_whole
     assert views[1] is None and views[2] is None  # (B, C): 0 for the crop as for the wholes; D has no crop
 
 
+def _embedded_models():
+    """The embedded descriptor and matcher, and their image processor."""
+    from copynce_hf.model_loading import load_model
+
+    descriptor, processor = load_model(None, "descriptor", "--model")
+    return descriptor, load_model(None, "matcher", "--matcher")[0], processor
+
+
 def _framed_collection(folder) -> None:
     """Four bundled photos pasted small (a quarter of the side) into one shared background photo (a template), the
     four photos alone, and two other photos."""
@@ -110,13 +118,11 @@ def _framed_collection(folder) -> None:
 
 
 def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval.apps.dedup import DedupSettings
     from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
 
     _framed_collection(tmp_path / "images")
-    descriptor, processor = load_model(None, "descriptor", "--model")
-    matcher, _ = load_model(None, "matcher", "--matcher")
+    descriptor, matcher, processor = _embedded_models()
     source = ImageFolderSource(tmp_path / "images")
     lines: list[str] = []
     config = DetectConfig(candidates=9)
@@ -192,6 +198,39 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
         assert (right - left) * (bottom - top) < 0.6
 
 
+def test_a_rerun_reuses_the_crop_scores_kept_in_the_rescoring_folder_until_a_cropped_image_changes(tmp_path):
+    import os
+
+    from copynce_hf.retrieval.apps.dedup import DedupSettings
+
+    _framed_collection(tmp_path / "images")
+    descriptor, matcher, processor = _embedded_models()
+    source = ImageFolderSource(tmp_path / "images")
+    lines: list[str] = []
+
+    def run():
+        return dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=1.0,
+                     config=DetectConfig(candidates=9), settings=DedupSettings(matcher_orders="both"),
+                     progress=False, log=lines.append, rescoring_folder=tmp_path / "rescoring")
+
+    first = run()
+    kept = sorted(path.name for path in (tmp_path / "rescoring").glob("crops-*"))
+    views = {f"crops-{pair.view_a}-{pair.view_b}" for pair in first.crop_pairs}
+    assert kept == sorted(views | {f"{name}-reversed" for name in views}), kept  # each kind of views, both orders
+    lines.clear()
+    second = run()
+    assert second.raw_scores == first.raw_scores and second.crop_pairs == first.crop_pairs
+    assert second.matcher_cost["fused_pairs"] == 0, "\n".join(lines)  # every score read from the chunks
+    assert sum("resuming" in line and "crops-" in line for line in lines) == len(kept)
+    # a cropped image rewritten (the same pixels, a new file time): its crop's scores are computed again
+    changed = tmp_path / "images" / "framed0.png"
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    lines.clear()
+    third = run()
+    assert third.raw_scores == pytest.approx(first.raw_scores, abs=1e-6)
+    assert sum("resuming" in line and "crops-" in line for line in lines) < len(kept)
+
+
 @pytest.mark.slow
 def test_two_processes_crop_and_score_as_one_does(tmp_path):
     import json
@@ -200,12 +239,10 @@ def test_two_processes_crop_and_score_as_one_does(tmp_path):
 
     from conftest import launch_two_cpu_processes
 
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval.apps.dedup import DedupSettings
 
     _framed_collection(tmp_path / "images")
-    descriptor, processor = load_model(None, "descriptor", "--model")
-    matcher, _ = load_model(None, "matcher", "--matcher")
+    descriptor, matcher, processor = _embedded_models()
     alone = dedup(ImageFolderSource(tmp_path / "images"), Descriptor("embedded", descriptor, processor),
                   (matcher, processor), threshold=1.0, config=DetectConfig(candidates=9),
                   settings=DedupSettings(matcher_orders="one"), progress=False)

@@ -37,6 +37,14 @@ def test_a_crop_decides_a_pair_only_where_it_matches_the_reference_better_than_i
     assert query_crop_pairs(queries, references, DescriptorSet([], np.zeros((0, 4), np.float32)), 2) == []
 
 
+def _embedded_models():
+    """The embedded descriptor and matcher, and their image processor."""
+    from copynce_hf.model_loading import load_model
+
+    descriptor, processor = load_model(None, "descriptor", "--model")
+    return descriptor, load_model(None, "matcher", "--matcher")[0], processor
+
+
 def _framed_queries(folder) -> None:
     """Queries: four bundled photos pasted small into one shared background (a template) and one plain photo;
     references: the four photos and two others."""
@@ -58,12 +66,10 @@ def _framed_queries(folder) -> None:
 
 
 def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_path):
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
 
     _framed_queries(tmp_path)
-    descriptor, processor = load_model(None, "descriptor", "--model")
-    matcher, _ = load_model(None, "matcher", "--matcher")
+    descriptor, matcher, processor = _embedded_models()
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "references")
     lines: list[str] = []
 
@@ -120,6 +126,34 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
         return [found[f"framed{i}"].index(f"photo{i}") for i in range(4)]
 
     assert sum(ranks(cropped)) < sum(ranks(whole))  # at seed 0: [2, 0, 0, 0] against [1, 2, 0, 4]
+
+
+def test_a_rerun_reuses_the_query_crops_scores_kept_in_the_rescoring_folder(tmp_path):
+    import os
+
+    _framed_queries(tmp_path)
+    descriptor, matcher, processor = _embedded_models()
+    queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "references")
+    lines: list[str] = []
+
+    def run():
+        lines.clear()
+        return detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
+                      config=DetectConfig(candidates=6, k=6), progress=False, log=lines.append,
+                      rescoring_folder=tmp_path / "rescoring")
+
+    first, second = run(), run()
+    kept = tmp_path / "rescoring" / "query-crops"
+    assert first.crop_pairs and sorted(path.name for path in kept.glob("chunk-*")) == ["chunk-000000.json"]
+    assert second.predictions == first.predictions and second.crop_boxes == first.crop_boxes
+    assert second.matcher_cost["fused_pairs"] == 0, "\n".join(lines)  # the crops' scores read from their chunk
+    assert any("resuming" in line and str(kept) in line for line in lines)
+    # a cropped query's file rewritten (a new file time): its crop's scores are computed again
+    changed = tmp_path / "queries" / "framed0.png"
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    third = run()
+    assert not any("resuming" in line and str(kept) in line for line in lines)
+    assert [p.score for p in third.predictions] == pytest.approx([p.score for p in first.predictions], abs=1e-6)
 
 
 @pytest.mark.slow

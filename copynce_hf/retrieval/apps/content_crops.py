@@ -50,6 +50,7 @@ from ...modeling.errors import ShapeError
 from ...outputs import StagedFile
 from ..jobs.content_masks import CollectionMatches, TokenCache, sharded_matches
 from ..jobs.matcher_cache import check_content_fusion
+from ..jobs.work_folder import digest, image_stamps
 from ..search.descriptors import DescriptorSet
 from ..search.extract import extract_descriptors
 from ..search.predictions import Prediction
@@ -143,6 +144,14 @@ class CropSource:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def identity(self) -> dict:
+        """What the crops are, for scores of them kept on disk: the boxes, the image files they are cut from
+        (:func:`~..jobs.work_folder.image_stamps`) and the identity of those images' source, if it has one."""
+        files = getattr(self.images, "files", None) or {}
+        source = getattr(getattr(self.images, "source", None), "identity", None)
+        return {"crops of": source, "boxes": digest(self.boxes), "images": image_stamps(files, self.ids)}
 
     def load(self, index: int) -> Image.Image:
         from ...images import load_image

@@ -339,7 +339,7 @@ def dedup(
         log: receives one line per stage.
         whiten_from: sample images to learn a whitening from (:mod:`.whitening`); ``None``: none.
         rescoring_folder: where the matcher's scored chunks are kept, so that a run cut short resumes
-            (:mod:`.chunked_scoring`); ``None``: not kept.
+            (:mod:`.chunked_scoring`; those of the content crops in its ``crops-*`` folders); ``None``: not kept.
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result, as with :func:`~.detect.detect`.
         settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
@@ -367,7 +367,7 @@ def dedup(
     candidates = run.candidates(index, queries, len(readable))
     with token_folder(tokens_folder, run.accelerator) as run.tokens_folder:
         raw = run.verify(candidates, rescoring_folder)
-        raw = run.content_crops(index, raw)
+        raw = run.content_crops(index, raw, rescoring_folder)
         decide = run.decision(candidates, raw)
         start = time.perf_counter()
         decided = {pair: decide(*pair, score) for pair, score in raw.items()}
@@ -521,10 +521,11 @@ class _DedupRun:
                  f"{self.cost['fused_pairs']} fusion passes)")
         return verified
 
-    def content_crops(self, index: DescriptorIndex, raw: dict[tuple[str, str], float]
+    def content_crops(self, index: DescriptorIndex, raw: dict[tuple[str, str], float], folder
                       ) -> dict[tuple[str, str], float]:
         """Step 2b (:mod:`.content_crops`): ``raw`` with the pairs that content crops propose or decide scored on
-        their best views; ``raw`` itself without content tokens, with view presets, or with ``content_crops`` off."""
+        their best views (chunks kept in ``folder``, :meth:`view_scores`); ``raw`` itself without content tokens,
+        with view presets, or with ``content_crops`` off."""
         if not (self.settings.content_crops and self.matches is not None and self.preset.name == "none"):
             return raw
         start = time.perf_counter()
@@ -539,8 +540,8 @@ class _DedupRun:
                                         **self.extract)
         self.crop_descriptors = described
         pairs = crop_pairs(index.references, described, self.config.candidates, self.order)
-        scored = {(pair.a, pair.b): (pair, score) for pair, score in zip(pairs, self.view_scores(pairs, crops))
-                  if score is not None}
+        scores = self.view_scores(pairs, crops, folder)
+        scored = {(pair.a, pair.b): (pair, score) for pair, score in zip(pairs, scores) if score is not None}
         self.crop_pairs = [pair for pair, _ in scored.values()]
         replaced = len(scored.keys() & raw.keys())
         updated = {**raw, **{key: score for key, (_, score) in scored.items()}}
@@ -549,9 +550,10 @@ class _DedupRun:
                  f"{len(pairs)} pairs verified on their crops ({replaced} of them whole-image candidates)")
         return updated
 
-    def view_scores(self, pairs: list, crops: CropSource) -> list[float | None]:
+    def view_scores(self, pairs: list, crops: CropSource, folder=None) -> list[float | None]:
         """The matcher's score of each :class:`~.content_crops.CropPair` on its two views, every token kept (a crop
-        is its image's own content); both orders as :meth:`matcher_scores`."""
+        is its image's own content); both orders as :meth:`matcher_scores`. The scored chunks of each kind of view
+        pair and order are kept in ``folder/crops-<view>-<view>[-reversed]`` (``None``: not kept)."""
         both = self.settings.scores_both_orders(self.matcher[0])
         config = dataclasses.replace(self.config, content_tokens=False)
         sources = {VIEW_WHOLE: self.source, VIEW_CROP: crops}
@@ -559,16 +561,18 @@ class _DedupRun:
         for views in sorted({(pair.view_a, pair.view_b) for pair in pairs}):
             rows = [i for i, pair in enumerate(pairs) if (pair.view_a, pair.view_b) == views]
             forward = [(pairs[i].a, pairs[i].b) for i in rows]
-            found = self._scores_between(forward, sources[views[0]], sources[views[1]], config)
+            kept = Path(folder) / f"crops-{views[0]}-{views[1]}" if folder is not None else None
+            found = self._scores_between(forward, sources[views[0]], sources[views[1]], config, kept)
             if both:
                 backward = self._scores_between([(b, a) for a, b in forward], sources[views[1]], sources[views[0]],
-                                                config)
+                                                config, kept and kept.with_name(f"{kept.name}-reversed"))
                 found = [None if None in pair else mean_logit_probability(*pair) for pair in zip(found, backward)]
             scores.update(zip(rows, found))
         return [scores[i] for i in range(len(pairs))]
 
-    def _scores_between(self, pairs: list[tuple[str, str]], queries, references, config) -> list[float | None]:
-        scores, cost = matcher_scores(pairs, *self.matcher, queries, references, config, self.accelerator, None,
+    def _scores_between(self, pairs: list[tuple[str, str]], queries, references, config, folder
+                        ) -> list[float | None]:
+        scores, cost = matcher_scores(pairs, *self.matcher, queries, references, config, self.accelerator, folder,
                                       False, self.log)
         self._add_cost(cost)
         return scores

@@ -471,7 +471,7 @@ def detect(
         progress: progress bars per stage.
         log: receives one line per stage.
         rescoring_folder: where the matcher's scored chunks are kept, so that a run cut short resumes
-            (:mod:`.chunked_scoring`); ``None``: not kept.
+            (:mod:`.chunked_scoring`; those of the query crops in its ``query-crops`` folder); ``None``: not kept.
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made). Under ``accelerate launch`` every
             process calls :func:`detect`: the images are embedded and the candidate pairs scored in shards,
             the caches written by the main process, and every process gets the whole result.
@@ -517,7 +517,7 @@ def detect(
     if not rescored:
         raise PredictionsError(f"the matcher could not score any of the {len(pairs)} candidate pairs")
     if config.crops_queries:
-        rescored = stage.query_crops(descriptors[0], matcher, result, rescored)
+        rescored = stage.query_crops(descriptors[0], matcher, result, rescored, rescoring_folder)
     result.predictions = top_per_query(rescored, config.k)
     return result
 
@@ -603,17 +603,19 @@ class _DescriptorStage:
         return found
 
     def query_crops(self, descriptor: Descriptor, matcher: tuple, result: DetectResult,
-                    rescored: list[Prediction]) -> list[Prediction]:
+                    rescored: list[Prediction], rescoring_folder: str | os.PathLike | None) -> list[Prediction]:
         """``rescored`` with the pairs the queries' content crops decide (:func:`~.content_crops.query_crops`) scored
-        on the crops; their boxes, time and passes go to ``result``."""
+        on the crops; their boxes, time and passes go to ``result``. The crops' scored chunks are kept in
+        ``rescoring_folder/query-crops`` (``None``: not kept), so that a run cut short resumes them."""
         from .content_crops import query_crops, with_crop_scores
 
         start, config = time.perf_counter(), self.config
         accelerator = self.extract["accelerator"]
         crop_config = dataclasses.replace(config, content_tokens=False, query_crops=False)  # a crop: own content
+        folder = Path(rescoring_folder) / "query-crops" if rescoring_folder is not None else None
 
         def score_pairs(pairs, crops):
-            return matcher_scores(pairs, *matcher, crops, self.references, crop_config, accelerator, None, False,
+            return matcher_scores(pairs, *matcher, crops, self.references, crop_config, accelerator, folder, False,
                                   self.log)
 
         found = query_crops(SourceImages(self.queries), SourceImages(self.references), descriptor, matcher,
