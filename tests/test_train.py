@@ -120,6 +120,7 @@ def test_paper_settings_in_configs():
         (["--max_source_side", "16"], "max_source_side"),
         (["--ema_decay", "1"], "ema_decay"),
         (["--ema_decay", "0"], "ema_decay"),
+        (["--freeze_encoder", "true"], "freeze_encoder"),  # tiny_cpu.yaml trains a descriptor
     ],
 )
 def test_bad_values_stop_at_start_naming_the_key(overrides, key):
@@ -333,6 +334,23 @@ def test_matcher_tiny_run(train_script, tmp_path, images):
     parts = [h for h in summary["history"] if "train/bce_loss" in h]
     assert parts and all(h["train/loss"] >= h["train/bce_loss"] for h in parts)
     assert json.loads((output / "config.json").read_text())["model_type"] == "copynce-matcher"
+
+
+def test_a_matcher_continued_with_a_frozen_encoder_changes_only_its_fusion_stage(train_script, tmp_path, images):
+    start = tmp_path / "start"
+    train_script.main(_tiny(images, start, "--max_steps", "1", config="tiny_cpu_matcher.yaml"))
+    output = tmp_path / "frozen"
+    summary = train_script.main(_tiny(images, output, "--max_steps", "2", "--model_name_or_path", str(start),
+                                      "--freeze_encoder", "true", "--learning_rate", "1e-2",
+                                      config="tiny_cpu_matcher.yaml"))
+    assert summary["freeze_encoder"] is True
+    encoder_layers = CopyNCEMatcherModel.from_pretrained(start).config.num_encoder_layers
+    encoder = ("vit.embeddings.",) + tuple(f"vit.blocks.{i}." for i in range(encoder_layers))
+    before, after = _weights(start), _weights(output)
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and not {name for name in changed if name.startswith(encoder)}, sorted(changed)
+    assert any(name.startswith(f"vit.blocks.{encoder_layers}.") for name in changed)  # the first fusion block
+    assert "classifier.weight" in changed
 
 
 def test_continued_training_from_a_float16_folder_trains_float32_weights_in_bf16(train_script, tmp_path, images):

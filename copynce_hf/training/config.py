@@ -178,6 +178,13 @@ def _templates_need_copies(config: TrainingConfig) -> None:
                             "needs pair_source edits (shared-template groups are made of PixTrace copies); set it to 0")
 
 
+def _frozen_encoder_is_the_matchers(config: TrainingConfig) -> None:
+    if config.freeze_encoder and config.model_type != "matcher":
+        raise invalid_value("freeze_encoder", config.freeze_encoder,
+                            "is for the matcher (its encoder blocks come before the fusion blocks); the descriptor is "
+                            "all encoder")
+
+
 def _sizes_fit_model(config: TrainingConfig) -> None:
     size = config.model.get("image_size", 224)
     patch = config.model.get("patch_size", 16)
@@ -209,6 +216,10 @@ class TrainingConfig(CheckedFields):
     model_name_or_path: str | None = _option(None, "A saved CopyNCE model to start from (finetuning, second stage).")
     init_from_dino: str | None = _option(None, (
         "A DINO ViT to initialise the encoder from: facebook/dino-vits16, a local ViT folder or a DINO .pth file."))
+    freeze_encoder: bool = _option(False, (
+        "Beyond the paper, matcher only: the patch embedding, position embeddings and encoder blocks take no gradient; "
+        "the fusion blocks, the fusion CLS, the segment embeddings and the classifier train. A continuation that "
+        "keeps every image's encoder tokens (the content tokens and token stores of earlier runs stay valid)."))
     # data
     dataset: str | None = _option(None, (
         "null (the bundled sample images), a DISC21 folder, an image folder, a folder saved with save_to_disk, "
@@ -342,7 +353,7 @@ class TrainingConfig(CheckedFields):
 
     cross_field_checks = (_ground_truth_named, _mix_dataset_fits_sampling, _schedule_ends_below_start,
                           _mining_fits_model, _descriptor_trains_on_copies, _slots_need_ghnm, _ghnm_batch_pairs_up,
-                          _mining_has_graph, _templates_need_copies, _sizes_fit_model)
+                          _mining_has_graph, _templates_need_copies, _sizes_fit_model, _frozen_encoder_is_the_matchers)
 
     # ------------------------------------------------------------------ derived values
     def resolved(self, key: str):

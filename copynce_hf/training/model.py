@@ -51,6 +51,8 @@ def build_model(config: TrainingConfig):
             ) from error
     else:
         model = model_class(config_class(**overrides))
+    if config.freeze_encoder:
+        model.freeze_encoder()
     size = model.config.image_size
     processor = CopyNCEImageProcessor(size={"height": size, "width": size})
     return model, processor

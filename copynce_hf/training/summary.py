@@ -48,6 +48,7 @@ def build_summary(config: TrainingConfig, accelerator: Accelerator, model: torch
         "model_type": config.model_type,
         "model_name_or_path": config.model_name_or_path,  # where the weights started (provenance for cards)
         "init_from_dino": None if config.model_name_or_path else config.init_from_dino,
+        "freeze_encoder": config.freeze_encoder,  # only the matcher's fusion stage trained
         "seed": config.seed,
         "steps": progress.step,
         "pairs_per_process": progress.micro_batches * config.pairs_per_batch,
