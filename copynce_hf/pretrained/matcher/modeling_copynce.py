@@ -741,6 +741,14 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         return self.vit.run_blocks(hidden_states, 0, self.config.num_encoder_layers, output_attentions,
                                    output_hidden_states)
 
+    def freeze_encoder(self) -> None:
+        """Stop the gradient of the per-image encoder (patch and position embeddings, the first
+        ``num_encoder_layers`` blocks): only the fusion stage trains, and :meth:`pre_fusion_tokens` stays what it
+        was."""
+        self.vit.embeddings.requires_grad_(False)
+        for block in self.vit.blocks[:self.config.num_encoder_layers]:
+            block.requires_grad_(False)
+
     def pre_fusion_tokens(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None
                           ) -> torch.Tensor:
         """The per-image encoder pass: (B, 3, H, W) -> (B, 1 + L, C), the output of the last
