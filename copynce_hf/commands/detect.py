@@ -21,7 +21,8 @@ DESCRIPTION = (
 EPILOG = (
     "Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
     "candidates, 1 matcher pass per candidate, content tokens, query crops, auxiliary ranks 0-9) suits a CPU: about "
-    "1.5 s per query with the embedded 112-px models on one core (0.25 s of it the query crops on mini-DISC). accurate (--descriptor-lce matcher-views --candidates 2 "
+    "1.5 s per query with the embedded 112-px models on one core (0.25 s of it the query crops on mini-DISC). "
+    "accurate (--descriptor-lce matcher-views --candidates 2 "
     "--matcher-lce paper, auxiliary ranks 0-9): about 3.3 s per query on one core. paper (the authors' inference: "
     "--descriptor-lce authors, "
     "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "

@@ -287,7 +287,8 @@ class PipelineSystem:
                         self.config, self.index_folder, progress=self.progress,
                         log=lambda line: logger.info("%s: %s", self.name, line))
         seconds = time.perf_counter() - start
-        query_seconds = sum(v for k, v in result.seconds.items() if k.startswith(("query views:", "search:", "matcher", "query crops")))
+        query_stages = ("query views:", "search:", "matcher", "query crops")
+        query_seconds = sum(v for k, v in result.seconds.items() if k.startswith(query_stages))
         info = {"seconds_per_stage": result.seconds, "query_seconds": query_seconds,
                 "candidate_recall": result.candidate_recall(task.ground_truth),
                 "num_candidates": self.config.candidates, "matcher_cost": result.matcher_cost,

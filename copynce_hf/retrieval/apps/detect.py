@@ -535,8 +535,8 @@ class _DescriptorStage:
     extract: dict
     progress: bool
     log: Callable[[str], None]
-    whole: dict[str, tuple[DescriptorSet, DescriptorSet]] = dataclasses.field(default_factory=dict)  # name ->
-    # (query, reference) descriptors of whole images, before content tokens: what query crops compare
+    whole: tuple[DescriptorSet, DescriptorSet] | None = None  # the first descriptor's (query, reference)
+    # descriptors of whole images, before content tokens, kept only for query crops: what they compare
 
     def whitening(self, descriptor: Descriptor, folder: Path | None) -> Whitening | None:
         """The descriptor's whitening learned from ``whiten_from`` (``None`` without it), cached in ``folder``."""
@@ -580,7 +580,8 @@ class _DescriptorStage:
         if len(query_views) == 0:
             raise PredictionsError(f"none of the {len(self.queries)} query images could be read")
         config = self.config
-        self.whole[descriptor.name] = (query_views, index.references)
+        if config.crops_queries and self.whole is None:
+            self.whole = (query_views, index.references)
         index, auxiliary_index, query_views = detect_content_search(
             descriptor, (SourceImages(self.queries), SourceImages(self.references),
                          SourceImages(self.auxiliary) if self.auxiliary is not None else None),
@@ -619,7 +620,7 @@ class _DescriptorStage:
                                   self.log)
 
         found = query_crops(SourceImages(self.queries), SourceImages(self.references), descriptor, matcher,
-                            *self.whole[descriptor.name], config, accelerator, self.log, score_pairs, self.progress)
+                            *self.whole, config, accelerator, self.log, score_pairs, self.progress)
         result.crop_boxes, result.crop_pairs = found.boxes, list(found.scores)
         result.matcher_cost = {name: result.matcher_cost[name] + found.cost[name] for name in found.cost}
         result.seconds["query crops"] = time.perf_counter() - start
