@@ -49,10 +49,10 @@ from PIL import Image
 from ...modeling.errors import ShapeError
 from ...outputs import StagedFile
 from ..jobs.content_masks import CollectionMatches, TokenCache, sharded_matches
-from ..jobs.matcher_cache import check_content_fusion
 from ..jobs.work_folder import digest, image_stamps
 from ..search.descriptors import DescriptorSet
 from ..search.extract import extract_descriptors
+from ..search.onnx_runtime import check_content_fusion
 from ..search.predictions import Prediction
 from .content_stage import QueriesAndReferences, matcher_content
 

@@ -30,12 +30,12 @@ from ..jobs.content_masks import (
     processed_pixels,
     sharded_matches,
 )
-from ..jobs.matcher_cache import check_content_fusion
 from ..jobs.token_store import TokenStore
 from ..jobs.work_folder import lines_digest
 from ..search.content_tokens import ContentSettings, content_descriptors
 from ..search.descriptors import DescriptorSet
 from ..search.index import DescriptorIndex, IndexConfig
+from ..search.onnx_runtime import check_content_fusion
 from ..search.predictions import Prediction
 from ..search.references import search_references
 

@@ -59,7 +59,7 @@ from ..search.index import DescriptorIndex
 from ..search.predictions import Prediction
 from ..search.presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDERS
 from ..search.references import search_references
-from ..search.view_search import owner_of
+from ..search.view_extraction import owner_of
 from ..search.views import ViewPreset
 from .content_crops import (
     VIEW_CROP,

@@ -58,7 +58,7 @@ from ..search.presets import (
     REFERENCE_BACKGROUNDS,
 )
 from ..search.references import search_references
-from ..search.view_search import extract_view_descriptors
+from ..search.view_extraction import extract_view_descriptors
 from ..search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, ViewPreset, check_mode
 from ..search.whitening import Whitening
 from .content_stage import content_identity, detect_content_search, log_local_masks, matcher_content

@@ -114,7 +114,7 @@ def search_queries(request: SearchRequest) -> SearchDone | None:
     from ..search.index import DescriptorIndex
     from ..search.predictions import write_predictions
     from ..search.references import search_references
-    from ..search.view_search import extract_view_descriptors
+    from ..search.view_extraction import extract_view_descriptors
 
     source, index, preset, with_views, model_path = _open_search(request)
     model, processor = load_model(model_path, "descriptor", "--model", runtime=request.runtime)

@@ -34,7 +34,7 @@ from pathlib import Path
 from ...modeling.errors import ImageLoadError, PredictionsError
 from ..search.descriptors import read_descriptor_header
 from ..search.presets import DEFAULT_INDEX_CHUNK_SIZE
-from ..search.view_search import extract_view_descriptors, owner_of
+from ..search.view_extraction import extract_view_descriptors, owner_of
 from ..search.views import ViewPreset
 from .work_folder import WorkFolder
 

@@ -34,7 +34,7 @@ from ..search.content_tokens import (
     local_keep_masks,
     unit_patch_tokens,
 )
-from ..search.onnx_runtime import OnnxMatcherModel
+from ..search.onnx_runtime import check_content_fusion
 from ..search.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
 from .content_masks import CollectionMatches
 from .token_store import TokenStore
@@ -53,13 +53,6 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
         logits (B,)`` (the fusion blocks and the classifier).
     """
     return model.pre_fusion_tokens, (lambda query, reference: model.fuse(query, reference)[0])
-
-
-def check_content_fusion(model) -> None:
-    """Refuse content tokens with a matcher that cannot fuse token sequences of varying length (ONNX Runtime)."""
-    if isinstance(model, OnnxMatcherModel):
-        raise ConfigError("content tokens fuse sequences of varying length, which the ONNX fusion graph does not "
-                          "take: use --runtime torch, or --no-content-tokens with --runtime onnx")
 
 
 class _ViewImages(Dataset):

@@ -120,3 +120,10 @@ def load_onnx_model(folder: str | os.PathLike, kind: str | None = None, option: 
         raise ConfigError(f"{option} {folder} holds an exported {manifest['kind']}; a {kind} is needed here")
     wrapper = OnnxDescriptorModel if manifest["kind"] == "descriptor" else OnnxMatcherModel
     return wrapper(folder, threads), AutoImageProcessor.from_pretrained(str(folder))
+
+
+def check_content_fusion(model) -> None:
+    """Refuse content tokens with a matcher that cannot fuse token sequences of varying length (ONNX Runtime)."""
+    if isinstance(model, OnnxMatcherModel):
+        raise ConfigError("content tokens fuse sequences of varying length, which the ONNX fusion graph does not "
+                          "take: use --runtime torch, or --no-content-tokens with --runtime onnx")

@@ -6,11 +6,10 @@ cosine over their view pairs (supplementary "Local Crops Ensembling"), and score
 applies after it (supplementary "Score Normalization": the bias is the mean LCE score of the query
 to its auxiliary neighbours k_start..k_end, the auxiliary images seen through the same views).
 
-Views are rows of an ordinary :class:`DescriptorSet` / :class:`DescriptorIndex`: view ``v`` of
-image ``id`` has the row id ``id#v`` (:func:`view_id`), so an index over reference views maps every
-row back to its reference (:func:`owner_of`), and the preset name is kept in ``index.json``
-(``info["views"]``). With the ``none`` preset there is one view per image, whose row id is the
-image id itself, and everything below reduces to plain k-NN search.
+Views are rows of an ordinary :class:`DescriptorIndex` (:mod:`.view_extraction`: row ``id#v``), so an index
+over reference views maps every row back to its reference, and the preset name is kept in ``index.json``
+(``info["views"]``). With the ``none`` preset there is one view per image, whose row id is the image id
+itself, and everything below reduces to plain k-NN search.
 
 The ``authors`` preset keeps neighbours per query view instead (supplementary "More about
 Candidates List for Matcher": "for each crop of query, we identify k-NN in reference set and each
@@ -26,60 +25,10 @@ import numpy as np
 
 from ...modeling.errors import ConfigError
 from .descriptors import DescriptorSet
-from .extract import extract_descriptors
 from .index import DescriptorIndex
 from .predictions import Prediction
-from .views import ViewPreset, render_view
-
-VIEW_SEPARATOR = "#"
-
-
-def view_id(image_id: str, view: int, preset: ViewPreset) -> str:
-    """Row id of view ``view`` of ``image_id``: the id itself for the ``none`` preset, else ``id#view``."""
-    return image_id if preset.name == "none" else f"{image_id}{VIEW_SEPARATOR}{view}"
-
-
-def owner_of(row_id: str, preset_name: str) -> str:
-    """The image id of a view row id (inverse of :func:`view_id`)."""
-    return row_id if preset_name == "none" else row_id.rsplit(VIEW_SEPARATOR, 1)[0]
-
-
-class ViewSource:
-    """An image source (``ids`` + ``load(i)``) whose items are the LCE views of another source's images.
-
-    Row ``i`` is view ``i % V`` of image ``i // V``; the last decoded image is kept, so a sequential
-    pass decodes every image once.
-    """
-
-    def __init__(self, source, preset: ViewPreset, role: str):
-        if role not in ("query", "reference"):
-            raise ConfigError(f"view role must be 'query' or 'reference', got {role!r}")
-        self.source, self.preset, self.role = source, preset, role
-        self.count = preset.num_query_views if role == "query" else preset.num_reference_views
-        self.ids = [view_id(image_id, v, preset) for image_id in source.ids for v in range(self.count)]
-        self._last: tuple[int, object] | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def load(self, index: int):
-        image_index, view = divmod(int(index), self.count)
-        if self._last is None or self._last[0] != image_index:
-            self._last = (image_index, self.source.load(image_index))
-        image = self._last[1]
-        views = (self.preset.query_views if self.role == "query" else self.preset.reference_views)(image.width, image.height)
-        return render_view(image, views[view])
-
-
-def extract_view_descriptors(model, image_processor, source, preset: ViewPreset, role: str, **kwargs) -> DescriptorSet:
-    """Descriptors (N * V, D) of every view of every image of ``source`` (rows ``id#v``, see :func:`view_id`).
-
-    ``kwargs`` go to :func:`copynce_hf.retrieval.extract_descriptors` (batch size, accelerator, progress, ...).
-    """
-    result = extract_descriptors(model, image_processor, ViewSource(source, preset, role), **kwargs)
-    result.skipped = list(dict.fromkeys(owner_of(row, preset.name) for row in result.skipped))
-    result.skip_reasons = {owner_of(row, preset.name): reason for row, reason in result.skip_reasons.items()}
-    return result
+from .view_extraction import VIEW_SEPARATOR, owner_of
+from .views import ViewPreset
 
 
 def view_preset_of(index: DescriptorIndex) -> ViewPreset:
