@@ -47,16 +47,16 @@ def measure(folder: Path, threads: int = 1) -> dict:
     """Run the calibrated pipeline on mini-DISC's queries and compare each threshold with what it gives."""
     import torch
 
-    from copynce_hf.metrics.copy_detection.formulas import read_ground_truth_csv
-    from copynce_hf.model_loading import DEFAULT_DESCRIPTOR, load_model
-    from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, detect, top_per_query
-    from copynce_hf.retrieval.apps.calibration import (
+    from copynce_hf.calibration.thresholds import (
         Calibration,
         decision_rates,
         model_identity,
         operating_points,
         pipeline_identity,
     )
+    from copynce_hf.metrics.copy_detection.formulas import read_ground_truth_csv
+    from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, detect, top_per_query
+    from copynce_hf.runtime.loading import DEFAULT_DESCRIPTOR, load_model
 
     torch.set_num_threads(threads)
     calibration = Calibration.load(folder / "calibration.json")

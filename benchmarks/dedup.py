@@ -7,7 +7,7 @@ The collection: the first ``--images`` images of the ``train`` split of ``../sha
 the reference or distractor splits), plus copies made with the mini-DISC query recipe
 (``CopyRecipe.minidisc_queries()``, the evaluation recipe) of ``--copied`` of them, two copies each for the
 first ``--twice`` of those. A true pair is two images of the same original (the original and a copy, or two
-copies). The embedded models run :func:`copynce_hf.retrieval.apps.dedup` once with its defaults (its own groups are
+copies). The embedded models run :func:`copynce_hf.retrieval.deduplication.collection` once with its defaults (its own groups are
 the first row); the groups are then formed again, as connected components, from the verified pairs at several
 thresholds (the matcher's decision scores) and from the descriptor candidates alone (their raw cosines). Each row
 reports the pair precision and recall of its groups (every two images sharing a group
@@ -15,7 +15,7 @@ count as a pair), of its edges (the verified pairs at or above the threshold, be
 the largest group, and how many false edges join two copies of different originals.
 
 With ``--self-calibrated`` the library's run takes the threshold ``copynce dedup`` self-calibrates when none is given
-(:func:`copynce_hf.retrieval.apps.dedup_calibration.self_calibrate`, on ``--self-calibration-sample`` images of the
+(:func:`copynce_hf.calibration.collection.self_calibrate`, on ``--self-calibration-sample`` images of the
 collection, at ``--precision``) instead of 0.5, and the descriptor alone is self-calibrated too (as ``--matcher none``
 would be): a row each at its threshold, the calibration lines and each pair kind's scores in ``dedup.json``. The
 planted copies come from the same recipe as the self-calibration's copies (``minidisc_queries``).
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from copynce_hf.model_loading import load_model
+from copynce_hf.calibration.collection import self_calibrate
 from copynce_hf.pixtrace import CopyRecipe
 from copynce_hf.retrieval import (
     Descriptor,
@@ -44,7 +44,7 @@ from copynce_hf.retrieval import (
     pair_precision_recall,
     write_predictions,
 )
-from copynce_hf.retrieval.apps.dedup_calibration import self_calibrate
+from copynce_hf.runtime.loading import load_model
 
 from .minidisc import train_split_files
 

@@ -42,7 +42,7 @@ from .model_costs import load_cost_models, pass_costs, synchronize, vits16_optio
 __all__ = ["inference_rates", "search_rate", "training_rates", "markdown_report", "main"]
 
 TRAINING_CONFIGS = ("descriptor_vits16_224.yaml", "matcher_vits16_224.yaml")
-#: The matcher's paper LCE: view pairs per candidate, views per reference and per query (``copynce_hf.retrieval.search.views``).
+#: The matcher's paper LCE: view pairs per candidate, views per reference and per query (``copynce_hf.retrieval.descriptors.views``).
 PAPER_VIEW_PAIRS, PAPER_REFERENCE_VIEWS, PAPER_QUERY_VIEWS = 35, 10, 26
 
 

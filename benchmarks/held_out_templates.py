@@ -49,7 +49,7 @@ def pair_scores(kind: str, folder: Path, source) -> np.ndarray:
     import torch
 
     from copynce_hf.evaluation.systems import DescriptorSystem
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     model, processor = load_model(str(folder), kind)
     if kind == "descriptor":

@@ -2,7 +2,7 @@
 
 These are the units the inference pipeline is made of (``copynce detect``): the descriptor embeds
 every image or LCE view once; the matcher's encoder-token cache
-(:class:`copynce_hf.retrieval.jobs.matcher_cache.MatcherScorer`) runs its encoder blocks once per image
+(:class:`copynce_hf.retrieval.verify.scorer.MatcherScorer`) runs its encoder blocks once per image
 view and only its fusion blocks per (query view, reference view) pair. Used by
 :mod:`benchmarks.scale` (this CPU) and :mod:`benchmarks.gpu_throughput` (a GPU).
 """
@@ -102,7 +102,7 @@ def pass_costs(descriptor, matcher, batch_size: int = 32, repeats: int = 3, devi
         ``uncached_seconds_per_pair`` (a whole matcher forward of a pair: both encoders and the fusion),
         with the batch size, precision and model shapes.
     """
-    from copynce_hf.retrieval.jobs.matcher_cache import matcher_stages
+    from copynce_hf.retrieval.verify.scorer import matcher_stages
 
     device = torch.device(device)
     descriptor, matcher = descriptor.to(device), matcher.to(device)

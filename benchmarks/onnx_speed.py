@@ -15,7 +15,7 @@ and in CPU time of the process (all its threads; on a loaded machine the fairer 
 
 Models: the embedded descriptor and matcher (``copynce_hf/pretrained``, 112 px, 8-pixel patches) and
 randomly initialised ViT-S/16 at 224 (the paper's size; the matcher splits its 12 blocks 8 + 4, as
-the paper's enc-8 / fus-4). Their ONNX graphs are exported by :func:`copynce_hf.onnx_export.export_onnx`
+the paper's enc-8 / fus-4). Their ONNX graphs are exported by :func:`copynce_hf.runtime.onnx_export.export_onnx`
 into ``<output-dir>/onnx_models`` (kept and reused). Both runtimes get the same number of intra-op
 threads (``torch.set_num_threads`` and the ONNX Runtime session's ``intra_op_num_threads``). The load
 average of the machine is recorded before and after each measurement. Results go to
@@ -69,8 +69,8 @@ def torch_model_folders(name: str, folder: Path) -> dict[str, Path | None]:
 
 
 def onnx_folder(source: Path | None, kind: str, target: Path) -> Path:
-    from copynce_hf.model_loading import load_model
-    from copynce_hf.onnx_export import export_onnx, is_onnx_folder
+    from copynce_hf.runtime.loading import load_model
+    from copynce_hf.runtime.onnx_export import export_onnx, is_onnx_folder
 
     if not is_onnx_folder(target):
         logger.info("exporting the %s to %s", kind, target)
@@ -105,8 +105,8 @@ def bench_size(name: str, output_dir: Path, threads: list[int], rounds: int) -> 
     from PIL import Image
 
     from copynce_hf.data import ASSET_IMAGES
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import MatcherScorer, load_onnx_model
+    from copynce_hf.runtime.loading import load_model
 
     files = {path.stem: path for path in sorted(ASSET_IMAGES.glob("*.jpg"))}
     pairs = [(query, reference) for query in list(files)[:QUERIES] for reference in files]

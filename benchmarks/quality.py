@@ -11,7 +11,7 @@ random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model f
 ``--runs-dir``, written by ``python -m benchmarks.training``, plus ``--descriptor`` entries) and
 ``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
 ``descriptor-copynce-seed<k>``, plus ``--matcher`` entries) and ``pipeline`` (the embedded models
-through :func:`copynce_hf.retrieval.apps.detect`, one system per added stage, see :data:`PIPELINE_STAGES`;
+through :func:`copynce_hf.retrieval.detection`, one system per added stage, see :data:`PIPELINE_STAGES`;
 score normalisation uses the ``train`` split as the auxiliary set). Each system's result is written to
 ``<output-dir>/<system>.json`` as soon as it finishes (metrics, PR curve arrays, predictions,
 timing, machine, command), so an interrupted run loses nothing already done;
@@ -287,8 +287,8 @@ def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int
     bound its cost, and its record also scores the previous stage's predictions on the same queries.
     """
     from copynce_hf.evaluation.minidisc import read_splits
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import Descriptor, DetectConfig, ImageListSource
+    from copynce_hf.runtime.loading import load_model
 
     train = read_splits(task.config.splits_csv, task.config.image_folder).get("train", [])
     auxiliary = ImageListSource([path.stem for path in train], train)

@@ -326,8 +326,8 @@ PUBLISHED_SOURCE = ("DeiT-S (ViT-S/16, 224) forward throughput 940.4 images/s on
 
 def paper_preset_counts() -> dict:
     """Views and candidates of ``copynce detect --preset paper``, read from the package's presets and views."""
-    from copynce_hf.retrieval.search.presets import DETECT_PRESETS
-    from copynce_hf.retrieval.search.views import ViewPreset, matcher_view_pairs, matcher_view_preset
+    from copynce_hf.retrieval.descriptors.views import ViewPreset, matcher_view_pairs, matcher_view_preset
+    from copynce_hf.retrieval.presets import DETECT_PRESETS
 
     preset = DETECT_PRESETS["paper"]
     descriptor_views, matcher_views = ViewPreset(preset["descriptor_lce"]), matcher_view_preset(preset["matcher_lce"])
@@ -352,7 +352,7 @@ def disc21_workload(references: int = DISC21_REFERENCES, queries: int = DISC21_Q
     views, 35 view pairs per candidate).
 
     The matcher encodes each query's views once; reference views go through an LRU cache of 4096
-    views (:class:`~copynce_hf.retrieval.jobs.matcher_cache.MatcherScorer`), the 400 x 10 views of about one
+    views (:class:`~copynce_hf.retrieval.verify.scorer.MatcherScorer`), the 400 x 10 views of about one
     query, so with candidates spread over a million references almost every candidate's views are
     encoded again: ``encoder_passes`` counts that; ``encoder_passes_each_view_once`` is the floor
     if every reference view were encoded once (1M x 10 views of ViT-S tokens are about 1.5 TB in

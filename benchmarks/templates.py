@@ -19,13 +19,13 @@ the 100 best scored whose two images share a template but not a photo). Systems 
 * ``normalised``: the same, minus the mean of the two images' neighbour means (each image's neighbours of ranks
   3-10 among the other images of the collection, ``--neighbour-ranks``);
 * ``matcher``: the embedded matcher on each image's 10 nearest other images by the descriptor (``--candidates``);
-* ``dedup``: ``copynce dedup`` as the command runs it (:func:`copynce_hf.retrieval.apps.dedup_run.run_dedup`
+* ``dedup``: ``copynce dedup`` as the command runs it (:func:`copynce_hf.runs.dedup.run_dedup`
   with a default :class:`DedupRequest`): its verified pairs, and its groups: count, pair precision / recall
   (:func:`copynce_hf.retrieval.pair_precision_recall`), the largest group. ``--dedup-option KEY=VALUE`` sets a
   field of its request; ``--dedup-run NAME KEY=VALUE ...`` adds a row with other fields (``model``, ``matcher``
   and ``runtime`` name the models).
 
-**Detection** (mini-DISC's shape): ``copynce detect`` (:func:`~copynce_hf.retrieval.apps.detect_run.run_detect`,
+**Detection** (mini-DISC's shape): ``copynce detect`` (:func:`~copynce_hf.runs.detect.run_detect`,
 default :class:`DetectRequest`) and the descriptor alone (the same with ``matcher=none``), each on the
 references with the framed strangers and on the plain references only, the same queries: muAP, RP90, recall at
 rank 1, and how many framed queries find a framed stranger first. ``--detect-run NAME KEY=VALUE ...`` adds a
@@ -156,7 +156,7 @@ class DedupContext:
         """(N, N) cosines of the embedded descriptor, images in the source's order (extracted once)."""
         if self._cosines is None:
             from copynce_hf.evaluation.systems import DescriptorSystem
-            from copynce_hf.model_loading import load_model
+            from copynce_hf.runtime.loading import load_model
 
             found = DescriptorSystem("descriptor", *load_model(None, "descriptor")).embed(self.source, "collection")
             if found.ids != list(self.source.ids):
@@ -207,8 +207,8 @@ def parse_options(items: list[str], option: str) -> dict:
 def dedup_request(images: Path, output: Path, options: dict):
     """The :class:`DedupRequest` of ``copynce dedup images --output output`` with ``options`` set (its field names;
     ``model``, ``matcher``, ``runtime`` name the models as the command's options do)."""
-    from copynce_hf.retrieval.apps.dedup_run import DedupRequest
-    from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels
+    from copynce_hf.runs.dedup import DedupRequest
+    from copynce_hf.runs.settings import PipelineModels
 
     options = dict(options)
     names = {name: options.pop(name) for name in ("model", "matcher", "runtime") if name in options}
@@ -225,7 +225,7 @@ def dedup_row(context: DedupContext, name: str, options: dict, output: Path) -> 
     """Run ``copynce dedup`` (its library call) with ``options``: its pairs' row with its groups' numbers, and its
     verified pairs."""
     from copynce_hf.retrieval import pair_precision_recall
-    from copynce_hf.retrieval.apps.dedup_run import run_dedup
+    from copynce_hf.runs.dedup import run_dedup
 
     if output.exists():
         shutil.rmtree(output)
@@ -243,7 +243,7 @@ def dedup_row(context: DedupContext, name: str, options: dict, output: Path) -> 
 def system_scores(context: DedupContext, name: str, args) -> tuple[list[Prediction], dict]:
     """The scored pairs of one built-in dedup system of :data:`DEDUP_SYSTEMS` but ``dedup``, and its settings."""
     from copynce_hf.evaluation.systems import HashSystem, MatcherRescoring
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     ids = list(context.source.ids)
     if name == "pdq":
@@ -302,9 +302,9 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     :class:`PipelineSettings`, preset fields, collection normalisation fields, ``models`` (comma-separated),
     ``matcher``, ``runtime``)."""
     from copynce_hf.retrieval import DETECT_PRESET_FIELDS
-    from copynce_hf.retrieval.apps.detect_run import DetectRequest
-    from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
-    from copynce_hf.retrieval.search.presets import COLLECTION_FIELDS
+    from copynce_hf.retrieval.presets import COLLECTION_FIELDS
+    from copynce_hf.runs.detect import DetectRequest
+    from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 
     options = dict(options)
     descriptors = [None if m in ("", None) else str(m) for m in str(options.pop("models", "")).split(",")]
@@ -338,7 +338,7 @@ def framed_top1(predictions: list[Prediction], truth: dict) -> dict[str, int]:
 
 def detect_row(folder: Path, truth: dict, name: str, options: dict, references: str) -> dict:
     """Run ``copynce detect`` (its library call) on ``references`` (``references`` or ``references_plain``)."""
-    from copynce_hf.retrieval.apps.detect_run import run_detect
+    from copynce_hf.runs.detect import run_detect
 
     output = folder / "runs" / f"{name}-{references}"
     if output.exists():

@@ -10,10 +10,10 @@ import json
 import sys
 from pathlib import Path
 
-from copynce_hf.model_loading import load_model
 from copynce_hf.precision import make_accelerator, release_process_group
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup
-from copynce_hf.retrieval.apps.dedup import DedupSettings
+from copynce_hf.retrieval.deduplication.collection import DedupSettings
+from copynce_hf.runtime.loading import load_model
 
 
 def main(images: str, out: str) -> None:

@@ -14,7 +14,7 @@ import torch
 from conftest import tiny_models
 
 from copynce_hf.precision import make_accelerator, release_process_group
-from copynce_hf.retrieval.jobs.token_store import TokenStore, token_identity
+from copynce_hf.retrieval.content.store import TokenStore, token_identity
 
 
 def main(images_folder: str, store_folder: str, out: str) -> None:

@@ -161,7 +161,7 @@ def test_a_damaged_index_cache_is_rebuilt_with_a_warning(tmp_path, reference_fol
     with pytest.raises(PredictionsError, match=r"index folder .* is damaged; build it again with `copynce index` "
                                                r"\(index.faiss: .*not recognized\)"):
         DescriptorIndex.load(cache)
-    with caplog.at_level(logging.WARNING, logger="copynce_hf.retrieval.apps.detect"):
+    with caplog.at_level(logging.WARNING, logger="copynce_hf.retrieval.detection"):
         rebuilt = view_index(model, ImageFolderSource(reference_folder), ViewPreset("none"), cache, progress=False)
     assert "cannot be read" in caplog.text and "computing it again" in caplog.text
     assert rebuilt.references.ids == built.references.ids and DescriptorIndex.load(cache).references.ids == built.references.ids
@@ -282,7 +282,7 @@ def _collisions(figure, margin: float = 5.0) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("size", [(112, 112), (224, 112), (112, 224)])
 def test_the_space_figures_keep_their_titles_clear_of_plots_and_colorbars(size):
     from copynce_hf.demo.figures import overlap_figure
-    from copynce_hf.retrieval.reports.affinity import AffinityMaps, affinity_figures
+    from copynce_hf.reports.affinity import AffinityMaps, affinity_figures
 
     rng = np.random.default_rng(0)
     grid = (size[1] // 16, size[0] // 16)

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from copynce_hf.modeling.errors import ConfigError
-from copynce_hf.retrieval.apps.calibration import (
+from copynce_hf.calibration.thresholds import (
     Calibration,
     Decision,
     OperatingPoint,
@@ -19,7 +18,8 @@ from copynce_hf.retrieval.apps.calibration import (
     operating_points,
     pipeline_identity,
 )
-from copynce_hf.retrieval.apps.detect import DetectConfig
+from copynce_hf.modeling.errors import ConfigError
+from copynce_hf.retrieval.detection import DetectConfig
 
 
 def _pipeline(matcher="embedded:matcher", preset="fast", score_normalisation=False, **overrides):
@@ -132,7 +132,7 @@ def test_the_decision_takes_the_stage_of_the_run():
 
 
 def test_model_identity(tmp_path):
-    from copynce_hf.model_loading import DEFAULT_DESCRIPTOR
+    from copynce_hf.runtime.loading import DEFAULT_DESCRIPTOR
 
     assert model_identity(None, "matcher") == "embedded:matcher"
     assert model_identity(DEFAULT_DESCRIPTOR, "descriptor") == "embedded:descriptor"
@@ -246,9 +246,9 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
 def test_calibration_finds_planted_copies_with_the_embedded_models(collection):
     """The embedded models find copies of the collection's own images: the labels of the calibration pairs are
     right (wrong labels would leave no threshold reaching 90 % precision)."""
-    from copynce_hf.evaluation.self_calibration import calibrate
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.calibration.planted import calibrate
     from copynce_hf.retrieval import Descriptor, ImageFolderSource
+    from copynce_hf.runtime.loading import load_model
 
     config = DetectConfig.from_preset("fast", k=2, candidates=4)
     pipeline = _pipeline(candidates=4, k=2)
@@ -325,7 +325,7 @@ def test_detect_calibration_errors(models, collection, tmp_path, capsys):
 def test_calibration_queries_are_seeded_and_refuse_a_too_small_collection(collection, tmp_path):
     from PIL import Image
 
-    from copynce_hf.evaluation.self_calibration import calibration_queries
+    from copynce_hf.calibration.planted import calibration_queries
     from copynce_hf.retrieval import ImageFolderSource
 
     references = ImageFolderSource(collection / "refs")
@@ -348,7 +348,7 @@ def test_the_default_matcher_decides_with_the_matcher_stage(collection, tmp_path
     """``calibrate`` then ``detect --calibration`` and ``dedup --calibration`` with the default (embedded) models: the
     decision uses the matcher stage's threshold, since the default matcher is the embedded one (``detect`` once took the
     descriptor stage's threshold to decide on matcher scores when ``--matcher`` was left out)."""
-    from copynce_hf.retrieval.apps.calibration import Calibration
+    from copynce_hf.calibration.thresholds import Calibration
 
     code, _, err = run_cli(capsys, "calibrate", collection / "refs", "--distractors", collection / "others",
                            "--sample", 8, "--k", 2, "--candidates", 4, "--output", tmp_path / "calibration.json")

@@ -344,7 +344,7 @@ def test_error_duplicate_predictions(images, tmp_path, capsys):
 
 
 def test_error_missing_embedded_model(images, tmp_path, capsys, monkeypatch):
-    from copynce_hf import model_loading as models
+    from copynce_hf.runtime import loading as models
 
     monkeypatch.setitem(models.DEFAULTS, "descriptor", tmp_path / "pretrained" / "descriptor")
     code, _, err = run_cli(capsys, "index", images / "refs", "--output", tmp_path / "o")

@@ -12,7 +12,7 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ShapeError
 from copynce_hf.retrieval import Descriptor, DescriptorSet, DetectConfig, ImageFolderSource, dedup
-from copynce_hf.retrieval.apps.content_crops import (
+from copynce_hf.retrieval.content.crops import (
     VIEW_CROP,
     VIEW_WHOLE,
     CropPair,
@@ -93,7 +93,7 @@ def test_a_pair_goes_to_its_crops_only_when_a_crop_matches_better_than_the_whole
 
 def _embedded_models():
     """The embedded descriptor and matcher, and their image processor."""
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     descriptor, processor = load_model(None, "descriptor", "--model")
     return descriptor, load_model(None, "matcher", "--matcher")[0], processor
@@ -118,8 +118,8 @@ def _framed_collection(folder) -> None:
 
 
 def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
-    from copynce_hf.retrieval.apps.dedup import DedupSettings
-    from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
+    from copynce_hf.retrieval.deduplication.collection import DedupSettings
+    from copynce_hf.retrieval.verify.scorer import MatcherScorer
 
     _framed_collection(tmp_path / "images")
     descriptor, matcher, processor = _embedded_models()
@@ -154,9 +154,9 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
         names = (f"{pair.a}:{pair.view_a}", f"{pair.b}:{pair.view_b}")  # the scorer caches tokens by image id
         expected = scorer.score([names], {names[0]: views[0]}, {names[1]: views[1]}, progress=False)[0]
         assert cropped.raw_scores[(pair.a, pair.b)] == pytest.approx(expected, abs=1e-5)
-    from copynce_hf.retrieval.apps.content_crops import write_crops
-    from copynce_hf.retrieval.apps.dedup import write_pairs
-    from copynce_hf.retrieval.apps.dedup_run import content_crops_text
+    from copynce_hf.retrieval.content.crops import write_crops
+    from copynce_hf.retrieval.deduplication.collection import write_pairs
+    from copynce_hf.runs.dedup import content_crops_text
 
     # pairs.csv names the views of each pair, content_crops.csv the boxes (and goes when a run has none)
     assert write_pairs(tmp_path / "pairs.csv", cropped) == len(cropped.pairs)
@@ -176,8 +176,8 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
     assert content_crops_text(cropped, True) == (f"4 images cropped to their own content, {len(cropped.crop_pairs)} "
                                                  "pairs verified on their crops")
     # report.html outlines the crop a pair was scored on, on that image's thumbnail only
-    from copynce_hf.retrieval.reports.gallery import CROP_OUTLINE, write_group_gallery
-    from copynce_hf.retrieval.reports.run_folders import crop_boxes_of_pairs
+    from copynce_hf.reports.gallery import CROP_OUTLINE, write_group_gallery
+    from copynce_hf.runs.folders import crop_boxes_of_pairs
 
     boxes = crop_boxes_of_pairs(cropped)
     assert set(boxes) == decided
@@ -201,7 +201,7 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
 def test_a_rerun_reuses_the_crop_scores_kept_in_the_rescoring_folder_until_a_cropped_image_changes(tmp_path):
     import os
 
-    from copynce_hf.retrieval.apps.dedup import DedupSettings
+    from copynce_hf.retrieval.deduplication.collection import DedupSettings
 
     _framed_collection(tmp_path / "images")
     descriptor, matcher, processor = _embedded_models()
@@ -239,7 +239,7 @@ def test_two_processes_crop_and_score_as_one_does(tmp_path):
 
     from conftest import launch_two_cpu_processes
 
-    from copynce_hf.retrieval.apps.dedup import DedupSettings
+    from copynce_hf.retrieval.deduplication.collection import DedupSettings
 
     _framed_collection(tmp_path / "images")
     descriptor, matcher, processor = _embedded_models()

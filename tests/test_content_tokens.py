@@ -14,11 +14,9 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup, detect
-from copynce_hf.retrieval.apps.content_stage import pair_neighbours
-from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
-from copynce_hf.retrieval.jobs.content_masks import TokenCache, neighbour_matches, walk_order
-from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
-from copynce_hf.retrieval.search.content_tokens import (
+from copynce_hf.retrieval.content.masks import TokenCache, neighbour_matches, walk_order
+from copynce_hf.retrieval.content.stage import pair_neighbours
+from copynce_hf.retrieval.content.tokens import (
     ContentSettings,
     bursty_keep,
     bursty_keep_batch,
@@ -30,7 +28,9 @@ from copynce_hf.retrieval.search.content_tokens import (
     pair_keep,
     unit_patch_tokens,
 )
-from copynce_hf.retrieval.search.predictions import Prediction
+from copynce_hf.retrieval.predictions import Prediction
+from copynce_hf.retrieval.verify.scorer import MatcherScorer
+from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 
 
 def _unit(*rows) -> torch.Tensor:

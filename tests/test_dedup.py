@@ -201,7 +201,7 @@ def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(
     import torch
 
     from copynce_hf import CopyNCEMatcherConfig, CopyNCEMatcherModel
-    from copynce_hf.retrieval.apps.dedup import DedupSettings, order_dependent
+    from copynce_hf.retrieval.deduplication.collection import DedupSettings, order_dependent
     from copynce_hf.retrieval.search.background import mean_logit_probability, probability_logit
 
     descriptor, symmetric, processor = tiny_models(0)
@@ -286,7 +286,7 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
 
 
 def test_dedup_threshold_from_a_calibration_file(collection, tmp_path, capsys):
-    from copynce_hf.retrieval.apps.calibration import Calibration, OperatingPoint, model_identity
+    from copynce_hf.calibration.thresholds import Calibration, OperatingPoint, model_identity
 
     models = save_tiny_models(tmp_path / "models", seed=0)
     pipeline = {"descriptors": [model_identity(models["descriptor"], "descriptor")], "matcher": None,
@@ -341,7 +341,7 @@ def planted_collection(folder, copies: int = 2, side: int = 160, seed: int = 0) 
 # 2). The matcher scoring each pair in both orders is what lifts seed 0 over the floor: one order gives 0.96 / 0.64.
 # Before content tokens the embedded models gave 0.57 / 0.69 here (look-alike textures paired at 0.99+).
 def test_planted_copies_are_grouped_with_the_embedded_models(tmp_path):
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     truth = planted_collection(tmp_path)
     # 12 groups of an original and its 2 copies: 36 images, 36 true pairs. One false merge of two groups adds

@@ -14,6 +14,19 @@ import pytest
 from conftest import run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
+from copynce_hf.calibration.collection import (
+    FILE_NAME,
+    FOLDER,
+    choose_threshold,
+    self_calibrate,
+)
+from copynce_hf.calibration.synthetic import (
+    COPY_KINDS,
+    NON_COPY_KINDS,
+    TEMPLATE_GROUP,
+    pair_kind,
+    synthetic_set,
+)
 from copynce_hf.modeling.errors import PredictionsError
 from copynce_hf.retrieval import (
     Descriptor,
@@ -22,20 +35,7 @@ from copynce_hf.retrieval import (
     ImageListSource,
     connected_groups,
 )
-from copynce_hf.retrieval.apps.dedup import DedupSettings, dedup
-from copynce_hf.retrieval.apps.dedup_calibration import (
-    FILE_NAME,
-    FOLDER,
-    choose_threshold,
-    self_calibrate,
-)
-from copynce_hf.retrieval.apps.dedup_synthetic import (
-    COPY_KINDS,
-    NON_COPY_KINDS,
-    TEMPLATE_GROUP,
-    pair_kind,
-    synthetic_set,
-)
+from copynce_hf.retrieval.deduplication.collection import DedupSettings, dedup
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def test_the_threshold_reaches_the_precision_when_a_model_tells_copies_apart(tmp
     pairs, checked again from the saved file."""
     from conftest import shrunk_asset_images
 
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     folder = tmp_path / "images"
     folder.mkdir()
@@ -240,7 +240,7 @@ def test_copynce_dedup_without_a_threshold_self_calibrates_and_says_so(collectio
 
 
 def test_a_given_threshold_or_calibration_overrides_the_self_calibration(collection, tmp_path, capsys):
-    from copynce_hf.retrieval.apps.calibration import Calibration, OperatingPoint, model_identity
+    from copynce_hf.calibration.thresholds import Calibration, OperatingPoint, model_identity
 
     models = save_tiny_models(tmp_path / "models", seed=0)
     args = ("dedup", collection, "--model", models["descriptor"], "--matcher", "none")

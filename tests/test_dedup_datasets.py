@@ -139,8 +139,8 @@ def test_dedup_dataset_errors(models, collection, tmp_path, capsys, arguments, m
 
 def test_a_streamed_dataset_is_refused_before_any_model_work(collection, tmp_path):
     from copynce_hf.modeling.errors import ConfigError
-    from copynce_hf.retrieval.apps.dedup_run import DedupRequest, run_dedup
-    from copynce_hf.retrieval.search.sources import ImageInput
+    from copynce_hf.retrieval.sources import ImageInput
+    from copynce_hf.runs.dedup import DedupRequest, run_dedup
 
     request = DedupRequest(None, str(tmp_path / "o"), dataset=str(collection / "images.parquet"),
                            input=ImageInput(streaming=True), threshold=0.9)
@@ -152,7 +152,7 @@ def test_a_streamed_dataset_is_refused_before_any_model_work(collection, tmp_pat
 def test_the_index_is_embedded_in_chunks_and_an_interrupted_extraction_resumes(collection, tmp_path, monkeypatch):
     """A run stopped after two complete chunks of descriptors (of 4 images each): the next run embeds only the
     third chunk and builds the index an uninterrupted run builds."""
-    import copynce_hf.retrieval.jobs.chunked_extraction as chunked
+    import copynce_hf.retrieval.descriptors.chunked_extraction as chunked
 
     descriptor, _, processor = tiny_models(1)
     model, source = Descriptor("tiny", descriptor, processor), ImageFolderSource(collection / "images")

@@ -245,7 +245,7 @@ def test_demo_without_models_fails_with_a_clear_message(tmp_path, capsys):
 def test_a_model_name_that_is_neither_a_folder_nor_on_the_hub_says_both(monkeypatch, tmp_path):
     import huggingface_hub
 
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)

@@ -337,8 +337,8 @@ def test_a_mistyped_bare_model_name_fails_at_once_when_the_hub_is_unreachable(mo
     """No Hub (an endpoint on a closed local port): one clear error, no retries logged, no torch loaded first."""
     from huggingface_hub import constants
 
-    from copynce_hf.model_loading import load_model
     from copynce_hf.modeling.errors import ConfigError
+    from copynce_hf.runtime.loading import load_model
 
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -353,7 +353,7 @@ def test_a_hub_id_in_the_local_cache_loads_without_the_hub(tmp_path, monkeypatch
     ``huggingface_hub`` writes: ``models--org--name/refs/main`` naming a snapshot folder)."""
     from huggingface_hub import constants
 
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     descriptor, _, processor = tiny_models(0)
     repository = tmp_path / "hub" / "models--someone--tiny-descriptor"

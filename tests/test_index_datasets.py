@@ -218,8 +218,8 @@ def test_index_killed_with_sigkill_resumes_from_its_last_chunk(models, collectio
 
 def test_chunks_are_reused_only_for_the_same_inputs(models, tmp_path, caplog):
     """Complete chunks of the same model, source and settings are reused; those of other inputs are removed."""
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import ImageListSource, extract_in_chunks
+    from copynce_hf.runtime.loading import load_model
 
     rng = np.random.default_rng(2)
     source = ImageListSource([f"i{n}" for n in range(7)], [png_bytes(rng) for _ in range(7)])
@@ -248,7 +248,7 @@ def test_chunks_are_reused_only_for_the_same_inputs(models, tmp_path, caplog):
 
 def test_local_files_stamp_follows_the_files(tmp_path):
     """What ties chunks to a local dataset: a changed, added or renamed file changes it."""
-    from copynce_hf.retrieval.search.sources import local_files_stamp
+    from copynce_hf.retrieval.sources import local_files_stamp
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train-0.parquet").write_bytes(b"1234")
@@ -267,8 +267,8 @@ def test_a_descriptor_model_has_a_fingerprint(models):
     (num_batches_tracked), which is hashed like any tensor."""
     import torch
 
-    from copynce_hf.model_loading import load_model
-    from copynce_hf.retrieval.jobs.work_folder import model_fingerprint
+    from copynce_hf.retrieval.work_folder import model_fingerprint
+    from copynce_hf.runtime.loading import load_model
 
     model, _ = load_model(models["descriptor"], "descriptor", "--model")
     assert any(tensor.dim() == 0 for tensor in model.state_dict().values())
@@ -287,8 +287,8 @@ def test_extraction_lets_go_of_its_images(models):
 
     from accelerate import Accelerator
 
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import ImageListSource, extract_descriptors
+    from copynce_hf.runtime.loading import load_model
 
     rng = np.random.default_rng(4)
     model, processor = load_model(models["descriptor"], "descriptor", "--model")
@@ -331,10 +331,10 @@ def test_index_chunks_and_the_caches_of_detect_and_dedup_share_one_identity(mode
     sizes."""
     import json
 
-    from copynce_hf.model_loading import load_model
     from copynce_hf.retrieval import Descriptor, ImageFolderSource, ViewPreset, dedup, view_index
-    from copynce_hf.retrieval.jobs.chunked_extraction import ChunkedDescriptors
-    from copynce_hf.retrieval.jobs.work_folder import views_identity
+    from copynce_hf.retrieval.descriptors.chunked_extraction import ChunkedDescriptors
+    from copynce_hf.retrieval.work_folder import views_identity
+    from copynce_hf.runtime.loading import load_model
 
     monkeypatch.setattr(ChunkedDescriptors, "remove", lambda self: None)  # keep the work folder to read it
     code = main(["--quiet", "index", str(collection / "refs"), "--model", models["descriptor"], "--output",

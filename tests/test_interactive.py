@@ -11,10 +11,10 @@ from PIL import Image
 from copynce_hf.demo import interactive
 from copynce_hf.evaluation.demo_task import input_overlap
 from copynce_hf.images import load_image
-from copynce_hf.model_loading import DEFAULT_MATCHER
 from copynce_hf.modeling.errors import ConfigError, ImageLoadError
 from copynce_hf.pixtrace import CoordinateTable, replay
 from copynce_hf.retrieval import affinity_maps
+from copynce_hf.runtime.loading import DEFAULT_MATCHER
 
 BUNDLED = interactive.bundled_image_files()
 

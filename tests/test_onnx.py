@@ -19,9 +19,7 @@ from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.data import ASSET_IMAGES
-from copynce_hf.model_loading import load_model
 from copynce_hf.modeling.errors import ConfigError, ShapeError
-from copynce_hf.onnx_export import CACHE_ENV, read_manifest
 from copynce_hf.retrieval import (
     DescriptorIndex,
     MatcherScorer,
@@ -29,7 +27,9 @@ from copynce_hf.retrieval import (
     read_predictions,
     write_predictions,
 )
-from copynce_hf.retrieval.search.content_tokens import ContentSettings
+from copynce_hf.retrieval.content.tokens import ContentSettings
+from copynce_hf.runtime.loading import load_model
+from copynce_hf.runtime.onnx_export import CACHE_ENV, read_manifest
 
 TOLERANCE = 1e-4
 pytestmark = pytest.mark.slow  # the module exports three graphs of the embedded models (a minute on two idle cores)
@@ -279,7 +279,7 @@ def test_calibrate_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp
     assert any(row["threshold"] is not None for rows in torch_file["stages"].values() for row in rows)
 
 def test_weight_fingerprint_of_an_onnx_model_follows_its_graph_files(onnx_cache, tmp_path):
-    from copynce_hf.retrieval.jobs.work_folder import model_fingerprint
+    from copynce_hf.retrieval.work_folder import model_fingerprint
 
     first = model_fingerprint(load_model(onnx_cache["matcher"], "matcher", runtime="onnx")[0])
     assert model_fingerprint(load_model(onnx_cache["matcher"], "matcher", runtime="onnx")[0]) == first

@@ -228,45 +228,79 @@ def test_the_training_loop_fits_one_screen():
     assert function_length(PACKAGE / "training" / "run.py", "train") <= 60
 
 
-#: retrieval's layers, lowest first: a module of one imports no module of a later one.
-RETRIEVAL_LAYERS = ("search", "jobs", "apps", "reports")
+#: The stages ``detect`` and ``dedup`` pass through, lowest first, from the models' runtime through retrieval's stages
+#: (its facade after them: it gathers them all) up to the runs and the commands: a module of one stage imports no
+#: module of a later one. A tuple is one stage of several modules; the last holds the entry points that call the rest
+#: (the command line, the demo, training). Modules outside every stage (modeling, pixtrace, images, outputs, ...) are
+#: below them all.
+STAGES = (
+    "copynce_hf.runtime",
+    ("copynce_hf.retrieval.sources", "copynce_hf.retrieval.work_folder", "copynce_hf.retrieval.predictions",
+     "copynce_hf.retrieval.presets"),
+    "copynce_hf.retrieval.descriptors",
+    "copynce_hf.retrieval.search",
+    "copynce_hf.retrieval.content",
+    "copynce_hf.retrieval.verify",
+    "copynce_hf.retrieval.detection",
+    "copynce_hf.retrieval.deduplication",
+    "copynce_hf.retrieval",
+    "copynce_hf.reports",
+    "copynce_hf.evaluation",
+    "copynce_hf.calibration",
+    "copynce_hf.runs",
+    "copynce_hf.commands",
+    ("copynce_hf.cli", "copynce_hf.demo", "copynce_hf.training"),
+)
 
 
-def upward_imports(root: Path, package: str, layers: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(module, imported module) for each import from a layer of ``package`` into a later layer of it."""
-    def layer_of(module: str) -> int | None:
-        parts = module.split(".")
-        prefix = package.split(".")
-        if parts[: len(prefix)] != prefix or len(parts) <= len(prefix) or parts[len(prefix)] not in layers:
-            return None
-        return layers.index(parts[len(prefix)])
+def stage_of(module: str, stages) -> int | None:
+    """The index in ``stages`` of the stage that holds ``module`` (the longest matching name; ``None``: none)."""
+    found, length = None, -1
+    for index, stage in enumerate(stages):
+        for name in (stage if isinstance(stage, tuple) else (stage,)):
+            if (module == name or module.startswith(name + ".")) and len(name) > length:
+                found, length = index, len(name)
+    return found
 
+
+def later_stage_imports(root: Path, stages) -> list[tuple[str, str]]:
+    """(module, imported module) for each import from a module of one stage into a module of a later stage, or from a
+    module outside every stage into any staged module. A facade (a lazy package) is a stage after every module it
+    gathers, so a gathered module that imports the facade imports a later stage."""
     found = []
     for module, imports in _imports(root).items():
-        own = layer_of(module)
-        if own is None:
-            continue
-        found += [(module, target) for target, _ in imports if (layer_of(target) or 0) > own]
+        own = stage_of(module, stages)
+        for target, _ in imports:
+            target_stage = stage_of(target, stages)
+            if target_stage is not None and (own if own is not None else -1) < target_stage:
+                found.append((module, target))
     return sorted(set(found))
 
 
-def test_the_layer_check_finds_an_upward_import(tmp_path):
+def test_the_stage_check_finds_a_later_import_a_facade_and_an_unstaged_import(tmp_path):
     package = _write(tmp_path, {
         "pkg/__init__.py": "",
-        "pkg/r/__init__.py": "",
-        "pkg/r/low/__init__.py": "",
-        "pkg/r/low/a.py": "def f():\n    from ..high.b import g\n    return g\n",
-        "pkg/r/high/__init__.py": "",
-        "pkg/r/high/b.py": "from ..low.a import f\n\ndef g():\n    return f\n",
+        "pkg/base.py": "def helper():\n    from pkg.r.high import g\n    return g\n",
+        "pkg/r/__init__.py": "import importlib\n\n_SOURCES = {'f': 'low', 'g': 'high'}\n\n"
+                             "def __getattr__(name):\n    return importlib.import_module(f'.{_SOURCES[name]}', __name__)\n",
+        "pkg/r/low.py": "def f():\n    from pkg.r import g\n    return g\n",
+        "pkg/r/high.py": "from .low import f\n\ndef g():\n    return f\n",
+        "pkg/run.py": "from .r.high import g\n",
     })
-    assert upward_imports(package, "pkg.r", ("low", "high")) == [("pkg.r.low.a", "pkg.r.high.b")]
+    stages = ("pkg.r.low", "pkg.r.high", "pkg.r", "pkg.run")
+    assert stage_of("pkg.r.high", stages) == 1 and stage_of("pkg.r", stages) == 2 and stage_of("pkg.base", stages) is None
+    assert later_stage_imports(package, stages) == [("pkg.base", "pkg.r.high"), ("pkg.r.low", "pkg.r")]
 
 
-def test_retrieval_layers_import_only_the_layers_below():
-    assert {path.name for path in (PACKAGE / "retrieval").iterdir() if path.is_dir() and
-            (path / "__init__.py").exists()} == set(RETRIEVAL_LAYERS)
-    assert [path.name for path in (PACKAGE / "retrieval").glob("*.py")] == ["__init__.py"]
-    assert upward_imports(PACKAGE, "copynce_hf.retrieval", RETRIEVAL_LAYERS) == []
+def test_every_retrieval_module_belongs_to_a_stage():
+    unstaged = [module for module in _modules(PACKAGE) if module.startswith("copynce_hf.retrieval.")
+                and stage_of(module, STAGES) == STAGES.index("copynce_hf.retrieval")]
+    assert unstaged == []
+
+
+def test_detect_and_dedup_import_only_earlier_stages():
+    """From ``commands/`` through ``runs/`` into ``retrieval/``'s stages and the runtime, every import goes down."""
+    assert later_stage_imports(PACKAGE, STAGES) == []
 
 
 def long_functions(root: Path, limit: int) -> list[tuple[str, str, int]]:

@@ -221,7 +221,7 @@ def test_saving_the_embedded_matchers_pipeline_keeps_its_card_and_research_only_
     embedded weights are research-only: a saved copy without its LICENSE would drop that)."""
     from huggingface_hub import ModelCard
 
-    from copynce_hf.model_loading import DEFAULT_MATCHER
+    from copynce_hf.runtime.loading import DEFAULT_MATCHER
 
     detector = pipeline("image-copy-detection", model=str(DEFAULT_MATCHER))
     detector.save_pretrained(tmp_path / "saved")

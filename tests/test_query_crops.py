@@ -9,7 +9,7 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import Descriptor, DescriptorSet, DetectConfig, ImageFolderSource, detect
-from copynce_hf.retrieval.apps.content_crops import query_crop_pairs, query_neighbours
+from copynce_hf.retrieval.content.crops import query_crop_pairs, query_neighbours
 
 
 def _unit(rows) -> np.ndarray:
@@ -39,7 +39,7 @@ def test_a_crop_decides_a_pair_only_where_it_matches_the_reference_better_than_i
 
 def _embedded_models():
     """The embedded descriptor and matcher, and their image processor."""
-    from copynce_hf.model_loading import load_model
+    from copynce_hf.runtime.loading import load_model
 
     descriptor, processor = load_model(None, "descriptor", "--model")
     return descriptor, load_model(None, "matcher", "--matcher")[0], processor
@@ -66,7 +66,7 @@ def _framed_queries(folder) -> None:
 
 
 def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_path):
-    from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
+    from copynce_hf.retrieval.verify.scorer import MatcherScorer
 
     _framed_queries(tmp_path)
     descriptor, matcher, processor = _embedded_models()
@@ -103,9 +103,9 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
         assert after[(query_id, reference_id)] == pytest.approx(expected, abs=1e-5)
     assert set(changed) <= set(cropped.crop_pairs)
     # query_crops.csv holds the boxes, report.html's settings count them and outline the crop on the query
-    from copynce_hf.retrieval.apps.content_crops import write_crops
-    from copynce_hf.retrieval.apps.detect_run import query_crops_text
-    from copynce_hf.retrieval.reports.gallery import CROP_OUTLINE, write_gallery
+    from copynce_hf.reports.gallery import CROP_OUTLINE, write_gallery
+    from copynce_hf.retrieval.content.crops import write_crops
+    from copynce_hf.runs.detect import query_crops_text
 
     assert write_crops(tmp_path / "query_crops.csv", cropped) == 4
     assert query_crops_text(whole, False) == "off"
@@ -175,7 +175,7 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
     result = launch_two_cpu_processes(["-m", "copynce_hf.cli", "detect", *options, "--output", str(tmp_path / "two")],
                                       environment)
     assert result.returncode == 0, result.stderr[-3000:]
-    from copynce_hf.retrieval.search.predictions import read_predictions
+    from copynce_hf.retrieval.predictions import read_predictions
 
     crops = [(tmp_path / run / "query_crops.csv").read_text(encoding="utf-8") for run in ("one", "two")]
     assert crops[0] == crops[1] and len(crops[0].splitlines()) == 5  # the same four boxes
@@ -189,7 +189,7 @@ def test_query_crops_apply_where_content_tokens_do():
     assert not DetectConfig(content_tokens=False).crops_queries
     assert not DetectConfig(query_crops=False).crops_queries
     assert not DetectConfig(descriptor_lce="matcher-views", content_tokens=True).crops_queries
-    from copynce_hf.retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
+    from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 
     # ONNX Runtime turns content tokens off, and query crops with them; asked for explicitly, they are refused
     assert not PipelineSettings(PipelineModels(runtime="onnx")).config().crops_queries

@@ -16,7 +16,7 @@ import copynce_hf
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The retrieval package itself is light (its names load on first access); its search and detection are not.
 HEAVY = ("torch", "transformers", "accelerate", "faiss", "augly", "datasets", "copynce_hf.retrieval.search.index",
-         "copynce_hf.retrieval.apps.detect", "copynce_hf.pipelines", "copynce_hf.modeling.modeling_copynce",
+         "copynce_hf.retrieval.detection", "copynce_hf.pipelines", "copynce_hf.modeling.modeling_copynce",
          "copynce_hf.training")
 
 
@@ -47,7 +47,7 @@ def test_auto_classes_and_pipeline_task_are_registered_on_first_use():
     # Registering the models loads the modelling code, not retrieval, pipelines, faiss or augly.
     assert state["transformers"] and state["copynce_hf.modeling.modeling_copynce"]
     assert not any(state[name] for name in ("faiss", "augly", "copynce_hf.retrieval.search.index",
-                                             "copynce_hf.retrieval.apps.detect", "copynce_hf.pipelines",
+                                             "copynce_hf.retrieval.detection", "copynce_hf.pipelines",
                                              "copynce_hf.training"))
     state = loaded("import copynce_hf\nfrom transformers import pipeline\n"
                    "from transformers.pipelines import PIPELINE_REGISTRY\n"

@@ -13,8 +13,8 @@ from conftest import tiny_models
 from PIL import Image
 
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup
-from copynce_hf.retrieval.jobs.matcher_cache import MatcherScorer
-from copynce_hf.retrieval.jobs.token_store import TokenStore, token_folder, token_identity
+from copynce_hf.retrieval.content.store import TokenStore, token_folder, token_identity
+from copynce_hf.retrieval.verify.scorer import MatcherScorer
 
 
 def noise(width: int, height: int, seed: int) -> Image.Image:

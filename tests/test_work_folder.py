@@ -12,7 +12,7 @@ import os
 import pytest
 
 from copynce_hf.outputs import StagedFile
-from copynce_hf.retrieval.jobs.work_folder import (
+from copynce_hf.retrieval.work_folder import (
     WorkFolder,
     changed_inputs,
     digest,

@@ -46,7 +46,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..evaluation.self_calibration import CalibrateRequest, calibrate_to_file, format_calibration
+    from ..runs.calibrate import CalibrateRequest, calibrate_to_file, format_calibration
     from .console import report_counts
 
     request = CalibrateRequest(args.references, args.output, options.pipeline_settings(args),

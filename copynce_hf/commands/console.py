@@ -19,6 +19,6 @@ def progress_log(command: str, quiet: bool) -> Callable[[str], None]:
 def report_counts(command: str, read: str, skipped: Iterable[str], written: str) -> None:
     """The closing line of a command: ``index: read 12 images, skipped 2 (1 empty file, 1 too small), wrote ...``
     (``skipped``: the reason of each image left out)."""
-    from ..retrieval.search.sources import count_text
+    from ..retrieval.sources import count_text
 
     print(f"{command}: read {read}, skipped {count_text(skipped)}, {written}")

@@ -36,7 +36,7 @@ EPILOG = (
 
 def register(commands) -> argparse.ArgumentParser:
     """Add ``dedup`` and its options to the ``copynce`` subcommands."""
-    from ..model_loading import DEFAULT_DESCRIPTOR
+    from ..runtime.loading import DEFAULT_DESCRIPTOR
 
     p = commands.add_parser("dedup", help="find every group of copies inside one folder or dataset",
                             description=DESCRIPTION, epilog=EPILOG)
@@ -65,9 +65,9 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def request_of(args):
-    """The :class:`~copynce_hf.retrieval.apps.dedup_run.DedupRequest` of a ``copynce dedup`` command line."""
-    from ..retrieval.apps.dedup_run import DedupRequest
-    from ..retrieval.apps.pipeline_settings import PipelineModels
+    """The :class:`~copynce_hf.runs.dedup.DedupRequest` of a ``copynce dedup`` command line."""
+    from ..runs.dedup import DedupRequest
+    from ..runs.settings import PipelineModels
 
     return DedupRequest(args.images, args.output, PipelineModels([args.model], args.matcher, args.runtime, "--model"),
                         threshold=args.threshold, calibration=args.calibration, precision=args.precision,
@@ -90,7 +90,7 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from ..retrieval.reports.run_folders import write_dedup_folder
+    from ..runs.folders import write_dedup_folder
     from .console import report_counts
 
     start = time.perf_counter()

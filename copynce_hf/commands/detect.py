@@ -63,8 +63,8 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def request_of(args):
-    """The :class:`~copynce_hf.retrieval.apps.detect_run.DetectRequest` of a ``copynce detect`` command line."""
-    from ..retrieval.apps.detect_run import DetectRequest
+    """The :class:`~copynce_hf.runs.detect.DetectRequest` of a ``copynce detect`` command line."""
+    from ..runs.detect import DetectRequest
 
     return DetectRequest(args.references, args.output, options.pipeline_settings(args), queries=args.queries,
                          query_dataset=args.query_dataset, images=options.image_input(args),
@@ -77,7 +77,7 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from ..retrieval.reports.run_folders import write_detect_folder
+    from ..runs.folders import write_detect_folder
     from .console import report_counts
 
     start = time.perf_counter()

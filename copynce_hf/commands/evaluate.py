@@ -24,7 +24,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..retrieval.reports.evaluation import evaluate_files, metrics_table
+    from ..runs.evaluate import evaluate_files, metrics_table
     from .console import report_counts
 
     evaluation = evaluate_files(args.predictions, args.ground_truth, args.output)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..model_loading import DEFAULT_DESCRIPTOR
+from ..runtime.loading import DEFAULT_DESCRIPTOR
 
 DESCRIPTION = (
     "Write the model's ONNX graphs (opset 18, dynamic batch axis, the image processor's input size) "
@@ -30,8 +30,8 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..model_loading import export_model_onnx
-    from ..onnx_export import ONNX_OPSET
+    from ..runtime.loading import export_model_onnx
+    from ..runtime.onnx_export import ONNX_OPSET
 
     folder, graphs = export_model_onnx(args.model, args.output, args.kind)
     print(f"wrote {', '.join(graphs.values())} (opset {ONNX_OPSET}, dynamic batch axis) to {folder}; "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..model_loading import DEFAULT_DESCRIPTOR
-from ..retrieval.search.presets import DEFAULT_INDEX_CHUNK_SIZE
-from ..retrieval.search.views import DESCRIPTOR_LCE_MODES
+from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
+from ..retrieval.presets import DEFAULT_INDEX_CHUNK_SIZE
+from ..runtime.loading import DEFAULT_DESCRIPTOR
 from . import options
 
 DESCRIPTION = (
@@ -49,7 +49,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..retrieval.apps.indexing import IndexRequest, build_index
+    from ..runs.index import IndexRequest, build_index
     from .console import report_counts
 
     request = IndexRequest(

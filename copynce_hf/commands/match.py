@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..model_loading import DEFAULT_MATCHER
+from ..runtime.loading import DEFAULT_MATCHER
 from . import options
 from .console import progress_log
 
@@ -65,7 +65,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..retrieval.apps.matching import MatchRequest, match_pairs
+    from ..runs.match import MatchRequest, match_pairs
     from .console import report_counts
 
     request = MatchRequest(

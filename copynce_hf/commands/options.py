@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..model_loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
-from ..retrieval.apps.calibration import PRECISIONS as CALIBRATED_PRECISIONS
-from ..retrieval.apps.grouping import GROUPINGS
-from ..retrieval.search.presets import (
+from ..calibration.thresholds import PRECISIONS as CALIBRATED_PRECISIONS
+from ..retrieval.deduplication.grouping import GROUPINGS
+from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
+from ..retrieval.presets import (
     COLLECTION_FIELDS,
     COLLECTION_K_END,
     COLLECTION_K_START,
@@ -24,7 +24,7 @@ from ..retrieval.search.presets import (
     MATCHER_ORDERS,
     REFERENCE_BACKGROUNDS,
 )
-from ..retrieval.search.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
+from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 
 # --------------------------------------------------------------------------- types
 
@@ -291,9 +291,9 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
 
 
 def image_input(args):
-    """The :class:`~copynce_hf.retrieval.search.sources.ImageInput` of a command line (its image and dataset
+    """The :class:`~copynce_hf.retrieval.sources.ImageInput` of a command line (its image and dataset
     options; those a command lacks keep their defaults)."""
-    from ..retrieval.search.sources import ImageInput
+    from ..retrieval.sources import ImageInput
 
     return ImageInput(recursive=getattr(args, "recursive", False), max_pixels=args.max_pixels,
                       split=getattr(args, "split", "train"), image_column=getattr(args, "image_column", None),
@@ -302,9 +302,9 @@ def image_input(args):
 
 
 def pipeline_settings(args):
-    """The :class:`~copynce_hf.retrieval.apps.pipeline_settings.PipelineSettings` of a ``detect`` or ``calibrate``
+    """The :class:`~copynce_hf.runs.settings.PipelineSettings` of a ``detect`` or ``calibrate``
     command line: its models, preset, the preset fields given explicitly, ``--aux`` and the sizes."""
-    from ..retrieval.apps.pipeline_settings import PipelineModels, PipelineSettings
+    from ..runs.settings import PipelineModels, PipelineSettings
 
     models = PipelineModels(args.models or [None], args.matcher, args.runtime)
     overrides = {name: getattr(args, name) for name in (*DETECT_PRESET_FIELDS, *COLLECTION_FIELDS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..retrieval.search.views import DESCRIPTOR_LCE_MODES
+from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from . import options
 
 DESCRIPTION = (
@@ -67,7 +67,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..retrieval.apps.searching import SearchRequest, search_queries
+    from ..runs.search import SearchRequest, search_queries
     from .console import report_counts
 
     request = SearchRequest(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..model_loading import DEFAULT_DESCRIPTOR
+from ..runtime.loading import DEFAULT_DESCRIPTOR
 from . import options
 
 DESCRIPTION = (
@@ -42,7 +42,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..retrieval.reports.affinity import visualize_pair
+    from ..reports.affinity import visualize_pair
     from .console import report_counts
 
     paths = visualize_pair(args.query, args.reference, args.output, args.patch, model=args.model,

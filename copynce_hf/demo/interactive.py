@@ -32,7 +32,6 @@ from PIL import Image
 
 from ..evaluation.demo_task import BUNDLED_IMAGES, input_overlap, probe_patch
 from ..images import load_image
-from ..model_loading import load_model
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyEditor, CopyRecipe, CopyResult
 from ..retrieval import (
@@ -48,6 +47,7 @@ from ..retrieval import (
     score_views,
     search_references,
 )
+from ..runtime.loading import load_model
 from .figures import figure_image, overlap_figure
 
 __all__ = [

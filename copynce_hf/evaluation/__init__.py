@@ -6,5 +6,5 @@
 * :mod:`.systems`: the systems compared on a task (PDQ / pHash, descriptor, matcher, the whole pipeline)
   and their scoring (muAP, RP90, recall@1, ...).
 
-The models they run come from :func:`copynce_hf.model_loading.load_model`.
+The models they run come from :func:`copynce_hf.runtime.loading.load_model`.
 """

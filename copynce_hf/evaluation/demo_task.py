@@ -32,7 +32,7 @@ from PIL import Image
 from ..images import load_image
 from ..modeling.errors import ConfigError
 from ..pixtrace import CoordinateTable, CopyRecipe, pair_overlaps
-from ..retrieval.search.sources import ImageListSource
+from ..retrieval.sources import ImageListSource
 
 __all__ = [
     "BUNDLED_IMAGES",

@@ -40,7 +40,7 @@ from PIL import Image
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
-from ..retrieval.search.sources import ImageListSource
+from ..retrieval.sources import ImageListSource
 
 __all__ = ["MiniDiscConfig", "MiniDisc", "QueryEntry", "build_minidisc", "draw_queries"]
 

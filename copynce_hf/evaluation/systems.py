@@ -9,7 +9,7 @@ references per query.
   search (:class:`copynce_hf.retrieval.DescriptorIndex`, cosine on unit vectors).
 * :class:`MatcherRescoring`: a CopyNCE matcher re-scoring a descriptor system's candidates
   (:func:`copynce_hf.retrieval.rescore_predictions`), paper section "Matcher".
-* :class:`PipelineSystem`: the paper's whole inference pipeline (:func:`copynce_hf.retrieval.apps.detect`):
+* :class:`PipelineSystem`: the paper's whole inference pipeline (:func:`copynce_hf.retrieval.detection`):
   descriptors with LCE and score normalisation, merged candidates, the matcher with LCE.
 
 A task is anything with ``reference_ids``, ``query_ids``, ``reference_files`` (id -> path),
@@ -34,7 +34,6 @@ import torch
 from PIL import Image
 
 from ..metrics.copy_detection.formulas import copy_detection_metrics, precision_recall_curve
-from ..model_loading import load_model
 from ..modeling.errors import ConfigError
 from ..retrieval import (
     Descriptor,
@@ -49,6 +48,7 @@ from ..retrieval import (
     rescore_predictions,
     search_references,
 )
+from ..runtime.loading import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class DescriptorSystem:
 
     @classmethod
     def from_folder(cls, name: str, folder: str | Path, batch_size: int = 64) -> DescriptorSystem:
-        """Load a saved descriptor folder (:func:`copynce_hf.model_loading.load_model`)."""
+        """Load a saved descriptor folder (:func:`copynce_hf.runtime.loading.load_model`)."""
         return cls(name, *_load_folder(name, folder, "descriptor"), batch_size)
 
     @classmethod
@@ -256,7 +256,7 @@ class MatcherRescoring:
 
 
 class PipelineSystem:
-    """The detection pipeline (:func:`copynce_hf.retrieval.apps.detect`) as a system.
+    """The detection pipeline (:func:`copynce_hf.retrieval.detection`) as a system.
 
     Args:
         name: system name.

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from ...modeling.errors import ConfigError
+from ..predictions import Prediction
 from .index import DescriptorIndex
-from .predictions import Prediction
 from .view_search import search_views, view_preset_of
 
 #: Probabilities are clipped to ``[PROBABILITY_EPSILON, 1 - PROBABILITY_EPSILON]`` before their logit is taken

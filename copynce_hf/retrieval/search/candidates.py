@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ...modeling.errors import ConfigError
-from .predictions import Prediction
+from ..predictions import Prediction
 
 
 def top_per_query(predictions: Iterable[Prediction], k: int) -> list[Prediction]:

@@ -15,7 +15,7 @@ the euclidean distance. Three index kinds:
   ``nprobe`` and ``k_factor`` (how many PQ candidates are re-ranked per requested neighbour).
 
 An index folder holds ``index.faiss`` (the faiss index), ``descriptors.safetensors`` (ids
-and descriptors, see :mod:`.descriptors`) and ``index.json`` (kind, parameters, model), plus
+and descriptors, see :mod:`copynce_hf.retrieval.descriptors.sets`) and ``index.json`` (kind, parameters, model), plus
 ``whitening.safetensors`` when the index whitens (:mod:`.whitening`): then faiss holds the whitened
 references and :meth:`DescriptorIndex.search` whitens the queries it is given the same way.
 """
@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...modeling.errors import ConfigError, PredictionsError
-from .descriptors import DescriptorSet, concatenate_descriptor_files, read_descriptor_header
-from .predictions import Prediction
-from .whitening import Whitening
+from ..descriptors.sets import DescriptorSet, concatenate_descriptor_files, read_descriptor_header
+from ..descriptors.whitening import Whitening
+from ..predictions import Prediction
 
 if TYPE_CHECKING:
     import faiss

@@ -1,7 +1,7 @@
 """The one descriptor search: the top-``k`` references of every query, with the paper's post-processing.
 
 Used by ``copynce search``, the descriptor systems of :mod:`copynce_hf.evaluation` (the demo, the
-benchmarks, the training run's evaluation) and :func:`~copynce_hf.retrieval.apps.detect`. Three cases:
+benchmarks, the training run's evaluation) and :func:`~copynce_hf.retrieval.detection`. Three cases:
 
 * local crops views (queries cut into views, or an index of reference views): the best view pair's
   cosine per (query, reference) (:func:`~.view_search.view_predictions`);
@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...modeling.errors import ConfigError
-from .descriptors import DescriptorSet
+from ..descriptors.sets import DescriptorSet
+from ..descriptors.views import ViewPreset
+from ..predictions import Prediction
 from .index import DescriptorIndex, knn_predictions
 from .postprocess import euclidean_scores, normalize_scores, score_normalization_bias, stretch_features
-from .predictions import Prediction
 from .view_search import view_predictions, view_preset_of
-from .views import ViewPreset
 
 __all__ = ["search_references"]
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...modeling.errors import ConfigError
-from .descriptors import DescriptorSet
+from ..descriptors.sets import DescriptorSet
+from ..descriptors.view_extraction import VIEW_SEPARATOR, owner_of
+from ..descriptors.views import ViewPreset
+from ..predictions import Prediction
 from .index import DescriptorIndex
-from .predictions import Prediction
-from .view_extraction import VIEW_SEPARATOR, owner_of
-from .views import ViewPreset
 
 
 def view_preset_of(index: DescriptorIndex) -> ViewPreset:

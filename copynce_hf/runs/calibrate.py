@@ -1,0 +1,78 @@
+"""``copynce calibrate`` as one call: a :class:`CalibrateRequest` in, the calibration file written
+(:func:`copynce_hf.calibration.planted.calibrate`: thresholds from planted copies of the user's references)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from ..calibration.planted import DEFAULT_SEED, calibrate
+from ..calibration.thresholds import Calibration
+from ..outputs import check_output_file
+from ..retrieval.sources import ImageInput
+from .settings import PipelineSettings
+
+__all__ = ["CalibrateRequest", "calibrate_to_file", "format_calibration"]
+
+
+def format_calibration(calibration: Calibration) -> str:
+    """The thresholds as a small text table (one line per stage and precision), then each stage's muAP, RP90 and
+    recall@1 on the calibration copies (files written before they were recorded have none)."""
+    lines = [f"{'stage':<11}{'precision':>10}{'threshold':>11}{'recall':>8}"]
+    for stage, rows in calibration.stages.items():
+        for row in rows:
+            threshold = "-" if row.threshold is None else f"{row.threshold:.4f}"
+            lines.append(f"{stage:<11}{row.precision:>10g}{threshold:>11}{row.recall:>8.3f}")
+    for stage, found in (calibration.provenance.get("metrics") or {}).items():
+        if found:
+            lines.append(f"{stage} on the calibration copies: muAP {found['micro_ap']:.3f}, "
+                         f"RP90 {found['recall_at_p90']:.3f}, recall@1 {found['recall_at_rank1']:.3f}")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class CalibrateRequest:
+    """A ``copynce calibrate`` run.
+
+    Attributes:
+        references: folder of the collection's reference images.
+        output: the calibration JSON file to write.
+        pipeline: the models, preset and settings calibrated
+            (:class:`~copynce_hf.runs.settings.PipelineSettings`), as ``detect`` will run them.
+        distractors, sample, num_distractors, seed: see :func:`calibration_queries`.
+        images: how images are read (sub-folders, size limit).
+        progress: progress bars.
+        log: receives one line per step.
+    """
+
+    references: str
+    output: str
+    pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
+    distractors: str | None = None
+    sample: int = 100
+    num_distractors: int | None = None
+    seed: int = DEFAULT_SEED
+    images: ImageInput = dataclasses.field(default_factory=ImageInput)
+    progress: bool = True
+    log: Callable[[str], None] = print
+
+
+def calibrate_to_file(request: CalibrateRequest) -> tuple[Calibration, int]:
+    """Run ``copynce calibrate``: the output, models and folders checked before any model loads, then
+    :func:`calibrate` with the request's pipeline, its file written (with the runtime that ran the models).
+    Returns ``(the calibration, the number of reference images listed)``."""
+    check_output_file(request.output)
+    settings, images = request.pipeline, request.images
+    settings.models.check_paths()
+    references = images.folder(request.references)
+    distractors = images.folder(request.distractors) if request.distractors else None
+    auxiliary = images.folder(settings.aux) if settings.aux else None
+    config = settings.config()
+    pipeline = settings.identity()
+    descriptors, matcher = settings.models.load_descriptors(), settings.models.load_matcher()
+    calibration = calibrate(references, descriptors, matcher, pipeline, config, auxiliary, distractors,
+                            sample=request.sample, num_distractors=request.num_distractors, seed=request.seed,
+                            progress=request.progress, log=request.log)
+    calibration.provenance["runtime"] = settings.models.runtime
+    calibration.save(request.output)
+    return calibration, len(references)

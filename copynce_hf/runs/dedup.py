@@ -1,0 +1,281 @@
+"""``copynce dedup`` as one call: a :class:`DedupRequest` in, ``groups.csv`` and ``pairs.csv`` written and a
+:class:`DedupRun` out.
+
+:func:`run_dedup` opens the images (a folder, or a dataset as ``copynce index --dataset`` opens one), checks the
+inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
+``--threshold``, or a calibration file's at ``--precision``) before any model loads, loads the models
+(:mod:`copynce_hf.runs.settings`), self-calibrates the threshold on the collection when neither was given
+(:func:`~copynce_hf.calibration.collection.self_calibrate`: the dedup pipeline run on copies of a sample of the collection, kept
+in ``OUTPUT/self_calibration``) and runs :func:`~copynce_hf.retrieval.deduplication.collection.dedup`
+with its caches in ``OUTPUT/indexes``, ``OUTPUT/tokens`` (the matcher's token store) and ``OUTPUT/rescoring``. The group
+gallery (``report.html``) is drawn from the returned run by
+:func:`copynce_hf.runs.folders.write_dedup_folder`, the one call of the command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ..calibration.thresholds import Calibration
+from ..modeling.errors import ConfigError
+from ..outputs import check_output_folder, run_folder
+from ..retrieval.presets import COLLECTION_K_END, COLLECTION_K_START, DEFAULT_CHUNK_SIZE
+from ..retrieval.sources import ImageInput, count_text
+from .settings import PipelineModels, content_tokens_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class DedupRequest:
+    """A ``copynce dedup`` run.
+
+    Attributes:
+        images: the folder searched for copies of its own images (``None`` with ``dataset``).
+        output: the output folder.
+        models: the descriptor (one) and the matcher (:class:`~copynce_hf.runs.settings.PipelineModels`).
+        threshold: pairs scored at or above it are copies (``None``: from ``calibration``, else self-calibrated).
+        calibration, precision: a ``copynce calibrate`` file and the precision it decides at (default 0.9); without
+            ``calibration`` and ``threshold``, ``precision`` is the target of the self-calibration (default 0.9).
+        self_calibration_sample, self_calibration_seed: the images of the collection the self-calibration samples
+            (all when it has fewer) and its seed (:func:`~copynce_hf.calibration.collection.self_calibrate`).
+        candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
+            :class:`~copynce_hf.retrieval.detection.DetectConfig`.
+        whiten_from: sample images to learn a whitening from (``None``: none).
+        collection_normalisation, collection_alpha, collection_k_start, collection_k_end: the descriptor stage's
+            collection normalisation (:class:`~copynce_hf.retrieval.detection.DetectConfig`; CSLS over the collection's own neighbours).
+        matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
+            matcher_k_start, matcher_k_end, matcher_anchor, matcher_orders, content_crops and grouping: as in
+            :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`.
+        content_tokens: the matcher fuses content tokens only (``None``: the default of
+            :class:`~copynce_hf.retrieval.detection.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
+            ONNX Runtime).
+        descriptor_content_tokens: the self-search runs again on content descriptors.
+        dataset: instead of ``images``, a dataset (Hub id, Parquet file or folder, ``save_to_disk`` folder, image
+            folder: :func:`~copynce_hf.retrieval.sources.open_dataset_source`), read by random access (not streamed).
+        input: how images are read (sub-folders, size limit, the dataset's split and columns).
+        gallery: groups shown in ``report.html``.
+        progress: progress bars.
+        log: receives one line per stage (on the main process only).
+    """
+
+    images: str | None
+    output: str
+    models: PipelineModels = dataclasses.field(default_factory=lambda: PipelineModels(descriptor_option="--model"))
+    threshold: float | None = None
+    calibration: str | None = None
+    precision: float | None = None
+    self_calibration_sample: int = 64
+    self_calibration_seed: int = 0
+    candidates: int = 10
+    descriptor_lce: str = "none"
+    matcher_lce: str = "none"
+    batch_size: int = 64
+    num_workers: int = 0
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    whiten_dim: int | None = None
+    whiten_from: str | None = None
+    collection_normalisation: bool = True
+    collection_alpha: float = 1.0
+    collection_k_start: int = COLLECTION_K_START
+    collection_k_end: int = COLLECTION_K_END
+    matcher_normalisation: bool | None = None
+    matcher_alpha: float = 1.0
+    matcher_k_start: int = COLLECTION_K_START
+    matcher_k_end: int = COLLECTION_K_END
+    matcher_anchor: float = 0.0
+    matcher_orders: str = "auto"
+    content_crops: bool = True
+    grouping: str = "representative"
+    content_tokens: bool | None = None
+    descriptor_content_tokens: bool = False
+    dataset: str | None = None
+    input: ImageInput = dataclasses.field(default_factory=ImageInput)
+    gallery: int = 8
+    progress: bool = True
+    log: Callable[[str], None] = logger.info
+
+    def config(self):
+        """The :class:`~copynce_hf.retrieval.detection.DetectConfig` of the run."""
+        from ..retrieval.detection import DetectConfig
+
+        content_tokens = self.content_tokens
+        if content_tokens is None:
+            content_tokens = DetectConfig.content_tokens and self.matcher_lce == "none" and self.models.runtime != "onnx"
+        return DetectConfig(candidates=self.candidates, descriptor_lce=self.descriptor_lce,
+                            matcher_lce=self.matcher_lce, batch_size=self.batch_size, num_workers=self.num_workers,
+                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size, content_tokens=content_tokens,
+                            descriptor_content_tokens=self.descriptor_content_tokens,
+                            collection_normalisation=self.collection_normalisation,
+                            collection_alpha=self.collection_alpha, collection_k_start=self.collection_k_start,
+                            collection_k_end=self.collection_k_end)
+
+    def settings(self):
+        """The :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run (matcher normalisation and grouping)."""
+        from ..retrieval.deduplication.collection import DedupSettings
+
+        matcher_normalisation = (self.collection_normalisation if self.matcher_normalisation is None
+                                 else self.matcher_normalisation)
+        return DedupSettings(grouping=self.grouping, matcher_normalisation=matcher_normalisation,
+                             matcher_alpha=self.matcher_alpha, matcher_k_start=self.matcher_k_start,
+                             matcher_k_end=self.matcher_k_end, matcher_anchor=self.matcher_anchor,
+                             matcher_orders=self.matcher_orders, content_crops=self.content_crops)
+
+
+@dataclasses.dataclass
+class DedupRun:
+    """A finished dedup run: its request, images, models, :class:`~copynce_hf.retrieval.deduplication.collection.DedupResult`, where the threshold came
+    from (and its :class:`~copynce_hf.calibration.collection.SelfCalibration` when self-calibrated), and the rows of
+    ``groups.csv``."""
+
+    request: DedupRequest
+    source: object
+    descriptor: object
+    matcher: tuple | None
+    result: object
+    origin: str
+    rows: int = 0
+    report: Path | None = None
+    self_calibration: object | None = None
+
+    @property
+    def heatmap_model(self) -> tuple:
+        """The model whose heatmaps the report draws: the matcher, else the descriptor."""
+        return self.matcher or (self.descriptor.model, self.descriptor.processor)
+
+
+def dedup_threshold(request: DedupRequest, config) -> tuple[float | None, str]:
+    """``(threshold, where it comes from)`` of a dedup run: ``threshold``, or a calibration file's at ``precision``
+    (the matcher stage with a matcher, the embedded one included; :func:`~copynce_hf.retrieval.deduplication.collection.calibrated_threshold`); ``(None,
+    ...)`` when neither is given: the threshold is self-calibrated once the models are loaded."""
+    from ..retrieval.deduplication.collection import calibrated_threshold
+
+    models = request.models
+    if request.calibration is not None:
+        if request.threshold is not None:
+            raise ConfigError("give --threshold or --calibration, not both")
+        precision = 0.9 if request.precision is None else request.precision
+        return calibrated_threshold(Calibration.load(request.calibration), precision,
+                                    models.descriptor_identities()[0], models.matcher_identity(), config,
+                                    whitened=request.whiten_from is not None)
+    if request.threshold is not None:
+        if request.precision is not None:
+            raise ConfigError("--precision is the target of --calibration FILE or of the self-calibration; "
+                              "--threshold fixes the threshold itself: give one of them")
+        return request.threshold, f"{request.threshold:.4g} (given)"
+    precision = 0.9 if request.precision is None else request.precision
+    if not 0 < precision <= 1:
+        raise ConfigError(f"--precision must be in (0, 1], got {precision}")
+    if request.self_calibration_sample < 1:
+        raise ConfigError(f"--self-calibration-sample must be at least 1, got {request.self_calibration_sample}")
+    return None, (f"self-calibrated at precision {precision:g} on a sample of up to {request.self_calibration_sample} "
+                  "images of the collection (below)")
+
+
+def run_dedup(request: DedupRequest) -> DedupRun | None:
+    """Run ``copynce dedup`` and write ``groups.csv`` and ``pairs.csv``; the run on the main process, ``None`` on
+    the others (``accelerate launch``). A refused input found during the model work removes the output folder
+    where this run made it."""
+    check_output_folder(request.output)
+    request.models.check_paths()
+    if request.dataset is not None and request.input.streaming:
+        raise ConfigError(f"dedup reads dataset {request.dataset!r} by random access (the matcher reads each pair's "
+                          "two images): it cannot be streamed")
+    source = request.input.folder_or_dataset(request.images, request.dataset, "--dataset")
+    whiten_from = request.input.whitening_sample(request.whiten_from, request.whiten_dim)
+    config, settings = request.config(), request.settings()
+    threshold, origin = dedup_threshold(request, config)
+    [descriptor], matcher = request.models.load_descriptors(), request.models.load_matcher()
+    with run_folder(request.output, ("groups.csv",)) as output:
+        return _dedup_into(request, source, descriptor, matcher, (threshold, origin), whiten_from, (config, settings),
+                           output)
+
+
+def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tuple[float, str], whiten_from,
+                configs: tuple, output: Path) -> DedupRun | None:
+    """The model work of :func:`run_dedup` into the existing folder ``output`` (``configs``: the
+    :class:`~copynce_hf.retrieval.detection.DetectConfig` and :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run)."""
+    from ..calibration.collection import FOLDER as SELF_CALIBRATION_FOLDER
+    from ..calibration.collection import self_calibrate
+    from ..precision import make_accelerator
+    from ..retrieval.content.crops import write_crops
+    from ..retrieval.deduplication.collection import dedup, write_pairs
+    from ..retrieval.deduplication.grouping import write_groups
+
+    (threshold, origin), (config, settings) = decision, configs
+    accelerator = make_accelerator()
+    log = request.log if accelerator.is_main_process else (lambda line: None)
+    log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.models.matcher_label()}, "
+        f"threshold {origin}")
+    calibration = None
+    if threshold is None:
+        calibration = self_calibrate(
+            source, descriptor, matcher, config, output / SELF_CALIBRATION_FOLDER, request.self_calibration_sample,
+            0.9 if request.precision is None else request.precision, request.self_calibration_seed, whiten_from,
+            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log, settings)
+        threshold, origin = calibration.threshold, calibration.origin
+    result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
+                   progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
+                   accelerator=accelerator, settings=settings, tokens_folder=output / "tokens")
+    if not accelerator.is_main_process:
+        return None
+    run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)
+    run.rows = write_groups(output / "groups.csv", result.members)
+    write_pairs(output / "pairs.csv", result)
+    write_crops(output / "content_crops.csv", result)
+    return run
+
+
+def matcher_orders_text(settings, matcher: tuple | None) -> str:
+    """How the matcher's pairs were scored under ``settings`` (:class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`), in words
+    (``report.html``)."""
+    if matcher is None:
+        return "no matcher"
+    both = settings.scores_both_orders(matcher[0])
+    chosen = "" if settings.matcher_orders != "auto" else (" (auto: the matcher tells query from reference)" if both else
+                                          " (auto: the matcher's score does not depend on the order)")
+    return ("both: each pair scored twice, each image the query once, the mean logit" if both
+            else "one: the earlier image as the query") + chosen
+
+
+def content_crops_text(result, asked: bool) -> str:
+    """What content crops did in a :class:`~copynce_hf.retrieval.deduplication.collection.DedupResult`, in words (``report.html``)."""
+    if not asked:
+        return "off"
+    if "content crops" not in result.seconds:
+        return "on, not run (they need content tokens, whole-image views and a matcher)"
+    return (f"{len(result.crop_boxes)} images cropped to their own content, {len(result.crop_pairs)} pairs verified "
+            "on their crops")
+
+
+def dedup_report_settings(run: DedupRun) -> dict[str, object]:
+    """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
+    self-calibrated), candidates, views, normalisation, grouping, whitening, groups, images skipped (unreadable,
+    with their reasons)."""
+    request, settings = run.request, run.request.settings()
+    skipped = run.result.skipped
+    images = (f"{request.dataset} (split {request.input.split})" if request.dataset is not None
+              else str(Path(request.images).resolve()))
+    calibration = {} if run.self_calibration is None else {
+        "self-calibration": f"{run.self_calibration.file} (the calibration collection's verified pairs, their kinds and "
+                            "decision scores)"}
+    descriptor_normalisation = (f"alpha {request.collection_alpha}, neighbours of ranks {request.collection_k_start}-"
+                                f"{request.collection_k_end}" if request.collection_normalisation else "off")
+    matcher_normalisation = (f"alpha {settings.matcher_alpha}, verified pairs of ranks {settings.matcher_k_start}-"
+                             f"{settings.matcher_k_end}, backgrounds above logit {settings.matcher_anchor:g}"
+                             if settings.matcher_normalisation and run.matcher is not None else "off")
+    return {"images": images, "descriptor": run.descriptor.source,
+            "matcher": request.models.matcher_label(), "threshold": run.origin, **calibration,
+            "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
+            "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
+            "matcher collection normalisation": matcher_normalisation,
+            "matcher orders": matcher_orders_text(settings, run.matcher),
+            "grouping": settings.grouping,
+            "content tokens": content_tokens_text(request.config()),
+            "content crops": content_crops_text(run.result, settings.content_crops),
+            "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
+            "groups": len(run.result.groups), "images in groups": run.rows,
+            "images skipped": count_text(skipped.values()) if skipped else "none"}

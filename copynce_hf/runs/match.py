@@ -1,0 +1,129 @@
+"""``copynce match`` as one call: a :class:`MatchRequest` in, the candidate pairs of a predictions CSV re-scored by
+the matcher (:func:`~.rescoring.rescore_predictions`) into a new predictions CSV and a :class:`MatchDone` out.
+
+The scored chunks are kept in ``.<output name>.rescoring`` beside the output until the end, so that the same request
+after a kill resumes (:mod:`copynce_hf.retrieval.verify.chunked_scoring`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from ..modeling.errors import PredictionsError
+from ..outputs import check_output_file
+from ..retrieval.presets import DEFAULT_CHUNK_SIZE
+from ..retrieval.sources import ImageInput
+from ..runtime.loading import DEFAULT_MATCHER, check_model_path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class MatchRequest:
+    """A ``copynce match`` run.
+
+    Attributes:
+        predictions: the candidate pairs (a predictions CSV).
+        queries, references: folders of the query and reference images (found by id).
+        output: predictions CSV to write.
+        matcher, runtime: the matcher (``None``: the embedded one; a descriptor scores by cosine) and what runs it.
+        top: only each query's ``top`` best candidates are re-scored (``None``: all).
+        matcher_lce: the matcher's view pairs (``none``, ``paper``, ``all``).
+        local_crops, query_grid, reference_grid, crop_scale, rotations: the grid crops ensembling
+            (:class:`~.rescoring.LocalCrops`), when ``local_crops``.
+        chunk_size, batch_size, num_workers: pairs per chunk of work, per forward pass; ``DataLoader`` workers.
+        input: how images are read (sub-folders, size limit).
+        progress: progress bars.
+        log: receives the lines of the chunked work.
+    """
+
+    predictions: str
+    queries: str
+    references: str
+    output: str
+    matcher: str | None = None
+    runtime: str = "torch"
+    top: int | None = None
+    matcher_lce: str = "none"
+    local_crops: bool = False
+    query_grid: int = 2
+    reference_grid: int = 1
+    crop_scale: float = 1.5
+    rotations: tuple[int, ...] = (90, 180, 270)
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    batch_size: int = 32
+    num_workers: int = 0
+    input: ImageInput = dataclasses.field(default_factory=ImageInput)
+    progress: bool = True
+    log: Callable[[str], None] = logger.info
+
+
+@dataclasses.dataclass
+class MatchDone:
+    """What :func:`match_pairs` wrote: pairs (rows), pairs read, pairs re-scored, the reason of each pair left out."""
+
+    count: int
+    read: int
+    rescored: int
+    skip_reasons: list[str]
+
+
+def _missing_files(candidates, queries: dict, references: dict, request: MatchRequest) -> list[str]:
+    """The image files the candidate pairs name that do not exist (``QUERIES/id.*``), with a warning."""
+    missing = sorted({f"{request.queries}/{p.query_id}.*" for p in candidates if p.query_id not in queries}
+                     | {f"{request.references}/{p.reference_id}.*" for p in candidates
+                        if p.reference_id not in references})
+    if missing:
+        logger.warning("%d image file(s) named by %s do not exist: %s%s", len(missing), request.predictions,
+                       ", ".join(missing[:5]), ", ..." if len(missing) > 5 else "")
+    return missing
+
+
+def match_pairs(request: MatchRequest) -> MatchDone | None:
+    """Run ``copynce match``; what was written on the main process, ``None`` on the others."""
+    from ..modeling.configuration_copynce import model_kind
+    from ..precision import make_accelerator
+    from ..retrieval.predictions import read_predictions, write_predictions
+    from ..retrieval.search.candidates import top_per_query
+    from ..retrieval.verify.rescoring import LocalCrops, rescore_predictions
+    from ..runtime.loading import load_model
+
+    check_output_file(request.output)
+    check_model_path(request.matcher, "--matcher")
+    candidates = read_predictions(request.predictions)
+    if not candidates:
+        raise PredictionsError(f"predictions file {request.predictions} holds no pair")
+    read = len(candidates)
+    if request.top is not None:
+        candidates = top_per_query(candidates, request.top)
+    queries = request.input.folder(request.queries).lookup()
+    references = request.input.folder(request.references).lookup()
+    missing = _missing_files(candidates, queries, references, request)
+    model, processor = load_model(request.matcher, None, "--matcher", default=DEFAULT_MATCHER, runtime=request.runtime)
+    if model_kind(model) == "descriptor":
+        logger.warning("--matcher %s is a descriptor model: pairs are scored by descriptor cosine", request.matcher)
+    crops = None
+    if request.local_crops:
+        crops = LocalCrops(request.query_grid, request.reference_grid, request.crop_scale, request.rotations)
+    accelerator = make_accelerator()
+    work = Path(request.output).with_name(f".{Path(request.output).name}.rescoring")  # scored chunks, until the end
+    try:
+        result = rescore_predictions(
+            candidates, model, processor, queries, references, batch_size=request.batch_size,
+            num_workers=request.num_workers, local_crops=crops, progress=request.progress,
+            matcher_lce=request.matcher_lce, max_pixels=request.input.max_pixels, accelerator=accelerator,
+            work_folder=work, chunk_size=request.chunk_size, log=request.log,
+        )
+    except PredictionsError as error:
+        if missing:
+            raise PredictionsError(f"{error}; missing files: {', '.join(missing[:5])}") from error
+        raise
+    if not accelerator.is_main_process:
+        return None
+    count = write_predictions(request.output, result.predictions)
+    shutil.rmtree(work, ignore_errors=True)
+    return MatchDone(count, read, len(candidates), [reason.split(":")[0] for *_, reason in result.skipped])

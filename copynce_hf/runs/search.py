@@ -1,0 +1,149 @@
+"""``copynce search`` as one call: a :class:`SearchRequest` in, a predictions CSV (the k nearest references of every
+query image in an index folder of ``copynce index``) written and a :class:`SearchDone` out.
+
+The query descriptors (optionally their LCE views) are searched with :func:`~copynce_hf.retrieval.search.references.search_references`,
+the one search: score normalisation with auxiliary descriptors, or feature stretching. The query descriptors can
+also be saved, and both sides exported in the DISC21 descriptor-track HDF5 layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..modeling.errors import ConfigError, PredictionsError
+from ..outputs import StagedFile, check_output_file
+from ..retrieval.sources import ImageInput, count_text
+from ..runtime.loading import check_model_path
+
+
+@dataclasses.dataclass
+class SearchRequest:
+    """A ``copynce search`` run.
+
+    Attributes:
+        queries: folder of query images.
+        index: index folder written by ``copynce index``.
+        output: predictions CSV to write.
+        model, runtime: the descriptor model (``None``: the one the index was built with) and what runs it.
+        k: neighbours per query.
+        descriptor_lce: the query views (:class:`~copynce_hf.retrieval.descriptors.views.ViewPreset`).
+        score_norm, alpha, k_start, k_end: score normalisation with auxiliary descriptors (a descriptors file or
+            an index folder); ``None``: off.
+        stretch, beta, stretch_k: feature stretching with auxiliary descriptors; ``None``: off.
+        save_descriptors, hdf5: extra outputs (``None``: not written).
+        ef_search, nprobe, k_factor: approximate search knobs (``None``: the index's).
+        batch_size, num_workers: images per forward pass; ``DataLoader`` workers.
+        input: how images are read (sub-folders, size limit).
+        progress: progress bars.
+    """
+
+    queries: str
+    index: str
+    output: str
+    model: str | None = None
+    runtime: str = "torch"
+    k: int = 10
+    descriptor_lce: str = "none"
+    score_norm: str | None = None
+    alpha: float = 1.0
+    k_start: int = 0
+    k_end: int = 9
+    stretch: str | None = None
+    beta: float = 2.5
+    stretch_k: int = 5
+    save_descriptors: str | None = None
+    hdf5: str | None = None
+    ef_search: int | None = None
+    nprobe: int | None = None
+    k_factor: int | None = None
+    batch_size: int = 64
+    num_workers: int = 0
+    input: ImageInput = dataclasses.field(default_factory=ImageInput)
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class SearchDone:
+    """What :func:`search_queries` wrote: predictions (rows), query images listed, queries searched (those read),
+    id -> reason of each image skipped."""
+
+    count: int
+    images: int
+    searched: int
+    skip_reasons: dict[str, str]
+
+
+def _open_search(request: SearchRequest):
+    """The outputs, options, images, index and model checked before the model loads: ``(source, index, views,
+    whether views are searched, model path)``."""
+    from ..retrieval.descriptors.views import ViewPreset
+    from ..retrieval.search.index import DescriptorIndex, search_knobs
+    from ..retrieval.search.view_search import view_preset_of
+
+    if request.score_norm and request.stretch:
+        raise ConfigError("use either --score-norm or --stretch, not both")
+    check_output_file(request.output)
+    for option, path in (("--save-descriptors", request.save_descriptors), ("--hdf5", request.hdf5)):
+        if path:
+            check_output_file(path, option)
+    check_model_path(request.model)
+    source = request.input.folder(request.queries)
+    index = DescriptorIndex.load(request.index)
+    preset = ViewPreset(request.descriptor_lce)
+    with_views = preset.name != "none" or view_preset_of(index).name != "none"
+    if with_views and (request.stretch or request.hdf5):
+        raise ConfigError("--stretch and --hdf5 need one descriptor per image: not with local crops views "
+                          "(--descriptor-lce, or an index built with --descriptor-lce)")
+    knobs = search_knobs(request)
+    if knobs:
+        index.set_search_parameters(**knobs)
+    model_path = request.model or index.info.get("model")
+    if request.model is None and model_path and Path(model_path).is_absolute() and not Path(model_path).exists():
+        raise ConfigError(
+            f"the index was built with the model {model_path}, which no longer exists; pass --model PATH"
+        )
+    return source, index, preset, with_views, model_path
+
+
+def search_queries(request: SearchRequest) -> SearchDone | None:
+    """Run ``copynce search``; what was written on the main process, ``None`` on the others."""
+    from ..precision import make_accelerator
+    from ..retrieval.descriptors.sets import DescriptorSet, export_disc21_hdf5
+    from ..retrieval.descriptors.view_extraction import extract_view_descriptors
+    from ..retrieval.predictions import write_predictions
+    from ..retrieval.search.index import DescriptorIndex
+    from ..retrieval.search.references import search_references
+    from ..runtime.loading import load_model
+
+    source, index, preset, with_views, model_path = _open_search(request)
+    model, processor = load_model(model_path, "descriptor", "--model", runtime=request.runtime)
+    auxiliary_file = request.score_norm or request.stretch
+    auxiliary = DescriptorSet.load(auxiliary_file) if auxiliary_file else None
+    accelerator = make_accelerator()
+    queries = extract_view_descriptors(model, processor, source, preset, "query", batch_size=request.batch_size,
+                                       num_workers=request.num_workers, accelerator=accelerator,
+                                       progress=request.progress, description="query descriptors")
+    if not accelerator.is_main_process:
+        return None
+    if len(queries) == 0:
+        raise PredictionsError(f"none of the {len(source)} images of {request.queries} could be read: skipped "
+                               f"{count_text(queries.skip_reasons.values())}")
+    if queries.dim != index.references.dim:
+        raise ConfigError(
+            f"the model gives {queries.dim}-d descriptors but the index holds {index.references.dim}-d ones"
+        )
+    if request.save_descriptors:
+        with StagedFile(request.save_descriptors) as temporary:
+            queries.save(temporary)
+    if request.hdf5:
+        compared = [DescriptorSet(s.ids, index.transform(s.descriptors)) for s in (queries, index.references)]
+        with StagedFile(request.hdf5) as temporary:
+            export_disc21_hdf5(temporary, *compared)  # as the index compares them (whitened when it whitens)
+    if with_views and request.score_norm and (Path(request.score_norm) / "index.json").is_file():
+        auxiliary = DescriptorIndex.load(request.score_norm)  # an index of auxiliary views
+    predictions = search_references(index, queries, request.k, query_views=preset, auxiliary=auxiliary,
+                                    stretch=bool(request.stretch), alpha=request.alpha, k_start=request.k_start,
+                                    k_end=request.k_end, beta=request.beta, stretch_k=request.stretch_k)
+    count = write_predictions(request.output, predictions)
+    return SearchDone(count, len(source), len(source) - len(queries.skipped), queries.skip_reasons)
