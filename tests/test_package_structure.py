@@ -231,8 +231,8 @@ def test_the_training_loop_fits_one_screen():
 #: The stages ``detect`` and ``dedup`` pass through, lowest first, from the models' runtime through retrieval's stages
 #: (its facade after them: it gathers them all) up to the runs and the commands: a module of one stage imports no
 #: module of a later one. A tuple is one stage of several modules; the last holds the entry points that call the rest
-#: (the command line, the demo, training). Modules outside every stage (modeling, pixtrace, images, outputs, ...) are
-#: below them all.
+#: (the command line, the demo, training, the export of trained models). Modules outside every stage (modeling,
+#: pixtrace, images, outputs, ...) are below them all.
 STAGES = (
     "copynce_hf.runtime",
     ("copynce_hf.retrieval.sources", "copynce_hf.retrieval.work_folder", "copynce_hf.retrieval.predictions",
@@ -249,7 +249,7 @@ STAGES = (
     "copynce_hf.calibration",
     "copynce_hf.runs",
     "copynce_hf.commands",
-    ("copynce_hf.cli", "copynce_hf.demo", "copynce_hf.training"),
+    ("copynce_hf.cli", "copynce_hf.demo", "copynce_hf.training", "copynce_hf.export"),
 )
 
 
