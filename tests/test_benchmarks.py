@@ -104,12 +104,11 @@ def test_minidisc_fingerprint_is_pinned():
 
 
 def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
-    from copynce_hf.retrieval.apps import pipeline_settings  # the models of copynce detect, calibrate, dedup
-
     import benchmarks.quality
     import copynce_hf.demo.run
     import copynce_hf.demo.systems
     from copynce_hf.evaluation import demo_task, minidisc, systems
+    from copynce_hf.runs import settings as pipeline_settings
     from copynce_hf.runtime import loading as model_loading
 
     assert benchmarks.quality.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem

@@ -183,7 +183,7 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
 def test_detect_refuses_ground_truth_ids_before_any_model_work(models, images, tmp_path, capsys, monkeypatch):
     """Ground-truth ids with extensions (``Q0.png`` against ``Q0``) are refused before any model loads, with the
     likely fix, and leave no output folder; a metric failure at the end says that predictions.csv is written."""
-    from copynce_hf.retrieval.apps import pipeline_settings
+    from copynce_hf.runs import settings as pipeline_settings
 
     wrong = tmp_path / "gt_with_extensions.csv"
     wrong.write_text("query_id,reference_id\nQ0.png,R0.png\nQ1.png,R1.png\nQ2.png,\n")

@@ -301,7 +301,7 @@ def test_the_command_line_options_reach_the_run(framed, tmp_path, capsys):
 
 
 def test_matches_computed_in_blocks_equal_one_pass(monkeypatch):
-    from copynce_hf.retrieval.search import content_tokens
+    from copynce_hf.retrieval.content import tokens as content_tokens
 
     generator = torch.Generator().manual_seed(0)
     tokens = torch.nn.functional.normalize(torch.randn(5, 6, 4, generator=generator), dim=-1)

@@ -13,7 +13,7 @@ from copynce_hf.evaluation.demo_task import input_overlap
 from copynce_hf.images import load_image
 from copynce_hf.modeling.errors import ConfigError, ImageLoadError
 from copynce_hf.pixtrace import CoordinateTable, replay
-from copynce_hf.retrieval import affinity_maps
+from copynce_hf.reports.affinity import affinity_maps
 from copynce_hf.runtime.loading import DEFAULT_MATCHER
 
 BUNDLED = interactive.bundled_image_files()

@@ -1,7 +1,7 @@
 """Figures of the demo report: the PixTrace overlap prior of a query and its true reference.
 
 The token affinity and affinity entropy figures come from
-:func:`copynce_hf.retrieval.save_affinity_figures`; the precision-recall curves from
+:func:`copynce_hf.reports.affinity.save_affinity_figures`; the precision-recall curves from
 :func:`copynce_hf.metrics.plots.save_pr_curves`. This module draws the third kind: what PixTrace
 knows about a copy pair (paper, section "PixTrace Pipeline"), at the model's input resolution.
 """

@@ -34,15 +34,13 @@ from ..evaluation.demo_task import BUNDLED_IMAGES, input_overlap, probe_patch
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyEditor, CopyRecipe, CopyResult
+from ..reports.affinity import AffinityMaps, affinity_figures, affinity_maps
 from ..retrieval import (
     IMAGE_EXTENSIONS,
-    AffinityMaps,
     DescriptorIndex,
     DescriptorSet,
     ImageListSource,
     IndexConfig,
-    affinity_figures,
-    affinity_maps,
     extract_descriptors,
     score_views,
     search_references,

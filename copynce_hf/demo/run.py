@@ -38,7 +38,7 @@ from ..evaluation.demo_task import (
 from ..images import load_image
 from ..metrics.plots import save_pr_curves
 from ..modeling.errors import CopyNCEError
-from ..retrieval import affinity_maps, save_affinity_figures
+from ..reports.affinity import affinity_maps, save_affinity_figures
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, load_model
 from .figures import save_overlap_figure, save_thumbnail
 from .report import MatchView, QueryView, SystemRow, write_report

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..modeling.errors import ConfigError
 
 #: Embedded model folders (float16 safetensors, see ``copynce_hf/pretrained/README.md``), the defaults everywhere.
-PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+PRETRAINED_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 DEFAULT_DESCRIPTOR = PRETRAINED_DIR / "descriptor"
 DEFAULT_MATCHER = PRETRAINED_DIR / "matcher"
 DEFAULTS = {"descriptor": DEFAULT_DESCRIPTOR, "matcher": DEFAULT_MATCHER}
