@@ -19,7 +19,7 @@ from copynce_hf.calibration.thresholds import (
     pipeline_identity,
 )
 from copynce_hf.modeling.errors import ConfigError
-from copynce_hf.retrieval.detection import DetectConfig
+from copynce_hf.retrieval.detection.config import DetectConfig
 
 
 def _pipeline(matcher="embedded:matcher", preset="fast", score_normalisation=False, **overrides):

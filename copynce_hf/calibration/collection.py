@@ -1,7 +1,7 @@
 """The default threshold of ``copynce dedup``: calibrated on the collection itself, at a stated precision.
 
 Beyond the paper. Without ``--threshold`` or ``--calibration``, :func:`self_calibrate` runs the dedup pipeline
-itself (:func:`~copynce_hf.retrieval.deduplication.collection.dedup`, with the run's models, :class:`~copynce_hf.retrieval.detection.DetectConfig` and
+itself (:func:`~copynce_hf.retrieval.deduplication.collection.dedup`, with the run's models, :class:`~copynce_hf.retrieval.detection.config.DetectConfig` and
 :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`) on a *calibration collection* held in memory: a seeded sample of the collection's
 images with their PixTrace copies, copies put into templates and copies of copies (:mod:`copynce_hf.calibration.synthetic`).
 Every pair that run verifies gets the score the run thresholds (its decision score: collection-normalised as the
@@ -37,7 +37,8 @@ from pathlib import Path
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile
 from ..retrieval.deduplication.collection import DedupSettings, dedup
-from ..retrieval.detection import Descriptor, DetectConfig
+from ..retrieval.descriptors.cached import Descriptor
+from ..retrieval.detection.config import DetectConfig
 from ..retrieval.sources import ImageListSource
 from ..retrieval.work_folder import as_stored, digest, model_fingerprint, source_identity
 from .synthetic import (

@@ -28,7 +28,9 @@ from ..evaluation.minidisc import QueryEntry, draw_queries
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
-from ..retrieval.detection import Descriptor, DetectConfig, detect
+from ..retrieval.descriptors.cached import Descriptor
+from ..retrieval.detection.config import DetectConfig
+from ..retrieval.detection.pipeline import detect
 from ..retrieval.predictions import prediction_metrics
 from ..retrieval.search.candidates import top_per_query
 from ..retrieval.sources import ImageFolderSource, ImageListSource

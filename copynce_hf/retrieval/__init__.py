@@ -12,7 +12,7 @@ Each stage is a folder or module that imports only the stages before it in this 
   its own content, the content-token stage and content crops;
 * :mod:`.verify`: the matcher verifies candidate pairs: one scoring path over cached encoder tokens, in chunks
   kept on disk, with local crops ensembling;
-* :mod:`.detection`: the paper's pipeline as one function (:func:`detect`);
+* :mod:`.detection`: the paper's pipeline as one function (:func:`detect`), its settings and first stage;
 * :mod:`.deduplication`: copies inside one collection (:func:`dedup`) and their groups.
 
 What runs them for a command (requests, output folders) is :mod:`copynce_hf.runs`; thresholds for a precision are
@@ -47,20 +47,24 @@ _MODULE_NAMES = {
     "descriptors.view_extraction": ("ViewSource", "extract_view_descriptors"),
     "descriptors.whitening": ("Whitening",),
     "descriptors.chunked_extraction": ("ChunkedDescriptors", "extract_in_chunks"),
+    "descriptors.cached": ("Descriptor", "learn_whitening"),
     "search.index": ("INDEX_KINDS", "DescriptorIndex", "IndexConfig", "knn_predictions", "write_index_from_files"),
     "search.postprocess": ("auxiliary_similarities", "euclidean_scores", "normalize_scores",
                            "score_normalization_bias", "stretch_features"),
     "search.view_search": ("lce_normalization_bias", "search_view_groups", "search_views", "view_predictions",
                            "view_preset_of"),
+    "search.cached_index": ("view_index",),
     "search.references": ("search_references",),
     "search.background": ("matcher_backgrounds", "neighbour_background", "normalised_probability",
                           "normalised_reference_scores", "pair_background", "reference_background"),
     "search.candidates": ("candidate_recall", "merge_candidates", "top_per_query"),
     "verify.scorer": ("MatcherScorer", "matcher_stages"),
     "verify.chunked_scoring": ("ChunkFolder", "PairScores", "plan_chunks", "score_in_chunks"),
-    "verify.rescoring": ("LocalCrops", "PairViews", "RescoreResult", "grid_boxes", "rescore_predictions",
-                         "score_views"),
-    "detection": ("Descriptor", "DetectConfig", "DetectResult", "detect", "learn_whitening", "view_index"),
+    "verify.local_crops": ("LocalCrops", "PairViews", "grid_boxes", "score_views"),
+    "verify.pairs": ("PairScoring", "ScoredPairs", "score_pairs"),
+    "verify.rescoring": ("RescoreResult", "rescore_predictions"),
+    "detection.config": ("DetectConfig",),
+    "detection.pipeline": ("DetectResult", "detect"),
     "deduplication.collection": ("CandidatePairs", "DedupResult", "DedupSettings", "dedup", "self_neighbours",
                                  "self_search_pairs", "write_pairs"),
     "deduplication.grouping": ("GROUPINGS", "GroupMember", "connected_groups", "connected_members", "group_members",

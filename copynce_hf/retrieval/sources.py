@@ -188,6 +188,11 @@ class _UndecodedById(Mapping):
     def __getitem__(self, image_id: str):
         return self.source.undecoded(self.position[image_id])
 
+    @property
+    def identity(self):
+        """The source's own identity, where it has one (what a cache of its images is tied to besides their files)."""
+        return getattr(self.source, "identity", None)
+
     def __contains__(self, image_id) -> bool:
         return image_id in self.position  # without reading the row (Mapping's own reads it)
 
@@ -362,3 +367,27 @@ def count_text(reasons: Iterable[str]) -> str:
     order = {reason: i for i, reason in enumerate(SKIP_REASONS)}
     parts = [f"{n} {reason}" for reason, n in sorted(counts.items(), key=lambda item: order.get(item[0], 99))]
     return f"{sum(counts.values())} ({', '.join(parts)})"
+
+
+class SourceImages:
+    """id -> image mapping over an image source (file paths when the source has them, else loaded images), with the
+    source's image size limit (``max_pixels``)."""
+
+    def __init__(self, source):
+        self.source = source
+        self.max_pixels = getattr(source, "max_pixels", None)
+        self.position = {image_id: i for i, image_id in enumerate(source.ids)}
+        self.files = source.lookup() if hasattr(source, "lookup") else None
+
+    @property
+    def identity(self):
+        """The source's own identity, where it has one (what a cache of its images is tied to besides their files)."""
+        return getattr(self.source, "identity", None)
+
+    def __contains__(self, image_id) -> bool:
+        return image_id in self.position
+
+    def __getitem__(self, image_id):
+        if self.files is not None:
+            return self.files[image_id]
+        return self.source.load(self.position[image_id])

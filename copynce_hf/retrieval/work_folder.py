@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ..modeling.errors import PredictionsError
 from ..outputs import StagedFile
 
 logger = logging.getLogger(__name__)
@@ -165,6 +166,50 @@ def holds_identity(identity_path: Path, identity: dict, saved: str | None = None
             f"unknown, {Path(identity_path).name} is missing or unreadable")
         logger.warning("%s were computed from other inputs (changed: %s); %s", saved, changed, then)
     return False
+
+
+# --------------------------------------------------------------------------- cache folders
+
+#: The file of a cache folder (an index, query views, a whitening sample) holding what its files were computed from.
+CACHE_IDENTITY_FILE = "identity.json"
+
+
+def reuse_saved(folder: str | os.PathLike | None, identity: dict, load: Callable[[], object], what: str):
+    """What ``load`` reads from ``folder`` when the folder was written for ``identity``; ``None`` when it was
+    not (a warning names the inputs that changed, :func:`holds_identity`), or when its files are
+    damaged (then logged): the caller computes and rewrites them."""
+    if folder is None:
+        return None
+    folder = Path(folder)
+    saved = f"the files of {what} in {folder}" if folder.is_dir() and any(folder.iterdir()) else None
+    if not holds_identity(folder / CACHE_IDENTITY_FILE, identity, saved, then="computing them again"):
+        return None
+    try:
+        loaded = load()
+    except PredictionsError as error:
+        logger.warning("%s in %s cannot be read (%s); computing it again", what, folder, error)
+        return None
+    logger.info("reusing %s in %s", what, folder)
+    return loaded
+
+
+def is_main_process() -> bool:
+    """Whether this is the process that writes (the only one, unless launched with ``accelerate launch``)."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+@contextlib.contextmanager
+def rewriting(folder: str | os.PathLike, identity: dict):
+    """Around the writing of a cache folder's files: its ``identity.json`` is removed first and written
+    (atomically) only once every file is, so that a run killed in between leaves a folder no run reuses."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CACHE_IDENTITY_FILE).unlink(missing_ok=True)
+    yield
+    with StagedFile(folder / CACHE_IDENTITY_FILE) as temporary:
+        temporary.write_text(json.dumps(identity) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- the work folder of a resumable job

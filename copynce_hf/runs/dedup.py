@@ -43,15 +43,15 @@ class DedupRequest:
         self_calibration_sample, self_calibration_seed: the images of the collection the self-calibration samples
             (all when it has fewer) and its seed (:func:`~copynce_hf.calibration.collection.self_calibrate`).
         candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
-            :class:`~copynce_hf.retrieval.detection.DetectConfig`.
+            :class:`~copynce_hf.retrieval.detection.config.DetectConfig`.
         whiten_from: sample images to learn a whitening from (``None``: none).
         collection_normalisation, collection_alpha, collection_k_start, collection_k_end: the descriptor stage's
-            collection normalisation (:class:`~copynce_hf.retrieval.detection.DetectConfig`; CSLS over the collection's own neighbours).
+            collection normalisation (:class:`~copynce_hf.retrieval.detection.config.DetectConfig`; CSLS over the collection's own neighbours).
         matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
             matcher_k_start, matcher_k_end, matcher_anchor, matcher_orders, content_crops and grouping: as in
             :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`.
         content_tokens: the matcher fuses content tokens only (``None``: the default of
-            :class:`~copynce_hf.retrieval.detection.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
+            :class:`~copynce_hf.retrieval.detection.config.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
             ONNX Runtime).
         descriptor_content_tokens: the self-search runs again on content descriptors.
         dataset: instead of ``images``, a dataset (Hub id, Parquet file or folder, ``save_to_disk`` folder, image
@@ -99,8 +99,8 @@ class DedupRequest:
     log: Callable[[str], None] = logger.info
 
     def config(self):
-        """The :class:`~copynce_hf.retrieval.detection.DetectConfig` of the run."""
-        from ..retrieval.detection import DetectConfig
+        """The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` of the run."""
+        from ..retrieval.detection.config import DetectConfig
 
         content_tokens = self.content_tokens
         if content_tokens is None:
@@ -197,7 +197,7 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
 def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tuple[float, str], whiten_from,
                 configs: tuple, output: Path) -> DedupRun | None:
     """The model work of :func:`run_dedup` into the existing folder ``output`` (``configs``: the
-    :class:`~copynce_hf.retrieval.detection.DetectConfig` and :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run)."""
+    :class:`~copynce_hf.retrieval.detection.config.DetectConfig` and :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run)."""
     from ..calibration.collection import FOLDER as SELF_CALIBRATION_FOLDER
     from ..calibration.collection import self_calibrate
     from ..precision import make_accelerator

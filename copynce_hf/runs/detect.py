@@ -2,7 +2,7 @@
 data files written and a :class:`DetectRun` out.
 
 :func:`run_detect` checks every input and the output folder, reads the calibrated decision and the ground truth
-before any model loads, loads the models (:mod:`copynce_hf.runs.settings`), runs :func:`~copynce_hf.retrieval.detection.detect` with its caches in
+before any model loads, loads the models (:mod:`copynce_hf.runs.settings`), runs :func:`~copynce_hf.retrieval.detection.pipeline.detect` with its caches in
 ``OUTPUT/indexes`` and ``OUTPUT/rescoring``, and writes ``OUTPUT/predictions.csv`` (with the column ``copy`` when a
 calibration decides), ``OUTPUT/copies.csv`` (with a calibration), ``OUTPUT/query_crops.csv`` (with query crops)
 and ``OUTPUT/metrics.json`` (with a ground truth).
@@ -148,7 +148,7 @@ def check_ground_truth_ids(ground_truth: dict[str, list[str]], path, query_ids, 
 
 
 def run_detect(request: DetectRequest) -> DetectRun | None:
-    """Run ``copynce detect``: :func:`open_detect_inputs`, the models, :func:`~copynce_hf.retrieval.detection.detect`, then
+    """Run ``copynce detect``: :func:`open_detect_inputs`, the models, :func:`~copynce_hf.retrieval.detection.pipeline.detect`, then
     :func:`write_detect_data`. Returns the run on the main process, ``None`` on the others (``accelerate launch``).
     A refused input found during the model work removes the output folder where this run made it."""
     inputs = open_detect_inputs(request)
@@ -161,7 +161,7 @@ def run_detect(request: DetectRequest) -> DetectRun | None:
 def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matcher, output: Path):
     """The model work of :func:`run_detect` into the existing folder ``output``."""
     from ..precision import make_accelerator
-    from ..retrieval.detection import detect
+    from ..retrieval.detection.pipeline import detect
 
     settings, config = request.pipeline, inputs.config
     accelerator = make_accelerator()
@@ -212,7 +212,7 @@ def write_detect_data(run: DetectRun) -> None:
 
 def collection_text(config) -> str:
     """How logs and reports name the reference-side collection normalisation of a
-    :class:`~copynce_hf.retrieval.detection.DetectConfig`: ``off``, or its source, ranks and weight."""
+    :class:`~copynce_hf.retrieval.detection.config.DetectConfig`: ``off``, or its source, ranks and weight."""
     if not config.normalises_references:
         return "off"
     source = "the other references" if config.reference_background == "collection" else "the auxiliary images"

@@ -144,7 +144,7 @@ def _whitening(model, processor, sample, preset, request: IndexRequest, extract:
     """The whitening learned from the sample images' reference views (``None`` without a sample)."""
     if sample is None:
         return None
-    from ..retrieval.detection import Descriptor, learn_whitening
+    from ..retrieval.descriptors.cached import Descriptor, learn_whitening
 
     return learn_whitening(Descriptor("index", model, processor), sample, preset, request.whiten_dim,
                            progress=request.progress, **extract)

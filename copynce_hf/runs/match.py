@@ -89,7 +89,8 @@ def match_pairs(request: MatchRequest) -> MatchDone | None:
     from ..precision import make_accelerator
     from ..retrieval.predictions import read_predictions, write_predictions
     from ..retrieval.search.candidates import top_per_query
-    from ..retrieval.verify.rescoring import LocalCrops, rescore_predictions
+    from ..retrieval.verify.local_crops import LocalCrops
+    from ..retrieval.verify.rescoring import rescore_predictions
     from ..runtime.loading import load_model
 
     check_output_file(request.output)

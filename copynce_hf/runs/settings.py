@@ -1,8 +1,8 @@
 """The models and settings of a detection run as a user names them (``copynce detect``, ``calibrate``, ``dedup``):
 model paths or Hub ids (``None``: the embedded model; ``"none"``: no matcher), the runtime, the preset and the
 settings given explicitly; and what follows from them: the checks made before any model loads, the loaded
-:class:`~copynce_hf.retrieval.detection.Descriptor` list and matcher, the names reports and logs give the models, the
-:class:`~copynce_hf.retrieval.detection.DetectConfig` and the identity a calibration file is tied to (:mod:`copynce_hf.calibration.thresholds`).
+:class:`~copynce_hf.retrieval.descriptors.cached.Descriptor` list and matcher, the names reports and logs give the models, the
+:class:`~copynce_hf.retrieval.detection.config.DetectConfig` and the identity a calibration file is tied to (:mod:`copynce_hf.calibration.thresholds`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def model_label(path, default, runtime: str) -> str:
 
 
 def content_tokens_text(config) -> str:
-    """How a report names the content-token settings of a :class:`~copynce_hf.retrieval.detection.DetectConfig`."""
+    """How a report names the content-token settings of a :class:`~copynce_hf.retrieval.detection.config.DetectConfig`."""
     stages = [f"matcher (tau {config.content_tau})" if config.content_tokens else None,
               f"descriptor (tau {config.descriptor_content_tau})" if config.descriptor_content_tokens else None]
     stages = [stage for stage in stages if stage]
@@ -93,8 +93,8 @@ class PipelineModels:
         return self.matcher if not self.has_matcher else model_label(self.matcher, DEFAULT_MATCHER, self.runtime)
 
     def load_descriptors(self) -> list:
-        """The :class:`~copynce_hf.retrieval.detection.Descriptor` of each descriptor model, named by :func:`model_names`."""
-        from ..retrieval.detection import Descriptor
+        """The :class:`~copynce_hf.retrieval.descriptors.cached.Descriptor` of each descriptor model, named by :func:`model_names`."""
+        from ..retrieval.descriptors.cached import Descriptor
 
         return [Descriptor(name, *load_model(path, "descriptor", self.descriptor_option, runtime=self.runtime),
                            source=label)
@@ -117,7 +117,7 @@ class PipelineSettings:
         preset: a name of :data:`~copynce_hf.retrieval.presets.DETECT_PRESETS`.
         overrides: the preset's fields given explicitly (``{"candidates": 7}``).
         aux: a folder of images without copies of the queries, for score normalisation (``None``: off).
-        batch_size, num_workers, chunk_size, whiten_dim: as in :class:`~copynce_hf.retrieval.detection.DetectConfig`.
+        batch_size, num_workers, chunk_size, whiten_dim: as in :class:`~copynce_hf.retrieval.detection.config.DetectConfig`.
     """
 
     models: PipelineModels = dataclasses.field(default_factory=PipelineModels)
@@ -130,10 +130,10 @@ class PipelineSettings:
     whiten_dim: int | None = None
 
     def config(self):
-        """The :class:`~copynce_hf.retrieval.detection.DetectConfig` of the preset with the overrides. Content tokens not asked for
+        """The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` of the preset with the overrides. Content tokens not asked for
         explicitly are off where they cannot apply: with the matcher's local crops or ONNX Runtime; query crops asked
         for where content tokens are off, or with descriptor views, are a :class:`ConfigError`."""
-        from ..retrieval.detection import DetectConfig
+        from ..retrieval.detection.config import DetectConfig
 
         overrides = dict(self.overrides)
         matcher_lce = overrides.get("matcher_lce", DETECT_PRESETS.get(self.preset, {}).get("matcher_lce", "none"))

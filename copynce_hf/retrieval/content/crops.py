@@ -9,7 +9,7 @@ templates); the tokens it keeps outline what is its own. Their largest 4-connect
 :data:`MARGIN` patches, is cut from the image's own pixels when it covers less than :data:`MAX_AREA` of the image
 and enters the search as a second view of that image:
 
-1. each crop's descriptor searches the whole images and the other crops for its :data:`~copynce_hf.retrieval.detection.DetectConfig`
+1. each crop's descriptor searches the whole images and the other crops for its :data:`~copynce_hf.retrieval.detection.config.DetectConfig`
    ``candidates`` nearest other images (:func:`crop_pairs`);
 2. a pair whose best cosine over its views involves a crop is verified by the matcher on those two views (both
    orders when the dedup settings ask for them); its score replaces the whole-image one. Other pairs keep the
@@ -135,7 +135,7 @@ def content_boxes(ids, keep_of: Callable[[str], torch.Tensor | None], max_area: 
 
 class CropSource:
     """An image source of content crops: ``ids`` are those of the boxed images, ``load(i)`` cuts its box from the
-    image ``images[id]`` (a path or a PIL image, as :class:`~copynce_hf.retrieval.detection.SourceImages` gives them)."""
+    image ``images[id]`` (a path or a PIL image, as :class:`~copynce_hf.retrieval.sources.SourceImages` gives them)."""
 
     def __init__(self, images: Mapping, boxes: Mapping[str, Box], max_pixels: int | None = None):
         self.images, self.boxes = images, dict(boxes)
@@ -295,13 +295,13 @@ def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, ma
 
     Args:
         query_images, reference_images: id -> image (a path or a PIL image) of the queries and the references
-            (``detect``'s :class:`~copynce_hf.retrieval.detection.SourceImages`).
-        descriptor: the :class:`~copynce_hf.retrieval.detection.Descriptor` whose whole-image descriptors are ``queries`` and
+            (``detect``'s :class:`~copynce_hf.retrieval.sources.SourceImages`).
+        descriptor: the :class:`~copynce_hf.retrieval.descriptors.cached.Descriptor` whose whole-image descriptors are ``queries`` and
             ``references`` (raw, unit rows) and which describes the crops.
         matcher: ``(model, image processor)``; its encoder tokens find the content tokens.
-        config: the :class:`~copynce_hf.retrieval.detection.DetectConfig` (content settings, candidates, batch size).
+        config: the :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (content settings, candidates, batch size).
         score_pairs: ``(pairs, query source) -> (scores, cost)``: the matcher's scores of ``(query, reference)``
-            pairs with the queries read from that source, every token kept (:func:`~copynce_hf.retrieval.detection.matcher_scores`).
+            pairs with the queries read from that source, every token kept (:func:`~copynce_hf.retrieval.verify.pairs.score_pairs`).
     """
     settings = matcher_content(config)
     model, processor = matcher

@@ -43,14 +43,14 @@ logger = logging.getLogger(__name__)
 
 
 def matcher_content(config) -> ContentSettings | None:
-    """The matcher stage's content settings of a :class:`~copynce_hf.retrieval.detection.DetectConfig` (``None``: every token)."""
+    """The matcher stage's content settings of a :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (``None``: every token)."""
     if not config.content_tokens:
         return None
     return ContentSettings(config.content_tau, config.content_min_images, config.content_neighbours)
 
 
 def descriptor_content(config) -> ContentSettings | None:
-    """The descriptor stage's content settings of a :class:`~copynce_hf.retrieval.detection.DetectConfig` (``None``: raw descriptors)."""
+    """The descriptor stage's content settings of a :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (``None``: raw descriptors)."""
     if not config.descriptor_content_tokens:
         return None
     return ContentSettings(config.descriptor_content_tau, config.content_min_images, config.content_neighbours)

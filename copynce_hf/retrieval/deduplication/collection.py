@@ -2,7 +2,7 @@
 
 The detection pipeline of :mod:`copynce_hf.retrieval.detection` with the collection on both sides:
 
-1. the descriptor index over the collection (the same :func:`~copynce_hf.retrieval.detection.view_index`, cache folder and
+1. the descriptor index over the collection (the same :func:`~copynce_hf.retrieval.search.cached_index.view_index`, cache folder and
    optional whitening as ``detect``), searched with every image's own descriptors for its nearest other images
    (self-search, the image itself left out). With collection normalisation (``DetectConfig.collection_*``, on by
    default) each image's background is its mean cosine to its neighbours of ranks ``collection_k_start..
@@ -13,7 +13,7 @@ The detection pipeline of :mod:`copynce_hf.retrieval.detection` with the collect
    collection's order as the query, when the matcher's score does not depend on the order (the authors' form);
    in both orders for a matcher whose fused sequence tells query from reference (segment embeddings), its
    probability then the sigmoid of the mean of the two logits (``DedupSettings.matcher_orders``); in the
-   chunks ``detect`` scores in (:func:`~copynce_hf.retrieval.detection.matcher_scores`: chunks shared by Accelerate's processes, saved
+   chunks ``detect`` scores in (:func:`~copynce_hf.retrieval.verify.pairs.score_pairs`: chunks shared by Accelerate's processes, saved
    and resumed). Whole images (``matcher_lce`` ``none``) are encoded once each into a token store
    (:mod:`~copynce_hf.retrieval.content.store`) that the content tokens and every fusion read; LCE views go through the
    encoder-token cache. With matcher normalisation (:class:`DedupSettings`, on by default)
@@ -62,20 +62,12 @@ from ..content.stage import (
     matcher_content,
 )
 from ..content.store import TokenStore, token_folder, token_identity
+from ..descriptors.cached import Descriptor, learn_whitening, note_skips, query_view_descriptors
 from ..descriptors.extract import extract_descriptors
 from ..descriptors.sets import DescriptorSet
 from ..descriptors.view_extraction import owner_of
 from ..descriptors.views import ViewPreset
-from ..detection import (
-    Descriptor,
-    DetectConfig,
-    SourceImages,
-    learn_whitening,
-    matcher_scores,
-    note_skips,
-    query_view_descriptors,
-    view_index,
-)
+from ..detection.config import MATCHER_VIEW_NAMES, DetectConfig
 from ..predictions import Prediction
 from ..presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDERS
 from ..search.background import (
@@ -86,8 +78,11 @@ from ..search.background import (
     normalised_probability,
     pair_background,
 )
+from ..search.cached_index import view_index
 from ..search.index import DescriptorIndex
 from ..search.references import search_references
+from ..sources import SourceImages
+from ..verify.pairs import score_pairs
 from .grouping import GROUPINGS, GroupMember, group_members
 
 logger = logging.getLogger(__name__)
@@ -95,7 +90,7 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class DedupSettings:
-    """What :func:`dedup` adds to :class:`~copynce_hf.retrieval.detection.DetectConfig` (whose ``collection_*`` fields normalise the
+    """What :func:`dedup` adds to :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (whose ``collection_*`` fields normalise the
     descriptor stage): the matcher's collection normalisation and the grouping.
 
     Attributes:
@@ -329,7 +324,7 @@ def dedup(
         matcher: ``(model, image_processor)`` of a CopyNCE matcher verifying the pairs, or ``None``
             (descriptor scores decide).
         threshold: pairs whose decision score is at or above it are copies.
-        config: :class:`~copynce_hf.retrieval.detection.DetectConfig`: ``candidates`` (pairs verified per image), ``descriptor_lce``,
+        config: :class:`~copynce_hf.retrieval.detection.config.DetectConfig`: ``candidates`` (pairs verified per image), ``descriptor_lce``,
             ``matcher_lce``, ``whiten_dim``, batch size, workers, cache size, and the descriptor stage's
             collection normalisation (``collection_normalisation``, ``collection_alpha``, ``collection_k_start``,
             ``collection_k_end``).
@@ -341,7 +336,7 @@ def dedup(
         rescoring_folder: where the matcher's scored chunks are kept, so that a run cut short resumes
             (:mod:`.chunked_scoring`; those of the content crops in its ``crops-*`` folders); ``None``: not kept.
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
-            process calls :func:`dedup` and gets the whole result, as with :func:`~copynce_hf.retrieval.detection.detect`.
+            process calls :func:`dedup` and gets the whole result, as with :func:`~copynce_hf.retrieval.detection.pipeline.detect`.
         settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
         whitening_folder: where the whitening's sample descriptors are kept (``None``:
             ``<index_folder>/<descriptor name>/whitening``, or nowhere without ``index_folder``).
@@ -487,14 +482,13 @@ class _DedupRun:
         return found
 
     def matcher_scores(self, pairs: list[tuple[str, str]], folder) -> list[float | None]:
-        """The matcher's score of each pair (:func:`~copynce_hf.retrieval.detection.matcher_scores`; with ``matcher_orders="both"`` the
+        """The matcher's score of each pair (:meth:`_scores_between`; with ``matcher_orders="both"`` the
         pairs and their reversals in one scoring, so that they share chunks and resume, then
         :func:`~copynce_hf.retrieval.search.background.mean_logit_probability` of the two); its passes add to :attr:`cost`."""
         both = self.settings.scores_both_orders(self.matcher[0])
         ordered = pairs + [(b, a) for a, b in pairs] if both else pairs
-        scores, cost = matcher_scores(ordered, *self.matcher, self.source, self.source, self.config,
-                                      self.accelerator, folder, self.progress, self.log, self.matches, self.tokens)
-        self._add_cost(cost)
+        scores = self._scores_between(ordered, self.source, self.source, self.config, folder, self.progress,
+                                      self.tokens)
         if not both:
             return scores
         return [None if None in (forward, backward) else mean_logit_probability(forward, backward)
@@ -570,12 +564,18 @@ class _DedupRun:
             scores.update(zip(rows, found))
         return [scores[i] for i in range(len(pairs))]
 
-    def _scores_between(self, pairs: list[tuple[str, str]], queries, references, config, folder
-                        ) -> list[float | None]:
-        scores, cost = matcher_scores(pairs, *self.matcher, queries, references, config, self.accelerator, folder,
-                                      False, self.log)
-        self._add_cost(cost)
-        return scores
+    def _scores_between(self, pairs: list[tuple[str, str]], queries, references, config, folder,
+                        progress: bool = False, tokens: TokenStore | None = None) -> list[float | None]:
+        """The matcher's scores of ``pairs`` read from two sources (:func:`~copynce_hf.retrieval.verify.pairs.score_pairs`,
+        with the run's content matches where ``config`` fuses content tokens, and ``tokens`` read instead of encoding
+        the images); its passes add to :attr:`cost`."""
+        query_images, reference_images = SourceImages(queries), SourceImages(references)
+        scoring = config.pair_scoring(query_images.max_pixels, self.matches, tokens)
+        scored = score_pairs(pairs, *self.matcher, query_images, reference_images, scoring, self.accelerator, folder,
+                             progress, f"matcher ({MATCHER_VIEW_NAMES[config.matcher_lce]})",
+                             lambda line: self.log(f"matcher: {line}"))
+        self._add_cost(scored.cost)
+        return scored.scores
 
     def _add_cost(self, cost: dict[str, int]) -> None:
         """Add a scoring's encoder and fusion passes to :attr:`cost`."""

@@ -3,7 +3,7 @@ atomically, so that a killed run resumes from its last complete chunk.
 
 The work folder (``copynce index`` uses ``.<index folder name>.chunks/`` beside the index folder,
 :func:`work_folder_of`, so that the index folder is only written once the index is complete; so do the index
-caches of ``detect`` and ``dedup``, :func:`~copynce_hf.retrieval.detection.view_index`) holds:
+caches of ``detect`` and ``dedup``, :func:`~copynce_hf.retrieval.search.cached_index.view_index`) holds:
 
 - ``work.json``: what the chunks are computed from (the ``identity`` given by the caller: for ``copynce index``
   the one identity of descriptors kept on disk, :func:`~.work_folder.views_identity`, with the chunk and

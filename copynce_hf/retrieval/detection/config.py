@@ -1,0 +1,157 @@
+"""Settings of the detection pipeline (:func:`~copynce_hf.retrieval.detection.pipeline.detect`), and how they score
+candidate pairs (:class:`~copynce_hf.retrieval.verify.pairs.PairScoring`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...modeling.errors import ConfigError
+from ..content.stage import matcher_content
+from ..content.tokens import DESCRIPTOR_TAU, MATCHER_TAU, MIN_IMAGES, NEIGHBOURS, check_content_settings
+from ..descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, check_mode
+from ..presets import (
+    COLLECTION_K_END,
+    COLLECTION_K_START,
+    DEFAULT_CANDIDATES,
+    DETECT_PRESETS,
+    REFERENCE_BACKGROUNDS,
+)
+from ..search.background import check_ranks
+from ..verify.chunked_scoring import DEFAULT_CHUNK_SIZE
+from ..verify.pairs import PairScoring
+
+#: How the log lines name the views of each ``descriptor_lce`` / ``matcher_lce`` mode.
+DESCRIPTOR_VIEW_NAMES = {"none": "whole images", "matcher-views": "LCE: 26 query x 10 reference views",
+                     "authors": "LCE: 45 query x 9 reference views"}
+MATCHER_VIEW_NAMES = {"none": "whole images", "paper": "LCE: 35 view pairs", "all": "LCE: 260 view pairs"}
+
+
+@dataclasses.dataclass
+class DetectConfig:
+    """Settings of :func:`detect`.
+
+    Attributes:
+        k: predictions kept per query at the end.
+        candidates: merged candidates per query re-scored by the matcher (each descriptor also
+            retrieves this many).
+        descriptor_lce: ``none``, ``matcher-views`` (26 query x 10 reference views at search time, best
+            view pair) or ``authors`` (45 query views in four groups x 9 reference views, top-k per
+            query view and group: :mod:`.view_search`).
+        matcher_lce: ``none`` (1 view pair), ``paper`` (35) or ``all`` (260).
+        alpha, k_start, k_end: score normalisation (used when an auxiliary set is given): ``alpha`` times
+            the mean score of the auxiliary neighbours of 0-based ranks ``k_start..k_end`` (inclusive).
+        batch_size: images per descriptor pass, views per encoder pass and view pairs per fusion pass.
+        num_workers: ``DataLoader`` workers reading images.
+        cache_size: reference views whose matcher tokens are kept.
+        chunk_size: candidate pairs per chunk of matcher work (whole queries; the unit shared between
+            processes and kept on disk, :mod:`.chunked_scoring`).
+        whiten_dim: directions kept by the whitening learned from ``whiten_from`` images (``None``: all).
+        collection_normalisation: ``True`` / ``False``, or ``None`` (the default): off in :func:`detect`, on in
+            :func:`~copynce_hf.retrieval.deduplication.collection.dedup` (:attr:`normalises_references`,
+            :attr:`normalises_collection`). Reference-side normalisation: ``collection_alpha`` times each reference's
+            background, its mean score to its neighbours of 0-based ranks ``collection_k_start..collection_k_end``
+            (:mod:`~copynce_hf.retrieval.search.background`), is subtracted from every query->reference descriptor
+            score before the candidates are chosen (out of each query's ``2 * candidates`` nearest):
+            ``s(q, r) = cos(q, r) - alpha * bias(q) - collection_alpha * bg(r)``. With a matcher it changes which
+            candidates are verified, not their scores.
+        reference_background: where a reference's neighbours are taken: ``collection`` (the other references: one
+            self-search of the reference index, cached beside it) or ``auxiliary`` (the auxiliary images, which
+            must be given).
+        content_tokens: the matcher fuses content tokens only, dropping the encoder tokens an image shares with
+            ``content_min_images`` of its ``content_neighbours`` neighbour images (the pair's other image not
+            counting) at a cosine above ``content_tau`` (template, "bursty" regions; :mod:`copynce_hf.retrieval.content.stage`, beyond
+            the paper); whole images only (``matcher_lce`` ``none``).
+        query_crops: with content tokens and a matcher, each query's own content (the tokens it does not share with
+            its nearest references and queries) is cut from its pixels where it is a small part of the query, and
+            searched and verified as a second view of the query (:func:`~copynce_hf.retrieval.content.crops.query_crops`, beyond the
+            paper), with the first descriptor; it applies where content tokens do, to whole images
+            (:attr:`crops_queries`).
+        descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
+            tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
+            ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
+    """
+
+    k: int = 10
+    candidates: int = DEFAULT_CANDIDATES
+    descriptor_lce: str = "none"
+    matcher_lce: str = "none"
+    alpha: float = 1.0
+    k_start: int = 0
+    k_end: int = 9
+    batch_size: int = 64
+    num_workers: int = 0
+    cache_size: int = 4096
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    whiten_dim: int | None = None
+    collection_normalisation: bool | None = None
+    collection_alpha: float = 1.0
+    collection_k_start: int = COLLECTION_K_START
+    collection_k_end: int = COLLECTION_K_END
+    reference_background: str = "collection"
+    content_tokens: bool = True
+    content_tau: float = MATCHER_TAU
+    content_min_images: int = MIN_IMAGES
+    content_neighbours: int = NEIGHBOURS
+    query_crops: bool = True
+    descriptor_content_tokens: bool = False
+    descriptor_content_tau: float = DESCRIPTOR_TAU
+
+    def __post_init__(self) -> None:
+        check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
+        check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
+        check_content_settings(self.content_tau, self.content_min_images, self.content_neighbours)
+        check_content_settings(self.descriptor_content_tau, self.content_min_images, self.content_neighbours,
+                               "descriptor_content_tau")
+        if self.content_tokens and self.matcher_lce != "none":
+            raise ConfigError(f"content tokens apply to whole images only: matcher_lce {self.matcher_lce!r} needs "
+                              "content_tokens=False (--no-content-tokens)")
+        if self.descriptor_content_tokens and self.descriptor_lce != "none":
+            raise ConfigError(f"descriptor content tokens apply to whole images only: descriptor_lce "
+                              f"{self.descriptor_lce!r} needs descriptor_content_tokens=False")
+        for name in ("k", "candidates", "batch_size", "chunk_size"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.whiten_dim is not None and self.whiten_dim < 1:
+            raise ConfigError(f"whiten_dim must be at least 1, got {self.whiten_dim}")
+        if not 0 <= self.k_start <= self.k_end:
+            raise ConfigError(f"score normalisation needs 0 <= k_start <= k_end, got k_start={self.k_start}, "
+                              f"k_end={self.k_end}")
+        check_ranks(self.collection_k_start, self.collection_k_end)
+        check_mode(self.reference_background, REFERENCE_BACKGROUNDS, "reference_background")
+        if self.reference_background != "collection" and not self.normalises_references:
+            raise ConfigError(f"reference_background {self.reference_background!r} sets where collection "
+                              "normalisation measures the references' backgrounds, and it is off: give "
+                              "collection_normalisation=True (--collection-normalisation on)")
+
+    @property
+    def crops_queries(self) -> bool:
+        """Whether query crops apply: asked for, with content tokens, on whole images (``descriptor_lce`` ``none``)."""
+        return self.query_crops and self.content_tokens and self.descriptor_lce == "none"
+
+    @property
+    def normalises_references(self) -> bool:
+        """Whether :func:`detect` normalises its references over their collection (``collection_normalisation``;
+        ``None``: no)."""
+        return bool(self.collection_normalisation)
+
+    @property
+    def normalises_collection(self) -> bool:
+        """Whether :func:`dedup <.dedup.dedup>` normalises its descriptor stage over the collection
+        (``collection_normalisation``; ``None``: yes)."""
+        return self.collection_normalisation is not False
+
+    def pair_scoring(self, max_pixels: int | None = None, matches=None, tokens=None) -> PairScoring:
+        """How the matcher scores this pipeline's pairs: its LCE views, batches, cache, chunks and content tokens
+        (with the collection's ``matches`` when given), images read under ``max_pixels``, their encoder tokens
+        read from ``tokens`` (a token store) when given."""
+        content = matcher_content(self)
+        return PairScoring(lce=self.matcher_lce, batch_size=self.batch_size, cache_size=self.cache_size,
+                           num_workers=self.num_workers, max_pixels=max_pixels, chunk_size=self.chunk_size,
+                           content=content, matches=matches if content is not None else None, tokens=tokens)
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides) -> DetectConfig:
+        """The settings of ``preset`` (:data:`~.presets.DETECT_PRESETS`), with ``overrides`` (fields given explicitly)."""
+        if preset not in DETECT_PRESETS:
+            raise ConfigError(f"unknown detect preset {preset!r}; choose one of {', '.join(DETECT_PRESETS)}")
+        return cls(**{**DETECT_PRESETS[preset], **overrides})
