@@ -99,7 +99,7 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         option: the command-line option named in error messages.
         default: the folder used when ``path`` is None (default: the embedded model of ``kind``).
         runtime: ``torch``, or ``onnx`` for the model's ONNX Runtime form
-            (:func:`copynce_hf.retrieval.load_onnx_model`: ``path`` may then also be a folder written by
+            (:func:`copynce_hf.runtime.onnx_runtime.load_onnx_model`: ``path`` may then also be a folder written by
             ``copynce export-onnx``; a model folder is exported once into a cache).
 
     The embedded models are stored in float16 to stay small; they are loaded in float32 because float16
@@ -120,17 +120,30 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         return _load_onnx(path if path is not None else default, kind, option)
     if is_onnx_folder(path):
         raise ConfigError(f"{option} {path} is an ONNX export (copynce export-onnx): pass --runtime onnx to run it")
-    if path is None:
-        folder = Path(default) if default is not None else DEFAULTS.get(kind or "descriptor")
-        if not (folder / "config.json").is_file():
-            raise ConfigError(
-                f"no {option} given and the embedded model folder {folder} does not exist (the embedded models are "
-                f"made by `python scripts/export_embedded.py`, see copynce_hf/pretrained/README.md); pass {option} PATH "
-                f"(a folder written by save_pretrained, or a Hub id)"
-            )
-        path = folder
+    path = _model_path(path, kind, option, default)
     check_model_path(path, option)
     path = resolve_hub_id(path, option)  # before torch loads: a mistyped name fails in a second
+    return _load_torch(path, kind, option)
+
+
+def _model_path(path: str | Path | None, kind: str | None, option: str, default: str | Path | None) -> str | Path:
+    """``path``, or the default folder (``default``, else the embedded model of ``kind``) when it is ``None``;
+    :class:`ConfigError` naming ``option`` when that folder is absent."""
+    if path is not None:
+        return path
+    folder = Path(default) if default is not None else DEFAULTS.get(kind or "descriptor")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"no {option} given and the embedded model folder {folder} does not exist (the embedded models are "
+            f"made by `python scripts/export_embedded.py`, see copynce_hf/pretrained/README.md); pass {option} PATH "
+            f"(a folder written by save_pretrained, or a Hub id)"
+        )
+    return folder
+
+
+def _load_torch(path: str | Path, kind: str | None, option: str):
+    """``(model, image_processor)`` of a model folder or Hub id with ``transformers``' Auto classes, its configuration
+    read first: a folder of another architecture, or not of ``kind``, is refused before its weights load."""
     # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
     import torch
     from safetensors import SafetensorError
@@ -138,7 +151,7 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
 
     from ..modeling.configuration_copynce import model_kind
 
-    try:  # the configuration first: a folder of another architecture is refused before its weights load
+    try:
         config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:
         raise _load_error(error, path, option) from error

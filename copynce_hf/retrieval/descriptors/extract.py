@@ -110,15 +110,20 @@ def extract_descriptors(
     prepared = getattr(accelerator, "_dataloaders", [])
     if loader in prepared:  # the Accelerator keeps every loader it prepared, and with it the loader's images:
         prepared.remove(loader)  # a run extracting chunk after chunk would hold them all
-    indices = torch.cat(indices).numpy()
-    descriptors = torch.cat(descriptors).numpy().astype(np.float32)
-    codes = torch.cat(valid).numpy()
+    return _in_source_order(source, torch.cat(indices).numpy(), torch.cat(descriptors).numpy().astype(np.float32),
+                            torch.cat(valid).numpy())
+
+
+def _in_source_order(source, indices: np.ndarray, descriptors: np.ndarray, codes: np.ndarray) -> DescriptorSet:
+    """The gathered rows (``indices`` (N,) into the source, ``descriptors`` (N, D), ``codes`` (N,): 1 for a read image,
+    else ``-1 - SKIP_REASONS.index(reason)``) as a :class:`DescriptorSet` in source order, the unread images listed
+    with their reasons (and logged)."""
     order = np.argsort(indices, kind="stable")
     indices, descriptors, codes = indices[order], descriptors[order], codes[order]
     valid = codes > 0
     skipped = [source.ids[i] for i in indices[~valid]]
     reasons = {source.ids[i]: SKIP_REASONS[-1 - int(code)] for i, code in zip(indices[~valid], codes[~valid])}
     if skipped:
-        logger.warning("skipped %d unreadable image(s) of %d: %s", len(skipped), len(dataset), ", ".join(skipped[:10]))
+        logger.warning("skipped %d unreadable image(s) of %d: %s", len(skipped), len(source.ids), ", ".join(skipped[:10]))
     return DescriptorSet([source.ids[i] for i in indices[valid]], descriptors[valid], skipped=skipped,
                          skip_reasons=reasons)

@@ -202,20 +202,15 @@ def score_in_chunks(
     chunks = plan_chunks(pairs, chunk_size)
     processes = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
-    is_main = rank == 0
     store = None
     if folder is not None:
         if identity is None:
             raise ConfigError("score_in_chunks: a folder needs the identity of the inputs")
         full_identity = {**identity, "pairs": lines_digest(map("\t".join, pairs)), "chunk_size": chunk_size}
         store = ChunkFolder(folder, full_identity, [len(rows) for rows in chunks])
-    done: dict[int, PairScores] = store.open(log) if store is not None and is_main else {}
-    if processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        done = broadcast_object_list([done])[0]
+    done = _resumed(store, rank, processes, log)
     todo = [index for index in range(len(chunks)) if index not in done]
-    bar = _Progress(len(pairs), sum(len(chunks[i]) for i in done), processes, progress and is_main, description)
+    bar = _Progress(len(pairs), sum(len(chunks[i]) for i in done), processes, progress and rank == 0, description)
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
     try:
         for start in range(0, len(todo), processes):
@@ -226,21 +221,43 @@ def score_in_chunks(
                     result = score_chunk([tuple(pairs[row]) for row in chunks[mine]], bar.scored)
                 if len(result.scores) != len(chunks[mine]):
                     raise RuntimeError(f"the scorer returned {len(result.scores)} scores for {len(chunks[mine])} pairs")
-            gathered = [(mine, result)]
-            if processes > 1:
-                from accelerate.utils import gather_object
-
-                gathered = gather_object(gathered)
-            for index, chunk in gathered:
-                if index is None:
-                    continue
+            finished = _gathered((mine, result), processes)
+            for index, chunk in finished:
                 done[index] = chunk
-                if store is not None and is_main:
+                if store is not None and rank == 0:
                     store.save(index, chunk)
-            bar.round_done(sum(len(chunks[index]) for index, _ in gathered if index is not None))
+            bar.round_done(sum(len(chunks[index]) for index, _ in finished))
     finally:
         bar.close()
-    scores: list[float | None] = [None] * len(pairs)
+    return _in_pair_order(chunks, done, len(pairs))
+
+
+def _resumed(store: ChunkFolder | None, rank: int, processes: int, log: Callable[[str], None]
+             ) -> dict[int, PairScores]:
+    """The chunks already scored in ``store`` (read by the main process, sent to the others); none without it."""
+    done: dict[int, PairScores] = store.open(log) if store is not None and rank == 0 else {}
+    if processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        done = broadcast_object_list([done])[0]
+    return done
+
+
+def _gathered(mine: tuple[int | None, PairScores | None], processes: int) -> list[tuple[int, PairScores]]:
+    """``(chunk index, scores)`` of the chunks every process scored this round (a process without one sends
+    ``(None, None)``, left out)."""
+    gathered = [mine]
+    if processes > 1:
+        from accelerate.utils import gather_object
+
+        gathered = gather_object(gathered)
+    return [(index, chunk) for index, chunk in gathered if index is not None]
+
+
+def _in_pair_order(chunks: list[list[int]], done: dict[int, PairScores], count: int) -> PairScores:
+    """The scores of every chunk (``chunks[i]``: the rows of the pairs of chunk ``i``) as one :class:`PairScores` in
+    the order of the ``count`` pairs."""
+    scores: list[float | None] = [None] * count
     reasons: dict[int, str] = {}
     for index, rows in enumerate(chunks):
         chunk = done[index]
