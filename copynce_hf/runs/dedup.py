@@ -151,7 +151,7 @@ def dedup_threshold(request: DedupRequest, config) -> tuple[float | None, str]:
     """``(threshold, where it comes from)`` of a dedup run: ``threshold``, or a calibration file's at ``precision``
     (the matcher stage with a matcher, the embedded one included; :func:`~copynce_hf.retrieval.deduplication.collection.calibrated_threshold`); ``(None,
     ...)`` when neither is given: the threshold is self-calibrated once the models are loaded."""
-    from ..retrieval.deduplication.collection import calibrated_threshold
+    from ..calibration.thresholds import calibrated_threshold
 
     models = request.models
     if request.calibration is not None:

@@ -55,11 +55,8 @@ from ..content.crops import (
     crop_views,
 )
 from ..content.stage import (
-    content_setting,
     dedup_content_index,
     dedup_keep_masks,
-    descriptor_content,
-    matcher_content,
 )
 from ..content.store import TokenStore, token_folder, token_identity
 from ..descriptors.cached import Descriptor, learn_whitening, note_skips, query_view_descriptors
@@ -258,46 +255,6 @@ def descriptor_pair_scores(index: DescriptorIndex, queries: DescriptorSet, prese
     query_rows, reference_rows = rows(queries), rows(index.references)
     query_vectors, reference_vectors = index.transform(queries.descriptors), index.transform(index.references.descriptors)
     return [float((query_vectors[query_rows[a]] @ reference_vectors[reference_rows[b]].T).max()) for a, b in pairs]
-
-
-def calibrated_threshold(calibration, precision: float, descriptor: str, matcher: str | None,
-                         config: DetectConfig, whitened: bool = False) -> tuple[float, str]:
-    """The threshold at ``precision`` of a :class:`~copynce_hf.calibration.thresholds.Calibration` (a ``copynce calibrate`` file) for a
-    dedup run, and a line saying where it comes from. ``descriptor`` and ``matcher`` are the run's model
-    identities (:func:`~copynce_hf.calibration.thresholds.model_identity`).
-
-    With a matcher the ``matcher`` stage decides: its scores depend on the matcher and its views only, which must
-    be those calibrated; with matcher normalisation (:class:`DedupSettings`) the threshold applies to the decision
-    score, which equals the matcher's probability wherever an image's background is below the anchor. Without one
-    the ``descriptor`` stage decides: the calibrated descriptor, views, no score normalisation, no collection
-    normalisation and no whitening must match. A mismatch is a :class:`ConfigError` naming both.
-    """
-    calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
-    if matcher is not None:
-        checks = [("matcher", calibrated.get("matcher"), matcher),
-                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce),
-                  ("content tokens", settings.get("content_tokens", False), content_setting(matcher_content(config)))]
-    else:
-        checks = [("descriptor model(s)", calibrated.get("descriptors"), [descriptor]),
-                  ("descriptor_lce", settings.get("descriptor_lce"), config.descriptor_lce),
-                  ("score normalisation", settings.get("score_normalisation"), False),
-                  ("descriptor content tokens", settings.get("descriptor_content_tokens", False),
-                   content_setting(descriptor_content(config)))]
-        if whitened:
-            raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
-                              "--whiten-from and --matcher none needs --threshold")
-        if config.normalises_collection:
-            raise ConfigError(f"{calibration.name} holds thresholds of raw descriptor cosines; a dedup run with "
-                              "--matcher none decides by collection-normalised scores: pass "
-                              "--collection-normalisation off to use it, or --threshold")
-    for name, made_with, used in checks:
-        if made_with != used:
-            raise ConfigError(f"{calibration.name} was made with {name} {made_with!r}, but this dedup run uses "
-                              f"{used!r}; calibrate again with it or pass --threshold")
-    stage = calibration.stage_for({"matcher": matcher})
-    point = calibration.point(precision, stage)
-    return point.threshold, (f"{stage} score {point.threshold:.4g} at precision {point.precision:g} in "
-                             f"{calibration.source} (expected recall {point.recall:.3f})")
 
 
 def dedup(
