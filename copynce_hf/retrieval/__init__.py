@@ -65,8 +65,8 @@ _MODULE_NAMES = {
     "verify.rescoring": ("RescoreResult", "rescore_predictions"),
     "detection.config": ("DetectConfig",),
     "detection.pipeline": ("DetectResult", "detect"),
-    "deduplication.collection": ("CandidatePairs", "DedupResult", "DedupSettings", "dedup", "self_neighbours",
-                                 "self_search_pairs", "write_pairs"),
+    "deduplication.self_search": ("CandidatePairs", "self_neighbours", "self_search_pairs"),
+    "deduplication.collection": ("DedupResult", "DedupSettings", "dedup", "write_pairs"),
     "deduplication.grouping": ("GROUPINGS", "GroupMember", "connected_groups", "connected_members", "group_members",
                                "group_pairs", "pair_precision_recall", "representative_groups", "write_groups"),
 }

@@ -196,8 +196,7 @@ def score_in_chunks(
         description: the bar's label.
         log: receives the line saying how much work is resumed (main process).
 
-    Returns:
-        :class:`PairScores` of all pairs, in the order of ``pairs``, on every process.
+    Returns :class:`PairScores` of all pairs, in the order of ``pairs``, on every process.
     """
     chunks = plan_chunks(pairs, chunk_size)
     processes = accelerator.num_processes if accelerator is not None else 1
