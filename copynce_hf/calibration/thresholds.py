@@ -156,8 +156,9 @@ def reference_normalisation(config) -> dict[str, Any] | None:
     matcher, which candidates are verified), so only a calibration's descriptor stage is tied to it."""
     if not getattr(config, "normalises_references", False):
         return None
-    return {"source": config.reference_background, "alpha": config.collection_alpha,
-            "k_start": config.collection_k_start, "k_end": config.collection_k_end}
+    collection = config.collection
+    return {"source": config.reference_background, "alpha": collection.alpha, "k_start": collection.k_start,
+            "k_end": collection.k_end}
 
 
 def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: str, config,

@@ -4,11 +4,11 @@ The detection pipeline of :mod:`copynce_hf.retrieval.detection` with the collect
 
 1. the descriptor index over the collection (the same :func:`~copynce_hf.retrieval.search.cached_index.view_index`, cache folder and
    optional whitening as ``detect``), searched with every image's own descriptors for its nearest other images
-   (self-search, the image itself left out). With collection normalisation (``DetectConfig.collection_*``, on by
-   default) each image's background is its mean cosine to its neighbours of ranks ``collection_k_start..
-   collection_k_end``, a pair's score is its cosine minus the mean of its two backgrounds (CSLS,
+   (self-search, the image itself left out). With collection normalisation (``DedupSettings.collection``, on by
+   default) each image's background is its mean cosine to its neighbours of ranks ``collection.k_start..
+   collection.k_end``, a pair's score is its cosine minus the mean of its two backgrounds (CSLS,
    :mod:`~copynce_hf.retrieval.search.background`), and each image keeps its ``candidates`` best pairs by that score out of its
-   ``max(2 * candidates, collection_k_end + 1)`` nearest; without it, its ``candidates`` nearest by cosine;
+   ``max(2 * candidates, collection.k_end + 1)`` nearest; without it, its ``candidates`` nearest by cosine;
 2. each unordered pair kept (from either side) is verified by the matcher: once, the earlier image in the
    collection's order as the query, when the matcher's score does not depend on the order (the authors' form);
    in both orders for a matcher whose fused sequence tells query from reference (segment embeddings), its
@@ -69,9 +69,7 @@ from ..descriptors.view_extraction import owner_of
 from ..descriptors.views import ViewPreset
 from ..detection.config import MATCHER_VIEW_NAMES, DetectConfig
 from ..predictions import Prediction
-from ..presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDERS
 from ..search.background import (
-    check_ranks,
     matcher_backgrounds,
     mean_logit_probability,
     neighbour_background,
@@ -83,62 +81,10 @@ from ..search.index import DescriptorIndex
 from ..search.references import search_references
 from ..sources import SourceImages
 from ..verify.pairs import score_pairs
-from .grouping import GROUPINGS, GroupMember, group_members
+from .grouping import GroupMember, group_members
+from .settings import DedupSettings
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class DedupSettings:
-    """What :func:`dedup` adds to :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (whose ``collection_*`` fields normalise the
-    descriptor stage): the matcher's collection normalisation and the grouping.
-
-    Attributes:
-        grouping: ``representative`` (a pair joins a group only if it clears the threshold against the group's
-            representative) or ``connected`` (connected components; :mod:`.grouping`).
-        matcher_normalisation: discount each image's matcher background (:func:`~..search.background.
-            normalised_probability`); ``False``: the matcher's probability decides.
-        matcher_alpha: the weight of the discount.
-        matcher_k_start, matcher_k_end: the 0-based ranks of an image's verified pairs (by decreasing probability)
-            averaged into its background; its best ``matcher_k_start`` pairs, its likely copies, are left out.
-        matcher_anchor: the logit above which a background is discounted (0: probability 0.5).
-        matcher_orders: ``both`` (each pair scored twice, each image the query once, the two logits averaged:
-            neither side of a pair of two edited copies is "the original"), ``one`` (the earlier image in the
-            collection's order as the query; half the fusion passes) or ``auto``: ``both`` for a matcher whose
-            score depends on the order (:func:`order_dependent`), ``one`` for the others, whose two orders give
-            the same score.
-        content_crops: with content tokens, each image's own content cut from its pixels as a second view, which
-            proposes pairs and verifies those its descriptor matches best (:mod:`copynce_hf.retrieval.content.crops`).
-    """
-
-    grouping: str = "representative"
-    matcher_normalisation: bool = True
-    matcher_alpha: float = 1.0
-    matcher_k_start: int = COLLECTION_K_START
-    matcher_k_end: int = COLLECTION_K_END
-    matcher_anchor: float = 0.0
-    matcher_orders: str = "auto"
-    content_crops: bool = True
-
-    def __post_init__(self) -> None:
-        if self.grouping not in GROUPINGS:
-            raise ConfigError(f"grouping must be one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
-        if self.matcher_orders not in MATCHER_ORDERS:
-            raise ConfigError(f"matcher_orders must be one of {', '.join(MATCHER_ORDERS)}, got "
-                              f"{self.matcher_orders!r}")
-        check_ranks(self.matcher_k_start, self.matcher_k_end, "matcher normalisation")
-
-    def scores_both_orders(self, matcher) -> bool:
-        """Whether ``matcher`` (a model) scores each pair in both orders under :attr:`matcher_orders`."""
-        return self.matcher_orders == "both" or (self.matcher_orders == "auto" and order_dependent(matcher))
-
-
-def order_dependent(matcher) -> bool:
-    """Whether the matcher's score of ``(a, b)`` can differ from its score of ``(b, a)``: with segment embeddings
-    (query and reference tokens marked apart). Without them the fusion blocks see one set of tokens with no
-    position across the two images, and the copy logit (read from the fusion CLS token) is the same in both
-    orders: scoring twice would double the cost for nothing."""
-    return bool(getattr(getattr(matcher, "config", None), "segment_embeddings", False))
 
 
 @dataclasses.dataclass
@@ -261,7 +207,8 @@ def descriptor_pair_scores(index: DescriptorIndex, queries: DescriptorSet, prese
 
 
 def calibrated_threshold(calibration, precision: float, descriptor: str, matcher: str | None,
-                         config: DetectConfig, whitened: bool = False) -> tuple[float, str]:
+                         config: DetectConfig, whitened: bool = False,
+                         settings: DedupSettings | None = None) -> tuple[float, str]:
     """The threshold at ``precision`` of a :class:`~copynce_hf.calibration.thresholds.Calibration` (a ``copynce calibrate`` file) for a
     dedup run, and a line saying where it comes from. ``descriptor`` and ``matcher`` are the run's model
     identities (:func:`~copynce_hf.calibration.thresholds.model_identity`).
@@ -270,23 +217,25 @@ def calibrated_threshold(calibration, precision: float, descriptor: str, matcher
     be those calibrated; with matcher normalisation (:class:`DedupSettings`) the threshold applies to the decision
     score, which equals the matcher's probability wherever an image's background is below the anchor. Without one
     the ``descriptor`` stage decides: the calibrated descriptor, views, no score normalisation, no collection
-    normalisation and no whitening must match. A mismatch is a :class:`ConfigError` naming both.
+    normalisation (``settings.collection``, on by default) and no whitening must match. A mismatch is a
+    :class:`ConfigError` naming both.
     """
-    calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
+    normalised = (settings or DedupSettings()).collection.on
+    calibrated, recorded = calibration.pipeline, calibration.pipeline.get("settings", {})
     if matcher is not None:
         checks = [("matcher", calibrated.get("matcher"), matcher),
-                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce),
-                  ("content tokens", settings.get("content_tokens", False), content_setting(matcher_content(config)))]
+                  ("matcher_lce", recorded.get("matcher_lce"), config.matcher_lce),
+                  ("content tokens", recorded.get("content_tokens", False), content_setting(matcher_content(config)))]
     else:
         checks = [("descriptor model(s)", calibrated.get("descriptors"), [descriptor]),
-                  ("descriptor_lce", settings.get("descriptor_lce"), config.descriptor_lce),
-                  ("score normalisation", settings.get("score_normalisation"), False),
-                  ("descriptor content tokens", settings.get("descriptor_content_tokens", False),
+                  ("descriptor_lce", recorded.get("descriptor_lce"), config.descriptor_lce),
+                  ("score normalisation", recorded.get("score_normalisation"), False),
+                  ("descriptor content tokens", recorded.get("descriptor_content_tokens", False),
                    content_setting(descriptor_content(config)))]
         if whitened:
             raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
                               "--whiten-from and --matcher none needs --threshold")
-        if config.normalises_collection:
+        if normalised:
             raise ConfigError(f"{calibration.name} holds thresholds of raw descriptor cosines; a dedup run with "
                               "--matcher none decides by collection-normalised scores: pass "
                               "--collection-normalisation off to use it, or --threshold")
@@ -325,9 +274,8 @@ def dedup(
             (descriptor scores decide).
         threshold: pairs whose decision score is at or above it are copies.
         config: :class:`~copynce_hf.retrieval.detection.config.DetectConfig`: ``candidates`` (pairs verified per image), ``descriptor_lce``,
-            ``matcher_lce``, ``whiten_dim``, batch size, workers, cache size, and the descriptor stage's
-            collection normalisation (``collection_normalisation``, ``collection_alpha``, ``collection_k_start``,
-            ``collection_k_end``).
+            ``matcher_lce``, ``whiten_dim``, batch size, workers, cache size (its ``collection``, ``detect``'s
+            reference-side normalisation, is not read: ``settings.collection`` normalises the descriptor stage).
         index_folder: where the index (and whitening) of ``source`` are kept and reused, as by ``detect``:
             ``<index_folder>/<descriptor name>/references``; ``None``: not kept.
         progress: progress bars per stage.
@@ -337,7 +285,8 @@ def dedup(
             (:mod:`.chunked_scoring`; those of the content crops in its ``crops-*`` folders); ``None``: not kept.
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result, as with :func:`~copynce_hf.retrieval.detection.pipeline.detect`.
-        settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
+        settings: :class:`~.settings.DedupSettings`: collection normalisation (descriptor and matcher stages), the
+            matcher's orders, content crops and the grouping (``None``: the defaults).
         whitening_folder: where the whitening's sample descriptors are kept (``None``:
             ``<index_folder>/<descriptor name>/whitening``, or nowhere without ``index_folder``).
         tokens_folder: where the matcher's token store is kept and resumed from (:mod:`~copynce_hf.retrieval.content.store`;
@@ -465,11 +414,11 @@ class _DedupRun:
 
     def candidates(self, index: DescriptorIndex, queries: DescriptorSet, readable: int) -> CandidatePairs:
         """Step 1's self-search: the pairs to verify (:func:`self_search_pairs`), collection-normalised when
-        ``config.normalises_collection``."""
-        config, start = self.config, time.perf_counter()
-        ranks = (config.collection_k_start, config.collection_k_end) if config.normalises_collection else None
+        ``settings.collection.on``."""
+        config, collection, start = self.config, self.settings.collection, time.perf_counter()
+        ranks = (collection.k_start, collection.k_end) if collection.on else None
         found = self_search_pairs(index, queries, self.preset, config.candidates, self.order, ranks,
-                                  config.collection_alpha)
+                                  collection.alpha)
         self.seconds["self-search"] = time.perf_counter() - start
         normalised = ""
         if ranks is not None:
