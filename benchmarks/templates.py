@@ -205,20 +205,32 @@ def parse_options(items: list[str], option: str) -> dict:
 
 
 def dedup_request(images: Path, output: Path, options: dict):
-    """The :class:`DedupRequest` of ``copynce dedup images --output output`` with ``options`` set (its field names;
-    ``model``, ``matcher``, ``runtime`` name the models as the command's options do)."""
+    """The :class:`DedupRequest` of ``copynce dedup images --output output`` with ``options`` set: fields of the
+    request, of its :class:`PipelineSettings` (sizes), and settings named as the command's options name them
+    (``candidates``, ``collection_normalisation``, ``grouping``, ...: :func:`~copynce_hf.configuration.fields.
+    option_dests`); ``model``, ``matcher``, ``runtime`` name the models as the command's options do."""
+    from copynce_hf.configuration.fields import build, option_dests
+    from copynce_hf.retrieval.deduplication.settings import DedupSettings
+    from copynce_hf.retrieval.detection.config import DetectConfig
     from copynce_hf.runs.dedup import DedupRequest
-    from copynce_hf.runs.settings import PipelineModels
+    from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 
     options = dict(options)
     names = {name: options.pop(name) for name in ("model", "matcher", "runtime") if name in options}
-    fields = {field.name for field in dataclasses.fields(DedupRequest)} - {"images", "output", "models", "log"}
+    models = PipelineModels([names.get("model")], names.get("matcher"), names.get("runtime", "torch"), "--model")
+    settings = {key: options.pop(key) for key in list(options) if key in option_dests(DedupSettings)}
+    overrides = {key: options.pop(key) for key in list(options) if key in option_dests(DetectConfig)}
+    sizes = {key: options.pop(key) for key in list(options) if key in ("batch_size", "num_workers", "chunk_size",
+                                                                        "whiten_dim")}
+    fields = {field.name for field in dataclasses.fields(DedupRequest)} - {"images", "output", "pipeline",
+                                                                           "settings", "log"}
     for key in options:
         if key not in fields:
-            raise SystemExit(f"dedup option {key!r} is not a field of DedupRequest ({', '.join(sorted(fields))}) "
-                             "nor model, matcher, runtime")
-    models = PipelineModels([names.get("model")], names.get("matcher"), names.get("runtime", "torch"), "--model")
-    return DedupRequest(str(images), str(output), models, **{"progress": False, "log": logger.info, **options})
+            raise SystemExit(f"dedup option {key!r} is not a field of DedupRequest ({', '.join(sorted(fields))}), "
+                             "a setting of its pipeline or of DedupSettings, nor model, matcher, runtime")
+    pipeline = PipelineSettings(models, "dedup", overrides, **sizes)
+    return DedupRequest(str(images), str(output), pipeline, build(DedupSettings, settings),
+                        **{"progress": False, "log": logger.info, **options})
 
 
 def dedup_row(context: DedupContext, name: str, options: dict, output: Path) -> tuple[dict, list[Prediction]]:
@@ -301,15 +313,17 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     --ground-truth folder/ground_truth.csv --output output`` with ``options`` (fields of the request or of its
     :class:`PipelineSettings`, preset fields, collection normalisation fields, ``models`` (comma-separated),
     ``matcher``, ``runtime``)."""
+    from copynce_hf.configuration.fields import option_dests
     from copynce_hf.retrieval import DETECT_PRESET_FIELDS
-    from copynce_hf.retrieval.presets import COLLECTION_FIELDS
+    from copynce_hf.retrieval.detection.config import DetectConfig
     from copynce_hf.runs.detect import DetectRequest
     from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 
     options = dict(options)
     descriptors = [None if m in ("", None) else str(m) for m in str(options.pop("models", "")).split(",")]
     models = PipelineModels(descriptors, options.pop("matcher", None), options.pop("runtime", "torch"))
-    overrides = {key: options.pop(key) for key in list(options) if key in (*DETECT_PRESET_FIELDS, *COLLECTION_FIELDS)}
+    collection = option_dests(DetectConfig, ("collection", "reference_background"))
+    overrides = {key: options.pop(key) for key in list(options) if key in (*DETECT_PRESET_FIELDS, *collection)}
     settings_fields = {f.name for f in dataclasses.fields(PipelineSettings)} - {"models", "overrides"}
     settings = PipelineSettings(models, overrides=overrides,
                                 **{key: options.pop(key) for key in list(options) if key in settings_fields})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from copynce_hf.precision import make_accelerator, release_process_group
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup
-from copynce_hf.retrieval.deduplication.collection import DedupSettings
+from copynce_hf.retrieval.deduplication.settings import DedupSettings
 from copynce_hf.runtime.loading import load_model
 
 

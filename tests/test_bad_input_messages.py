@@ -25,6 +25,7 @@ from copynce_hf.modeling.errors import ConfigError, CopyNCEError, PredictionsErr
 from copynce_hf.modeling.losses_copynce import copy_bce_loss, info_nce_loss, token_affinity_logits
 from copynce_hf.outputs import StagedFolder
 from copynce_hf.retrieval import (
+    CollectionNormalisation,
     Descriptor,
     DescriptorIndex,
     DescriptorSet,
@@ -217,7 +218,7 @@ def test_detect_names_its_views_in_plain_words_and_counts_what_it_could(tmp_path
     lines = []
     result = detect(ImageFolderSource(reference_folder), ImageFolderSource(reference_folder),
                     [Descriptor("tiny", descriptor, processor)], (matcher, processor),
-                    config=DetectConfig(candidates=50, collection_normalisation=True), progress=False,
+                    config=DetectConfig(candidates=50, collection=CollectionNormalisation(on=True)), progress=False,
                     log=lines.append)
     assert lines[0].startswith("tiny: 16 candidate pairs (whole images, less each reference's background: its mean "
                                "cosine to the other references of ranks 2-9, median ") and "none" not in " ".join(lines)

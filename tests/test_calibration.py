@@ -20,6 +20,7 @@ from copynce_hf.calibration.thresholds import (
 )
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval.detection.config import DetectConfig
+from copynce_hf.retrieval.presets import CollectionNormalisation
 
 
 def _pipeline(matcher="embedded:matcher", preset="fast", score_normalisation=False, **overrides):
@@ -105,20 +106,20 @@ def test_reference_normalisation_ties_only_the_descriptor_stage():
     """Collection normalisation of the references changes descriptor scores, not the matcher's: a run with a
     matcher may change it, a run without one (the descriptor stage decides) may not; a file written before it
     existed counts as made without it."""
-    calibration = _calibration(collection_normalisation=True)  # made with it on, ranks 2-9
+    calibration = _calibration(collection=CollectionNormalisation(on=True))  # made with it on, ranks 2-9
     assert calibration.pipeline["settings"]["reference_normalisation"] == {
         "source": "collection", "alpha": 1.0, "k_start": 2, "k_end": 9}
-    calibration.check_pipeline(_pipeline(collection_normalisation=False))
-    calibration.check_pipeline(_pipeline(collection_k_end=5))
+    calibration.check_pipeline(_pipeline(collection=CollectionNormalisation(on=False)))
+    calibration.check_pipeline(_pipeline(collection=CollectionNormalisation(k_end=5)))
     with pytest.raises(ConfigError, match="reference_normalisation=.*'k_end': 9.*but this run uses .*'k_end': 5"):
-        calibration.check_pipeline(_pipeline(matcher=None, collection_normalisation=True, collection_k_end=5))
+        calibration.check_pipeline(_pipeline(matcher=None, collection=CollectionNormalisation(on=True, k_end=5)))
     with pytest.raises(ConfigError, match="but this run uses None; calibrate with the same --collection-normalisation"):
-        calibration.check_pipeline(_pipeline(matcher=None, collection_normalisation=False))
-    older = _calibration(collection_normalisation=True)
+        calibration.check_pipeline(_pipeline(matcher=None, collection=CollectionNormalisation(on=False)))
+    older = _calibration(collection=CollectionNormalisation(on=True))
     del older.pipeline["settings"]["reference_normalisation"]
-    older.check_pipeline(_pipeline(matcher=None, collection_normalisation=False))
+    older.check_pipeline(_pipeline(matcher=None, collection=CollectionNormalisation(on=False)))
     with pytest.raises(ConfigError, match="made with reference_normalisation=None"):
-        older.check_pipeline(_pipeline(matcher=None, collection_normalisation=True))
+        older.check_pipeline(_pipeline(matcher=None, collection=CollectionNormalisation(on=True)))
 
 
 def test_the_decision_takes_the_stage_of_the_run():

@@ -118,7 +118,7 @@ def _framed_collection(folder) -> None:
 
 
 def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
-    from copynce_hf.retrieval.deduplication.collection import DedupSettings
+    from copynce_hf.retrieval.deduplication.settings import DedupSettings
     from copynce_hf.retrieval.verify.scorer import MatcherScorer
 
     _framed_collection(tmp_path / "images")
@@ -201,7 +201,7 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
 def test_a_rerun_reuses_the_crop_scores_kept_in_the_rescoring_folder_until_a_cropped_image_changes(tmp_path):
     import os
 
-    from copynce_hf.retrieval.deduplication.collection import DedupSettings
+    from copynce_hf.retrieval.deduplication.settings import DedupSettings
 
     _framed_collection(tmp_path / "images")
     descriptor, matcher, processor = _embedded_models()
@@ -239,7 +239,7 @@ def test_two_processes_crop_and_score_as_one_does(tmp_path):
 
     from conftest import launch_two_cpu_processes
 
-    from copynce_hf.retrieval.deduplication.collection import DedupSettings
+    from copynce_hf.retrieval.deduplication.settings import DedupSettings
 
     _framed_collection(tmp_path / "images")
     descriptor, matcher, processor = _embedded_models()

@@ -13,7 +13,15 @@ from conftest import tiny_models
 from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
-from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup, detect
+from copynce_hf.retrieval import (
+    CollectionNormalisation,
+    DedupSettings,
+    Descriptor,
+    DetectConfig,
+    ImageFolderSource,
+    dedup,
+    detect,
+)
 from copynce_hf.retrieval.content.masks import TokenCache, neighbour_matches, walk_order
 from copynce_hf.retrieval.content.stage import pair_neighbours
 from copynce_hf.retrieval.content.tokens import (
@@ -245,8 +253,8 @@ def test_descriptor_content_tokens_change_the_candidates_scores(framed, tmp_path
     for content in (False, True):
         lines: list[str] = []
         result = dedup(source, Descriptor("tiny", descriptor, processor), None, threshold=2.0,
-                       config=DetectConfig(candidates=6, descriptor_content_tokens=content, descriptor_content_tau=0.8,
-                                          collection_normalisation=False),  # raw cosines: the check below
+                       config=DetectConfig(candidates=6, descriptor_content_tokens=content, descriptor_content_tau=0.8),
+                       settings=DedupSettings(collection=CollectionNormalisation(on=False)),  # raw cosines: the check
                        progress=False, log=lines.append)
         scores[content] = {(p.query_id, p.reference_id): p.score for p in result.candidates}
     assert any("descriptor content tokens of the images" in line and "6 images described again" in line

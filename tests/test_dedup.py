@@ -13,6 +13,8 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import (
+    CollectionNormalisation,
+    DedupSettings,
     Descriptor,
     DescriptorIndex,
     DescriptorSet,
@@ -167,9 +169,10 @@ def test_identical_images_form_one_group_and_no_image_is_its_own_pair(collection
     source = ImageFolderSource(collection)
     lines: list[str] = []
     # raw cosines decide without matcher (collection normalisation off: this checks the self-search's mechanics)
-    config = DetectConfig(candidates=9 if with_matcher else 1, collection_normalisation=with_matcher)
+    config = DetectConfig(candidates=9 if with_matcher else 1)
+    settings = DedupSettings(collection=CollectionNormalisation(on=with_matcher))
     result = dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor) if with_matcher else None,
-                   threshold=0.9999 if not with_matcher else 0.0, config=config,
+                   threshold=0.9999 if not with_matcher else 0.0, config=config, settings=settings,
                    index_folder=tmp_path / "idx", progress=False, log=lines.append)
     order = {image_id: i for i, image_id in enumerate(source.ids)}
     assert result.pairs and all(order[p.query_id] < order[p.reference_id] for p in result.pairs)  # never (x, x)
@@ -201,7 +204,7 @@ def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(
     import torch
 
     from copynce_hf import CopyNCEMatcherConfig, CopyNCEMatcherModel
-    from copynce_hf.retrieval.deduplication.collection import DedupSettings, order_dependent
+    from copynce_hf.retrieval.deduplication.settings import order_dependent
     from copynce_hf.retrieval.search.background import mean_logit_probability, probability_logit
 
     descriptor, symmetric, processor = tiny_models(0)
@@ -362,8 +365,11 @@ def test_collection_normalisation_and_grouping_options_reach_the_library():
 
     parser = build_parser()
     defaults = dedup_command.request_of(parser.parse_args(["--quiet", "dedup", "imgs", "--output", "out"]))
-    config, settings = defaults.config(), defaults.settings()
-    assert (config.collection_normalisation, config.collection_k_start, config.collection_k_end) == (True, 2, 9)
+    config, settings = defaults.pipeline.config(), defaults.settings
+    assert (settings.collection.on, settings.collection.k_start, settings.collection.k_end) == (True, 2, 9)
+    assert (config.candidates, config.descriptor_lce, config.matcher_lce, config.content_tokens) == (
+        10, "none", "none", True)
+    assert settings == DedupSettings() and defaults.pipeline.overrides == {}  # the library's defaults, none given
     assert (settings.grouping, settings.matcher_normalisation, settings.matcher_anchor) == ("representative", True, 0.0)
     assert settings.matcher_orders == "auto"
     request = dedup_command.request_of(parser.parse_args([
@@ -371,16 +377,19 @@ def test_collection_normalisation_and_grouping_options_reach_the_library():
         "--collection-k-start", "1", "--collection-k-end", "6", "--matcher-normalisation", "on",
         "--matcher-alpha", "2", "--matcher-k-start", "3", "--matcher-k-end", "7", "--matcher-anchor", "1.5",
         "--grouping", "connected", "--matcher-orders", "one"]))
-    config, settings = request.config(), request.settings()
-    assert (config.collection_normalisation, config.collection_alpha, config.collection_k_start,
-            config.collection_k_end) == (False, 0.5, 1, 6)
+    settings = request.settings
+    assert settings.collection == CollectionNormalisation(on=False, alpha=0.5, k_start=1, k_end=6)
     assert (settings.grouping, settings.matcher_normalisation, settings.matcher_alpha, settings.matcher_k_start,
             settings.matcher_k_end, settings.matcher_anchor, settings.matcher_orders) == (
         "connected", True, 2.0, 3, 7, 1.5, "one")
     # the matcher stage follows --collection-normalisation unless it is given
     off = dedup_command.request_of(parser.parse_args(["--quiet", "dedup", "imgs", "--output", "out",
                                                       "--collection-normalisation", "off"]))
-    assert off.settings().matcher_normalisation is False
+    assert off.settings.matcher_normalisation is False
+    given = dedup_command.request_of(parser.parse_args(["--quiet", "dedup", "imgs", "--output", "out", "--candidates",
+                                                        "4", "--matcher-lce", "paper"])).pipeline
+    assert given.preset_text() == "dedup (candidates, matcher_lce given)"
+    assert (given.config().candidates, given.config().matcher_lce, given.config().content_tokens) == (4, "paper", False)
     with pytest.raises(SystemExit):
         parser.parse_args(["--quiet", "dedup", "imgs", "--output", "out", "--grouping", "majority"])
     with pytest.raises(SystemExit):
@@ -392,13 +401,13 @@ def test_collection_normalisation_and_grouping_options_reach_the_library():
                                                          "--collection-k-end", "4", "--reference-background",
                                                          "auxiliary", "--collection-alpha", "0.25"])).pipeline
     config = given.config()
-    assert (config.collection_normalisation, config.collection_k_start, config.collection_k_end,
-            config.reference_background, config.collection_alpha) == (True, 2, 4, "auxiliary", 0.25)
+    assert (config.collection, config.reference_background) == (
+        CollectionNormalisation(on=True, alpha=0.25, k_start=2, k_end=4), "auxiliary")
     assert given.preset_text() == ("fast (collection_alpha, collection_k_end, collection_normalisation, "
                                    "reference_background given)")
     with pytest.raises(ConfigError, match="collection normalisation needs 0 <= k_start <= k_end"):
         dedup_command.request_of(parser.parse_args(["--quiet", "dedup", "imgs", "--output", "out",
-                                                    "--collection-k-start", "5", "--collection-k-end", "3"])).config()
+                                                    "--collection-k-start", "5", "--collection-k-end", "3"]))
 
 
 def test_detect_reference_background_from_the_auxiliary_images_needs_them(collection, tmp_path, capsys):

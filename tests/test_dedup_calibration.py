@@ -35,7 +35,8 @@ from copynce_hf.retrieval import (
     ImageListSource,
     connected_groups,
 )
-from copynce_hf.retrieval.deduplication.collection import DedupSettings, dedup
+from copynce_hf.retrieval.deduplication.collection import dedup
+from copynce_hf.retrieval.deduplication.settings import DedupSettings
 
 
 @pytest.fixture(scope="module")

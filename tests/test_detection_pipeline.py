@@ -14,6 +14,7 @@ from PIL import Image
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import (
     DETECT_PRESETS,
+    CollectionNormalisation,
     Descriptor,
     DescriptorIndex,
     DescriptorSet,
@@ -281,7 +282,7 @@ def test_reference_backgrounds_are_the_mean_of_the_other_references_of_the_confi
     with pytest.raises(ConfigError, match="reference_background must be one of collection, auxiliary"):
         DetectConfig(reference_background="queries")
     with pytest.raises(ConfigError, match="collection normalisation needs 0 <= k_start <= k_end"):
-        DetectConfig(collection_k_start=4, collection_k_end=3)
+        CollectionNormalisation(k_start=4, k_end=3)
 
 
 def test_detect_presets():
@@ -367,7 +368,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     descriptors = [Descriptor("one", descriptor, processor), Descriptor("two", other, processor)]
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
     config = DetectConfig(k=2, candidates=3, descriptor_lce="matcher-views", matcher_lce="paper", batch_size=16,
-                          content_tokens=False, collection_normalisation=True)
+                          content_tokens=False, collection=CollectionNormalisation(on=True))
     result = detect(queries, references, descriptors, (matcher, processor), ImageFolderSource(tmp_path / "aux"),
                     config, index_folder=tmp_path / "indexes", progress=False)
     assert set(result.per_model) == {"one", "two"}
@@ -396,7 +397,7 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     assert again.reused == ["query views:one", "query views:two"] and result.reused == []
     # the references' backgrounds (collection normalisation, on by default) are kept beside their index and reused
     background = tmp_path / "indexes" / "one" / "reference-background"
-    assert json.loads((background / "identity.json").read_text())["k_end"] == config.collection_k_end
+    assert json.loads((background / "identity.json").read_text())["k_end"] == config.collection.k_end
     assert (background / "background.safetensors").stat().st_mtime_ns == background_stamp
     assert again.seconds["query views:one"] == pytest.approx(result.seconds["query views:one"])
     # descriptors only: the merged candidates' top-k
@@ -407,10 +408,10 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     from copynce_hf.retrieval import reference_background
 
     cosines = detect(queries, references, descriptors[:1], None, None,
-                     DetectConfig(k=5, candidates=5, collection_normalisation=False), progress=False)
-    assert not DetectConfig().collection_normalisation
+                     DetectConfig(k=5, candidates=5, collection=CollectionNormalisation(on=False)), progress=False)
+    assert not DetectConfig().collection.on
     every = detect(queries, references, descriptors[:1], None, None,
-                   DetectConfig(k=5, candidates=5, collection_normalisation=True), progress=False)
+                   DetectConfig(k=5, candidates=5, collection=CollectionNormalisation(on=True)), progress=False)
     index = view_index(descriptors[0], references, ViewPreset("none"), progress=False)
     reference_backgrounds = reference_background(index, 2, 9)
     assert len(reference_backgrounds) == 5 and len(every.predictions) == len(cosines.predictions) == 10
@@ -420,6 +421,6 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
                                         abs=1e-5)
     with pytest.raises(ConfigError, match="auxiliary images"):
         detect(queries, references, descriptors[:1], None, None,
-               DetectConfig(reference_background="auxiliary", collection_normalisation=True), progress=False)
+               DetectConfig(reference_background="auxiliary", collection=CollectionNormalisation(on=True)), progress=False)
     with pytest.raises(ConfigError, match="descriptor_lce"):
         DetectConfig(descriptor_lce="all")

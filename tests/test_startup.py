@@ -14,10 +14,12 @@ from pathlib import Path
 import copynce_hf
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The retrieval package itself is light (its names load on first access); its search and detection are not.
+# The retrieval package itself is light (its names load on first access), and so are the settings the commands build
+# their options from (detection.config, deduplication.settings); its search, detection and deduplication are not.
 HEAVY = ("torch", "transformers", "accelerate", "faiss", "augly", "datasets", "copynce_hf.retrieval.search.index",
-         "copynce_hf.retrieval.detection", "copynce_hf.pipelines", "copynce_hf.modeling.modeling_copynce",
-         "copynce_hf.training")
+         "copynce_hf.retrieval.detection.pipeline", "copynce_hf.retrieval.detection.candidates",
+         "copynce_hf.retrieval.deduplication.collection", "copynce_hf.pipelines",
+         "copynce_hf.modeling.modeling_copynce", "copynce_hf.training")
 
 
 def run_python(code: str) -> str:
@@ -47,7 +49,7 @@ def test_auto_classes_and_pipeline_task_are_registered_on_first_use():
     # Registering the models loads the modelling code, not retrieval, pipelines, faiss or augly.
     assert state["transformers"] and state["copynce_hf.modeling.modeling_copynce"]
     assert not any(state[name] for name in ("faiss", "augly", "copynce_hf.retrieval.search.index",
-                                             "copynce_hf.retrieval.detection", "copynce_hf.pipelines",
+                                             "copynce_hf.retrieval.detection.pipeline", "copynce_hf.pipelines",
                                              "copynce_hf.training"))
     state = loaded("import copynce_hf\nfrom transformers import pipeline\n"
                    "from transformers.pipelines import PIPELINE_REGISTRY\n"

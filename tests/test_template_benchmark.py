@@ -176,7 +176,13 @@ def test_neighbour_normalisation_subtracts_the_mean_of_the_two_neighbour_means()
 
 def test_options_reach_the_requests_and_unknown_ones_are_refused(tmp_path):
     request = dedup_request(tmp_path / "images", tmp_path / "out", {"threshold": 0.7, "matcher": "none"})
-    assert request.threshold == 0.7 and not request.models.has_matcher and request.candidates == 10
+    assert request.threshold == 0.7 and not request.pipeline.models.has_matcher
+    assert request.pipeline.config().candidates == 10 and request.settings.collection.on
+    request = dedup_request(tmp_path / "images", tmp_path / "out", {"collection_normalisation": False, "candidates": 4,
+                                                                    "grouping": "connected", "batch_size": 8})
+    assert (request.pipeline.config().candidates, request.pipeline.batch_size) == (4, 8)
+    assert (request.settings.collection.on, request.settings.matcher_normalisation) == (False, False)
+    assert request.settings.grouping == "connected"
     with pytest.raises(SystemExit, match="'no_such_field' is not a field of DedupRequest"):
         dedup_request(tmp_path / "images", tmp_path / "out", {"no_such_field": "x"})
     detect = detect_request(tmp_path, "references", tmp_path / "out", {"matcher": "none", "candidates": 20})

@@ -12,6 +12,7 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError, PredictionsError
 from copynce_hf.retrieval import (
+    CollectionNormalisation,
     Descriptor,
     DescriptorIndex,
     DescriptorSet,
@@ -144,7 +145,7 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
     descriptors = [Descriptor("tiny", descriptor, processor, source="tiny-0")]
     queries, references = ImageFolderSource(folders / "queries"), ImageFolderSource(folders / "refs")
     sample = ImageFolderSource(folders / "sample")
-    config = DetectConfig(k=3, candidates=3, whiten_dim=6, collection_normalisation=True)
+    config = DetectConfig(k=3, candidates=3, whiten_dim=6, collection=CollectionNormalisation(on=True))
     lines: list[str] = []
     result = detect(queries, references, descriptors, None, None, config, index_folder=tmp_path / "idx",
                     progress=False, log=lines.append, whiten_from=sample)
@@ -169,7 +170,7 @@ def test_detect_whitens_references_queries_and_reuses_its_indexes(folders, tmp_p
                    progress=False, log=lines.append, whiten_from=sample)
     assert [(p.query_id, p.reference_id, p.score) for p in again.predictions] == [
         (p.query_id, p.reference_id, p.score) for p in result.predictions]
-    detect(queries, references, descriptors, None, None, DetectConfig(k=3, candidates=3, collection_normalisation=True),
+    detect(queries, references, descriptors, None, None, DetectConfig(k=3, candidates=3, collection=CollectionNormalisation(on=True)),
            index_folder=tmp_path / "idx", progress=False)
     assert DescriptorIndex.load(tmp_path / "idx" / "tiny" / "references").whitening is None
     # the references' backgrounds were computed again, unwhitened

@@ -2,7 +2,7 @@
 
 Beyond the paper. Without ``--threshold`` or ``--calibration``, :func:`self_calibrate` runs the dedup pipeline
 itself (:func:`~copynce_hf.retrieval.deduplication.collection.dedup`, with the run's models, :class:`~copynce_hf.retrieval.detection.config.DetectConfig` and
-:class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`) on a *calibration collection* held in memory: a seeded sample of the collection's
+:class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings`) on a *calibration collection* held in memory: a seeded sample of the collection's
 images with their PixTrace copies, copies put into templates and copies of copies (:mod:`copynce_hf.calibration.synthetic`).
 Every pair that run verifies gets the score the run thresholds (its decision score: collection-normalised as the
 run's are, ``pairs.csv``'s ``score``) and a label from the provenance of its two images: a copy when both were made
@@ -36,7 +36,8 @@ from pathlib import Path
 
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile
-from ..retrieval.deduplication.collection import DedupSettings, dedup
+from ..retrieval.deduplication.collection import dedup
+from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.descriptors.cached import Descriptor
 from ..retrieval.detection.config import DetectConfig
 from ..retrieval.sources import ImageListSource
@@ -163,7 +164,7 @@ def _identity(source, descriptor: Descriptor, matcher: tuple | None, config: Det
               whiten_from, sample: int, seed: int) -> dict:
     """What the calibration collection's verified pairs and their scores depend on (see :func:`self_calibrate`)."""
     decides = {name: value for name, value in dataclasses.asdict(config).items()
-               if name not in ("batch_size", "num_workers", "cache_size", "chunk_size", "k")}
+               if name not in ("batch_size", "num_workers", "cache_size", "chunk_size", "k", "collection")}
     identity = {"version": VERSION, "collection": source_identity(source), "sample": sample, "seed": seed,
                 "recipe": COPY_RECIPE, "descriptor": model_fingerprint(descriptor.model),
                 "descriptor_processor": digest(descriptor.processor.to_dict()), "config": decides,

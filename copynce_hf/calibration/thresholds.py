@@ -156,8 +156,9 @@ def reference_normalisation(config) -> dict[str, Any] | None:
     matcher, which candidates are verified), so only a calibration's descriptor stage is tied to it."""
     if not getattr(config, "normalises_references", False):
         return None
-    return {"source": config.reference_background, "alpha": config.collection_alpha,
-            "k_start": config.collection_k_start, "k_end": config.collection_k_end}
+    collection = config.collection
+    return {"source": config.reference_background, "alpha": collection.alpha, "k_start": collection.k_start,
+            "k_end": collection.k_end}
 
 
 def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: str, config,
@@ -315,38 +316,41 @@ class Calibration:
 
 
 def calibrated_threshold(calibration, precision: float, descriptor: str, matcher: str | None,
-                         config, whitened: bool = False) -> tuple[float, str]:
+                         config, whitened: bool = False, settings=None) -> tuple[float, str]:
     """The threshold at ``precision`` of a :class:`Calibration` (a ``copynce calibrate`` file) for a
     dedup run, and a line saying where it comes from. ``descriptor`` and ``matcher`` are the run's model
     identities (:func:`model_identity`).
 
     With a matcher the ``matcher`` stage decides: its scores depend on the matcher and its views only, which must
-    be those calibrated; with matcher normalisation (:class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`) the threshold applies to the decision
-    score, which equals the matcher's probability wherever an image's background is below the anchor. Without one
-    the ``descriptor`` stage decides: the calibrated descriptor, views, no score normalisation, no collection
-    normalisation and no whitening must match. A mismatch is a :class:`ConfigError` naming both.
+    be those calibrated; with matcher normalisation the threshold applies to the decision score, which equals the
+    matcher's probability wherever an image's background is below the anchor. Without one the ``descriptor`` stage
+    decides: the calibrated descriptor, views, no score normalisation, no collection normalisation (``settings``: the
+    run's :class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings`, whose ``collection`` is on by default)
+    and no whitening must match. A mismatch is a :class:`ConfigError` naming both.
     """
     from ..retrieval.content.stage import (  # torch: not for --help
         content_setting,
         descriptor_content,
         matcher_content,
     )
+    from ..retrieval.deduplication.settings import DedupSettings
 
-    calibrated, settings = calibration.pipeline, calibration.pipeline.get("settings", {})
+    normalised = (settings or DedupSettings()).collection.on
+    calibrated, recorded = calibration.pipeline, calibration.pipeline.get("settings", {})
     if matcher is not None:
         checks = [("matcher", calibrated.get("matcher"), matcher),
-                  ("matcher_lce", settings.get("matcher_lce"), config.matcher_lce),
-                  ("content tokens", settings.get("content_tokens", False), content_setting(matcher_content(config)))]
+                  ("matcher_lce", recorded.get("matcher_lce"), config.matcher_lce),
+                  ("content tokens", recorded.get("content_tokens", False), content_setting(matcher_content(config)))]
     else:
         checks = [("descriptor model(s)", calibrated.get("descriptors"), [descriptor]),
-                  ("descriptor_lce", settings.get("descriptor_lce"), config.descriptor_lce),
-                  ("score normalisation", settings.get("score_normalisation"), False),
-                  ("descriptor content tokens", settings.get("descriptor_content_tokens", False),
+                  ("descriptor_lce", recorded.get("descriptor_lce"), config.descriptor_lce),
+                  ("score normalisation", recorded.get("score_normalisation"), False),
+                  ("descriptor content tokens", recorded.get("descriptor_content_tokens", False),
                    content_setting(descriptor_content(config)))]
         if whitened:
             raise ConfigError(f"{calibration.name} holds descriptor thresholds without whitening; a dedup run with "
                               "--whiten-from and --matcher none needs --threshold")
-        if config.normalises_collection:
+        if normalised:
             raise ConfigError(f"{calibration.name} holds thresholds of raw descriptor cosines; a dedup run with "
                               "--matcher none decides by collection-normalised scores: pass "
                               "--collection-normalisation off to use it, or --threshold")

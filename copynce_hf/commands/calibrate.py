@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..configuration.fields import positive_int
 from . import options
 from .console import progress_log
 
@@ -31,10 +32,10 @@ def register(commands) -> argparse.ArgumentParser:
     )
     p.add_argument("references", help="folder of reference images")
     p.add_argument("--output", required=True, help="calibration JSON file to write")
-    p.add_argument("--sample", type=options.positive_int, default=100, help="references copied (default 100)")
+    p.add_argument("--sample", type=positive_int, default=100, help="references copied (default 100)")
     p.add_argument("--distractors", metavar="FOLDER", help="images that are not references and not copies of them; "
                    "default: references held out of the index")
-    p.add_argument("--num-distractors", type=options.positive_int,
+    p.add_argument("--num-distractors", type=positive_int,
                    help="distractor copies (default: --sample; held-out references: at most half the folder)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sample, the distractors and the edits (default 0)")
     options.add_pipeline_options(p)

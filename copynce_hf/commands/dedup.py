@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..configuration.fields import build, positive_int
+from ..retrieval.deduplication.settings import DedupSettings
 from . import options
 from .console import progress_log
 
@@ -49,12 +51,10 @@ def register(commands) -> argparse.ArgumentParser:
                    help="pairs scored at or above it are copies (default: from --calibration, else self-calibrated "
                    "on the collection at --precision)")
     options.add_calibration(p)
-    p.add_argument("--self-calibration-sample", type=options.positive_int, default=64, metavar="N",
+    p.add_argument("--self-calibration-sample", type=positive_int, default=64, metavar="N",
                    help="images of the collection the self-calibration copies (default 64; all when it has fewer)")
-    options.add_verification(p, candidates=10, descriptor_lce="none", matcher_lce="none")
-    options.add_collection_normalisation(p, dedup=True)
-    options.add_content_tokens(p, "(default on; off with --matcher-lce paper or all, or --runtime onnx)")
-    p.add_argument("--gallery", type=options.positive_int, default=8, help="groups shown in report.html (default 8)")
+    options.add_dedup_options(p)
+    p.add_argument("--gallery", type=positive_int, default=8, help="groups shown in report.html (default 8)")
     options.add_chunk_size(p)
     options.add_whitening(p)
     options.add_model_loading(p)
@@ -65,25 +65,17 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def request_of(args):
-    """The :class:`~copynce_hf.runs.dedup.DedupRequest` of a ``copynce dedup`` command line."""
+    """The :class:`~copynce_hf.runs.dedup.DedupRequest` of a ``copynce dedup`` command line: the models, the
+    ``dedup`` preset with the pipeline settings given over it, and its own settings."""
     from ..runs.dedup import DedupRequest
     from ..runs.settings import PipelineModels
 
-    return DedupRequest(args.images, args.output, PipelineModels([args.model], args.matcher, args.runtime, "--model"),
-                        threshold=args.threshold, calibration=args.calibration, precision=args.precision,
-                        self_calibration_sample=args.self_calibration_sample,
-                        candidates=args.candidates, descriptor_lce=args.descriptor_lce, matcher_lce=args.matcher_lce,
-                        batch_size=args.batch_size, num_workers=args.num_workers, chunk_size=args.chunk_size,
-                        whiten_dim=args.whiten_dim, whiten_from=args.whiten_from,
-                        collection_normalisation=args.collection_normalisation, collection_alpha=args.collection_alpha,
-                        collection_k_start=args.collection_k_start, collection_k_end=args.collection_k_end,
-                        matcher_normalisation=args.matcher_normalisation, matcher_alpha=args.matcher_alpha,
-                        matcher_k_start=args.matcher_k_start, matcher_k_end=args.matcher_k_end,
-                        matcher_anchor=args.matcher_anchor, matcher_orders=args.matcher_orders,
-                        content_crops=args.content_crops,
-                        grouping=args.grouping, content_tokens=args.content_tokens,
-                        descriptor_content_tokens=bool(args.descriptor_content_tokens), input=options.image_input(args),
-                        dataset=args.dataset, gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
+    models = PipelineModels([args.model], args.matcher, args.runtime, "--model")
+    pipeline = options.pipeline_settings(args, models, "dedup", options.DEDUP_SETTINGS)
+    return DedupRequest(args.images, args.output, pipeline, build(DedupSettings, vars(args)), threshold=args.threshold, calibration=args.calibration,
+                        precision=args.precision, self_calibration_sample=args.self_calibration_sample,
+                        whiten_from=args.whiten_from, dataset=args.dataset, input=options.image_input(args),
+                        gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 
 def run(args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..configuration.fields import positive_int
 from . import options
 from .console import progress_log
 
@@ -50,7 +51,7 @@ def register(commands) -> argparse.ArgumentParser:
     options.add_dataset_input(p, "--query-dataset", "query images")
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")
-    p.add_argument("--gallery", type=options.positive_int, default=8,
+    p.add_argument("--gallery", type=positive_int, default=8,
                    help="cards per gallery in report.html (default 8)")
     options.add_chunk_size(p)
     options.add_calibration(p)

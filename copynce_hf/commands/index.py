@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..configuration.fields import positive_int
 from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from ..retrieval.presets import DEFAULT_INDEX_CHUNK_SIZE
 from ..runtime.loading import DEFAULT_DESCRIPTOR
@@ -23,7 +24,7 @@ def register(commands) -> argparse.ArgumentParser:
                             description=DESCRIPTION)
     p.add_argument("references", nargs="?", help="folder of reference images (or --dataset)")
     options.add_dataset_input(p, "--dataset", "reference images", streaming=True)
-    p.add_argument("--chunk-size", type=options.positive_int, default=DEFAULT_INDEX_CHUNK_SIZE, metavar="N",
+    p.add_argument("--chunk-size", type=positive_int, default=DEFAULT_INDEX_CHUNK_SIZE, metavar="N",
                    help=f"images per chunk written (default {DEFAULT_INDEX_CHUNK_SIZE}); a resumed run keeps its "
                    "chunk size")
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
@@ -33,8 +34,8 @@ def register(commands) -> argparse.ArgumentParser:
         help="flat: exact inner product (default); hnsw: approximate graph search for millions of references; "
         "ivfpq: compressed inverted lists with exact re-ranking, for memory-limited collections",
     )
-    p.add_argument("--nlist", type=options.positive_int, help="IVF-PQ: number of inverted lists (default 4*sqrt(N))")
-    p.add_argument("--pq-m", type=options.positive_int, help="IVF-PQ: sub-quantisers (default D/2)")
+    p.add_argument("--nlist", type=positive_int, help="IVF-PQ: number of inverted lists (default 4*sqrt(N))")
+    p.add_argument("--pq-m", type=positive_int, help="IVF-PQ: sub-quantisers (default D/2)")
     p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
                    help="index views: none (whole images), matcher-views (10 views per reference: whole, five "
                    "one-third crops, four quarters) or authors (9 views: whole, five crops, three rotations) "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..configuration.fields import positive_int
 from ..runtime.loading import DEFAULT_MATCHER
 from . import options
 from .console import progress_log
@@ -28,14 +29,14 @@ def rotations(text: str) -> tuple[int, ...]:
 
 def _add_local_crops(p: argparse.ArgumentParser) -> None:
     lce = p.add_argument_group("local crops ensembling (supplementary 'Local Crops Ensembling')")
-    options.add_matcher_lce(lce, "none")
+    options.add_matcher_lce(lce)
     lce.add_argument(
         "--local-crops", action="store_true",
         help="compare query views (whole, grid crops, rotations) with reference views (whole, grid crops) "
         "and keep the maximum score",
     )
-    lce.add_argument("--query-grid", type=options.positive_int, default=2, help="query crops per side (default 2)")
-    lce.add_argument("--reference-grid", type=options.positive_int, default=1,
+    lce.add_argument("--query-grid", type=positive_int, default=2, help="query crops per side (default 2)")
+    lce.add_argument("--reference-grid", type=positive_int, default=1,
                      help="reference crops per side (default 1)")
     lce.add_argument(
         "--crop-scale", type=float, default=1.5, help="a crop spans crop-scale/grid of each side (default 1.5)"
@@ -54,7 +55,7 @@ def register(commands) -> argparse.ArgumentParser:
     p.add_argument("--references", required=True, help="folder of reference images")
     p.add_argument("--matcher", help=f"matcher model folder or Hub id (default: {DEFAULT_MATCHER})")
     p.add_argument("--output", required=True, help="predictions CSV to write")
-    p.add_argument("--top", type=options.positive_int, help="only re-score each query's TOP best candidates")
+    p.add_argument("--top", type=positive_int, help="only re-score each query's TOP best candidates")
     _add_local_crops(p)
     options.add_chunk_size(p)
     options.add_model_loading(p, batch_size=32, unit="image pairs (view pairs with --local-crops)")

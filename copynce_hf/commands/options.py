@@ -1,7 +1,12 @@
 """The options several ``copynce`` commands share, declared once: their argument groups (image input, datasets,
-model loading, runtime, whitening, search knobs, the matcher, LCE, verification, calibration, the pipeline, chunk
-size, quiet), the types that parse them, and the library objects built from them (:func:`image_input`,
-:func:`pipeline_settings`).
+model loading, runtime, whitening, search knobs, the matcher, calibration, the pipeline, quiet), the types that parse
+them, and the library objects built from them (:func:`image_input`, :func:`pipeline_settings`).
+
+The settings of the detection pipeline are options of the fields that hold them
+(:class:`~copynce_hf.retrieval.detection.config.DetectConfig`, its
+:class:`~copynce_hf.retrieval.presets.CollectionNormalisation`, ``dedup``'s
+:class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings`): each field declares its option, help and
+default once, and :func:`~copynce_hf.configuration.fields.add_options` adds them here.
 
 Nothing heavy is imported here: building the parser (``copynce --help``) loads no torch, transformers or faiss.
 """
@@ -11,43 +16,29 @@ from __future__ import annotations
 import argparse
 
 from ..calibration.thresholds import PRECISIONS as CALIBRATED_PRECISIONS
-from ..retrieval.deduplication.grouping import GROUPINGS
-from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES
-from ..retrieval.presets import (
-    COLLECTION_FIELDS,
-    COLLECTION_K_END,
-    COLLECTION_K_START,
-    DEFAULT_CANDIDATES,
-    DEFAULT_CHUNK_SIZE,
-    DETECT_PRESET_FIELDS,
-    DETECT_PRESETS,
-    MATCHER_ORDERS,
-    REFERENCE_BACKGROUNDS,
-)
+from ..configuration.fields import add_options, given_options, positive_int
+from ..retrieval.deduplication.settings import DedupSettings
+from ..retrieval.detection.config import DetectConfig
+from ..retrieval.presets import DEDUP_PRESETS, DEFAULT_CHUNK_SIZE, DETECT_PRESETS
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 
+#: The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` settings ``detect`` and ``calibrate`` take over
+#: their ``--preset`` (the collection normalisation's in a group of their own), and those ``dedup`` takes.
+DETECT_SETTINGS = ("alpha", "k_start", "k_end", "descriptor_lce", "matcher_lce", "candidates", "content_tokens",
+                   "descriptor_content_tokens", "query_crops", "k")
+DETECT_COLLECTION_SETTINGS = ("collection", "reference_background")
+DEDUP_SETTINGS = ("candidates", "descriptor_lce", "matcher_lce", "content_tokens", "descriptor_content_tokens")
+
+#: The :class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings` of ``dedup``'s collection normalisation
+#: group, and the others.
+DEDUP_COLLECTION_SETTINGS = ("collection", "matcher_normalisation", "matcher_alpha", "matcher_k_start",
+                             "matcher_k_end", "matcher_anchor")
+DEDUP_OTHER_SETTINGS = ("matcher_orders", "content_crops", "grouping")
+
+COLLECTION_GROUP = ("collection normalisation (discount what many images of the collection share: a screenshot "
+                    "frame, a meme band, a background)")
+
 # --------------------------------------------------------------------------- types
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def on_off(text: str) -> bool:
-    """``on`` / ``off`` as ``True`` / ``False``."""
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
-    return text == "on"
 
 
 def pixels(text: str) -> int:
@@ -112,10 +103,8 @@ def add_model_loading(parser: argparse.ArgumentParser, batch_size: int = 64, uni
 
 
 def add_chunk_size(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE, metavar="N",
-                        help="candidate pairs per chunk of re-scoring work (whole queries), the unit shared by the "
-                        "processes of `accelerate launch` and saved as it completes, so that the same command resumes "
-                        f"a run cut short (default {DEFAULT_CHUNK_SIZE})")
+    """``--chunk-size``: pairs per chunk of the matcher's resumable work (``detect``, ``dedup``, ``match``)."""
+    add_options(parser, DetectConfig, ("chunk_size",))
 
 
 def add_runtime(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +120,7 @@ def add_whitening(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--whiten-from", metavar="FOLDER",
                        help="sample images of the collection (not the queries' copies) to learn centering + PCA "
                        "whitening from; references and queries are whitened, then L2-normalised (stored with the index)")
-    group.add_argument("--whiten-dim", type=positive_int, metavar="D",
-                       help="whitened directions kept (default: all); needs more than D sample images (views)")
+    add_options(group, DetectConfig, ("whiten_dim",))
 
 
 def add_search_knobs(parser: argparse.ArgumentParser) -> None:
@@ -150,102 +138,10 @@ def add_matcher(p: argparse.ArgumentParser) -> None:
                    help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
 
 
-def defaults_text(default, presets: str) -> str:
-    """The end of a pipeline option's help: the command's own default, else the presets' values (``--preset``)."""
-    return f"(default {default})" if default is not None else f"({presets})"
-
-
-def add_matcher_lce(p, default: str | None = None) -> None:
-    """``--matcher-lce`` (detect, calibrate: ``default`` ``None``, the preset's; dedup, match: their own)."""
-    p.add_argument("--matcher-lce", choices=MATCHER_LCE_MODES, default=default,
-                   help="the matcher's local crops ensembling: view pairs scored per candidate, none (1), paper "
-                   "(35) or all (260), the best one counting " + defaults_text(default, "fast: none, paper: paper"))
-
-
-def add_verification(p: argparse.ArgumentParser, candidates: int | None = None, descriptor_lce: str | None = None,
-                     matcher_lce: str | None = None) -> None:
-    """``--descriptor-lce``, ``--matcher-lce`` and ``--candidates``: which pairs the matcher verifies, and with which
-    views. Without defaults the ``--preset`` chosen fills them (detect, calibrate); dedup gives its own."""
-    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default=descriptor_lce,
-                   help="descriptor views: none (whole images), matcher-views (26 query x 10 reference views, a pair "
-                   "scores its best view pair) or authors (45 query views in 4 groups x 9 reference views, each query "
-                   "view keeps its top 100/10/10/4 references by group: up to 390 per query), then the best "
-                   "--candidates " + defaults_text(descriptor_lce, "fast: none, paper: authors"))
-    add_matcher_lce(p, matcher_lce)
-    p.add_argument("--candidates", type=positive_int, default=candidates,
-                   help="candidates of each query image verified by the matcher: its nearest references, merged over "
-                   "the descriptors (dedup: the nearest other images of each image) "
-                   + defaults_text(candidates, f"fast: {DEFAULT_CANDIDATES}, about 1.3 s per query on one CPU core "
-                                   "with --matcher-lce none; paper: 400, as the authors on GPUs"))
-
-
-def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False) -> None:
-    """Collection normalisation (``detect``, ``calibrate``: the references' side; ``dedup``: both sides of a pair,
-    and the matcher's scores), and for ``dedup`` the grouping. ``detect``'s options default to ``None`` (the
-    :class:`~copynce_hf.retrieval.DetectConfig` defaults, given ones override), ``dedup``'s to their values."""
-    group = p.add_argument_group("collection normalisation (discount what many images of the collection share: a "
-                                 "screenshot frame, a meme band, a background)")
-    default = (lambda value: value) if dedup else (lambda value: None)
-    scores = "each pair's descriptor score loses the mean of its two images' backgrounds" if dedup else (
-        "every query->reference descriptor score loses its reference's background")
-    state = "on (default)" if dedup else ("on (default off: it keeps references sharing a template out of the "
-                                          "query's best candidates, where content tokens would recognise the template)")
-    group.add_argument("--collection-normalisation", type=on_off, metavar="{on,off}", default=default(True),
-                       help=f"{state}: {scores} (an image's background: its mean cosine to its neighbours of "
-                       "ranks --collection-k-start..--collection-k-end among the other images) before candidates "
-                       "are chosen")
-    group.add_argument("--collection-alpha", type=float, default=default(1.0), metavar="A",
-                       help="weight of the background (default 1)")
-    group.add_argument("--collection-k-start", type=non_negative_int, default=default(COLLECTION_K_START),
-                       metavar="N", help=f"first neighbour rank averaged, from 0 (default {COLLECTION_K_START}: "
-                       "the best two, a small true group of copies, are left out)")
-    group.add_argument("--collection-k-end", type=non_negative_int, default=default(COLLECTION_K_END), metavar="N",
-                       help=f"last neighbour rank averaged, inclusive (default {COLLECTION_K_END})")
-    if not dedup:
-        group.add_argument("--reference-background", choices=REFERENCE_BACKGROUNDS,
-                           help="where a reference's neighbours are taken: collection (the other references, "
-                           "default) or auxiliary (the --aux images)")
-        return
-    group.add_argument("--matcher-normalisation", type=on_off, metavar="{on,off}",
-                       help="the matcher's decision discounts each image's background, the mean logit of its "
-                       "verified pairs of ranks --matcher-k-start..--matcher-k-end, where it is above "
-                       "--matcher-anchor (default: as --collection-normalisation)")
-    group.add_argument("--matcher-alpha", type=float, default=1.0, metavar="A", help="its weight (default 1)")
-    group.add_argument("--matcher-k-start", type=non_negative_int, default=COLLECTION_K_START, metavar="N",
-                       help=f"first verified pair rank averaged, from 0 (default {COLLECTION_K_START})")
-    group.add_argument("--matcher-k-end", type=non_negative_int, default=COLLECTION_K_END, metavar="N",
-                       help=f"last verified pair rank averaged, inclusive (default {COLLECTION_K_END})")
-    group.add_argument("--matcher-anchor", type=float, default=0.0, metavar="LOGIT",
-                       help="only the part of a background above this logit is discounted (default 0: "
-                       "probability 0.5, so that images whose other pairs are non-copies keep their scores)")
-    p.add_argument("--matcher-orders", choices=MATCHER_ORDERS, default="auto",
-                   help="both: the matcher scores each pair twice, each image the query once, and the mean of the "
-                   "two logits decides (neither of two edited copies is the original); one: once, the earlier "
-                   "image as the query (half the matcher's fusion passes); auto (default): both for a matcher "
-                   "with segment embeddings (its score depends on the order, as the embedded matcher's), one for "
-                   "the authors' form (the same score in both orders)")
-    p.add_argument("--content-crops", action=argparse.BooleanOptionalAction, default=True,
-                   help="with content tokens: each image whose own content (the tokens it does not share with its "
-                   "neighbours) covers less than 60%% of it gets a second view, that region cut from its pixels; "
-                   "the crops propose candidate pairs, and a pair whose best descriptor match involves a crop is "
-                   "verified on those views (default on; --no-content-crops: whole images only)")
-    p.add_argument("--grouping", choices=GROUPINGS, default="representative",
-                   help="representative (default): a pair joins a group only if it clears the threshold against "
-                   "the group's first member, two groups merge only if their first members' pair does; connected: "
-                   "connected components (two images join through any chain of pairs)")
-
-
-def add_content_tokens(p: argparse.ArgumentParser, default_text: str) -> None:
-    """``--content-tokens`` / ``--no-content-tokens`` and ``--descriptor-content-tokens`` (detect, calibrate, dedup;
-    beyond the paper)."""
-    p.add_argument("--content-tokens", action=argparse.BooleanOptionalAction, default=None,
-                   help="the matcher ignores the patch tokens an image shares (cosine above 0.8) with 2 of its 10 "
-                   "neighbour images (templates, frames, meme bands), so that two different photos in one frame are "
-                   "not copies; whole images only (--matcher-lce none), PyTorch runtime only " + default_text)
-    p.add_argument("--descriptor-content-tokens", action="store_true", default=None,
-                   help="search again with descriptors of each image's content tokens (final-layer tokens shared at "
-                   "a cosine above 0.6 with 2 of its 10 nearest images dropped): two more descriptor passes per "
-                   "image; whole images only (--descriptor-lce none; default off)")
+def add_matcher_lce(parser) -> None:
+    """``--matcher-lce`` alone, with the field's default (``match``; ``detect``, ``calibrate`` and ``dedup`` take it
+    with their other settings)."""
+    add_options(parser, DetectConfig, ("matcher_lce",))
 
 
 def add_calibration(p: argparse.ArgumentParser) -> None:
@@ -261,7 +157,8 @@ def add_calibration(p: argparse.ArgumentParser) -> None:
 
 
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:
-    """The models and settings of the detection pipeline (``detect``, ``calibrate``)."""
+    """The models and settings of the detection pipeline (``detect``, ``calibrate``): the settings default to their
+    ``--preset``'s."""
     p.add_argument("--models", nargs="+", metavar="MODEL",
                    help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
     add_matcher(p)
@@ -271,20 +168,18 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
                    "see below")
     p.add_argument("--aux", metavar="FOLDER",
                    help="images without copies of the queries (e.g. training images) for score normalisation")
-    p.add_argument("--alpha", type=float, help="score normalisation weight (presets: 1)")
-    p.add_argument("--k-start", type=non_negative_int,
-                   help="first auxiliary rank of score normalisation, from 0 (fast: 0, paper: 1)")
-    p.add_argument("--k-end", type=non_negative_int,
-                   help="last auxiliary rank of score normalisation, inclusive (fast: 9, paper: 4)")
-    add_verification(p)
-    add_content_tokens(p, "(fast: on; accurate, paper, --matcher-lce paper or all, --runtime onnx: off)")
-    p.add_argument("--query-crops", action=argparse.BooleanOptionalAction, default=None,
-                   help="with content tokens and a matcher: each query whose own content (the tokens it does not "
-                   "share with its nearest references and queries) covers less than 60%% of it is also searched and "
-                   "verified as that part, cut from its pixels (a copy pasted into a screenshot or a meme); whole "
-                   "images only (fast: on where content tokens are; accurate, paper: off)")
-    p.add_argument("--k", type=positive_int, help="predictions kept per query (presets: 10)")
-    add_collection_normalisation(p)
+    add_options(p, DetectConfig, DETECT_SETTINGS, presets=DETECT_PRESETS)
+    add_options(p.add_argument_group(COLLECTION_GROUP), DetectConfig, DETECT_COLLECTION_SETTINGS,
+                presets=DETECT_PRESETS)
+
+
+def add_dedup_options(p: argparse.ArgumentParser) -> None:
+    """The settings of ``dedup``: those of the detection pipeline (defaulting to the ``dedup`` preset's), and its own
+    (:class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings`: collection normalisation, the matcher's
+    orders, content crops, grouping)."""
+    add_options(p, DetectConfig, DEDUP_SETTINGS, presets=DEDUP_PRESETS)
+    add_options(p.add_argument_group(COLLECTION_GROUP), DedupSettings, DEDUP_COLLECTION_SETTINGS)
+    add_options(p, DedupSettings, DEDUP_OTHER_SETTINGS)
 
 
 # --------------------------------------------------------------------------- what the options build
@@ -301,15 +196,14 @@ def image_input(args):
                       progress=not args.quiet)
 
 
-def pipeline_settings(args):
-    """The :class:`~copynce_hf.runs.settings.PipelineSettings` of a ``detect`` or ``calibrate``
-    command line: its models, preset, the preset fields given explicitly, ``--aux`` and the sizes."""
+def pipeline_settings(args, models=None, preset: str | None = None,
+                      names: tuple[str, ...] = DETECT_SETTINGS + DETECT_COLLECTION_SETTINGS):
+    """The :class:`~copynce_hf.runs.settings.PipelineSettings` of a command line: its models (``None``: those of
+    ``--models``, ``--matcher`` and ``--runtime``), its preset (``None``: ``--preset``), the settings of ``names``
+    given explicitly (:func:`~copynce_hf.configuration.fields.given_options`), ``--aux`` and the sizes."""
     from ..runs.settings import PipelineModels, PipelineSettings
 
-    models = PipelineModels(args.models or [None], args.matcher, args.runtime)
-    overrides = {name: getattr(args, name) for name in (*DETECT_PRESET_FIELDS, *COLLECTION_FIELDS)
-                 if getattr(args, name) is not None}
-    if getattr(args, "descriptor_content_tokens", None):
-        overrides["descriptor_content_tokens"] = True
-    return PipelineSettings(models, args.preset, overrides, args.aux, args.batch_size, args.num_workers,
+    models = models or PipelineModels(args.models or [None], args.matcher, args.runtime)
+    return PipelineSettings(models, preset or args.preset, given_options(DetectConfig, args, names),
+                            getattr(args, "aux", None), args.batch_size, args.num_workers,
                             getattr(args, "chunk_size", DEFAULT_CHUNK_SIZE), getattr(args, "whiten_dim", None))

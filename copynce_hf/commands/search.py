@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..configuration.fields import positive_int
 from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from . import options
 
@@ -34,7 +35,7 @@ def _add_post_processing(p: argparse.ArgumentParser) -> None:
         "pairs by negative squared euclidean distance",
     )
     post.add_argument("--beta", type=float, default=2.5, help="stretching coefficient (default 2.5)")
-    post.add_argument("--stretch-k", type=options.positive_int, default=5,
+    post.add_argument("--stretch-k", type=positive_int, default=5,
                       help="auxiliary neighbours averaged (default 5)")
 
 
@@ -45,7 +46,7 @@ def register(commands) -> argparse.ArgumentParser:
     p.add_argument("queries", help="folder of query images")
     p.add_argument("--index", required=True, help="index folder written by `copynce index`")
     p.add_argument("--model", help="descriptor model (default: the one the index was built with)")
-    p.add_argument("--k", type=options.positive_int, default=10, help="neighbours per query (default 10)")
+    p.add_argument("--k", type=positive_int, default=10, help="neighbours per query (default 10)")
     p.add_argument("--output", required=True, help="predictions CSV to write")
     p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
                    help="query views: none, matcher-views (26 views; a pair scores its best view pair) or authors "

@@ -66,7 +66,8 @@ _MODULE_NAMES = {
     "detection.config": ("DetectConfig",),
     "detection.pipeline": ("DetectResult", "detect"),
     "deduplication.self_search": ("CandidatePairs", "self_neighbours", "self_search_pairs"),
-    "deduplication.collection": ("DedupResult", "DedupSettings", "dedup", "write_pairs"),
+    "deduplication.settings": ("DedupSettings",),
+    "deduplication.collection": ("DedupResult", "dedup", "write_pairs"),
     "deduplication.grouping": ("GROUPINGS", "GroupMember", "connected_groups", "connected_members", "group_members",
                                "group_pairs", "pair_precision_recall", "representative_groups", "write_groups"),
 }

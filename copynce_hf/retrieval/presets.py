@@ -9,10 +9,19 @@ merged candidates, matcher LCE (35 view pairs per candidate), top 10 per query. 
 for a CPU: whole-image descriptors, 50 candidates, one matcher pass per candidate, ranks 0-9.
 ``accurate`` spends a few more seconds per query on a CPU: descriptor LCE with the matcher's 26 query / 10
 reference views, matcher LCE (35 view pairs) on the top 2, ranks 0-9; chosen over ``fast`` on held-out
-training images (BENCHMARKS.md, "A third preset, chosen on held-out images").
+training images (BENCHMARKS.md, "A third preset, chosen on held-out images"). ``dedup`` is what ``copynce dedup``
+runs with (it has no ``--preset``): ``fast`` with 10 candidates per image.
+
+:class:`CollectionNormalisation` is the collection normalisation that ``detect`` (off by default) and ``dedup`` (on)
+share: its fields declare their ``--collection-*`` options (:mod:`copynce_hf.configuration.fields`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+
+from ..configuration.fields import non_negative_int, on_off, setting
+from ..modeling.errors import ConfigError
 
 #: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs).
 DEFAULT_CANDIDATES = 50
@@ -28,6 +37,17 @@ DEFAULT_INDEX_CHUNK_SIZE = 10_000
 #: two or three copies sits at ranks 0-1 and does not discount itself.
 COLLECTION_K_START, COLLECTION_K_END = 2, 9
 
+#: Content tokens (:mod:`copynce_hf.retrieval.content.tokens`): the cosine above which two of the matcher's encoder
+#: tokens (and of the descriptor's final-layer patch tokens) match, and a token matched in ``MIN_IMAGES`` of an image's
+#: ``NEIGHBOURS`` nearest images is dropped. Chosen on 30 held-out ``train`` images (5 templates hosting 4 photos
+#: each, one a framed copy of a plain photo, 10 plain photos): the matcher's encoder tokens (pair AP 0.052 -> 0.672),
+#: the descriptor's final-layer patch tokens (pair AP 0.144 -> 0.457), each image's 10 nearest images by raw
+#: descriptor.
+MATCHER_TAU = 0.8
+DESCRIPTOR_TAU = 0.6
+MIN_IMAGES = 2
+NEIGHBOURS = 10
+
 #: How many times ``copynce dedup``'s matcher scores each pair (``DedupSettings.matcher_orders``): ``auto`` (both
 #: orders when the matcher's score depends on which image is the query, once otherwise), in both orders (each image
 #: the query once, the mean logit decides) or once (the earlier image as the query).
@@ -36,11 +56,6 @@ MATCHER_ORDERS = ("auto", "both", "one")
 #: Where ``copynce detect`` measures each reference's background: among the other references (``collection``)
 #: or among the auxiliary images (``auxiliary``, needs them).
 REFERENCE_BACKGROUNDS = ("collection", "auxiliary")
-
-#: :class:`~copynce_hf.retrieval.DetectConfig` fields of collection normalisation (no preset sets them; given on the
-#: command line they override the defaults as a preset's fields are overridden).
-COLLECTION_FIELDS = ("collection_normalisation", "collection_alpha", "collection_k_start", "collection_k_end",
-                     "reference_background")
 
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields a preset sets.
 DETECT_PRESET_FIELDS = ("descriptor_lce", "matcher_lce", "candidates", "k", "alpha", "k_start", "k_end",
@@ -58,3 +73,48 @@ DETECT_PRESETS: dict[str, dict] = {
               "alpha": 1.0, "k_start": 1, "k_end": 4, "content_tokens": False,
               "query_crops": False},
 }
+
+#: ``copynce dedup``'s settings of the detection pipeline (:class:`~copynce_hf.retrieval.DetectConfig`), by name.
+DEDUP_PRESETS: dict[str, dict] = {"dedup": {**DETECT_PRESETS["fast"], "candidates": 10}}
+
+#: Every preset :meth:`~copynce_hf.retrieval.DetectConfig.from_preset` knows.
+PIPELINE_PRESETS: dict[str, dict] = {**DETECT_PRESETS, **DEDUP_PRESETS}
+
+
+def check_ranks(k_start: int, k_end: int, what: str = "collection normalisation") -> None:
+    """Refuse ranks that are not ``0 <= k_start <= k_end`` (one :class:`ConfigError` naming both)."""
+    if not 0 <= int(k_start) <= int(k_end):
+        raise ConfigError(f"{what} needs 0 <= k_start <= k_end, got k_start={k_start}, k_end={k_end}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionNormalisation:
+    """Collection normalisation: descriptor scores lose what an image shares with many images of its collection (a
+    template, a frame, a meme band: :mod:`copynce_hf.retrieval.search.background`).
+
+    An image's background is its mean cosine to its neighbours of 0-based ranks ``k_start..k_end`` (inclusive) among
+    the other images of its collection. ``detect`` subtracts ``alpha`` times each reference's background from every
+    query->reference score before the candidates are chosen, out of each query's ``2 * candidates`` nearest (with a
+    matcher it changes which candidates are verified, not their scores);
+    ``dedup`` subtracts ``alpha`` times the mean of a pair's two backgrounds (CSLS). ``detect``'s is off by default
+    (:class:`~copynce_hf.retrieval.DetectConfig`), ``dedup``'s on
+    (:class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings`).
+    """
+
+    on: bool = setting(False, (
+        "on: descriptor scores lose what an image shares with many images of its collection before candidates are "
+        "chosen, an image's background being its mean cosine to its neighbours of ranks "
+        "--collection-k-start..--collection-k-end among the other images; detect: every query->reference score loses "
+        "its reference's background, which keeps references sharing a template out of the query's best candidates "
+        "(off by default: content tokens recognise the template in the verified candidates); dedup: each pair's "
+        "score loses the mean of its two images' backgrounds"), flag="--collection-normalisation", type=on_off, metavar="{on,off}")
+    alpha: float = setting(1.0, "weight of the background", flag="--collection-alpha", type=float, metavar="A")
+    k_start: int = setting(COLLECTION_K_START, "first neighbour rank averaged, from 0", flag="--collection-k-start",
+                           type=non_negative_int, metavar="N", default_text=(
+                               f"(default {COLLECTION_K_START}: the best two, a small true group of copies, are left "
+                               "out)"))
+    k_end: int = setting(COLLECTION_K_END, "last neighbour rank averaged, inclusive", flag="--collection-k-end",
+                         type=non_negative_int, metavar="N")
+
+    def __post_init__(self) -> None:
+        check_ranks(self.k_start, self.k_end)

@@ -22,9 +22,9 @@ from pathlib import Path
 from ..calibration.thresholds import Calibration
 from ..modeling.errors import ConfigError
 from ..outputs import check_output_folder, run_folder
-from ..retrieval.presets import COLLECTION_K_END, COLLECTION_K_START, DEFAULT_CHUNK_SIZE
+from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.sources import ImageInput, count_text
-from .settings import PipelineModels, content_tokens_text
+from .settings import PipelineModels, PipelineSettings, content_tokens_text
 
 logger = logging.getLogger(__name__)
 
@@ -36,24 +36,17 @@ class DedupRequest:
     Attributes:
         images: the folder searched for copies of its own images (``None`` with ``dataset``).
         output: the output folder.
-        models: the descriptor (one) and the matcher (:class:`~copynce_hf.runs.settings.PipelineModels`).
+        pipeline: the descriptor (one) and the matcher, the ``dedup`` preset and the detection settings given over it
+            (:class:`~copynce_hf.runs.settings.PipelineSettings`: candidates, views, content tokens, sizes): the
+            :class:`~copynce_hf.retrieval.detection.config.DetectConfig` of the run.
+        settings: what dedup adds to them (:class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings`: the
+            collection normalisation of both stages, the matcher's orders, content crops, the grouping).
         threshold: pairs scored at or above it are copies (``None``: from ``calibration``, else self-calibrated).
         calibration, precision: a ``copynce calibrate`` file and the precision it decides at (default 0.9); without
             ``calibration`` and ``threshold``, ``precision`` is the target of the self-calibration (default 0.9).
         self_calibration_sample, self_calibration_seed: the images of the collection the self-calibration samples
             (all when it has fewer) and its seed (:func:`~copynce_hf.calibration.collection.self_calibrate`).
-        candidates, descriptor_lce, matcher_lce, batch_size, num_workers, chunk_size, whiten_dim: as in
-            :class:`~copynce_hf.retrieval.detection.config.DetectConfig`.
         whiten_from: sample images to learn a whitening from (``None``: none).
-        collection_normalisation, collection_alpha, collection_k_start, collection_k_end: the descriptor stage's
-            collection normalisation (:class:`~copynce_hf.retrieval.detection.config.DetectConfig`; CSLS over the collection's own neighbours).
-        matcher_normalisation: the matcher stage's (``None``: as ``collection_normalisation``); matcher_alpha,
-            matcher_k_start, matcher_k_end, matcher_anchor, matcher_orders, content_crops and grouping: as in
-            :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings`.
-        content_tokens: the matcher fuses content tokens only (``None``: the default of
-            :class:`~copynce_hf.retrieval.detection.config.DetectConfig` where they apply, off with ``matcher_lce`` other than ``none`` or
-            ONNX Runtime).
-        descriptor_content_tokens: the self-search runs again on content descriptors.
         dataset: instead of ``images``, a dataset (Hub id, Parquet file or folder, ``save_to_disk`` folder, image
             folder: :func:`~copynce_hf.retrieval.sources.open_dataset_source`), read by random access (not streamed).
         input: how images are read (sub-folders, size limit, the dataset's split and columns).
@@ -64,65 +57,20 @@ class DedupRequest:
 
     images: str | None
     output: str
-    models: PipelineModels = dataclasses.field(default_factory=lambda: PipelineModels(descriptor_option="--model"))
+    pipeline: PipelineSettings = dataclasses.field(
+        default_factory=lambda: PipelineSettings(PipelineModels(descriptor_option="--model"), preset="dedup"))
+    settings: DedupSettings = dataclasses.field(default_factory=DedupSettings)
     threshold: float | None = None
     calibration: str | None = None
     precision: float | None = None
     self_calibration_sample: int = 64
     self_calibration_seed: int = 0
-    candidates: int = 10
-    descriptor_lce: str = "none"
-    matcher_lce: str = "none"
-    batch_size: int = 64
-    num_workers: int = 0
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    whiten_dim: int | None = None
     whiten_from: str | None = None
-    collection_normalisation: bool = True
-    collection_alpha: float = 1.0
-    collection_k_start: int = COLLECTION_K_START
-    collection_k_end: int = COLLECTION_K_END
-    matcher_normalisation: bool | None = None
-    matcher_alpha: float = 1.0
-    matcher_k_start: int = COLLECTION_K_START
-    matcher_k_end: int = COLLECTION_K_END
-    matcher_anchor: float = 0.0
-    matcher_orders: str = "auto"
-    content_crops: bool = True
-    grouping: str = "representative"
-    content_tokens: bool | None = None
-    descriptor_content_tokens: bool = False
     dataset: str | None = None
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     gallery: int = 8
     progress: bool = True
     log: Callable[[str], None] = logger.info
-
-    def config(self):
-        """The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` of the run."""
-        from ..retrieval.detection.config import DetectConfig
-
-        content_tokens = self.content_tokens
-        if content_tokens is None:
-            content_tokens = DetectConfig.content_tokens and self.matcher_lce == "none" and self.models.runtime != "onnx"
-        return DetectConfig(candidates=self.candidates, descriptor_lce=self.descriptor_lce,
-                            matcher_lce=self.matcher_lce, batch_size=self.batch_size, num_workers=self.num_workers,
-                            whiten_dim=self.whiten_dim, chunk_size=self.chunk_size, content_tokens=content_tokens,
-                            descriptor_content_tokens=self.descriptor_content_tokens,
-                            collection_normalisation=self.collection_normalisation,
-                            collection_alpha=self.collection_alpha, collection_k_start=self.collection_k_start,
-                            collection_k_end=self.collection_k_end)
-
-    def settings(self):
-        """The :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run (matcher normalisation and grouping)."""
-        from ..retrieval.deduplication.collection import DedupSettings
-
-        matcher_normalisation = (self.collection_normalisation if self.matcher_normalisation is None
-                                 else self.matcher_normalisation)
-        return DedupSettings(grouping=self.grouping, matcher_normalisation=matcher_normalisation,
-                             matcher_alpha=self.matcher_alpha, matcher_k_start=self.matcher_k_start,
-                             matcher_k_end=self.matcher_k_end, matcher_anchor=self.matcher_anchor,
-                             matcher_orders=self.matcher_orders, content_crops=self.content_crops)
 
 
 @dataclasses.dataclass
@@ -149,18 +97,18 @@ class DedupRun:
 
 def dedup_threshold(request: DedupRequest, config) -> tuple[float | None, str]:
     """``(threshold, where it comes from)`` of a dedup run: ``threshold``, or a calibration file's at ``precision``
-    (the matcher stage with a matcher, the embedded one included; :func:`~copynce_hf.retrieval.deduplication.collection.calibrated_threshold`); ``(None,
+    (the matcher stage with a matcher, the embedded one included; :func:`~copynce_hf.calibration.thresholds.calibrated_threshold`); ``(None,
     ...)`` when neither is given: the threshold is self-calibrated once the models are loaded."""
     from ..calibration.thresholds import calibrated_threshold
 
-    models = request.models
+    models = request.pipeline.models
     if request.calibration is not None:
         if request.threshold is not None:
             raise ConfigError("give --threshold or --calibration, not both")
         precision = 0.9 if request.precision is None else request.precision
         return calibrated_threshold(Calibration.load(request.calibration), precision,
                                     models.descriptor_identities()[0], models.matcher_identity(), config,
-                                    whitened=request.whiten_from is not None)
+                                    whitened=request.whiten_from is not None, settings=request.settings)
     if request.threshold is not None:
         if request.precision is not None:
             raise ConfigError("--precision is the target of --calibration FILE or of the self-calibration; "
@@ -180,15 +128,16 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
     the others (``accelerate launch``). A refused input found during the model work removes the output folder
     where this run made it."""
     check_output_folder(request.output)
-    request.models.check_paths()
+    models = request.pipeline.models
+    models.check_paths()
     if request.dataset is not None and request.input.streaming:
         raise ConfigError(f"dedup reads dataset {request.dataset!r} by random access (the matcher reads each pair's "
                           "two images): it cannot be streamed")
     source = request.input.folder_or_dataset(request.images, request.dataset, "--dataset")
-    whiten_from = request.input.whitening_sample(request.whiten_from, request.whiten_dim)
-    config, settings = request.config(), request.settings()
+    whiten_from = request.input.whitening_sample(request.whiten_from, request.pipeline.whiten_dim)
+    config, settings = request.pipeline.config(), request.settings
     threshold, origin = dedup_threshold(request, config)
-    [descriptor], matcher = request.models.load_descriptors(), request.models.load_matcher()
+    [descriptor], matcher = models.load_descriptors(), models.load_matcher()
     with run_folder(request.output, ("groups.csv",)) as output:
         return _dedup_into(request, source, descriptor, matcher, (threshold, origin), whiten_from, (config, settings),
                            output)
@@ -208,7 +157,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     (threshold, origin), (config, settings) = decision, configs
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
-    log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.models.matcher_label()}, "
+    log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.pipeline.models.matcher_label()}, "
         f"threshold {origin}")
     calibration = None
     if threshold is None:
@@ -255,26 +204,27 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
     """The settings ``report.html`` lists: images, models, threshold (and the self-calibration's file when
     self-calibrated), candidates, views, normalisation, grouping, whitening, groups, images skipped (unreadable,
     with their reasons)."""
-    request, settings = run.request, run.request.settings()
+    request, settings, config = run.request, run.request.settings, run.request.pipeline.config()
     skipped = run.result.skipped
     images = (f"{request.dataset} (split {request.input.split})" if request.dataset is not None
               else str(Path(request.images).resolve()))
     calibration = {} if run.self_calibration is None else {
         "self-calibration": f"{run.self_calibration.file} (the calibration collection's verified pairs, their kinds and "
                             "decision scores)"}
-    descriptor_normalisation = (f"alpha {request.collection_alpha}, neighbours of ranks {request.collection_k_start}-"
-                                f"{request.collection_k_end}" if request.collection_normalisation else "off")
+    collection = settings.collection
+    descriptor_normalisation = (f"alpha {collection.alpha}, neighbours of ranks {collection.k_start}-"
+                                f"{collection.k_end}" if collection.on else "off")
     matcher_normalisation = (f"alpha {settings.matcher_alpha}, verified pairs of ranks {settings.matcher_k_start}-"
                              f"{settings.matcher_k_end}, backgrounds above logit {settings.matcher_anchor:g}"
                              if settings.matcher_normalisation and run.matcher is not None else "off")
     return {"images": images, "descriptor": run.descriptor.source,
-            "matcher": request.models.matcher_label(), "threshold": run.origin, **calibration,
-            "candidates per image": request.candidates, "descriptor LCE": request.descriptor_lce,
-            "matcher LCE": request.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
+            "matcher": request.pipeline.models.matcher_label(), "threshold": run.origin, **calibration,
+            "candidates per image": config.candidates, "descriptor LCE": config.descriptor_lce,
+            "matcher LCE": config.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
             "matcher collection normalisation": matcher_normalisation,
             "matcher orders": matcher_orders_text(settings, run.matcher),
             "grouping": settings.grouping,
-            "content tokens": content_tokens_text(request.config()),
+            "content tokens": content_tokens_text(config),
             "content crops": content_crops_text(run.result, settings.content_crops),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows,

@@ -216,8 +216,8 @@ def collection_text(config) -> str:
     if not config.normalises_references:
         return "off"
     source = "the other references" if config.reference_background == "collection" else "the auxiliary images"
-    return (f"reference backgrounds from {source}, ranks {config.collection_k_start}-{config.collection_k_end}, "
-            f"alpha {config.collection_alpha}")
+    return (f"reference backgrounds from {source}, ranks {config.collection.k_start}-{config.collection.k_end}, "
+            f"alpha {config.collection.alpha}")
 
 
 def query_crops_text(result, asked: bool) -> str:

@@ -1,6 +1,7 @@
 """The models and settings of a detection run as a user names them (``copynce detect``, ``calibrate``, ``dedup``):
 model paths or Hub ids (``None``: the embedded model; ``"none"``: no matcher), the runtime, the preset and the
-settings given explicitly; and what follows from them: the checks made before any model loads, the loaded
+settings given explicitly, by option name (:func:`~copynce_hf.configuration.fields.given_options`); and what follows
+from them: the checks made before any model loads, the loaded
 :class:`~copynce_hf.retrieval.descriptors.cached.Descriptor` list and matcher, the names reports and logs give the models, the
 :class:`~copynce_hf.retrieval.detection.config.DetectConfig` and the identity a calibration file is tied to (:mod:`copynce_hf.calibration.thresholds`).
 """
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..calibration.thresholds import model_identity, pipeline_identity
+from ..configuration.fields import build
 from ..modeling.errors import ConfigError
-from ..retrieval.presets import DEFAULT_CHUNK_SIZE, DETECT_PRESETS
+from ..retrieval.detection.config import DetectConfig
+from ..retrieval.presets import DEFAULT_CHUNK_SIZE, PIPELINE_PRESETS
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 
 #: The ``matcher`` value of a run without matcher (descriptor scores decide).
@@ -110,12 +113,13 @@ class PipelineModels:
 
 @dataclasses.dataclass
 class PipelineSettings:
-    """The whole pipeline of ``copynce detect`` and ``copynce calibrate``: models, preset and settings.
+    """The whole pipeline of ``copynce detect``, ``calibrate`` and ``dedup``: models, preset and settings.
 
     Attributes:
         models: :class:`PipelineModels`.
-        preset: a name of :data:`~copynce_hf.retrieval.presets.DETECT_PRESETS`.
-        overrides: the preset's fields given explicitly (``{"candidates": 7}``).
+        preset: a name of :data:`~copynce_hf.retrieval.presets.PIPELINE_PRESETS` (``dedup``: ``copynce dedup``'s).
+        overrides: the :class:`~copynce_hf.retrieval.detection.config.DetectConfig` settings given explicitly, by
+            option name (``{"candidates": 7, "collection_k_end": 5}``: :func:`~copynce_hf.configuration.fields.build`).
         aux: a folder of images without copies of the queries, for score normalisation (``None``: off).
         batch_size, num_workers, chunk_size, whiten_dim: as in :class:`~copynce_hf.retrieval.detection.config.DetectConfig`.
     """
@@ -133,14 +137,13 @@ class PipelineSettings:
         """The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` of the preset with the overrides. Content tokens not asked for
         explicitly are off where they cannot apply: with the matcher's local crops or ONNX Runtime; query crops asked
         for where content tokens are off, or with descriptor views, are a :class:`ConfigError`."""
-        from ..retrieval.detection.config import DetectConfig
-
         overrides = dict(self.overrides)
-        matcher_lce = overrides.get("matcher_lce", DETECT_PRESETS.get(self.preset, {}).get("matcher_lce", "none"))
+        matcher_lce = overrides.get("matcher_lce", PIPELINE_PRESETS.get(self.preset, {}).get("matcher_lce", "none"))
         if "content_tokens" not in overrides and (matcher_lce != "none" or self.models.runtime == "onnx"):
             overrides["content_tokens"] = False
-        config = DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
-                                          chunk_size=self.chunk_size, whiten_dim=self.whiten_dim, **overrides)
+        preset = DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
+                                          chunk_size=self.chunk_size, whiten_dim=self.whiten_dim)
+        config = build(DetectConfig, overrides, preset)
         if overrides.get("query_crops") and not config.crops_queries:
             raise ConfigError("query crops are cut from the content tokens of whole images: --query-crops needs "
                               f"content tokens and --descriptor-lce none (this run: content tokens "

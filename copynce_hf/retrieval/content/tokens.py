@@ -25,14 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ...modeling.errors import ConfigError, ShapeError
-
-#: The defaults, chosen on 30 held-out ``train`` images (5 templates hosting 4 photos each, one a framed copy of
-#: a plain photo, 10 plain photos): the matcher's encoder tokens (pair AP 0.052 -> 0.672), the descriptor's
-#: final-layer patch tokens (pair AP 0.144 -> 0.457), each image's 10 nearest images by raw descriptor.
-MATCHER_TAU = 0.8
-DESCRIPTOR_TAU = 0.6
-MIN_IMAGES = 2
-NEIGHBOURS = 10
+from ..presets import MIN_IMAGES, NEIGHBOURS
 
 #: Elements of one similarity block (tokens x neighbour tokens) computed at once, bounding the memory.
 _BLOCK_ELEMENTS = 1 << 24

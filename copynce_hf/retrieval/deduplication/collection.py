@@ -37,69 +37,15 @@ from ..descriptors.sets import DescriptorSet
 from ..descriptors.views import ViewPreset
 from ..detection.config import DetectConfig
 from ..predictions import Prediction
-from ..presets import COLLECTION_K_END, COLLECTION_K_START, MATCHER_ORDERS
-from ..search.background import check_ranks
 from ..search.index import DescriptorIndex
 from ..sources import SourceImages
 from .crops import score_missing, verify_on_crops
-from .grouping import GROUPINGS, GroupMember, group_members
+from .grouping import GroupMember, group_members
 from .self_search import candidate_pairs, collection_descriptors, collection_order
+from .settings import DedupSettings
 from .verification import CollectionMatcher, pair_decision, verify_candidates
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class DedupSettings:
-    """What :func:`dedup` adds to :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (whose ``collection_*`` fields normalise the
-    descriptor stage): the matcher's collection normalisation and the grouping.
-
-    Attributes:
-        grouping: ``representative`` (a pair joins a group only if it clears the threshold against the group's
-            representative) or ``connected`` (connected components; :mod:`.grouping`).
-        matcher_normalisation: discount each image's matcher background (:func:`~..search.background.
-            normalised_probability`); ``False``: the matcher's probability decides.
-        matcher_alpha: the weight of the discount.
-        matcher_k_start, matcher_k_end: the 0-based ranks of an image's verified pairs (by decreasing probability)
-            averaged into its background; its best ``matcher_k_start`` pairs, its likely copies, are left out.
-        matcher_anchor: the logit above which a background is discounted (0: probability 0.5).
-        matcher_orders: ``both`` (each pair scored twice, each image the query once, the two logits averaged:
-            neither side of a pair of two edited copies is "the original"), ``one`` (the earlier image in the
-            collection's order as the query; half the fusion passes) or ``auto``: ``both`` for a matcher whose
-            score depends on the order (:func:`order_dependent`), ``one`` for the others, whose two orders give
-            the same score.
-        content_crops: with content tokens, each image's own content cut from its pixels as a second view, which
-            proposes pairs and verifies those its descriptor matches best (:mod:`copynce_hf.retrieval.content.crops`).
-    """
-
-    grouping: str = "representative"
-    matcher_normalisation: bool = True
-    matcher_alpha: float = 1.0
-    matcher_k_start: int = COLLECTION_K_START
-    matcher_k_end: int = COLLECTION_K_END
-    matcher_anchor: float = 0.0
-    matcher_orders: str = "auto"
-    content_crops: bool = True
-
-    def __post_init__(self) -> None:
-        if self.grouping not in GROUPINGS:
-            raise ConfigError(f"grouping must be one of {', '.join(GROUPINGS)}, got {self.grouping!r}")
-        if self.matcher_orders not in MATCHER_ORDERS:
-            raise ConfigError(f"matcher_orders must be one of {', '.join(MATCHER_ORDERS)}, got "
-                              f"{self.matcher_orders!r}")
-        check_ranks(self.matcher_k_start, self.matcher_k_end, "matcher normalisation")
-
-    def scores_both_orders(self, matcher) -> bool:
-        """Whether ``matcher`` (a model) scores each pair in both orders under :attr:`matcher_orders`."""
-        return self.matcher_orders == "both" or (self.matcher_orders == "auto" and order_dependent(matcher))
-
-
-def order_dependent(matcher) -> bool:
-    """Whether the matcher's score of ``(a, b)`` can differ from its score of ``(b, a)``: with segment embeddings
-    (query and reference tokens marked apart). Without them the fusion blocks see one set of tokens with no
-    position across the two images, and the copy logit (read from the fusion CLS token) is the same in both
-    orders: scoring twice would double the cost for nothing."""
-    return bool(getattr(getattr(matcher, "config", None), "segment_embeddings", False))
 
 
 @dataclasses.dataclass
@@ -160,7 +106,7 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
             (descriptor scores decide).
         threshold: pairs whose decision score is at or above it are copies.
         config: the :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (pairs verified per image, views,
-            batches, the descriptor stage's collection normalisation).
+            batches; its ``collection``, ``detect``'s reference-side normalisation, is not read).
         index_folder: where the index (and whitening) of ``source`` are kept and reused, as by ``detect``:
             ``<index_folder>/<descriptor name>/references``; ``None``: not kept.
         progress: progress bars per stage.
@@ -170,7 +116,8 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
             content crops in its ``crops-*`` folders); ``None``: not kept.
         accelerator: an ``accelerate.Accelerator`` (``None``: one is made); under ``accelerate launch`` every
             process calls :func:`dedup` and gets the whole result.
-        settings: :class:`DedupSettings`: the matcher's normalisation and the grouping (``None``: the defaults).
+        settings: :class:`~.settings.DedupSettings`: collection normalisation (descriptor and matcher stages), the
+            matcher's orders, content crops and the grouping (``None``: the defaults).
         whitening_folder: where the whitening's sample descriptors are kept (``None``: in ``index_folder``).
         tokens_folder: where the matcher's token store is kept and resumed from (``None``: a temporary folder).
     """
@@ -184,8 +131,8 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
     whitening_folder = whitening_folder or (folder / "whitening" if folder else None)
     index, queries, skipped = _descriptor_stage(source, descriptor, config, accelerator, (folder, whitening_folder),
                                                 whiten_from, progress, log, seconds)
-    candidates = candidate_pairs(index, queries, config, collection_order(source), len(source) - len(skipped),
-                                 descriptor.name, log, seconds)
+    candidates = candidate_pairs(index, queries, config, settings.collection, collection_order(source),
+                                 len(source) - len(skipped), descriptor.name, log, seconds)
     scorer = matcher and CollectionMatcher(source, matcher, config, settings, accelerator, progress, log)
     with token_folder(tokens_folder, accelerator) as kept_tokens:
         raw, crops = (dict(candidates.raw), None) if scorer is None else verify_on_crops(

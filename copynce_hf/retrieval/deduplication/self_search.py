@@ -3,7 +3,7 @@
 The index over the collection's views (the same :func:`~copynce_hf.retrieval.search.cached_index.view_index`, cache
 folder and optional whitening as ``detect``) is searched with every image's own descriptors for its nearest other
 images (self-search, the image itself left out). With collection normalisation each image's background is its mean
-cosine to its neighbours of ranks ``collection_k_start..collection_k_end``, a pair's score is its cosine minus the
+cosine to its neighbours of ranks ``collection.k_start..collection.k_end``, a pair's score is its cosine minus the
 mean of its two backgrounds (CSLS, :mod:`~copynce_hf.retrieval.search.background`).
 """
 
@@ -22,6 +22,7 @@ from ..descriptors.view_extraction import owner_of
 from ..descriptors.views import ViewPreset
 from ..detection.config import DetectConfig
 from ..predictions import Prediction
+from ..presets import CollectionNormalisation
 from ..search.background import neighbour_background, pair_background
 from ..search.cached_index import view_index
 from ..search.index import DescriptorIndex
@@ -137,14 +138,15 @@ def collection_order(source) -> dict[str, int]:
     return {image_id: i for i, image_id in enumerate(source.ids)}
 
 
-def candidate_pairs(index: DescriptorIndex, queries: DescriptorSet, config: DetectConfig, order: dict[str, int],
-                    readable: int, name: str, log: Callable[[str], None], seconds: dict[str, float]) -> CandidatePairs:
-    """The self-search's pairs to verify (:func:`self_search_pairs`), collection-normalised when
-    ``config.normalises_collection``; its time goes to ``seconds["self-search"]``."""
+def candidate_pairs(index: DescriptorIndex, queries: DescriptorSet, config: DetectConfig,
+                    collection: CollectionNormalisation, order: dict[str, int], readable: int, name: str,
+                    log: Callable[[str], None], seconds: dict[str, float]) -> CandidatePairs:
+    """The self-search's pairs to verify (:func:`self_search_pairs`), collection-normalised when ``collection.on``;
+    its time goes to ``seconds["self-search"]``."""
     start = time.perf_counter()
-    ranks = (config.collection_k_start, config.collection_k_end) if config.normalises_collection else None
+    ranks = (collection.k_start, collection.k_end) if collection.on else None
     found = self_search_pairs(index, queries, ViewPreset(config.descriptor_lce), config.candidates, order, ranks,
-                              config.collection_alpha)
+                              collection.alpha)
     seconds["self-search"] = time.perf_counter() - start
     normalised = ""
     if ranks is not None:

@@ -143,10 +143,10 @@ def _less_backgrounds(search: CandidateSearch, descriptor: Descriptor, found: li
     the log's description of the scores with it."""
     config = search.config
     background = reference_backgrounds(search, descriptor, *indexes, folder)
-    found = normalised_reference_scores(found, background, config.collection_alpha, config.candidates)
+    found = normalised_reference_scores(found, background, config.collection.alpha, config.candidates)
     among = "other references" if config.reference_background == "collection" else "auxiliary images"
     normalised += (f", less each reference's background: its mean cosine to the {among} of ranks "
-                   f"{config.collection_k_start}-{config.collection_k_end}, median "
+                   f"{config.collection.k_start}-{config.collection.k_end}, median "
                    f"{np.median(list(background.values()) or [0.0]):.3f}")
     return found, normalised
 
@@ -158,11 +158,11 @@ def reference_backgrounds(search: CandidateSearch, descriptor: Descriptor, index
     references, model, views, whitening and ranks), or among the auxiliary images."""
     config = search.config
     if config.reference_background == "auxiliary":
-        return reference_background(index, config.collection_k_start, config.collection_k_end, auxiliary_index)
+        return reference_background(index, config.collection.k_start, config.collection.k_end, auxiliary_index)
     identity = {**views_identity(descriptor.model, descriptor.processor, search.references, search.preset.name,
                                  "reference background"),
                 "whitening": index.whitening.fingerprint() if index.whitening is not None else None,
-                "k_start": config.collection_k_start, "k_end": config.collection_k_end}
+                "k_start": config.collection.k_start, "k_end": config.collection.k_end}
     cache = folder / "reference-background" if folder is not None else None
     saved = reuse_saved(cache, identity, lambda: DescriptorSet.load(cache / "background.safetensors"),
                         "the references' backgrounds")
@@ -170,7 +170,7 @@ def reference_backgrounds(search: CandidateSearch, descriptor: Descriptor, index
         return dict(zip(saved.ids, saved.descriptors[:, 0].tolist()))
     # float32, as kept on disk: a run that reuses them scores exactly as the run that computed them
     background = {reference: float(np.float32(value)) for reference, value in
-                  reference_background(index, config.collection_k_start, config.collection_k_end).items()}
+                  reference_background(index, config.collection.k_start, config.collection.k_end).items()}
     if cache is not None and background and is_main_process():
         with rewriting(cache, identity):
             DescriptorSet(list(background), np.array(list(background.values()), dtype=np.float32)[:, None]).save(

@@ -1,24 +1,34 @@
 """Settings of the detection pipeline (:func:`~copynce_hf.retrieval.detection.pipeline.detect`), and how they score
-candidate pairs (:class:`~copynce_hf.retrieval.verify.pairs.PairScoring`)."""
+candidate pairs (:class:`~copynce_hf.retrieval.verify.pairs.PairScoring`).
+
+Each field that a command sets declares its option (:func:`~copynce_hf.configuration.fields.setting`), so that
+``copynce detect``, ``calibrate`` and ``dedup`` build their options from it; this module imports nothing heavy, so
+that ``copynce --help`` can read it.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
+from ...configuration.fields import nested, non_negative_int, positive_int, setting
 from ...modeling.errors import ConfigError
-from ..content.stage import matcher_content
-from ..content.tokens import DESCRIPTOR_TAU, MATCHER_TAU, MIN_IMAGES, NEIGHBOURS, check_content_settings
 from ..descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, check_mode
 from ..presets import (
-    COLLECTION_K_END,
-    COLLECTION_K_START,
     DEFAULT_CANDIDATES,
-    DETECT_PRESETS,
+    DEFAULT_CHUNK_SIZE,
+    DESCRIPTOR_TAU,
+    MATCHER_TAU,
+    MIN_IMAGES,
+    NEIGHBOURS,
+    PIPELINE_PRESETS,
     REFERENCE_BACKGROUNDS,
+    CollectionNormalisation,
 )
-from ..search.background import check_ranks
-from ..verify.chunked_scoring import DEFAULT_CHUNK_SIZE
-from ..verify.pairs import PairScoring
+
+if TYPE_CHECKING:
+    from ..verify.pairs import PairScoring
 
 #: How the log lines name the views of each ``descriptor_lce`` / ``matcher_lce`` mode.
 DESCRIPTOR_VIEW_NAMES = {"none": "whole images", "matcher-views": "LCE: 26 query x 10 reference views",
@@ -46,13 +56,11 @@ class DetectConfig:
         chunk_size: candidate pairs per chunk of matcher work (whole queries; the unit shared between
             processes and kept on disk, :mod:`.chunked_scoring`).
         whiten_dim: directions kept by the whitening learned from ``whiten_from`` images (``None``: all).
-        collection_normalisation: ``True`` / ``False``, or ``None`` (the default): off in :func:`detect`, on in
-            :func:`~copynce_hf.retrieval.deduplication.collection.dedup` (:attr:`normalises_references`,
-            :attr:`normalises_collection`). Reference-side normalisation: ``collection_alpha`` times each reference's
-            background, its mean score to its neighbours of 0-based ranks ``collection_k_start..collection_k_end``
+        collection: the reference-side collection normalisation (:class:`~copynce_hf.retrieval.presets.
+            CollectionNormalisation`, off by default): each reference's background, its mean score to its neighbours
             (:mod:`~copynce_hf.retrieval.search.background`), is subtracted from every query->reference descriptor
             score before the candidates are chosen (out of each query's ``2 * candidates`` nearest):
-            ``s(q, r) = cos(q, r) - alpha * bias(q) - collection_alpha * bg(r)``. With a matcher it changes which
+            ``s(q, r) = cos(q, r) - alpha * bias(q) - collection.alpha * bg(r)``. With a matcher it changes which
             candidates are verified, not their scores.
         reference_background: where a reference's neighbours are taken: ``collection`` (the other references: one
             self-search of the reference index, cached beside it) or ``auxiliary`` (the auxiliary images, which
@@ -71,34 +79,60 @@ class DetectConfig:
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
     """
 
-    k: int = 10
-    candidates: int = DEFAULT_CANDIDATES
-    descriptor_lce: str = "none"
-    matcher_lce: str = "none"
-    alpha: float = 1.0
-    k_start: int = 0
-    k_end: int = 9
+    k: int = setting(10, "predictions kept per query", type=positive_int)
+    candidates: int = setting(DEFAULT_CANDIDATES, (
+        "candidates of each query image verified by the matcher: its nearest references, merged over the descriptors "
+        "(dedup: the nearest other images of each image)"), type=positive_int, preset_notes={
+            "fast": "about 1.3 s per query on one CPU core with --matcher-lce none", "paper": "as the authors on GPUs"})
+    descriptor_lce: str = setting("none", (
+        "descriptor views: none (whole images), matcher-views (26 query x 10 reference views, a pair scores its best "
+        "view pair) or authors (45 query views in 4 groups x 9 reference views, each query view keeps its top "
+        "100/10/10/4 references by group: up to 390 per query), then the best --candidates"),
+        choices=DESCRIPTOR_LCE_MODES)
+    matcher_lce: str = setting("none", (
+        "the matcher's local crops ensembling: view pairs scored per candidate, none (1), paper (35) or all (260), the "
+        "best one counting"), choices=MATCHER_LCE_MODES)
+    alpha: float = setting(1.0, "score normalisation weight", type=float)
+    k_start: int = setting(0, "first auxiliary rank of score normalisation, from 0", type=non_negative_int)
+    k_end: int = setting(9, "last auxiliary rank of score normalisation, inclusive", type=non_negative_int)
     batch_size: int = 64
     num_workers: int = 0
     cache_size: int = 4096
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    whiten_dim: int | None = None
-    collection_normalisation: bool | None = None
-    collection_alpha: float = 1.0
-    collection_k_start: int = COLLECTION_K_START
-    collection_k_end: int = COLLECTION_K_END
-    reference_background: str = "collection"
-    content_tokens: bool = True
+    chunk_size: int = setting(DEFAULT_CHUNK_SIZE, (
+        "candidate pairs per chunk of re-scoring work (whole queries), the unit shared by the processes of "
+        "`accelerate launch` and saved as it completes, so that the same command resumes a run cut short"),
+        type=positive_int, metavar="N")
+    whiten_dim: int | None = setting(None, "whitened directions kept; needs more than D sample images (views)",
+                                     type=positive_int, metavar="D", default_text="(default: all)")
+    collection: CollectionNormalisation = nested(CollectionNormalisation)
+    reference_background: str = setting("collection", (
+        "where a reference's neighbours are taken: collection (the other references) or auxiliary (the --aux "
+        "images)"), choices=REFERENCE_BACKGROUNDS)
+    content_tokens: bool = setting(True, (
+        f"the matcher ignores the patch tokens an image shares (cosine above {MATCHER_TAU}) with {MIN_IMAGES} of its "
+        f"{NEIGHBOURS} neighbour images (templates, frames, meme bands), so that two different photos in one frame are "
+        "not copies; whole images only (--matcher-lce none), PyTorch runtime only, off by default "
+        "with --matcher-lce paper or all or with --runtime onnx"),
+        action=argparse.BooleanOptionalAction)
     content_tau: float = MATCHER_TAU
     content_min_images: int = MIN_IMAGES
     content_neighbours: int = NEIGHBOURS
-    query_crops: bool = True
-    descriptor_content_tokens: bool = False
+    query_crops: bool = setting(True, (
+        "with content tokens and a matcher: each query whose own content (the tokens it does not share with its "
+        "nearest references and queries) covers less than 60% of it is also searched and verified as that part, cut "
+        "from its pixels (a copy pasted into a screenshot or a meme); whole images only"),
+        action=argparse.BooleanOptionalAction)
+    descriptor_content_tokens: bool = setting(False, (
+        "search again with descriptors of each image's content tokens (final-layer tokens shared at a cosine above "
+        f"{DESCRIPTOR_TAU} with {MIN_IMAGES} of its {NEIGHBOURS} nearest images dropped): two more descriptor passes "
+        "per image; whole images only (--descriptor-lce none)"), action="store_true")
     descriptor_content_tau: float = DESCRIPTOR_TAU
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
         check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
+        from ..content.tokens import check_content_settings  # torch: not for --help
+
         check_content_settings(self.content_tau, self.content_min_images, self.content_neighbours)
         check_content_settings(self.descriptor_content_tau, self.content_min_images, self.content_neighbours,
                                "descriptor_content_tau")
@@ -116,12 +150,11 @@ class DetectConfig:
         if not 0 <= self.k_start <= self.k_end:
             raise ConfigError(f"score normalisation needs 0 <= k_start <= k_end, got k_start={self.k_start}, "
                               f"k_end={self.k_end}")
-        check_ranks(self.collection_k_start, self.collection_k_end)
         check_mode(self.reference_background, REFERENCE_BACKGROUNDS, "reference_background")
         if self.reference_background != "collection" and not self.normalises_references:
             raise ConfigError(f"reference_background {self.reference_background!r} sets where collection "
                               "normalisation measures the references' backgrounds, and it is off: give "
-                              "collection_normalisation=True (--collection-normalisation on)")
+                              "collection=CollectionNormalisation(on=True) (--collection-normalisation on)")
 
     @property
     def crops_queries(self) -> bool:
@@ -130,20 +163,16 @@ class DetectConfig:
 
     @property
     def normalises_references(self) -> bool:
-        """Whether :func:`detect` normalises its references over their collection (``collection_normalisation``;
-        ``None``: no)."""
-        return bool(self.collection_normalisation)
-
-    @property
-    def normalises_collection(self) -> bool:
-        """Whether :func:`dedup <.dedup.dedup>` normalises its descriptor stage over the collection
-        (``collection_normalisation``; ``None``: yes)."""
-        return self.collection_normalisation is not False
+        """Whether :func:`detect` normalises its references over their collection (``collection.on``)."""
+        return self.collection.on
 
     def pair_scoring(self, max_pixels: int | None = None, matches=None, tokens=None) -> PairScoring:
         """How the matcher scores this pipeline's pairs: its LCE views, batches, cache, chunks and content tokens
         (with the collection's ``matches`` when given), images read under ``max_pixels``, their encoder tokens
         read from ``tokens`` (a token store) when given."""
+        from ..content.stage import matcher_content  # torch: not for --help
+        from ..verify.pairs import PairScoring
+
         content = matcher_content(self)
         return PairScoring(lce=self.matcher_lce, batch_size=self.batch_size, cache_size=self.cache_size,
                            num_workers=self.num_workers, max_pixels=max_pixels, chunk_size=self.chunk_size,
@@ -151,7 +180,8 @@ class DetectConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> DetectConfig:
-        """The settings of ``preset`` (:data:`~.presets.DETECT_PRESETS`), with ``overrides`` (fields given explicitly)."""
-        if preset not in DETECT_PRESETS:
-            raise ConfigError(f"unknown detect preset {preset!r}; choose one of {', '.join(DETECT_PRESETS)}")
-        return cls(**{**DETECT_PRESETS[preset], **overrides})
+        """The settings of ``preset`` (:data:`~copynce_hf.retrieval.presets.PIPELINE_PRESETS`: ``detect``'s and
+        ``dedup``'s), with ``overrides`` (fields given explicitly)."""
+        if preset not in PIPELINE_PRESETS:
+            raise ConfigError(f"unknown detect preset {preset!r}; choose one of {', '.join(PIPELINE_PRESETS)}")
+        return cls(**{**PIPELINE_PRESETS[preset], **overrides})

@@ -26,20 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ...modeling.errors import ConfigError
 from ..predictions import Prediction
+from ..presets import check_ranks
 from .index import DescriptorIndex
 from .view_search import search_views, view_preset_of
 
 #: Probabilities are clipped to ``[PROBABILITY_EPSILON, 1 - PROBABILITY_EPSILON]`` before their logit is taken
 #: (a float32 sigmoid reads 1.0 from logit 17 on): logits stay within +-13.8.
 PROBABILITY_EPSILON = 1e-6
-
-
-def check_ranks(k_start: int, k_end: int, what: str = "collection normalisation") -> None:
-    """Refuse ranks that are not ``0 <= k_start <= k_end`` (one :class:`ConfigError` naming both)."""
-    if not 0 <= int(k_start) <= int(k_end):
-        raise ConfigError(f"{what} needs 0 <= k_start <= k_end, got k_start={k_start}, k_end={k_end}")
 
 
 def neighbour_background(neighbour_scores: Mapping[str, Sequence[float]], k_start: int,

@@ -1,0 +1,1 @@
+"""Settings dataclasses whose fields declare their own command-line options (:mod:`.fields`)."""
