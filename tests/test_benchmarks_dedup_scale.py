@@ -1,4 +1,4 @@
-"""Tests of the ``copynce dedup --dataset`` scale benchmark (benchmarks/dedup_scale.py): its collection, how it
+"""Tests of the ``copynce dedup --dataset`` scale benchmark (benchmarks/scale/dedup.py): its collection, how it
 reads a run's stages, the matcher rate of a run killed in its matcher stage, and one whole run with tiny models."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from conftest import save_tiny_models
 from PIL import Image
 
-from benchmarks.dedup_scale import (
+from benchmarks.scale.dedup import (
     build_collection,
     collection_plan,
     main,
