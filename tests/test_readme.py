@@ -323,14 +323,36 @@ def _numbers(text: str) -> list[str]:
     return re.findall(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?!\w)", text)
 
 
+def _figures(text: str) -> set[str]:
+    """The measured figures of ``text``: its numbers with a decimal point or a thousands separator (not counts
+    and labels such as "3 x CopyNCE" or "seed 0")."""
+    return {number for number in _numbers(text) if "." in number or "," in number}
+
+
+def rows_not_from_one_section(page: str, log: str) -> list[str]:
+    """The table rows of ``page`` whose figures are not all in one section (``##`` to ``######``) of ``log``: a
+    row is one record of the log, not figures gathered from anywhere in it."""
+    sections = [_figures(section) for section in re.split(r"\n(?=#{2,6} )", log)]
+    rows = [line for line in page.splitlines() if line.startswith("|") and _figures(line)]
+    return [row for row in rows if not any(_figures(row) <= section for section in sections)]
+
+
 def test_benchmarks_page_is_short_and_copies_its_numbers_from_the_log():
     page, log = BENCHMARKS.read_text(encoding="utf-8"), LOG.read_text(encoding="utf-8")
     assert len(page.splitlines()) < 400
     assert "(benchmarks/LOG.md)" in page
     logged = set(_numbers(log))
     assert not [number for number in _numbers(page) if number not in logged]
+    assert rows_not_from_one_section(page, log) == []
     results = README.read_text(encoding="utf-8").split("## Results", 1)[1].split("\n## ", 1)[0]
     assert not [number for number in _numbers(results) if number not in logged]
+
+
+def test_a_row_gathered_from_two_sections_of_the_log_is_refused():
+    log = "# Log\n\n## First run\n\n| a | 0.512 | 1,024 |\n\n## Second run\n\n| a | 0.498 | 2,048 |\n"
+    assert rows_not_from_one_section("| a, seed 3 | 0.512 | 1,024 |\n", log) == []
+    assert rows_not_from_one_section("| a | 0.512 | 2,048 |\n| b | 0.7 | |\n", log) == [
+        "| a | 0.512 | 2,048 |", "| b | 0.7 | |"]
 
 
 def test_scaling_table_reads_back_from_the_page_and_the_log():
