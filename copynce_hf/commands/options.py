@@ -175,8 +175,7 @@ def add_verification(p: argparse.ArgumentParser, candidates: int | None = None, 
     p.add_argument("--candidates", type=positive_int, default=candidates,
                    help="candidates of each query image verified by the matcher: its nearest references, merged over "
                    "the descriptors (dedup: the nearest other images of each image) "
-                   + defaults_text(candidates, f"fast: {DEFAULT_CANDIDATES}, about 1.3 s per query on one CPU core "
-                                   "with --matcher-lce none; paper: 400, as the authors on GPUs"))
+                   + defaults_text(candidates, f"fast: {DEFAULT_CANDIDATES}; paper: 400, as the authors on GPUs"))
 
 
 def add_collection_normalisation(p: argparse.ArgumentParser, dedup: bool = False) -> None:
