@@ -120,25 +120,44 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         return _load_onnx(path if path is not None else default, kind, option)
     if is_onnx_folder(path):
         raise ConfigError(f"{option} {path} is an ONNX export (copynce export-onnx): pass --runtime onnx to run it")
-    if path is None:
-        folder = Path(default) if default is not None else DEFAULTS.get(kind or "descriptor")
-        if not (folder / "config.json").is_file():
-            raise ConfigError(
-                f"no {option} given and the embedded model folder {folder} does not exist (the embedded models are "
-                f"made by `python scripts/export_embedded.py`, see copynce_hf/pretrained/README.md); pass {option} PATH "
-                f"(a folder written by save_pretrained, or a Hub id)"
-            )
-        path = folder
+    path = _embedded_folder(kind, option, default) if path is None else path
     check_model_path(path, option)
     path = resolve_hub_id(path, option)  # before torch loads: a mistyped name fails in a second
     # importing copynce_hf (this module's package) registered the CopyNCE classes with the Auto classes
     import torch
     from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel
+    from transformers import AutoImageProcessor, AutoModel
+
+    _check_kind(path, kind, option)
+    try:
+        model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
+        processor = AutoImageProcessor.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError, SafetensorError) as error:
+        raise _load_error(error, path, option) from error
+    return model, processor
+
+
+def _embedded_folder(kind: str | None, option: str, default: str | Path | None) -> Path:
+    """The folder loaded when no ``option`` is given: ``default``, else the embedded model of ``kind`` (the
+    descriptor when ``kind`` is None); a clear error where it holds no model."""
+    folder = Path(default) if default is not None else DEFAULTS.get(kind or "descriptor")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"no {option} given and the embedded model folder {folder} does not exist (the embedded models are "
+            f"made by `python scripts/export_embedded.py`, see copynce_hf/pretrained/README.md); pass {option} PATH "
+            f"(a folder written by save_pretrained, or a Hub id)"
+        )
+    return folder
+
+
+def _check_kind(path: str | Path, kind: str | None, option: str) -> None:
+    """Read the configuration of ``path`` alone and refuse a folder of another architecture, or a CopyNCE model of
+    the other kind than ``kind`` (``None``: either), before any weights load."""
+    from transformers import AutoConfig
 
     from ..modeling.configuration_copynce import model_kind
 
-    try:  # the configuration first: a folder of another architecture is refused before its weights load
+    try:
         config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as error:
         raise _load_error(error, path, option) from error
@@ -148,12 +167,6 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
         raise ConfigError(f"{option} {path}: {error}") from None
     if kind is not None and found != kind:
         raise ConfigError(f"{option} {path} holds a {found}; a {kind} is needed here")
-    try:
-        model = AutoModel.from_pretrained(str(path), dtype=torch.float32).eval()
-        processor = AutoImageProcessor.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError, SafetensorError) as error:
-        raise _load_error(error, path, option) from error
-    return model, processor
 
 
 def _load_onnx(path: str | Path | None, kind: str | None, option: str):
