@@ -48,7 +48,7 @@ demo: install
 	$(PYTHON) -m copynce_hf.demo
 
 bench: install
-	$(PYTHON) -m benchmarks.speed --parts pixtrace
+	$(PYTHON) -m benchmarks.speed.parts --parts pixtrace
 	$(PYTHON) scripts/bench_dataloader.py
 
 # The Space (Compare / Search / Make a copy) on http://127.0.0.1:7860 with the embedded models;

@@ -1,16 +1,18 @@
-"""Benchmarks of copynce_hf (BENCHMARKS.md): quality on mini-DISC and speed, each with its reference.
+"""Benchmarks of copynce_hf (BENCHMARKS.md), one subpackage per question, each module a
+``python -m benchmarks.<package>.<module>`` entry point where it runs something (benchmarks/README.md has the
+commands):
 
-Modules (each a ``python -m benchmarks.<name>`` entry point where it runs something):
+* :mod:`.quality`: how well are copies found? Every system on mini-DISC, calibrated thresholds, dedup on planted
+  copies.
+* :mod:`.templates`: do unrelated photos in the same template pass for copies? The template task and its systems.
+* :mod:`.speed`: how fast is each part, beside its reference? PixTrace, the data pipeline, extraction, faiss,
+  model passes, ONNX Runtime, commands beside busy cores.
+* :mod:`.scale`: what does DISC21's size cost? faiss at a million, the DISC21 estimate, dedup of large
+  collections, throughput on a GPU.
+* :mod:`.training`: what does training buy, and which model ships? Equal-budget runs, the compute-scaling curve,
+  the GPU run of the embedded models, the held-out export rule.
 
-* :mod:`.minidisc`: the mini-DISC task (references, edited queries, ground truth) and its evaluation recipe.
-* :mod:`.systems`: PDQ, pHash, descriptor models (trained or random) and matcher re-scoring.
-* :mod:`.quality`: runs the systems on mini-DISC, one JSON result per system.
-* :mod:`.training`: trains the baseline / CopyNCE descriptors and matchers with identical budgets.
-* :mod:`.speed`: PixTrace vs dense table warping, data pipeline, extraction vs ``ViTModel``, faiss.
-* :mod:`.dense_tables`: the full-resolution table-warping implementation the speed benchmark compares with.
-* :mod:`.report`: renders the saved results as BENCHMARKS.md tables and plots.
-* :mod:`.templates`: dedup and detection with unrelated photos in the same template (the task in
-  :mod:`.template_task`, its templates drawn by :mod:`.template_designs`).
-
-See benchmarks/README.md for the commands.
+Beside them: :mod:`.minidisc` (the mini-DISC task on the shared data, which every question reads),
+:mod:`.common` (result files, the machine, the command line) and :mod:`.report` (BENCHMARKS.md's tables and
+figures from the saved results).
 """

@@ -5,10 +5,10 @@
 
 Reads what the other entry points wrote (nothing is recomputed):
 
-* ``<results-dir>/<system>.json`` from ``python -m benchmarks.quality`` (metrics, PR curves);
-* ``<results-dir>/runs/*/training_summary.json`` and ``run.json`` from ``python -m benchmarks.training``
+* ``<results-dir>/<system>.json`` from ``python -m benchmarks.quality.systems`` (metrics, PR curves);
+* ``<results-dir>/runs/*/training_summary.json`` and ``run.json`` from ``python -m benchmarks.training.train``
   (loss history, steps, wall time, command) and ``<results-dir>/training_plan.json``;
-* ``<results-dir>/speed.json`` from ``python -m benchmarks.speed``.
+* ``<results-dir>/speed.json`` from ``python -m benchmarks.speed.parts``.
 
 Writes the quality table (every seed and the per-variant mean), the precision-recall curves of
 all systems in one PNG (:func:`copynce_hf.metrics.plots.save_pr_curves`), the training loss
@@ -165,7 +165,7 @@ def data_section(d: dict) -> str:
                         for size, e in d["sizes"].items())
     return ("### Training data pipeline\n\n"
             f"{d['source']}; {d['split_pairs']} pairs per round, {d['rounds']} alternated rounds of fused and "
-            f"edit-by-edit rendering on the same pairs ({d['timing']}); `benchmarks/dataloader.py` functions. "
+            f"edit-by-edit rendering on the same pairs ({d['timing']}); `benchmarks/speed/dataloader.py` functions. "
             "Stages per pair: decode (JPEG in draft mode to the maker's max_source_side), edit (source shrink, "
             "query recipe, reference resize, tables; of which the chains' random draws, timed alone with "
             "`CopyEditor.draw`, are the same work in both paths), trace (both overlap priors), collate (uint8 batch "
@@ -187,7 +187,7 @@ def speed_section(speed: dict) -> str:
         out.append("### PixTrace tables and priors per training pair\n\n"
                    f"{p['setting']}.\n\n| implementation | ms per pair | pairs timed |\n|---|---|---|\n"
                    f"| copynce_hf.pixtrace (analytic tables) | {p['pixtrace_ms_per_pair']:.2f} | {p['pairs']['pixtrace']} |\n"
-                   f"| full-resolution dense table warping (benchmarks/dense_tables.py) | {p['dense_ms_per_pair']:.2f} "
+                   f"| full-resolution dense table warping (benchmarks/speed/dense_tables.py) | {p['dense_ms_per_pair']:.2f} "
                    f"| {p['pairs']['dense']} |\n\nFastest of alternated rounds (median round: "
                    f"{p['median_ms_per_pair']['pixtrace']:.2f} and {p['median_ms_per_pair']['dense']:.2f} ms). "
                    f"Speed-up: **{p['speedup']:.1f}x**. Agreement on 20 pairs: mean L1 "

@@ -1,6 +1,6 @@
 """Float16 model folders with research-only cards: the embedded default models and the baseline checkpoint.
 
-:func:`export_model` turns a trained model folder (a benchmark run's, ``python -m benchmarks.training``)
+:func:`export_model` turns a trained model folder (a benchmark run's, ``python -m benchmarks.training.train``)
 into a small folder shipped with the package (``scripts/export_embedded.py`` is its command):
 
 1. it loads the model and image processor with ``AutoModel`` / ``AutoImageProcessor`` in float32
@@ -124,7 +124,7 @@ def load_float32(folder: Path, kind: str):
 
 
 def read_results(results_dir: Path, system: str) -> dict | None:
-    """The ``metrics`` of ``<results_dir>/<system>.json`` (written by ``python -m benchmarks.quality``), or None."""
+    """The ``metrics`` of ``<results_dir>/<system>.json`` (written by ``python -m benchmarks.quality.systems``), or None."""
     path = Path(results_dir) / f"{system}.json"
     if not path.is_file():
         return None
@@ -173,7 +173,7 @@ def training_settings(source: Path) -> dict:
             settings["weights"] = (f"the trained weights (the run also kept their moving average, decay "
                                    f"{summary['ema_decay']:g}, not these)" if trained_of_averaged else
                                    f"the moving average of the trained weights (decay {summary['ema_decay']:g})")
-    run_path = Path(source) / "run.json"  # written by python -m benchmarks.training
+    run_path = Path(source) / "run.json"  # written by python -m benchmarks.training.train
     if run_path.is_file():
         command = json.loads(run_path.read_text(encoding="utf-8")).get("command", "")
         recipe = command_option(command, "query_recipe") or "training"

@@ -283,13 +283,41 @@ def build_model_card(
     kind = _model_kind(config)
     if not isinstance(model_id, str) or not model_id.strip():
         raise CopyNCEError(f"model_id must be a non-empty string, got {model_id!r}")
-    pipeline_tag = PIPELINE_TAGS[kind]
     normalised = _normalise_results(results)
-    dataset_ids = _as_list(datasets)
-    base_models = _as_list(base_model)
+    dataset_ids, base_models = _as_list(datasets), _as_list(base_model)
     settings = dict(training_settings or {})
     licence = _card_license(config, license, license_name, license_link)
-    card_data = ModelCardData(
+    card_data = _card_data(kind, model_id, normalised, dataset_ids, base_models, licence)
+    values = _template_values(config, kind, settings, normalised, dataset_ids, base_models)
+    template = _card_template(template_path, kind)
+    return ModelCard.from_template(card_data, template_path=str(template), model_id=model_id, **values)
+
+
+def _template_values(config, kind: str, settings: dict[str, Any], normalised: list[dict[str, Any]],
+                     dataset_ids: list[str], base_models: list[str]) -> dict[str, Any]:
+    """What the card's Jinja template reads besides the model id: the pipeline tag, the rows of its architecture,
+    objective, training-settings and results tables, base models, datasets, descriptor size, the ``transformers``
+    requirement and the citation."""
+    return dict(
+        pipeline_tag=PIPELINE_TAGS[kind],
+        architecture_rows=_architecture_rows(config, kind),
+        objective_rows=_objective_rows(config, kind),
+        training_rows=[(str(key), _format_value(value)) for key, value in settings.items()],
+        result_rows=_result_rows(normalised),
+        base_models=base_models,
+        dataset_ids=dataset_ids,
+        descriptor_dim=getattr(config, "descriptor_dim", None),
+        transformers_requirement=TRANSFORMERS_REQUIREMENT,
+        citation=CITATION,
+    )
+
+
+def _card_data(kind: str, model_id: str, normalised: list[dict[str, Any]], dataset_ids: list[str],
+               base_models: list[str], licence: dict[str, str | None]) -> ModelCardData:
+    """The card's metadata (its YAML header): licence, library, pipeline tag, tags, training datasets, base
+    model(s), and the ``model-index`` of the normalised ``results`` (one ``EvalResult`` per metric)."""
+    pipeline_tag = PIPELINE_TAGS[kind]
+    return ModelCardData(
         **licence,
         library_name="transformers",
         pipeline_tag=pipeline_tag,
@@ -299,23 +327,6 @@ def build_model_card(
         metrics=[METRIC_ID] if normalised else None,
         model_name=model_id.rstrip("/").split("/")[-1],
         eval_results=_eval_results(normalised, pipeline_tag) or None,
-    )
-    result_rows = _result_rows(normalised)
-    template = _card_template(template_path, kind)
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(template),
-        model_id=model_id,
-        pipeline_tag=pipeline_tag,
-        architecture_rows=_architecture_rows(config, kind),
-        objective_rows=_objective_rows(config, kind),
-        training_rows=[(str(key), _format_value(value)) for key, value in settings.items()],
-        result_rows=result_rows,
-        base_models=base_models,
-        dataset_ids=dataset_ids,
-        descriptor_dim=getattr(config, "descriptor_dim", None),
-        transformers_requirement=TRANSFORMERS_REQUIREMENT,
-        citation=CITATION,
     )
 
 

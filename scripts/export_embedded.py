@@ -1,6 +1,6 @@
 """Convert trained model folders into the embedded default models shipped with the package.
 
-The benchmark runs (``python -m benchmarks.training``) write full-precision model folders into
+The benchmark runs (``python -m benchmarks.training.train``) write full-precision model folders into
 ``outputs/benchmarks/runs/<kind>-<variant>-seed<k>/``. This script turns the seed-0 CopyNCE
 descriptor and matcher into the package's embedded defaults, and the seed-0 baseline descriptor
 into the comparison checkpoint, with :func:`copynce_hf.export.export_model` (float16 weights, a

@@ -17,12 +17,12 @@ import yaml
 from conftest import TINY_VIT, require_extra
 from PIL import Image
 
-from benchmarks import dense_tables
 from benchmarks.minidisc import MiniDiscConfig, build_minidisc
-from benchmarks.quality import evaluate_system, run_quality
+from benchmarks.quality.systems import evaluate_system, run_quality
 from benchmarks.report import load_quality, render
-from benchmarks.speed import bench_faiss, bench_pixtrace, pixtrace_chain
-from benchmarks.training import VARIANTS, plan_runs, prepare_train_split
+from benchmarks.speed import dense_tables
+from benchmarks.speed.parts import bench_faiss, bench_pixtrace, pixtrace_chain
+from benchmarks.training.train import VARIANTS, plan_runs, prepare_train_split
 from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.evaluation.systems import HashSystem, SystemOutput, score_predictions
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
@@ -104,15 +104,15 @@ def test_minidisc_fingerprint_is_pinned():
 
 
 def test_one_evaluation_engine_serves_demo_benchmarks_and_cli():
-    import benchmarks.quality
+    import benchmarks.quality.systems
     import copynce_hf.demo.run
     import copynce_hf.demo.systems
     from copynce_hf.evaluation import demo_task, minidisc, systems
     from copynce_hf.runs import settings as pipeline_settings
     from copynce_hf.runtime import loading as model_loading
 
-    assert benchmarks.quality.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
-    assert benchmarks.quality.MiniDisc is minidisc.MiniDisc
+    assert benchmarks.quality.systems.HashSystem is systems.HashSystem is copynce_hf.demo.systems.HashSystem
+    assert benchmarks.quality.systems.MiniDisc is minidisc.MiniDisc
     assert copynce_hf.demo.run.DemoTask is demo_task.DemoTask
     assert pipeline_settings.load_model is model_loading.load_model is copynce_hf.demo.run.load_model
 
@@ -284,7 +284,7 @@ def test_training_runs_differ_only_by_copynce_weight(tmp_path):
 
 
 def test_multi_process_runs_take_a_core_each_and_resume_from_their_latest_checkpoint(tmp_path):
-    from benchmarks.training import core_groups
+    from benchmarks.training.train import core_groups
 
     assert core_groups([0, 1], parallel=2) == ["0", "1"]
     assert core_groups([0, 1], parallel=1, processes=2) == ["0,1"]
@@ -302,7 +302,7 @@ def test_multi_process_runs_take_a_core_each_and_resume_from_their_latest_checkp
 
 
 def test_gpu_matcher_runs_use_bf16_and_the_configured_knn_graph(tmp_path):
-    from benchmarks.training import CONFIGS, REPO_ROOT, ensure_knn_graph
+    from benchmarks.training.train import CONFIGS, REPO_ROOT, ensure_knn_graph
 
     run = plan_runs("matcher", ["copynce"], [0], 10, tmp_path / "runs", tmp_path / "data", gpu=True)[0]
     command = run.command()
@@ -367,7 +367,7 @@ def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path)
 def test_a_run_with_a_weight_average_is_discovered_as_two_descriptors(tmp_path):
     """A run trained with ``ema_decay`` holds the average (scored under the run's name) and its
     trained weights in ``without_ema/`` (scored as ``<run>-without-ema``); a run without keeps one entry."""
-    from benchmarks.quality import discover_runs
+    from benchmarks.quality.systems import discover_runs
 
     for name, summary in (("descriptor-copynce-seed0", {"ema_decay": 0.998, "history": []}),
                           ("descriptor-baseline-seed0", {"ema_decay": None})):
@@ -385,9 +385,9 @@ def test_a_run_with_a_weight_average_is_discovered_as_two_descriptors(tmp_path):
 
 
 def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
-    """``benchmarks.scaling``: one row per scored run (pairs = steps x batch, the recipe and precision
+    """``benchmarks.training.scaling``: one row per scored run (pairs = steps x batch, the recipe and precision
     read from the run's own files), a mean row where seeds repeat a budget, and the figure."""
-    from benchmarks.scaling import load_rows, save_scaling_figure, scaling_table
+    from benchmarks.training.scaling import load_rows, save_scaling_figure, scaling_table
 
     task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
     queries = [q.query_id for q in task.queries]
@@ -435,7 +435,7 @@ def test_scaling_table_and_figure_read_the_runs_and_their_scores(tmp_path):
 
 
 def test_scaling_figure_labels_only_budgets_apart_on_its_log_axis():
-    from benchmarks.scaling import spaced_ticks
+    from benchmarks.training.scaling import spaced_ticks
 
     # two runs at nearly the same budget (984,064 and 1,001,472 pairs) get one label, not two printed over each other
     assert spaced_ticks([10368, 20736, 474112, 984064, 1001472]) == [10368, 20736, 474112, 984064]
@@ -443,7 +443,7 @@ def test_scaling_figure_labels_only_budgets_apart_on_its_log_axis():
 
 
 def test_scaling_series_name_the_options_a_probe_changed():
-    from benchmarks.scaling import other_options
+    from benchmarks.training.scaling import other_options
 
     command = ("taskset -c 1 python -m accelerate.commands.launch --num_processes 1 --cpu scripts/train.py --config "
                "c.yaml --dataset d --output_dir o --seed 0 --max_steps 324 --warmup_steps 40 --mixed_precision bf16 "
@@ -456,7 +456,7 @@ def test_scaling_series_name_the_options_a_probe_changed():
 def test_scaling_rows_count_accumulated_pairs_and_name_a_probed_warm_up(tmp_path):
     """Pairs seen come from the run's summary (an accumulation probe's 162 steps of 2 x 32 pairs sit at the
     324-step budget), and a warm-up that is not the stretched schedule's makes its own series."""
-    from benchmarks.scaling import load_rows, warmup_option
+    from benchmarks.training.scaling import load_rows, warmup_option
 
     assert warmup_option(40, 324) == warmup_option(20, 162) == warmup_option(320, 2592) == warmup_option(None, 9) == ""
     assert warmup_option(80, 324) == "warmup_steps 80"
@@ -489,9 +489,9 @@ def test_scaling_rows_count_accumulated_pairs_and_name_a_probed_warm_up(tmp_path
 
 
 def test_bench_dataloader_measures_a_training_config_model_and_its_loader(tmp_path):
-    """``python -m benchmarks.dataloader --config``: the paper configs' pairs per step (slots count twice),
+    """``python -m benchmarks.speed.dataloader --config``: the paper configs' pairs per step (slots count twice),
     a step of each model type timed under bf16 autocast, and the loader/model comparison written out."""
-    from benchmarks import dataloader as bench
+    from benchmarks.speed import dataloader as bench
 
     descriptor, matcher = bench.training_config("descriptor_vits16_224.yaml"), bench.training_config("matcher_vits16_224.yaml")
     assert (descriptor.pairs_per_batch, matcher.pairs_per_batch) == (192, 32)
@@ -529,7 +529,7 @@ def test_loader_rate_is_timed_over_whole_rounds_of_the_workers(monkeypatch):
     """Fewer timed batches than workers would time only some workers' second batch against a round's time
     (about batches / workers of the steady rate); the rate is timed over at least three whole rounds, after a
     warm-up of one batch per worker, so it is the steady rate (checked on a simulated clock, not timed)."""
-    from benchmarks import dataloader as bench
+    from benchmarks.speed import dataloader as bench
 
     assert bench.timed_batches(10, 16) == 48 and bench.timed_batches(40, 16) == 48
     assert bench.timed_batches(50, 16) == 64 and bench.timed_batches(6, 2) == 6 and bench.timed_batches(1, 0) == 1
@@ -547,7 +547,7 @@ def test_loader_rate_is_timed_over_whole_rounds_of_the_workers(monkeypatch):
 def test_bench_dataloader_selects_large_originals_and_times_the_draws_in_both_paths(tmp_path):
     """``--min_long_side`` keeps only the larger originals; the stage split of each path carries the
     chains' draws (timed alone) and the fused / edit-by-edit ratios with and without them."""
-    from benchmarks import dataloader as bench
+    from benchmarks.speed import dataloader as bench
 
     rng = np.random.default_rng(0)
     for name, (width, height) in {"small.png": (40, 30), "wide.png": (100, 60), "tall.png": (50, 80)}.items():
@@ -568,7 +568,14 @@ def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys
     figure can be redrawn after the runs' folders are gone; ``--continued`` adds a run that continued a trained
     model at the pairs of both runs, in a series naming the continuation and its batch; a row read from files
     replaces the table's row of the same series, steps and seed."""
-    from benchmarks.scaling import ScalingRow, continued_row, main, merge_rows, scaling_table, table_rows
+    from benchmarks.training.scaling import (
+        ScalingRow,
+        continued_row,
+        main,
+        merge_rows,
+        scaling_table,
+        table_rows,
+    )
 
     def row(series_options: str, steps: int, seed: int, muap: float, **changes) -> ScalingRow:
         fields = dict(run="r", variant="copynce", recipe="training", precision="bf16", seed=seed, steps=steps,
@@ -609,7 +616,7 @@ def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys
         capsys.readouterr().out)
     with pytest.raises(SystemExit):
         main(["--continued", str(run / "without_ema"), str(quality), "many"])
-    with pytest.raises(SystemExit, match="not a python -m benchmarks.quality record"):
+    with pytest.raises(SystemExit, match="not a python -m benchmarks.quality.systems record"):
         continued_row(run / "without_ema", tmp_path / "missing.json", 128)
     summary = json.loads((run / "training_summary.json").read_text())
     (run / "training_summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "seed"}))
@@ -625,11 +632,11 @@ def test_scaling_rows_from_a_recorded_table_and_a_continued_run(tmp_path, capsys
 
 
 def test_contention_benchmark_measures_a_command_idle_and_beside_busy_processes(tmp_path):
-    """benchmarks.contention: the child's CPU time is counted (a command that burns about 0.3 s of CPU), idle
+    """benchmarks.speed.contention: the child's CPU time is counted (a command that burns about 0.3 s of CPU), idle
     and contended runs are kept apart, and the ratio is the worst contended over the median idle."""
     import sys
 
-    from benchmarks import contention
+    from benchmarks.speed import contention
 
     burn = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3:\n    pass\n"
     output = tmp_path / "contention.json"

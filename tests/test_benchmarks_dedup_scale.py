@@ -1,8 +1,9 @@
-"""Tests of the ``copynce dedup --dataset`` scale benchmark (benchmarks/dedup_scale.py): its collection, how it
+"""Tests of the ``copynce dedup --dataset`` scale benchmark (benchmarks/scale/dedup.py): its collection, how it
 reads a run's stages, the matcher rate of a run killed in its matcher stage, and one whole run with tiny models."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 
@@ -10,9 +11,10 @@ import pytest
 from conftest import save_tiny_models
 from PIL import Image
 
-from benchmarks.dedup_scale import (
+from benchmarks.scale.dedup import (
     build_collection,
     collection_plan,
+    found_groups,
     main,
     matcher_progress,
     matcher_rate,
@@ -127,6 +129,34 @@ def test_the_matchers_setup_is_counted_once_not_at_the_rate_of_its_pairs():
     assert rate["setup_seconds"] == 300.0 and rate["pairs_per_second"] == 4.0 and rate["bar_total"] == 1600
 
 
+def _write_output(folder, groups: list[list[str]], verified: int, stage_rows: str = "") -> None:
+    """A dedup output folder as ``copynce dedup`` writes it: ``groups.csv``, ``pairs.csv`` and ``report.html``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "groups.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["group_id", "image_id"])
+        writer.writerows([f"g{number}", image] for number, group in enumerate(groups) for image in group)
+    (folder / "pairs.csv").write_text("query_id,reference_id,score\n" + "a,b,0.9\n" * verified)
+    (folder / "report.html").write_text(f"<h2>Time per stage</h2><table>{stage_rows}</table>")
+
+
+def test_the_groups_found_are_scored_by_their_pairs_against_the_planted_ones(tmp_path):
+    # planted: a-b, a-c (two copies of a), d-e; found: {a, b, c, x} joins a stranger x, {d, f} misses e
+    truth = [["a", "b"], ["a", "c"], ["d", "e"]]
+    _write_output(tmp_path, [["a", "b", "c", "x"], ["d", "f"]], verified=5,
+                  stage_rows="<tr><td>index</td><td>1.5</td></tr><tr><td>matcher</td><td>20</td></tr>")
+    found = found_groups(tmp_path, truth)
+    # found pairs: ab ac ax bc bx cx df (7), of which ab and ac are planted; planted pairs: ab ac de (3)
+    assert found["pair_precision"] == round(2 / 7, 4) and found["pair_recall"] == round(2 / 3, 4)
+    assert found["groups"] == 2 and found["images_in_groups"] == 6 and found["largest_groups"] == [4, 2]
+    assert found["pairs_verified"] == 5 and found["report_stage_seconds"] == {"index": 1.5, "matcher": 20.0}
+    every_copy = tmp_path / "every_copy"
+    _write_output(every_copy, [["a", "b", "c"], ["d", "e"]], verified=3)
+    # every planted pair found; b-c (two copies of one original) is not planted as a pair: one false pair of four
+    assert (found_groups(every_copy, truth)["pair_precision"], found_groups(every_copy, truth)["pair_recall"]) == (
+        0.75, 1.0)
+
+
 @pytest.mark.slow
 def test_a_whole_run_with_tiny_models_records_its_stages_groups_and_memory(tmp_path, capsys):
     models = save_tiny_models(tmp_path / "models", seed=0)
@@ -139,7 +169,9 @@ def test_a_whole_run_with_tiny_models_records_its_stages_groups_and_memory(tmp_p
     assert set(stages["seconds"]) == set(stages["cpu_seconds"]) == {"load", "descriptors", "matcher", "groups", "write"}
     assert stages["numbers"]["load"] == [40] and stages["numbers"]["descriptors"][1] == 38  # 2 corrupt rows
     assert found["pairs_verified"] == stages["numbers"]["matcher"][0] > 0
-    assert 0 <= found["pair_precision"] <= 1 and set(found["report_stage_seconds"]) >= {"index", "matcher"}
+    assert found == found_groups(tmp_path / "work" / "dedup-40", json.loads(
+        (tmp_path / "work" / "collection-40" / "manifest.json").read_text())["truth"])  # the run's own output, read
+    assert set(found["report_stage_seconds"]) >= {"index", "matcher"}
     peaks = [peak for peak in stages["peak_rss_mib"].values() if peak is not None]
     assert peaks and run["peak_rss_mib"] >= max(peaks) > 100
     assert 0 < sum(stages["cpu_seconds"].values()) <= run["cpu_seconds"]

@@ -1,5 +1,5 @@
-"""Tests of the DISC21-scale benchmark (benchmarks/scale.py) and the GPU throughput script
-(benchmarks/gpu_throughput.py, run here on the CPU with tiny sizes)."""
+"""Tests of the DISC21-scale benchmark (benchmarks/scale/disc21.py) and the GPU throughput script
+(benchmarks/scale/gpu_throughput.py, run here on the CPU with tiny sizes)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import gpu_throughput
-from benchmarks.scale import (
+from benchmarks.scale import gpu_throughput
+from benchmarks.scale.disc21 import (
     PUBLISHED_VITS16_IMAGES_PER_SECOND,
     bench_faiss_scale,
     disc21_estimate,
@@ -21,7 +21,7 @@ from benchmarks.scale import (
     paper_preset_counts,
     synthetic_descriptors,
 )
-from benchmarks.scale import main as scale_main
+from benchmarks.scale.disc21 import main as scale_main
 from copynce_hf.data import ASSET_IMAGES
 
 
@@ -136,7 +136,7 @@ def test_disc21_scenarios_price_the_paper_preset_and_whole_images():
 
 
 def gpu_record(**parts) -> dict:
-    """A gpu_throughput.json record as benchmarks.gpu_throughput writes it (the fields the estimate reads)."""
+    """A gpu_throughput.json record as benchmarks.scale.gpu_throughput writes it (the fields the estimate reads)."""
     record = {"device": "NVIDIA H200", "precision": "bf16", "created": "2026-11-27T02:58:43+00:00",
               "machine": {"torch": "2.11.0+cu130"},
               "inference": {"descriptor_images_per_second": 19224.0, "encoder_views_per_second": 27011.0,

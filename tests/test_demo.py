@@ -66,7 +66,7 @@ def trained(tmp_path_factory):
         processor.save_pretrained(root / name)
     (root / "descriptor" / "training_summary.json").write_text(json.dumps({"steps": 123, "learning_rate": 0.001,
                                                                            "mixed_precision": "bf16"}))
-    (root / "descriptor" / "run.json").write_text(json.dumps(  # as python -m benchmarks.training writes it
+    (root / "descriptor" / "run.json").write_text(json.dumps(  # as python -m benchmarks.training.train writes it
         {"command": "taskset -c 0 python scripts/train.py --max_steps 123 --query_recipe paper_descriptor"}))
     results = root / "results"
     results.mkdir()

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_training.py: the one-command GPU run, here on the CPU with tiny sizes and the bundled images."""
+"""benchmarks/training/gpu.py: the one-command GPU run, here on the CPU with tiny sizes and the bundled images."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from benchmarks import gpu_training
+from benchmarks.training import gpu as gpu_training
 from copynce_hf.data import ASSET_IMAGES
 
 
@@ -80,7 +80,7 @@ def test_prepare_shrinks_the_train_split_under_its_names_and_writes_the_device_c
     assert written == names[:2] and made["images"] == 2
     assert all(max(Image.open(bundle / "train_split" / name).size) == 64 for name in written)
     script = (bundle / "run.sh").read_text()
-    assert "benchmarks.gpu_training run --dataset .gpu/train_split --output-dir \"$OUT\" --work-dir /tmp" in script
+    assert "benchmarks.training.gpu run --dataset .gpu/train_split --output-dir \"$OUT\" --work-dir /tmp" in script
     assert made["travelling_bytes"] > made["bundle_bytes"] > 0
     assert "SKIP_THROUGHPUT=1" not in script
     gpu_training.prepare(bundle, images, splits, max_side=64, packages=False, throughput=False)

@@ -1,4 +1,4 @@
-"""benchmarks/held_out.py: held-out scores over several draws of copies, with tiny models and the bundled images."""
+"""benchmarks/training/held_out.py: held-out scores over several draws of copies, with tiny models and the bundled images."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import save_tiny_models
 
-from benchmarks import held_out
+from benchmarks.training import held_out
 from copynce_hf.data import ASSET_IMAGES
 
 

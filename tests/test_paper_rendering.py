@@ -3,6 +3,8 @@ final resize and a bicubic reference, the original at full resolution."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from PIL import Image
 from test_editor import textured_image
@@ -107,9 +109,11 @@ def test_authors_emoji_fits_inside_the_image_at_a_fraction_of_the_largest_scale(
         covered = np.argwhere(emoji.coverage(90, 160) > 0)
         assert len(covered)
         height, width = np.ptp(covered, axis=0) + 1
-        # The emoji (square, 72 px) at `size` of the largest scale that fits the 90-pixel height: fully inside.
+        # The emoji (square, 72 px) at `size` of the largest scale that fits the 90-pixel height: fully inside,
+        # every pixel of it that the same emoji shows placed in the middle (where nothing can be cut).
         assert abs(max(height, width) - int(90 * size)) <= 1, (size, height, width)
-        assert covered.min() >= 0 and covered[:, 0].max() < 90 and covered[:, 1].max() < 160
+        middle = dataclasses.replace(emoji, x=0.5, y=0.5).coverage(90, 160)
+        assert len(covered) == np.count_nonzero(middle), (size, x, y)
         if x == 1.0:
             assert covered[:, 1].max() == 159 and covered[:, 0].max() == 89  # pushed to the corner, not cut
         edited, table = emoji(image, CoordinateTable.identity(90, 160))

@@ -11,7 +11,7 @@
 * Every ``copynce`` command of a ```bash block parses with the command line's own parser, every
   ``make`` target exists and every ``python -m`` module can be found.
 * Every relative link (and its ``#anchor``) resolves; README.md stays under 250 lines and BENCHMARKS.md
-  under 400, its numbers copied from the dated log, whose scaling table ``benchmarks.scaling --table``
+  under 400, its numbers copied from the dated log, whose scaling table ``benchmarks.training.scaling --table``
   reads back from both.
 """
 
@@ -217,12 +217,24 @@ def test_shell_commands_name_real_commands_targets_and_modules():
             assert re.search(rf"^{re.escape(words[1])}:", makefile, re.MULTILINE), f"{where}: no such target"
             checked["make"] += 1
         elif words[0] in ("python", "python3") and words[1] == "-m":
-            assert importlib.util.find_spec(words[2]) is not None, f"{where}: no module {words[2]}"
+            assert runnable_module(words[2]), f"{where}: no module {words[2]} to run"
             checked["python"] += 1
     assert min(checked.values()) >= 3, checked
 
 
+def runnable_module(name: str) -> bool:
+    """Whether ``python -m name`` runs something: a module, or a package with a ``__main__`` (a package alone
+    would only fail there)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        return spec is not None
+    return importlib.util.find_spec(f"{name}.__main__") is not None
+
+
 def test_the_checks_refuse_a_wrong_command():
+    assert runnable_module("benchmarks.quality.systems") and runnable_module("copynce_hf.training")
+    assert not runnable_module("benchmarks.quality") and not runnable_module("benchmarks.no_such_module")
+
     from copynce_hf.cli import build_parser
 
     with pytest.raises(SystemExit):
@@ -311,18 +323,40 @@ def _numbers(text: str) -> list[str]:
     return re.findall(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?!\w)", text)
 
 
+def _figures(text: str) -> set[str]:
+    """The measured figures of ``text``: its numbers with a decimal point or a thousands separator (not counts
+    and labels such as "3 x CopyNCE" or "seed 0")."""
+    return {number for number in _numbers(text) if "." in number or "," in number}
+
+
+def rows_not_from_one_section(page: str, log: str) -> list[str]:
+    """The table rows of ``page`` whose figures are not all in one section (``##`` to ``######``) of ``log``: a
+    row is one record of the log, not figures gathered from anywhere in it."""
+    sections = [_figures(section) for section in re.split(r"\n(?=#{2,6} )", log)]
+    rows = [line for line in page.splitlines() if line.startswith("|") and _figures(line)]
+    return [row for row in rows if not any(_figures(row) <= section for section in sections)]
+
+
 def test_benchmarks_page_is_short_and_copies_its_numbers_from_the_log():
     page, log = BENCHMARKS.read_text(encoding="utf-8"), LOG.read_text(encoding="utf-8")
     assert len(page.splitlines()) < 400
     assert "(benchmarks/LOG.md)" in page
     logged = set(_numbers(log))
     assert not [number for number in _numbers(page) if number not in logged]
+    assert rows_not_from_one_section(page, log) == []
     results = README.read_text(encoding="utf-8").split("## Results", 1)[1].split("\n## ", 1)[0]
     assert not [number for number in _numbers(results) if number not in logged]
 
 
+def test_a_row_gathered_from_two_sections_of_the_log_is_refused():
+    log = "# Log\n\n## First run\n\n| a | 0.512 | 1,024 |\n\n## Second run\n\n| a | 0.498 | 2,048 |\n"
+    assert rows_not_from_one_section("| a, seed 3 | 0.512 | 1,024 |\n", log) == []
+    assert rows_not_from_one_section("| a | 0.512 | 2,048 |\n| b | 0.7 | |\n", log) == [
+        "| a | 0.512 | 2,048 |", "| b | 0.7 | |"]
+
+
 def test_scaling_table_reads_back_from_the_page_and_the_log():
-    from benchmarks.scaling import table_rows
+    from benchmarks.training.scaling import table_rows
 
     def key(rows):
         return [(r.series, r.steps, r.pairs, r.seed, r.metrics, r.held_out_micro_ap) for r in rows]

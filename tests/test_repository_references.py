@@ -24,7 +24,7 @@ BINARY = {".png", ".jpg", ".jpeg", ".gif", ".safetensors", ".faiss", ".bin", ".p
 #: Folders searched, besides the file's own folder, for a referenced document.
 DOCUMENT_ROOTS = (REPO, REPO / "copynce_hf", REPO / "model_cards")
 #: Examples of output names in tests and report code (files those programs create), not references.
-GENERATED = {"B.md", "tmp/B.md", "gpu_throughput.md",  # benchmarks.gpu_throughput's tables
+GENERATED = {"B.md", "tmp/B.md", "gpu_throughput.md",  # benchmarks.scale.gpu_throughput's tables
              "report.md", "outputs/benchmarks/report.md"}  # benchmarks.report's tables
 
 MARKDOWN_PATH = re.compile(r"(?<![\w/.-])((?:\.\./|\./)*[A-Za-z0-9_-][\w.-]*(?:/[\w.-]+)*\.md)\b")
@@ -109,3 +109,33 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         assert WORK_ITEMS.search(text), text
     for text in ("a known issue with Pillow", "issues with the stream", "this is not an issue of speed"):
         assert not WORK_ITEMS.search(text), text
+
+
+#: ``python -m benchmarks.<...>`` and ``benchmarks/<...>.py`` in any tracked file but the dated log (whose history
+#: keeps the module names of its day).
+BENCHMARK_COMMAND = re.compile(r"\bpython3? -m (benchmarks(?:\.\w+)+)")
+BENCHMARK_FILE = re.compile(r"(?<![\w/.-])benchmarks/[\w/]+\.py\b")
+
+
+def benchmark_references(text: str) -> list[str]:
+    """The benchmark modules ``text`` tells a reader to run and the benchmark files it names, that do not exist:
+    a module to run is a file (a package runs only with a ``__main__``)."""
+    missing = []
+    for match in BENCHMARK_COMMAND.finditer(text):
+        path = REPO / Path(*match.group(1).split("."))
+        if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+            missing.append(match.group(0))
+    missing += [match.group(0) for match in BENCHMARK_FILE.finditer(text) if not (REPO / match.group(0)).is_file()]
+    return missing
+
+
+def test_benchmark_commands_and_files_named_exist():
+    found = {path.relative_to(REPO).as_posix(): benchmark_references(text) for path, text in _tracked_text_files()
+             if path.relative_to(REPO).as_posix() not in ("benchmarks/LOG.md", "tests/test_repository_references.py")}
+    assert {name: missing for name, missing in found.items() if missing} == {}
+
+
+def test_the_benchmark_check_finds_a_package_run_and_a_missing_file():
+    assert benchmark_references("python -m benchmarks.quality.systems --systems pdq; benchmarks/speed/parts.py") == []
+    assert benchmark_references("`python3 -m benchmarks.quality --skip-existing`, see benchmarks/quality.py") == [
+        "python3 -m benchmarks.quality", "benchmarks/quality.py"]

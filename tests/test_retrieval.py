@@ -212,7 +212,7 @@ def test_hnsw_walks_a_beam_of_at_least_the_neighbours_asked_for(tmp_path):
 def clustered_copies(seed: int, count: int = 20_000, dim: int = 64, per_cluster: int = 1000, copies: int = 500):
     """References ``unit(centre + 0.5 g / sqrt(D))`` in clusters of ``per_cluster`` (two of a cluster at cosine
     ~0.8) and copies ``unit(source + 1.5 g / sqrt(D))`` of random references (~0.55 to the source): the
-    structure of ``benchmarks.scale``'s synthetic descriptors, small."""
+    structure of ``benchmarks.scale.disc21``'s synthetic descriptors, small."""
     rng = np.random.default_rng(seed)
     centres = unit_vectors(count // per_cluster, dim, seed + 100)
     points = centres[rng.integers(0, len(centres), count)] + 0.5 / np.sqrt(dim) * rng.standard_normal((count, dim))

@@ -1,4 +1,4 @@
-"""The template benchmark (benchmarks/templates.py): the task's structure on a tiny build, and its pair metrics."""
+"""The template benchmark (benchmarks/templates/systems.py): the task's structure on a tiny build, and its pair metrics."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ import pytest
 from conftest import SHARED_DATA, SPLITS_CSV
 from PIL import Image
 
-from benchmarks.template_task import (
-    DedupPlan,
-    DetectPlan,
-    build_dedup_collection,
-    build_detect_task,
-    true_pairs,
-)
-from benchmarks.templates import (
+from benchmarks.templates.systems import (
     dedup_request,
     detect_request,
     main,
@@ -24,6 +17,13 @@ from benchmarks.templates import (
     pair_average_precision,
     ranked_pairs,
     template_false_pairs,
+)
+from benchmarks.templates.task import (
+    DedupPlan,
+    DetectPlan,
+    build_dedup_collection,
+    build_detect_task,
+    true_pairs,
 )
 from copynce_hf.pixtrace import replay
 from copynce_hf.retrieval import Prediction

@@ -31,8 +31,9 @@ EPILOG = (
     "--self-calibration-sample of its images and their PixTrace copies (plain, put into templates, copies of "
     "copies), held in memory; its verified pairs are labelled by where their images came from and the threshold "
     "is the lowest decision score reaching --precision (default 0.9) over them, unweighted; OUTPUT/self_calibration/ keeps "
-    "the pairs and scores, and report.html says where the threshold came from (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost on one CPU core with the embedded models: about 30 "
-    "ms per image for the descriptor, then per verified pair about 25 ms (plus 20 ms per image encoded once)."
+    "the pairs and scores, and report.html says where the threshold came from (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost: a "
+    "descriptor pass per image, the matcher's encoder once per image and its fusion blocks per candidate pair (twice "
+    "where both orders are scored, --matcher-orders); the time of each pass: docs/detection.md, 'Local crops and what they cost'."
 )
 
 

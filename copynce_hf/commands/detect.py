@@ -21,20 +21,16 @@ DESCRIPTION = (
 )
 EPILOG = (
     "Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
-    "candidates, 1 matcher pass per candidate, content tokens, query crops, auxiliary ranks 0-9) suits a CPU: about "
-    "1.5 s per query with the embedded 112-px models on one core (0.25 s of it the query crops on mini-DISC). "
+    "candidates, 1 matcher pass per candidate, content tokens, query crops, auxiliary ranks 0-9) suits a CPU. "
     "accurate (--descriptor-lce matcher-views --candidates 2 "
-    "--matcher-lce paper, auxiliary ranks 0-9): about 3.3 s per query on one core. paper (the authors' inference: "
+    "--matcher-lce paper, auxiliary ranks 0-9) scores more views of fewer candidates. paper (the authors' inference: "
     "--descriptor-lce authors, "
-    "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: on one CPU core it "
+    "--candidates 400, --matcher-lce paper, --k 10, --k-start 1 --k-end 4) suits a GPU: it "
     "costs about 45 descriptor passes + 26 encoder passes + 35 fusion passes per merged candidate per query, "
-    "i.e. roughly 6 minutes per query with 400 candidates (the descriptor LCE finds fewer among few "
-    "references: about 124 per query on mini-DISC's 300), and 9 descriptor passes per reference (README 'Find copies "
-    "of my images'). Cost per "
-    "pass on one CPU core (one thread) with the embedded 112-px models: about 30 ms per descriptor view, 20 ms "
-    "per matcher encoder view and 25 ms per matcher fusion pair. --matcher-lce none: 1 fusion per candidate; paper: "
+    "and 9 descriptor passes per reference. Matcher passes: --matcher-lce none: 1 fusion per candidate; paper: "
     "26 query views encoded once, then 35 "
-    "fusions per candidate; all: 260 per candidate."
+    "fusions per candidate; all: 260 per candidate. What they cost on a CPU: docs/detection.md ('Presets', "
+    "'Local crops and what they cost') and BENCHMARKS.md."
 )
 
 

@@ -248,33 +248,45 @@ def load_image_dataset(
         ConfigError: the folder holds no images, the split is unknown or there is no image column.
     """
     if source is None or str(source) == "":
-        dataset = _image_folder(ASSET_IMAGES, split)
+        return _stream_if(_image_folder(ASSET_IMAGES, split), streaming, num_shards)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _load_folder(path, split, streaming, image_column, id_column, num_shards, config_name)
+    if path.is_file() and path.suffix.lower() == ".parquet":
+        return standardise_image_columns(_load_repository(str(path), split, streaming, None), image_column,
+                                         id_column, str(path))
+    if path.exists() or str(source).startswith((".", "/", "~")):
+        raise ConfigError(f"dataset {str(source)!r} is neither a folder nor a Parquet file")
+    # A Hub dataset id. Streaming by default for training: nothing is downloaded ahead.
+    loaded = _load_repository(str(source), split, streaming, config_name, revision=revision, token=token)
+    return standardise_image_columns(loaded, image_column, id_column, str(source))
+
+
+def _load_folder(
+    path: Path, split: str, streaming: bool, image_column: str | None, id_column: str | None, num_shards: int,
+    config_name: str | None,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """One split of a local folder: a DISC21 layout, a ``save_to_disk`` output, Parquet shards or a Hub dataset
+    snapshot (read by ``load_dataset``, streamed there when ``streaming``), or a plain image folder."""
+    if is_disc21_folder(path):
+        dataset = _disc21_split(path, split)
+    elif _is_saved_dataset(path):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ConfigError(f"dataset_split {split!r} not in {str(path)!r} (splits: {list(loaded)})")
+            loaded = loaded[split]
+        dataset = standardise_image_columns(loaded, image_column, id_column, str(path))
+    elif _is_dataset_repository(path):
+        loaded = _load_repository(str(path), split, streaming, config_name)
+        return standardise_image_columns(loaded, image_column, id_column, str(path))
     else:
-        path = Path(source).expanduser()
-        if path.is_dir():
-            if is_disc21_folder(path):
-                dataset = _disc21_split(path, split)
-            elif _is_saved_dataset(path):
-                loaded = datasets.load_from_disk(str(path))
-                if isinstance(loaded, datasets.DatasetDict):
-                    if split not in loaded:
-                        raise ConfigError(f"dataset_split {split!r} not in {str(path)!r} (splits: {list(loaded)})")
-                    loaded = loaded[split]
-                dataset = standardise_image_columns(loaded, image_column, id_column, str(path))
-            elif _is_dataset_repository(path):
-                loaded = _load_repository(str(path), split, streaming, config_name)
-                return standardise_image_columns(loaded, image_column, id_column, str(path))
-            else:
-                dataset = _image_folder(path, split)
-        elif path.is_file() and path.suffix.lower() == ".parquet":
-            return standardise_image_columns(_load_repository(str(path), split, streaming, None), image_column,
-                                             id_column, str(path))
-        elif path.exists() or str(source).startswith((".", "/", "~")):
-            raise ConfigError(f"dataset {str(source)!r} is neither a folder nor a Parquet file")
-        else:
-            # A Hub dataset id. Streaming by default for training: nothing is downloaded ahead.
-            loaded = _load_repository(str(source), split, streaming, config_name, revision=revision, token=token)
-            return standardise_image_columns(loaded, image_column, id_column, str(source))
+        dataset = _image_folder(path, split)
+    return _stream_if(dataset, streaming, num_shards)
+
+
+def _stream_if(dataset: datasets.Dataset, streaming: bool, num_shards: int) -> datasets.Dataset | datasets.IterableDataset:
+    """``dataset`` itself, or when ``streaming`` a stream of at most ``num_shards`` shards (one per row at most)."""
     if streaming:
         return dataset.to_iterable_dataset(num_shards=max(1, min(num_shards, len(dataset))))
     return dataset

@@ -159,19 +159,13 @@ def run_demo(
     descriptor_model = load_model(descriptor, "descriptor", "--descriptor")
     matcher_model = load_model(matcher, "matcher", "--matcher")
     output = Path(output)
-    images = output / "images"
 
     echo("building the demo task from the bundled sample images ...")
     task = build_demo_task(task_config)
     copies = sum(query.is_copy for query in task.queries)
     echo(f"  {len(task.reference_files)} references, {copies} edited copies, "
          f"{len(task.queries) - copies} distractor queries")
-    query_files = task.save_queries(images / "queries")
-    thumbnails = {reference_id: save_thumbnail(load_image(path), images / "references" / f"{reference_id}.png")
-                  for reference_id, path in task.reference_files.items()}
-    thumbnails.update({query.query_id: save_thumbnail(query.image, images / "thumbnails" / f"{query.query_id}.png")
-                       for query in task.queries})
-    thumbnails = {key: path.relative_to(output).as_posix() for key, path in thumbnails.items()}
+    query_files, thumbnails = _save_task_images(task, output)
 
     echo("running the systems ...")
     results, notes = _run_systems(task, descriptor_model, matcher_model, query_files, top_k, echo)
@@ -183,12 +177,7 @@ def run_demo(
                               title="Demo task: precision-recall")
     views = [_query_view(query, task, results, matcher_model, output, thumbnails, top_k, heatmaps)
              for query in task.queries]
-    (output / "task.json").write_text(json.dumps(task.describe(), indent=2), encoding="utf-8")
-    (output / "results.json").write_text(json.dumps({
-        name: {"metrics": result.metrics, "seconds": result.seconds,
-               "predictions": [{"query_id": p.query_id, "reference_id": p.reference_id, "score": p.score}
-                            for p in result.predictions]}
-        for name, result in results.items()}, indent=2), encoding="utf-8")
+    _write_records(task, results, output)
     task_text = (
         f"References: {', '.join(task.reference_files)}. Queries: {copies} edited copies of the references and "
         f"{len(task.queries) - copies} edited versions of {', '.join(task.distractor_files) or 'no image'}, which "
@@ -210,6 +199,29 @@ def run_demo(
     echo(f"report: {report.resolve()}")
     echo(f"done in {seconds:.0f} s")
     return DemoOutcome(results, report, notes, seconds)
+
+
+
+def _save_task_images(task: DemoTask, output: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """The task's queries as files for the systems (``images/queries/``), and a thumbnail of every reference and
+    query for the report: ``(query files by query id, thumbnail path relative to output by image id)``."""
+    images = output / "images"
+    query_files = task.save_queries(images / "queries")
+    thumbnails = {reference_id: save_thumbnail(load_image(path), images / "references" / f"{reference_id}.png")
+                  for reference_id, path in task.reference_files.items()}
+    thumbnails.update({query.query_id: save_thumbnail(query.image, images / "thumbnails" / f"{query.query_id}.png")
+                       for query in task.queries})
+    return query_files, {key: path.relative_to(output).as_posix() for key, path in thumbnails.items()}
+
+
+def _write_records(task: DemoTask, results: dict, output: Path) -> None:
+    """``task.json`` (every query's edits) and ``results.json`` (each system's metrics, seconds and predictions)."""
+    (output / "task.json").write_text(json.dumps(task.describe(), indent=2), encoding="utf-8")
+    (output / "results.json").write_text(json.dumps({
+        name: {"metrics": result.metrics, "seconds": result.seconds,
+               "predictions": [{"query_id": p.query_id, "reference_id": p.reference_id, "score": p.score}
+                            for p in result.predictions]}
+        for name, result in results.items()}, indent=2), encoding="utf-8")
 
 
 def _non_negative(text: str) -> int:

@@ -332,23 +332,28 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         self.infonce_weight = infonce_weight
         self.koleo_weight = koleo_weight
         super().__init__(**kwargs)
-        _check_positive_int("descriptor_dim", descriptor_dim)
+        self._validate_descriptor()
+
+    def _validate_descriptor(self) -> None:
+        """The descriptor's own fields: its size, the CopyNCE, InfoNCE and KoLeo terms, and the head's batch norm."""
+        _check_positive_int("descriptor_dim", self.descriptor_dim)
         self._validate_copynce()
-        _check(isinstance(copynce_layer, int) and copynce_layer != 0
-               and -self.num_hidden_layers <= copynce_layer <= self.num_hidden_layers,
-               "copynce_layer", copynce_layer,
-               f"must be a block index in 1..{self.num_hidden_layers} or -{self.num_hidden_layers}..-1")
-        _check(isinstance(logit_scale_init, (int, float)) and math.isfinite(logit_scale_init),
-               "logit_scale_init", logit_scale_init, "must be a finite number")
-        _check(infonce_max_scale is None or (isinstance(infonce_max_scale, (int, float)) and not isinstance(
-            infonce_max_scale, bool) and math.isfinite(infonce_max_scale) and infonce_max_scale > 0),
-               "infonce_max_scale", infonce_max_scale, "must be a positive number or null (unbounded)")
-        _check(isinstance(gather_gradients, bool), "gather_gradients", gather_gradients, "must be true or false")
-        _check_non_negative("infonce_weight", infonce_weight)
-        _check_non_negative("koleo_weight", koleo_weight)
-        _check(infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", infonce_negatives,
+        layer, layers = self.copynce_layer, self.num_hidden_layers
+        _check(isinstance(layer, int) and layer != 0 and -layers <= layer <= layers, "copynce_layer", layer,
+               f"must be a block index in 1..{layers} or -{layers}..-1")
+        _check(isinstance(self.logit_scale_init, (int, float)) and math.isfinite(self.logit_scale_init),
+               "logit_scale_init", self.logit_scale_init, "must be a finite number")
+        scale = self.infonce_max_scale
+        _check(scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                 and math.isfinite(scale) and scale > 0),
+               "infonce_max_scale", scale, "must be a positive number or null (unbounded)")
+        _check(isinstance(self.gather_gradients, bool), "gather_gradients", self.gather_gradients,
+               "must be true or false")
+        _check_non_negative("infonce_weight", self.infonce_weight)
+        _check_non_negative("koleo_weight", self.koleo_weight)
+        _check(self.infonce_negatives in INFONCE_NEGATIVES, "infonce_negatives", self.infonce_negatives,
                f"must be one of {INFONCE_NEGATIVES}")
-        _check(koleo_scope in KOLEO_SCOPES, "koleo_scope", koleo_scope, f"must be one of {KOLEO_SCOPES}")
+        _check(self.koleo_scope in KOLEO_SCOPES, "koleo_scope", self.koleo_scope, f"must be one of {KOLEO_SCOPES}")
         _check(self.head_batch_norm in HEAD_BATCH_NORMS, "head_batch_norm", self.head_batch_norm,
                f"must be one of {HEAD_BATCH_NORMS}")
         _check(isinstance(self.sync_batch_norm, bool), "sync_batch_norm", self.sync_batch_norm, "must be true or false")

@@ -37,7 +37,7 @@ _MODULE_NAMES = {
                 "StreamedImageSource", "list_image_files", "open_dataset_source"),
     "predictions": ("PREDICTION_COLUMNS", "Prediction", "check_unique", "read_predictions", "write_predictions"),
     "presets": ("DEFAULT_CANDIDATES", "DEFAULT_CHUNK_SIZE", "DEFAULT_INDEX_CHUNK_SIZE", "DETECT_PRESETS",
-                "DETECT_PRESET_FIELDS"),
+                "DETECT_PRESET_FIELDS", "CollectionNormalisation"),
     "descriptors.sets": ("DescriptorSet", "concatenate_descriptor_files", "export_disc21_hdf5"),
     "descriptors.extract": ("ProcessedImages", "extract_descriptors"),
     "descriptors.views": ("DESCRIPTOR_LCE_MODES", "MATCHER_LCE_MODES", "View", "ViewPreset",

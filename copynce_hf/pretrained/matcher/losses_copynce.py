@@ -231,6 +231,25 @@ def copynce_loss(
     if average not in AVERAGES:
         raise ConfigError(f"average must be one of {AVERAGES}, got {average!r}")
     logits = token_affinity_logits(query_tokens, reference_tokens, temperature)
+    pair_loss, valid = _pair_losses(logits, overlap_qr, overlap_rq, gamma, weighting, pair_mask)
+    return _average_pairs(pair_loss, valid, average)
+
+
+def _pair_losses(
+    logits: torch.Tensor, overlap_qr: torch.Tensor, overlap_rq: torch.Tensor, gamma: float, weighting: str,
+    pair_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paper equation "CopyNCE" per pair: ``(L_qr + L_rq) / 2``, and which pairs contribute to the batch loss.
+
+    Args:
+        logits: (B, Lq, Lr) ``s_ij`` of each pair; the direction r -> q reads its transpose.
+        overlap_qr: (B, Lq, Lr) and overlap_rq: (B, Lr, Lq), the priors of the two directions.
+        pair_mask: optional (B,) bool, pairs allowed to contribute.
+
+    Returns:
+        ``(pair_loss, valid)``, both (B,): each pair's loss, and whether it has overlap in both directions
+        (and is selected by ``pair_mask``).
+    """
     batch = logits.shape[0]
     if overlap_rq.shape != logits.shape[:1] + logits.shape[2:0:-1]:
         raise ShapeError(f"overlap_rq has shape {tuple(overlap_rq.shape)}, expected "
@@ -242,12 +261,17 @@ def copynce_loss(
         if pair_mask.shape != (batch,):
             raise ShapeError(f"pair_mask must have shape ({batch},), got {tuple(pair_mask.shape)}")
         valid = valid & pair_mask.to(device=valid.device, dtype=torch.bool)
-    pair_loss = 0.5 * (loss_qr + loss_rq)
+    return 0.5 * (loss_qr + loss_rq), valid
+
+
+def _average_pairs(pair_loss: torch.Tensor, valid: torch.Tensor, average: str) -> torch.Tensor:
+    """The batch loss from the (B,) pair losses and the (B,) bool contributing pairs: their mean
+    (``"overlap_pairs"``) or their sum divided by ``B`` (``"all_pairs"``); a scalar."""
     if not bool(valid.any()):
         # Zero with a gradient path through both token tensors (all gradients are zero).
         return 0.0 * pair_loss.sum()
     if average == "all_pairs":
-        return pair_loss[valid].sum() / batch
+        return pair_loss[valid].sum() / pair_loss.shape[0]
     return pair_loss[valid].mean()
 
 
@@ -350,18 +374,41 @@ def info_nce_loss(
         raise ConfigError(f"negatives must be one of {INFONCE_NEGATIVES}, got {negatives!r}")
     batch = query_descriptors.shape[0]
     dtype = _compute_dtype(query_descriptors)
-    queries = query_descriptors.to(dtype)
-    references = reference_descriptors.to(dtype)
-    scale = torch.as_tensor(logit_scale, dtype=dtype, device=queries.device).exp()
-    if max_scale is not None:
-        scale = scale.clamp(max=max_scale)
+    queries, references = query_descriptors.to(dtype), reference_descriptors.to(dtype)
+    scale = _inverse_temperature(logit_scale, max_scale, dtype, queries.device)
     all_queries, offset = _gathered(queries, gather_gradients)  # (N, D)
     all_references, _ = _gathered(references, gather_gradients)
     targets = torch.arange(batch, device=queries.device) + offset
     if negatives == "cross_view":
-        logits_qr = scale * queries @ all_references.T  # (B, N)
-        logits_rq = scale * references @ all_queries.T
-        return 0.5 * (F.cross_entropy(logits_qr, targets) + F.cross_entropy(logits_rq, targets))
+        return _cross_view_info_nce(scale, queries, references, all_queries, all_references, targets)
+    return _all_embeddings_info_nce(scale, queries, references, all_queries, all_references, targets)
+
+
+def _inverse_temperature(logit_scale: torch.Tensor | float, max_scale: float | None, dtype: torch.dtype,
+                         device: torch.device) -> torch.Tensor:
+    """``min(exp(logit_scale), max_scale)``, a scalar tensor of ``dtype`` (no clamp for ``max_scale=None``)."""
+    scale = torch.as_tensor(logit_scale, dtype=dtype, device=device).exp()
+    if max_scale is not None:
+        scale = scale.clamp(max=max_scale)
+    return scale
+
+
+def _cross_view_info_nce(scale: torch.Tensor, queries: torch.Tensor, references: torch.Tensor,
+                         all_queries: torch.Tensor, all_references: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """InfoNCE with the other view's descriptors as negatives: this process's (B, D) queries against the (N, D)
+    references of every process, and its references against every query; ``targets`` (B,) are the columns of the
+    positives. The mean of the two cross-entropies, a scalar."""
+    logits_qr = scale * queries @ all_references.T  # (B, N)
+    logits_rq = scale * references @ all_queries.T
+    return 0.5 * (F.cross_entropy(logits_qr, targets) + F.cross_entropy(logits_rq, targets))
+
+
+def _all_embeddings_info_nce(scale: torch.Tensor, queries: torch.Tensor, references: torch.Tensor,
+                             all_queries: torch.Tensor, all_references: torch.Tensor,
+                             targets: torch.Tensor) -> torch.Tensor:
+    """InfoNCE over every descriptor (SSCD's form): this process's 2B rows (queries (B, D), then references)
+    against the 2N columns (every process's queries, then references), each row's own column masked out and its
+    partner the positive (``targets`` (B,): the queries' columns). The mean cross-entropy, a scalar."""
     total = all_queries.shape[0]
     columns = torch.cat([all_queries, all_references])  # (2N, D): queries, then references
     rows = torch.cat([queries, references])  # (2B, D)
@@ -369,7 +416,7 @@ def info_nce_loss(
     partner = torch.cat([targets + total, targets])
     logits = scale * rows @ columns.T  # (2B, 2N)
     itself = torch.zeros_like(logits, dtype=torch.bool)
-    itself[torch.arange(2 * batch, device=logits.device), own] = True
+    itself[torch.arange(2 * queries.shape[0], device=logits.device), own] = True
     return F.cross_entropy(logits.masked_fill(itself, float("-inf")), partner)
 
 

@@ -83,7 +83,7 @@ class DetectConfig:
     candidates: int = setting(DEFAULT_CANDIDATES, (
         "candidates of each query image verified by the matcher: its nearest references, merged over the descriptors "
         "(dedup: the nearest other images of each image)"), type=positive_int, preset_notes={
-            "fast": "about 1.3 s per query on one CPU core with --matcher-lce none", "paper": "as the authors on GPUs"})
+            "paper": "as the authors on GPUs"})
     descriptor_lce: str = setting("none", (
         "descriptor views: none (whole images), matcher-views (26 query x 10 reference views, a pair scores its best "
         "view pair) or authors (45 query views in 4 groups x 9 reference views, each query view keeps its top "

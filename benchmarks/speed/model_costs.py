@@ -4,7 +4,7 @@ These are the units the inference pipeline is made of (``copynce detect``): the 
 every image or LCE view once; the matcher's encoder-token cache
 (:class:`copynce_hf.retrieval.verify.scorer.MatcherScorer`) runs its encoder blocks once per image
 view and only its fusion blocks per (query view, reference view) pair. Used by
-:mod:`benchmarks.scale` (this CPU) and :mod:`benchmarks.gpu_throughput` (a GPU).
+:mod:`benchmarks.scale.disc21` (this CPU) and :mod:`benchmarks.scale.gpu_throughput` (a GPU).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .common import REPO_ROOT
+from ..common import REPO_ROOT
 
 __all__ = ["COST_MODELS", "vits16_options", "load_cost_models", "pass_costs", "synchronize"]
 

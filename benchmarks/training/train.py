@@ -1,9 +1,9 @@
 """Train the benchmark's models: baseline and CopyNCE descriptors (and matchers), identical budgets.
 
-    python -m benchmarks.training --minutes 25                 # calibrate steps for 25 min, train all
-    python -m benchmarks.training --max-steps 750 --seeds 0 1  # explicit step count
-    python -m benchmarks.training --max-steps 750 --matchers copynce baseline --matcher-max-steps 600
-    python -m benchmarks.training --dry-run ...                # print the commands only
+    python -m benchmarks.training.train --minutes 25                 # calibrate steps for 25 min, train all
+    python -m benchmarks.training.train --max-steps 750 --seeds 0 1  # explicit step count
+    python -m benchmarks.training.train --max-steps 750 --matchers copynce baseline --matcher-max-steps 600
+    python -m benchmarks.training.train --dry-run ...                # print the commands only
 
 What it does (paper Tables "Ablation studies" ask the same question at scale):
 
@@ -21,7 +21,7 @@ What it does (paper Tables "Ablation studies" ask the same question at scale):
    a run takes about that long; every variant then gets that same step count.
 
 Each run writes its model folder to ``<output-dir>/runs/<kind>-<variant>-seed<k>/`` (what
-``python -m benchmarks.quality`` discovers), its log to ``train.log`` there, and ``run.json``
+``python -m benchmarks.quality.systems`` discovers), its log to ``train.log`` there, and ``run.json``
 (command, start, end, wall time, return code) as soon as it ends. Finished runs are skipped
 when the driver is started again (``--force`` retrains).
 """
@@ -42,10 +42,10 @@ from pathlib import Path
 
 from copynce_hf.evaluation.minidisc import read_splits
 
-from .common import DEFAULT_OUTPUT_DIR, REPO_ROOT, machine_info, now, read_json, write_json
-from .minidisc import SHARED_DATA
+from ..common import DEFAULT_OUTPUT_DIR, REPO_ROOT, machine_info, now, read_json, write_json
+from ..minidisc import SHARED_DATA
 
-logger = logging.getLogger("benchmarks.training")
+logger = logging.getLogger("benchmarks.training.train")
 
 __all__ = ["TrainingRun", "prepare_train_split", "plan_runs", "launch", "run_all", "calibrate", "main"]
 
@@ -307,7 +307,7 @@ def calibrate(kind: str, minutes: float, cores: list[str | None], dataset: Path,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.training", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--max-steps", type=int, help="optimiser steps of every descriptor run")

@@ -1,7 +1,7 @@
 """Deduplication on planted copies: ``copynce dedup``'s pair precision and recall on a collection whose copies
 are known.
 
-    python -m benchmarks.dedup --output outputs/dedup   # 200 train-split images + planted copies
+    python -m benchmarks.quality.dedup --output outputs/dedup   # 200 train-split images + planted copies
 
 The collection: the first ``--images`` images of the ``train`` split of ``../shared/data/imagenet-sample`` (never
 the reference or distractor splits), plus copies made with the mini-DISC query recipe
@@ -46,7 +46,7 @@ from copynce_hf.retrieval import (
 )
 from copynce_hf.runtime.loading import load_model
 
-from .minidisc import train_split_files
+from ..minidisc import train_split_files
 
 MATCHER_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 DESCRIPTOR_THRESHOLDS = (0.5, 0.6, 0.7, 0.8)
@@ -111,8 +111,8 @@ def calibration_summary(calibration) -> dict:
                                 for kind, scores in kinds.items()}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.dedup", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality.dedup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True, help="folder for the collection, indexes and results")
     parser.add_argument("--images", type=int, default=200, help="train-split originals (default 200)")
     parser.add_argument("--copied", type=int, default=60, help="originals given copies (default 60)")
@@ -123,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run at the self-calibrated threshold (copynce dedup's default) instead of 0.5")
     parser.add_argument("--self-calibration-sample", type=int, default=64, help="images sampled (default 64)")
     parser.add_argument("--precision", type=float, default=0.9, help="the self-calibration's target (default 0.9)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     truth = plant_copies(args.output / "collection", args.images, args.copied, args.twice, args.seed)
     source = ImageFolderSource(args.output / "collection")
     descriptor, matcher = Descriptor("embedded-descriptor", *load_model(None, "descriptor")), load_model(None, "matcher")
@@ -140,24 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     candidate_recall = len({frozenset((p.query_id, p.reference_id)) for p in result.candidates} & true_pairs)
     write_predictions(args.output / "pairs.csv", result.pairs)
     write_predictions(args.output / "candidates.csv", result.candidates)
-    copies = {image for group in truth for image in group[1:]}
-    dedup_groups = [[image for image, _ in group] for group in result.groups]
-    precision, recall = pair_precision_recall(dedup_groups, truth)
-    rows = [{"stage": "copynce dedup (its groups)", "threshold": result.threshold, "groups": len(dedup_groups),
-             "images_in_groups": sum(map(len, dedup_groups)), "largest_group": max(map(len, dedup_groups), default=0),
-             "pair_precision": precision, "pair_recall": recall}]
-    cosines = [Prediction(a, b, score) for (a, b), score in result.raw_candidate_scores.items()]
-    for stage, pairs, thresholds in (("descriptor (cosine)", cosines, DESCRIPTOR_THRESHOLDS),
-                                     ("matcher", result.pairs, MATCHER_THRESHOLDS)):
-        for fixed in thresholds:
-            rows.append(group_row(stage, fixed, pairs, source.ids, truth, copies))
-    for stage, pairs in (("descriptor (cosine)", result.candidates), ("matcher", result.pairs)):
-        calibration = calibrations.get(stage.split()[0])
-        if calibration is not None:
-            rows.append(group_row(f"{stage}, self-calibrated", calibration.threshold, pairs, source.ids, truth, copies))
-    if calibrations:  # the library's own groups, at the self-calibrated threshold, are those of that row
-        assert [[image for image, _ in group] for group in result.groups] == connected_groups(
-            source.ids, [(p.query_id, p.reference_id) for p in result.pairs if p.score >= threshold])
+    rows = result_rows(result, calibrations, threshold, source.ids, truth)
     summary = {"images": len(source), "originals": args.images, "true_groups": len(truth),
                "true_pairs": len(true_pairs), "candidate_pairs": len(result.candidates),
                "candidate_recall": candidate_recall / len(true_pairs), "seconds": seconds,
@@ -170,6 +156,36 @@ def main(argv: list[str] | None = None) -> int:
           f"{seconds:.0f} s")
     for stage, calibration in calibrations.items():
         print(f"{stage}: {calibration.origin}")
+    print_rows(rows)
+    return 0
+
+
+def result_rows(result, calibrations: dict, threshold: float, ids: list[str], truth: list[list[str]]) -> list[dict]:
+    """The table's rows: the library's own groups first, then the groups formed again from the descriptor's cosines
+    and from the matcher's verified pairs at each fixed threshold, then at each self-calibrated one."""
+    copies = {image for group in truth for image in group[1:]}
+    dedup_groups = [[image for image, _ in group] for group in result.groups]
+    precision, recall = pair_precision_recall(dedup_groups, truth)
+    rows = [{"stage": "copynce dedup (its groups)", "threshold": result.threshold, "groups": len(dedup_groups),
+             "images_in_groups": sum(map(len, dedup_groups)), "largest_group": max(map(len, dedup_groups), default=0),
+             "pair_precision": precision, "pair_recall": recall}]
+    cosines = [Prediction(a, b, score) for (a, b), score in result.raw_candidate_scores.items()]
+    for stage, pairs, thresholds in (("descriptor (cosine)", cosines, DESCRIPTOR_THRESHOLDS),
+                                     ("matcher", result.pairs, MATCHER_THRESHOLDS)):
+        for fixed in thresholds:
+            rows.append(group_row(stage, fixed, pairs, ids, truth, copies))
+    for stage, pairs in (("descriptor (cosine)", result.candidates), ("matcher", result.pairs)):
+        calibration = calibrations.get(stage.split()[0])
+        if calibration is not None:
+            rows.append(group_row(f"{stage}, self-calibrated", calibration.threshold, pairs, ids, truth, copies))
+    if calibrations:  # the library's own groups, at the self-calibrated threshold, are those of that row
+        assert dedup_groups == connected_groups(
+            ids, [(p.query_id, p.reference_id) for p in result.pairs if p.score >= threshold])
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The rows as the Markdown table of BENCHMARKS.md."""
     print("| stage | threshold | groups | images in groups | largest group | pair precision | pair recall | "
           "edge precision | edge recall | false edges (between two copies) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -178,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
                  f"({row['false_edges_between_copies']})" if "edge_precision" in row else "- | - | -")
         print(f"| {row['stage']} | {row['threshold']:.4g} | {row['groups']} | {row['images_in_groups']} | "
               f"{row['largest_group']} | {row['pair_precision']:.3f} | {row['pair_recall']:.3f} | {edges} |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """The compute-scaling curve: mini-DISC quality of descriptors trained for 1x, 2x, 4x ... the budget.
 
-    python -m benchmarks.scaling outputs/scaling/steps324 outputs/scaling/steps648 outputs/scaling/steps1296 \\
+    python -m benchmarks.training.scaling outputs/scaling/steps324 outputs/scaling/steps648 outputs/scaling/steps1296 \\
         --figure benchmarks/figures/scaling.png          # prints the Markdown table, writes the figure
 
-Each positional argument is the ``--output-dir`` of one ``python -m benchmarks.training`` call
+Each positional argument is the ``--output-dir`` of one ``python -m benchmarks.training.train`` call
 (``runs/<kind>-<variant>-seed<k>/``) whose descriptors have been scored by ``python -m
-benchmarks.quality --systems descriptors --runs-dir DIR/runs --output-dir DIR/quality``. Nothing is
+benchmarks.quality.systems --systems descriptors --runs-dir DIR/runs --output-dir DIR/quality``. Nothing is
 recomputed: the rows come from the quality records (``DIR/quality/<run>.json``: muAP, RP90,
 recall@1) and the runs' own files (``training_summary.json``: steps, pairs per process (gradient accumulation included), warm-up, precision,
 the held-out train-split muAP; ``run.json``: the command and the wall time).
@@ -22,17 +22,17 @@ a log-2 axis and one line per series (mean over seeds, each seed drawn as a dot)
 
 Two more sources of rows, for runs whose folders are gone or that did not come from the driver::
 
-    python -m benchmarks.scaling --table BENCHMARKS.md \
+    python -m benchmarks.training.scaling --table BENCHMARKS.md \
         --continued outputs/gpu/descriptor-run/without_ema outputs/cards/descriptor-copynce-seed0.json 82944 \
         --figure benchmarks/figures/scaling.png
 
 ``--table FILE`` reads the rows of a table this module printed before (BENCHMARKS.md keeps it; mean rows are
 recomputed, not read); a run read from its folder replaces the table's row of the same series, steps and
 seed. ``--continued FOLDER QUALITY PAIRS_BEFORE`` adds a run that continued a model already trained on
-``PAIRS_BEFORE`` pairs (``python -m benchmarks.gpu_training``'s descriptor): its point sits at the pairs of
+``PAIRS_BEFORE`` pairs (``python -m benchmarks.training.gpu``'s descriptor): its point sits at the pairs of
 both runs together, in a series of its own (``continued from N pairs, batch B``), with its steps, wall time
 and held-out score from ``FOLDER``'s (or, for ``<run>/without_ema``, the run's) ``training_summary.json``
-and its mini-DISC scores from the ``python -m benchmarks.quality`` record ``QUALITY``.
+and its mini-DISC scores from the ``python -m benchmarks.quality.systems`` record ``QUALITY``.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from copynce_hf.training.ema import SUMMARY_FILE, run_folder_of
 from copynce_hf.training.options import command_option
 from copynce_hf.training.summary import training_seconds_of
 
-from .common import read_json
-from .quality import WITHOUT_EMA_SUFFIX
-from .report import save_png
+from ..common import read_json
+from ..quality.systems import WITHOUT_EMA_SUFFIX
+from ..report import save_png
 
 __all__ = ["ScalingRow", "continued_row", "load_rows", "merge_rows", "scaling_table", "save_scaling_figure",
            "spaced_ticks", "table_rows", "main"]
@@ -124,7 +124,7 @@ def _minutes(seconds: float | None) -> float | None:
 
 
 def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
-    """Every scored descriptor run under the given ``benchmarks.training`` output folders.
+    """Every scored descriptor run under the given ``benchmarks.training.train`` output folders.
 
     Raises:
         SystemExit: a folder has no ``quality/`` records, or a run lacks its training files.
@@ -135,7 +135,7 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
         records = [read_json(path) for path in sorted(quality_dir.glob("descriptor-*.json"))]
         records = [r for r in records if isinstance(r, dict) and r.get("kind") == "quality"]
         if not records:
-            raise SystemExit(f"{quality_dir}: no descriptor quality records; run python -m benchmarks.quality "
+            raise SystemExit(f"{quality_dir}: no descriptor quality records; run python -m benchmarks.quality.systems "
                              f"--systems descriptors --runs-dir {budget_dir}/runs --output-dir {quality_dir}")
         for record in records:
             trained_weights = record["system"].endswith(WITHOUT_EMA_SUFFIX)
@@ -143,7 +143,7 @@ def load_rows(budget_dirs: list[Path]) -> list[ScalingRow]:
             folder = Path(budget_dir) / "runs" / run_name
             summary_path, run_path = folder / "training_summary.json", folder / "run.json"
             if not summary_path.is_file() or not run_path.is_file():
-                raise SystemExit(f"{folder}: training_summary.json or run.json missing (not a benchmarks.training run)")
+                raise SystemExit(f"{folder}: training_summary.json or run.json missing (not a benchmarks.training.train run)")
             summary, run = read_json(summary_path), read_json(run_path)
             command = run.get("command", "")
             ema_decay = None if trained_weights else summary.get("ema_decay")
@@ -231,7 +231,7 @@ def continued_row(folder: Path, quality_path: Path, pairs_before: int) -> Scalin
     if not summary_path.is_file():
         raise SystemExit(f"{summary_path}: missing (the continued run's training_summary.json)")
     if not isinstance(record, dict) or record.get("kind") != "quality" or "metrics" not in record:
-        raise SystemExit(f"{quality_path}: not a python -m benchmarks.quality record")
+        raise SystemExit(f"{quality_path}: not a python -m benchmarks.quality.systems record")
     summary = read_json(summary_path)
     seed = summary.get("seed", record.get("seed"))
     if seed is None:  # summaries written before they recorded the seed, scored under a system name without one
@@ -353,9 +353,9 @@ _LEGEND_WIDTH = 95
 
 
 def main(argv: list[str] | None = None) -> list[ScalingRow]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("budget_dirs", nargs="*", type=Path, help="benchmarks.training --output-dir folders")
+    parser.add_argument("budget_dirs", nargs="*", type=Path, help="benchmarks.training.train --output-dir folders")
     parser.add_argument("--table", type=Path, default=None,
                         help="also the rows of the scaling table in this file (e.g. BENCHMARKS.md)")
     parser.add_argument("--continued", nargs=3, action="append", default=[],
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> list[ScalingRow]:
     parser.add_argument("--figure", type=Path, default=None, help="write the scaling figure (PNG) here")
     args = parser.parse_args(argv)
     if not (args.budget_dirs or args.table or args.continued):
-        parser.error("give benchmarks.training output folders, --table or --continued")
+        parser.error("give benchmarks.training.train output folders, --table or --continued")
     measured = load_rows(args.budget_dirs) if args.budget_dirs else []
     for folder, quality, pairs_before in args.continued:
         if not pairs_before.isdigit():

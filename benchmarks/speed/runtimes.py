@@ -1,7 +1,7 @@
 """PyTorch against ONNX Runtime on this CPU: descriptor images/s and matcher pairs/s (encoder-token cache).
 
-    nice -n 5 python -m benchmarks.onnx_speed                      # embedded models and ViT-S/16 224, 1 and 2 threads
-    python -m benchmarks.onnx_speed --models embedded --threads 1
+    nice -n 5 python -m benchmarks.speed.runtimes                      # embedded models and ViT-S/16 224, 1 and 2 threads
+    python -m benchmarks.speed.runtimes --models embedded --threads 1
 
 For every model size and thread count, both runtimes run the same work, alternated round by round
 (so that a change of load on a shared machine hits both) and each keeps its fastest round, in wall time
@@ -30,9 +30,9 @@ import os
 import time
 from pathlib import Path
 
-from .common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, write_json
+from ..common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, write_json
 
-logger = logging.getLogger("benchmarks.onnx_speed")
+logger = logging.getLogger("benchmarks.speed.runtimes")
 
 MODELS = ("embedded", "vits16-224")
 #: Matcher work: the first QUERIES bundled images against all 12 (16 encoder passes, 48 fusion passes).

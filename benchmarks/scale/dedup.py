@@ -1,12 +1,12 @@
 """``copynce dedup --dataset`` at scale: wall and CPU time per stage, peak resident memory, candidate and verified
 pairs and the groups found, on a synthetic collection of N images written as a ``save_to_disk`` dataset.
 
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 2000              # a whole run
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 100000 --label descriptor \\
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.scale.dedup --images 2000              # a whole run
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.scale.dedup --images 100000 --label descriptor \\
         -- --matcher none --threshold 0.9                                                     # descriptor stages
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.dedup_scale --images 100000 --label matcher \\
+    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.scale.dedup --images 100000 --label matcher \\
         --matcher-minutes 30                           # the matcher stage, on the index of the run before
-    python -m benchmarks.dedup_scale --table
+    python -m benchmarks.scale.dedup --table
 
 The collection (:func:`build_collection`, seeded, reused when its manifest matches): N rows with the columns
 ``image_id`` (``img000000``, ...) and ``image`` (JPEG bytes), in a shuffled order:
@@ -59,9 +59,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .common import DEFAULT_OUTPUT_DIR, REPO_ROOT, command_line, machine_info, now, read_json, write_json
+from ..common import DEFAULT_OUTPUT_DIR, REPO_ROOT, command_line, machine_info, now, read_json, write_json
 
-logger = logging.getLogger("benchmarks.dedup_scale")
+logger = logging.getLogger("benchmarks.scale.dedup")
 
 __all__ = ["synthetic_image", "collection_plan", "build_collection", "run_dedup", "stage_times", "markdown_table",
            "main"]

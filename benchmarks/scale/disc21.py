@@ -1,11 +1,11 @@
 """DISC21 scale: faiss indexes over a million synthetic descriptors, model costs per image and per pair,
 and the wall time of the whole DISC21 pipeline worked out from them.
 
-    python -m benchmarks.scale --parts faiss --sizes 100000 1000000     # one thread each, see below
-    python -m benchmarks.scale --parts models                            # extraction and matcher costs
-    python -m benchmarks.scale --parts estimate                          # DISC21 wall time from the two
+    python -m benchmarks.scale.disc21 --parts faiss --sizes 100000 1000000     # one thread each, see below
+    python -m benchmarks.scale.disc21 --parts models                           # extraction and matcher costs
+    python -m benchmarks.scale.disc21 --parts estimate                         # DISC21 wall time from the two
 
-(Not to be confused with :mod:`benchmarks.scaling`, the compute-scaling curve of training.)
+(Not to be confused with :mod:`benchmarks.training.scaling`, the compute-scaling curve of training.)
 
 Parts (``--parts``):
 
@@ -25,7 +25,7 @@ Parts (``--parts``):
 * ``estimate``: the DISC21 pipeline (1M references, 50k queries, 400 candidates; ``--preset paper``
   with its LCE view counts, 35 matcher view pairs per candidate, and without LCE: :func:`disc21_scenarios`)
   in model passes and exact-search rows, and its wall time on this CPU core and on 1, 8 and 64 GPUs
-  from the GPU throughput given with ``--gpu-json`` (written by :mod:`benchmarks.gpu_throughput`),
+  from the GPU throughput given with ``--gpu-json`` (written by :mod:`benchmarks.scale.gpu_throughput`),
   scaled linearly with the GPU count.
 
 Synthetic descriptors (:func:`synthetic_descriptors`), seeded: N / ``per_cluster`` (1000) centres
@@ -58,9 +58,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, read_json, write_json
+from ..common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, read_json, write_json
 
-logger = logging.getLogger("benchmarks.scale")
+logger = logging.getLogger("benchmarks.scale.disc21")
 
 __all__ = ["synthetic_descriptors", "index_quality", "bench_faiss_scale", "bench_model_costs",
            "paper_preset_counts", "disc21_workload", "disc21_estimate", "disc21_scenarios", "gpu_rates",
@@ -220,7 +220,7 @@ def _run_child(kind: str, data: Path, k: int, found_path: Path, stride: int = 1,
                settings: dict | None = None) -> dict:
     """:func:`_measure_index` in a fresh interpreter, one thread (its peak memory is its own)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "benchmarks.scale", "--child", kind, "--child-data", str(data),
+    command = [sys.executable, "-m", "benchmarks.scale.disc21", "--child", kind, "--child-data", str(data),
                "--k", str(k), "--child-found", str(found_path), "--child-stride", str(stride),
                "--child-settings", json.dumps(settings or {})]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -298,7 +298,7 @@ def bench_model_costs(models=("embedded", "vits16-224"), batch_size: int = 16, r
     """
     import torch
 
-    from .model_costs import COST_MODELS, load_cost_models, pass_costs
+    from ..speed.model_costs import COST_MODELS, load_cost_models, pass_costs
 
     torch.set_num_threads(1)
     result = {"timing": f"CPU time of this process, 1 torch thread, batch {batch_size}, fastest of {repeats} "
@@ -382,7 +382,7 @@ def disc21_estimate(workload: dict, cpu_costs: dict, gpu: dict | None = None, gp
         workload: :func:`disc21_workload`.
         cpu_costs: :func:`bench_model_costs` figures of the ViT-S/16 224 models (seconds per pass).
         gpu: ``{"descriptor_images_per_second", "encoder_views_per_second", "fusion_pairs_per_second",
-            "source"}`` measured on a GPU (:func:`gpu_rates` of a :mod:`benchmarks.gpu_throughput` record),
+            "source"}`` measured on a GPU (:func:`gpu_rates` of a :mod:`benchmarks.scale.gpu_throughput` record),
             optionally with ``"search_row_pairs_per_second"`` (exact search on the GPU: its hours then join the
             GPU totals, as a stage ``exact search``); ``None``: the published ViT-S/16 figure (:data:`PUBLISHED_VITS16_IMAGES_PER_SECOND`) for
             the descriptor, and for the encoder and fusion passes that figure scaled by their cost relative to
@@ -434,7 +434,7 @@ def disc21_scenarios() -> dict:
 
 
 def gpu_rates(record: dict, source: str) -> dict:
-    """The rates :func:`disc21_estimate` takes, from a :mod:`benchmarks.gpu_throughput` record
+    """The rates :func:`disc21_estimate` takes, from a :mod:`benchmarks.scale.gpu_throughput` record
     (``gpu_throughput.json``) read from ``source``."""
     missing = [part for part in ("device", "inference", "search") if part not in record]
     if missing:
@@ -528,7 +528,7 @@ def markdown_tables(record: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale.disc21", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="estimate: a scale.json whose faiss part gives the exact-search rate (default: this "
                              "record's)")
     parser.add_argument("--gpu-json", type=Path, default=None,
-                        help="estimate: gpu_throughput.json of benchmarks.gpu_throughput (default: the published "
+                        help="estimate: gpu_throughput.json of benchmarks.scale.gpu_throughput (default: the published "
                              "ViT-S/16 figure)")
     parser.add_argument("--table", action="store_true", help="print the Markdown tables of the record and exit")
     parser.add_argument("--child", choices=INDEX_KINDS, help=argparse.SUPPRESS)

@@ -1,7 +1,7 @@
 """Throughput of ViT-S/16 at 224 on one accelerator: inference passes, exact search, training steps, data.
 
-    python -m benchmarks.gpu_throughput --device cuda --output-dir $OUT            # about 3 minutes on an H100
-    python -m benchmarks.gpu_throughput --device cpu --image-size 32 --batch-size 2 --repeats 1 \\
+    python -m benchmarks.scale.gpu_throughput --device cuda --output-dir $OUT            # about 3 minutes on an H100
+    python -m benchmarks.scale.gpu_throughput --device cpu --image-size 32 --batch-size 2 --repeats 1 \\
         --search-references 1000 --search-queries 16 --train-steps 1 --train-batch 2 \\
         --workers 0 --loader-batches 1 --output-dir /tmp/gpu-throughput           # the CPU check (seconds)
 
@@ -9,7 +9,7 @@ One call measures, with the models of ``configs/descriptor_vits16_224.yaml`` and
 ``configs/matcher_vits16_224.yaml`` (random weights: the speed is the same) under ``--precision``
 (bf16 autocast by default):
 
-* ``inference`` (:func:`benchmarks.model_costs.pass_costs`): descriptor images/s; the matcher's
+* ``inference`` (:func:`benchmarks.speed.model_costs.pass_costs`): descriptor images/s; the matcher's
   encoder views/s (the part its encoder-token cache runs once per image view) and fusion pairs/s
   (the part it runs per pair); from those, matcher pairs/s with the token cache when each pair
   brings one new reference image and its query is shared by ``--candidates`` pairs
@@ -19,9 +19,9 @@ One call measures, with the models of ``configs/descriptor_vits16_224.yaml`` and
 * ``search``: exact inner-product top-``--k`` search on the device (``torch`` matrix product and
   ``topk`` over ``--search-references`` random unit 512-d rows, float32), queries/s;
 * ``training``: optimiser steps/s and pairs/s of each config's model at its own batch (forward, loss,
-  backward, AdamW: :func:`benchmarks.dataloader.model_step_throughput`);
+  backward, AdamW: :func:`benchmarks.speed.dataloader.model_step_throughput`);
 * ``data``: pairs/s the training data pipeline delivers with ``--workers`` DataLoader workers for
-  each config's recipe and batch (:func:`benchmarks.dataloader.loader_throughput`), beside the pairs/s
+  each config's recipe and batch (:func:`benchmarks.speed.dataloader.loader_throughput`), beside the pairs/s
   the config's training step consumes.
 
 Writes ``gpu_throughput.json`` and ``gpu_throughput.md`` (the tables) into ``--output-dir``.
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from .common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, write_json
-from .model_costs import load_cost_models, pass_costs, synchronize, vits16_options
+from ..common import DEFAULT_OUTPUT_DIR, command_line, machine_info, now, write_json
+from ..speed.model_costs import load_cost_models, pass_costs, synchronize, vits16_options
 
 __all__ = ["inference_rates", "search_rate", "training_rates", "markdown_report", "main"]
 
@@ -96,7 +96,7 @@ def training_rates(device: str, precision: str, steps: int, workers: list[int], 
                    batch_size: int | None = None, image_size: int | None = None,
                    image_folder: str | None = None) -> dict:
     """Steps/s of each training config's model and the data pipeline's pairs/s for its batch and recipe."""
-    from .dataloader import load_originals, loader_throughput, model_step_throughput, training_config
+    from ..speed.dataloader import load_originals, loader_throughput, model_step_throughput, training_config
 
     images, source = load_originals(200, image_folder)  # the data benchmark's default count
     result = {"images": f"{len(images)} originals from {source}", "configs": {}}
@@ -141,7 +141,7 @@ def markdown_report(record: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_throughput", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale.gpu_throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="bf16", choices=["no", "bf16"])
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-batch", type=int, default=None, help="training: pairs per step (default: config)")
     parser.add_argument("--workers", type=int, nargs="+", default=[16], help="data: DataLoader workers")
     parser.add_argument("--loader-batches", type=int, default=10, help="data: timed batches per setting (rounded up to whole rounds of the workers, at least 3)")
-    parser.add_argument("--image-folder", default=None, help="data: a folder of originals (default: those of benchmarks.dataloader)")
+    parser.add_argument("--image-folder", default=None, help="data: a folder of originals (default: those of benchmarks.speed.dataloader)")
     return parser
 
 

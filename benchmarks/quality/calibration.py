@@ -1,9 +1,9 @@
 """Is calibration honest? Thresholds calibrated on mini-DISC's references alone, measured on its real queries.
 
-    python -m benchmarks.calibration --layout outputs/calibration     # folders, then the two commands it prints:
+    python -m benchmarks.quality.calibration --layout outputs/calibration     # folders, then the two commands it prints:
     copynce calibrate outputs/calibration/references --distractors outputs/calibration/distractors \\
         --aux outputs/calibration/auxiliary --preset fast --candidates 10 --output outputs/calibration/calibration.json
-    python -m benchmarks.calibration --measure outputs/calibration   # the table of BENCHMARKS.md
+    python -m benchmarks.quality.calibration --measure outputs/calibration   # the table of BENCHMARKS.md
 
 The layout: ``references/`` (mini-DISC's 300 references), ``queries/`` and ``ground_truth.csv`` (its 250
 queries), ``auxiliary/`` (the first 500 ``train`` images, for score normalisation) and ``distractors/``
@@ -107,7 +107,7 @@ def table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.calibration", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality.calibration", description=__doc__.splitlines()[0])
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--layout", type=Path, metavar="FOLDER", help="write the folders and print the commands")
     action.add_argument("--measure", type=Path, metavar="FOLDER", help="measure FOLDER/calibration.json on mini-DISC")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = layout(args.layout)
         print(f"copynce calibrate {paths['references']} --distractors {paths['distractors']} --aux {paths['auxiliary']} "
               f"--preset fast --candidates 10 --output {args.layout / 'calibration.json'}")
-        print(f"python -m benchmarks.calibration --measure {args.layout}")
+        print(f"python -m benchmarks.quality.calibration --measure {args.layout}")
         return 0
     print(table(measure(args.measure, args.threads)))
     return 0

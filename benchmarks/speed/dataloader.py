@@ -1,6 +1,6 @@
 """Throughput of the training data pipeline: copy pairs per second, and where the time goes.
 
-``python -m benchmarks.dataloader`` or its script ``scripts/bench_dataloader.py`` (the same options)::
+``python -m benchmarks.speed.dataloader`` or its script ``scripts/bench_dataloader.py`` (the same options)::
 
     python scripts/bench_dataloader.py                      # 224x224, 0/1/2 workers, ../shared/data train split
     python scripts/bench_dataloader.py --image_size 112 --patch_size 8 --recipes training paper_descriptor
@@ -62,7 +62,7 @@ from copynce_hf.pixtrace import pair_overlaps
 from copynce_hf.training.model import build_model
 from copynce_hf.training.options import parse_args
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
 
 
@@ -276,7 +276,7 @@ def model_step_throughput(config, batch_size: int | None = None, steps: int = 10
     return steps * batch_size / (time.perf_counter() - start)
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="a training config (path or shipped name): its image and "
                         "patch size, batch and recipes for the loader, its model for --model_step")
@@ -300,8 +300,11 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="device of --model_step (cpu, cuda, cuda:1, ...)")
     parser.add_argument("--precision", default="no", choices=["no", "bf16"], help="autocast of --model_step")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     config = training_config(args.config)
     query_recipe, reference_recipe = "training", "off"
     if args.config:
@@ -317,16 +320,7 @@ def main(argv=None):
           f"{args.rounds} alternated rounds")
     split = {} if args.skip_split else compare_paths(images, args.image_size, args.patch_size, args.split_pairs,
                                                      args.recipes, args.rounds)
-    for recipe, entry in split.items():
-        print(f"\nquery recipe {recipe}, per pair ({args.split_pairs} pairs):")
-        print(f"  {'stage':14s} {'fused':>9s} {'edit by edit':>13s}")
-        for stage in (*STAGES, "draw", "collate_float"):
-            print(f"  {stage:14s} {entry['fused']['ms_per_pair'][stage]:7.2f} ms "
-                  f"{entry['edit_by_edit']['ms_per_pair'][stage]:10.2f} ms")
-        print(f"  {'total':14s} {entry['fused']['total_ms']:7.2f} ms {entry['edit_by_edit']['total_ms']:10.2f} ms"
-              f"  -> {entry['fused']['pairs_per_second']:.1f} vs {entry['edit_by_edit']['pairs_per_second']:.1f}"
-              f" pairs/s on one core; fused editing {100 * entry['edit_ratio']:.0f} % of edit by edit"
-              f" ({100 * entry['render_ratio']:.0f} % without the draws)")
+    print_split(split, args.split_pairs)
     throughput = {}
     print(f"\nDataLoader, batch {args.batch_size}, {args.batches} timed batches (query recipe {query_recipe}, "
           f"fused):")
@@ -338,16 +332,38 @@ def main(argv=None):
               "config": args.config or "tiny_cpu.yaml", "query_recipe": query_recipe, "source": source,
               "split": split, "pairs_per_second": throughput}
     if args.model_step:
-        consumed = model_step_throughput(config, None if args.config else 16, args.model_steps, args.device,
-                                         args.precision)
-        result.update(model_pairs_per_second=consumed, device=_device_name(args.device), precision=args.precision)
-        print(f"\n{config.model_type} of {result['config']} on {result['device']} ({args.precision}) consumes "
-              f"{consumed:.1f} pairs/s (forward + loss + backward + AdamW)")
-        for workers, delivered in throughput.items():
-            print(f"  num_workers={workers}: the pipeline delivers {100 * delivered / consumed:.0f} % of that")
+        result.update(model_step_report(config, args, throughput))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+def print_split(split: dict, pairs: int) -> None:
+    """The per-stage table of :func:`compare_paths` for each query recipe: milliseconds per pair, fused against
+    edit by edit."""
+    for recipe, entry in split.items():
+        print(f"\nquery recipe {recipe}, per pair ({pairs} pairs):")
+        print(f"  {'stage':14s} {'fused':>9s} {'edit by edit':>13s}")
+        for stage in (*STAGES, "draw", "collate_float"):
+            print(f"  {stage:14s} {entry['fused']['ms_per_pair'][stage]:7.2f} ms "
+                  f"{entry['edit_by_edit']['ms_per_pair'][stage]:10.2f} ms")
+        print(f"  {'total':14s} {entry['fused']['total_ms']:7.2f} ms {entry['edit_by_edit']['total_ms']:10.2f} ms"
+              f"  -> {entry['fused']['pairs_per_second']:.1f} vs {entry['edit_by_edit']['pairs_per_second']:.1f}"
+              f" pairs/s on one core; fused editing {100 * entry['edit_ratio']:.0f} % of edit by edit"
+              f" ({100 * entry['render_ratio']:.0f} % without the draws)")
+
+
+def model_step_report(config, args: argparse.Namespace, throughput: dict[int, float]) -> dict:
+    """``--model_step``: the pairs per second one training step of the config's model consumes on ``--device``,
+    printed beside the share of it each loader setting of ``throughput`` (workers -> pairs/s) delivers."""
+    consumed = model_step_throughput(config, None if args.config else 16, args.model_steps, args.device,
+                                     args.precision)
+    report = {"model_pairs_per_second": consumed, "device": _device_name(args.device), "precision": args.precision}
+    print(f"\n{config.model_type} of {args.config or 'tiny_cpu.yaml'} on {report['device']} ({args.precision}) "
+          f"consumes {consumed:.1f} pairs/s (forward + loss + backward + AdamW)")
+    for workers, delivered in throughput.items():
+        print(f"  num_workers={workers}: the pipeline delivers {100 * delivered / consumed:.0f} % of that")
+    return report
 
 
 def _device_name(device: str) -> str:

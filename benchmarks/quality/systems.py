@@ -1,14 +1,14 @@
 """Quality benchmark: every system on the same mini-DISC queries, scored with the project's metric.
 
-    python -m benchmarks.quality                         # PDQ, pHash, random ViT, every trained run found
-    python -m benchmarks.quality --systems pdq phash     # only the hashes
-    python -m benchmarks.quality --descriptor mine=path/to/folder --matcher m=path/to/matcher@mine
+    python -m benchmarks.quality.systems                         # PDQ, pHash, random ViT, every trained run found
+    python -m benchmarks.quality.systems --systems pdq phash     # only the hashes
+    python -m benchmarks.quality.systems --descriptor mine=path/to/folder --matcher m=path/to/matcher@mine
 
-    python -m benchmarks.quality --systems pipeline --threads 1   # the detection pipeline, stage by stage
+    python -m benchmarks.quality.systems --systems pipeline --threads 1   # the detection pipeline, stage by stage
 
 Systems (see :mod:`copynce_hf.evaluation.systems`): ``pdq``, ``phash``, ``random`` (the benchmark ViT with
 random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model folder in
-``--runs-dir``, written by ``python -m benchmarks.training``, plus ``--descriptor`` entries) and
+``--runs-dir``, written by ``python -m benchmarks.training.train``, plus ``--descriptor`` entries) and
 ``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
 ``descriptor-copynce-seed<k>``, plus ``--matcher`` entries) and ``pipeline`` (the embedded models
 through :func:`copynce_hf.retrieval.detection`, one system per added stage, see :data:`PIPELINE_STAGES`;
@@ -40,7 +40,7 @@ from copynce_hf.evaluation.systems import (
 from copynce_hf.retrieval import Prediction
 from copynce_hf.training import WITHOUT_EMA_FOLDER
 
-from .common import (
+from ..common import (
     DEFAULT_OUTPUT_DIR,
     REPO_ROOT,
     command_line,
@@ -50,9 +50,9 @@ from .common import (
     read_json,
     write_json,
 )
-from .minidisc import SHARED_DATA, MiniDiscConfig, build_minidisc
+from ..minidisc import SHARED_DATA, MiniDiscConfig, build_minidisc
 
-logger = logging.getLogger("benchmarks.quality")
+logger = logging.getLogger("benchmarks.quality.systems")
 
 __all__ = ["evaluate_system", "run_quality", "discover_runs", "main", "SYSTEM_CHOICES"]
 
@@ -68,7 +68,7 @@ PIPELINE_STAGES = (
     ("pipeline-5-matcher-lce", ("copynce",), True, "matcher-views", "paper", "merged"),
 )
 DEFAULT_BASELINE_DESCRIPTOR = REPO_ROOT / "benchmarks" / "checkpoints" / "baseline-descriptor"
-#: Run folder names written by ``benchmarks.training``: ``descriptor-copynce-seed0`` etc.
+#: Run folder names written by ``benchmarks.training.train``: ``descriptor-copynce-seed0`` etc.
 RUN_NAME = re.compile(r"^(?P<kind>descriptor|matcher)-(?P<variant>[a-z0-9_]+)-seed(?P<seed>\d+)$")
 DEFAULT_RUNS_DIR = DEFAULT_OUTPUT_DIR / "runs"
 #: A run trained with ``ema_decay`` saves the weight average as its model folder and the trained weights
@@ -196,6 +196,26 @@ def run_quality(
     results: dict[str, dict] = {}
     # Generate the queries once (PNG cache named by the task's fingerprint); every system reads them.
     query_files = task.materialize(query_cache)
+    run = system_runner(task, output_dir, skip_existing, results)
+    run_untrained_systems(task, systems, run, k, batch_size, random_config, random_seed)
+    if "pipeline" in systems:
+        run_pipeline(task, query_files, run, k, batch_size, pipeline_candidates, baseline_descriptor,
+                     output_dir / "pipeline-indexes", merge_baseline, pipeline_lce_every, output_dir)
+    runs = discover_runs(runs_dir)
+    for entry in descriptor_entries(systems, runs, descriptors):
+        info = {"family": "descriptor", "variant": entry["variant"], "seed": entry["seed"],
+                "model_folder": entry["folder"], "training": entry["training"], "weights": entry.get("weights")}
+        run(entry["name"], lambda e=entry: DescriptorSystem.from_folder(e["name"], e["folder"], batch_size)
+            .predict(task, k), info)
+    for entry in matcher_entries(systems, runs, matchers):
+        run_matcher(entry, task, query_files, run, results, output_dir)
+    return results
+
+
+def system_runner(task: MiniDisc, output_dir: Path, skip_existing: bool, results: dict[str, dict]):
+    """``run(name, make, info, on=None) -> record``: evaluates the system ``make()`` returns on ``on`` (default: the
+    whole task), writes its record and adds it to ``results``; with ``skip_existing``, a record already written for
+    the same task is read back instead."""
 
     def existing(name: str, on: MiniDisc) -> dict | None:
         path = result_path(output_dir, name)
@@ -215,6 +235,12 @@ def run_quality(
         results[name] = record
         return record
 
+    return run
+
+
+def run_untrained_systems(task: MiniDisc, systems: list[str], run, k: int, batch_size: int, random_config: Path,
+                          random_seed: int) -> None:
+    """The systems that need no training, those of ``systems`` among PDQ, pHash and the random ViT."""
     if "pdq" in systems:
         run("pdq", lambda: HashSystem.pdq().predict(task, k), {"family": "hash"})
     if "phash" in systems:
@@ -226,53 +252,59 @@ def run_quality(
         run("random-vit", lambda: DescriptorSystem.random("random-vit", model_config, random_seed, batch_size)
             .predict(task, k), info)
 
-    if "pipeline" in systems:
-        run_pipeline(task, query_files, run, k, batch_size, pipeline_candidates, baseline_descriptor,
-                     output_dir / "pipeline-indexes", merge_baseline, pipeline_lce_every, output_dir)
 
-    runs = discover_runs(runs_dir)
-    descriptor_entries = []
+def descriptor_entries(systems: list[str], runs: dict[str, list[dict]], descriptors: list[tuple[str, str]]
+                       ) -> list[dict]:
+    """The descriptor folders to score: the trained runs found (with ``descriptors`` in ``systems``), then the
+    ``--descriptor NAME=FOLDER`` ones; each ``{name, variant, seed, folder, training}``."""
+    entries = []
     if "descriptors" in systems:
-        descriptor_entries = [dict(entry, name=entry["name"]) for entry in runs["descriptor"]]
-    descriptor_entries += [{"name": name, "variant": None, "seed": None, "folder": folder, "training": None}
-                           for name, folder in descriptors]
-    for entry in descriptor_entries:
-        info = {"family": "descriptor", "variant": entry["variant"], "seed": entry["seed"],
-                "model_folder": entry["folder"], "training": entry["training"], "weights": entry.get("weights")}
-        run(entry["name"], lambda e=entry: DescriptorSystem.from_folder(e["name"], e["folder"], batch_size)
-            .predict(task, k), info)
+        entries = [dict(entry, name=entry["name"]) for entry in runs["descriptor"]]
+    return entries + [{"name": name, "variant": None, "seed": None, "folder": folder, "training": None}
+                      for name, folder in descriptors]
 
-    matcher_entries = []
+
+def matcher_entries(systems: list[str], runs: dict[str, list[dict]], matchers: list[tuple[str, str]]) -> list[dict]:
+    """The matcher folders to score, each with the descriptor system whose top-k it re-scores (``candidates``): the
+    trained runs found (with ``matchers`` in ``systems``, re-scoring ``descriptor-copynce-seed<k>``), then the
+    ``--matcher NAME=FOLDER@DESCRIPTOR_SYSTEM`` ones."""
+    entries = []
     if "matchers" in systems:
         for entry in runs["matcher"]:
-            matcher_entries.append(dict(entry, candidates=f"descriptor-copynce-seed{entry['seed']}"))
+            entries.append(dict(entry, candidates=f"descriptor-copynce-seed{entry['seed']}"))
     for name, spec in matchers:
         folder, sep, candidates = spec.rpartition("@")
         if not sep:
             raise SystemExit(f"--matcher expects NAME=FOLDER@DESCRIPTOR_SYSTEM, got {name}={spec!r}")
-        matcher_entries.append({"name": name, "variant": None, "seed": None, "folder": folder, "training": None,
-                                "candidates": candidates})
-    for entry in matcher_entries:
-        candidates_record = results.get(entry["candidates"])
-        if candidates_record is None and result_path(output_dir, entry["candidates"]).is_file():
-            candidates_record = read_json(result_path(output_dir, entry["candidates"]))
-            if candidates_record.get("task", {}).get("fingerprint") != task.fingerprint:
-                candidates_record = None
-        if candidates_record is None:
-            logger.warning("%s: no predictions of %s on this task to re-score; skipped", entry["name"],
-                           entry["candidates"])
-            continue
-        candidates = _load_predictions(candidates_record)
+        entries.append({"name": name, "variant": None, "seed": None, "folder": folder, "training": None,
+                        "candidates": candidates})
+    return entries
 
-        def make(e=entry, c=candidates):
-            rescored = MatcherRescoring.from_folder(e["name"], e["folder"]).predict(task, c.predictions, query_files)
-            rescored.seconds += c.seconds  # the candidates' retrieval is part of the system's cost
-            return rescored
 
-        info = {"family": "matcher", "variant": entry["variant"], "seed": entry["seed"],
-                "model_folder": entry["folder"], "candidates": entry["candidates"], "training": entry["training"]}
-        run(entry["name"], make, info)
-    return results
+def run_matcher(entry: dict, task: MiniDisc, query_files: dict, run, results: dict[str, dict],
+                output_dir: Path) -> None:
+    """Score one matcher re-scoring its candidates system's predictions on this task (from ``results`` or its
+    record in ``output_dir``); skipped with a warning when there are none."""
+    candidates_record = results.get(entry["candidates"])
+    if candidates_record is None and result_path(output_dir, entry["candidates"]).is_file():
+        candidates_record = read_json(result_path(output_dir, entry["candidates"]))
+        if candidates_record.get("task", {}).get("fingerprint") != task.fingerprint:
+            candidates_record = None
+    if candidates_record is None:
+        logger.warning("%s: no predictions of %s on this task to re-score; skipped", entry["name"],
+                       entry["candidates"])
+        return
+    candidates = _load_predictions(candidates_record)
+
+    def make():
+        rescored = MatcherRescoring.from_folder(entry["name"], entry["folder"]).predict(task, candidates.predictions,
+                                                                                        query_files)
+        rescored.seconds += candidates.seconds  # the candidates' retrieval is part of the system's cost
+        return rescored
+
+    info = {"family": "matcher", "variant": entry["variant"], "seed": entry["seed"],
+            "model_folder": entry["folder"], "candidates": entry["candidates"], "training": entry["training"]}
+    run(entry["name"], make, info)
 
 
 def run_pipeline(task: MiniDisc, query_files: dict, run, k: int, batch_size: int, candidates: int,
@@ -345,7 +377,7 @@ def pipeline_table(output_dir: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality.systems", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", default=list(SYSTEM_CHOICES), choices=SYSTEM_CHOICES,
                         help="which systems to run (default: all)")
@@ -354,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matcher", action="append", default=[], metavar="NAME=FOLDER@DESCRIPTOR",
                         help="also evaluate this matcher re-scoring the named descriptor system's top-k")
     parser.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR,
-                        help="folder of trained runs (benchmarks.training output)")
+                        help="folder of trained runs (benchmarks.training.train output)")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, help="where <system>.json go")
     parser.add_argument("--query-cache", type=Path, default=DEFAULT_OUTPUT_DIR / "queries",
                         help="cache folder of the generated query images (PNG)")

@@ -8,7 +8,7 @@ task, precision and engine of a training run's own evaluation
 (:func:`copynce_hf.training.run.held_out_score`), and reports each model's mean over the draws. The first
 ``--model`` is the current one; ``better`` marks each other model whose mean muAP is above it.
 
-    python -m benchmarks.held_out --kind descriptor --dataset .gpu/train_split --seeds 10 \\
+    python -m benchmarks.training.held_out --kind descriptor --dataset .gpu/train_split --seeds 10 \\
         --model embedded=copynce_hf/pretrained/descriptor --model new=outputs/gpu3/descriptor \\
         --output outputs/gpu3/held_out_descriptor.json
 
@@ -23,8 +23,8 @@ import argparse
 import statistics
 from pathlib import Path
 
-from .common import machine_info, now, write_json
-from .gpu_training import DESCRIPTOR_CONFIG, MATCHER_CONFIG
+from ..common import machine_info, now, write_json
+from .gpu import DESCRIPTOR_CONFIG, MATCHER_CONFIG
 
 __all__ = ["held_out_scores", "main"]
 
@@ -82,7 +82,7 @@ def held_out_scores(kind: str, dataset: Path, models: list[tuple[str, Path]], se
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.held_out", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.held_out", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kind", choices=["descriptor", "matcher"], required=True)
     parser.add_argument("--dataset", type=Path, required=True,

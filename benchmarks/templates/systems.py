@@ -1,11 +1,11 @@
 """Copies of copies, and unrelated photos in the same template: dedup and detection on the template task.
 
-    python -m benchmarks.templates --output outputs/templates                    # both tasks, every system
-    python -m benchmarks.templates --output outputs/templates --task dedup --systems descriptor normalised
-    python -m benchmarks.templates --output outputs/templates --task dedup --systems dedup \\
+    python -m benchmarks.templates.systems --output outputs/templates                    # both tasks, every system
+    python -m benchmarks.templates.systems --output outputs/templates --task dedup --systems descriptor normalised
+    python -m benchmarks.templates.systems --output outputs/templates --task dedup --systems dedup \\
         --dedup-run dedup-t07 threshold=0.7                                      # another dedup row
 
-The task (:mod:`.template_task`, templates drawn by :mod:`.template_designs`) is built from the ``train`` split
+The task (:mod:`.task`, templates drawn by :mod:`.designs`) is built from the ``train`` split
 of ``../shared/data/imagenet-sample`` only, with fixed seeds; without that folder the command says so and skips.
 
 **Dedup** (about 200 images; the truth: groups of images of one photo, and the template of each image). Every
@@ -57,10 +57,10 @@ from copynce_hf.metrics.copy_detection.formulas import (
 )
 from copynce_hf.retrieval import Prediction
 
-from .common import command_line, limit_threads, machine_info, now, write_json
-from .minidisc import SHARED_DATA, train_split_files
-from .template_designs import REGULAR, caption_font
-from .template_task import (
+from ..common import command_line, limit_threads, machine_info, now, write_json
+from ..minidisc import SHARED_DATA, train_split_files
+from .designs import REGULAR, caption_font
+from .task import (
     DEFAULT_DEDUP,
     DEFAULT_DETECT,
     DedupPlan,
@@ -71,7 +71,7 @@ from .template_task import (
     true_pairs,
 )
 
-logger = logging.getLogger("benchmarks.templates")
+logger = logging.getLogger("benchmarks.templates.systems")
 
 __all__ = ["pair_average_precision", "ranked_pairs", "template_false_pairs", "DEDUP_SYSTEMS", "DETECT_SYSTEMS",
            "run_dedup_task", "run_detect_task", "main"]
@@ -453,7 +453,7 @@ def gallery_pairs(row_scored: list[Prediction], truth: dict, count: int = 6) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.templates", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.templates.systems", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help="folder of the tasks, runs and results")
     parser.add_argument("--task", choices=("dedup", "detect", "both"), default="both")

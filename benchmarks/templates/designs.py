@@ -1,4 +1,4 @@
-"""The templates of the template benchmark (:mod:`benchmarks.templates`): images that many unrelated photos share.
+"""The templates of the template benchmark (:mod:`benchmarks.templates.systems`): images that many unrelated photos share.
 
 Four kinds, each drawn here from a seed (never AugLy's bundled screenshot templates, which training may use):
 

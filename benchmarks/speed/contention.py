@@ -7,7 +7,7 @@ shows them, as it shows a user's other work). The ratio that matters
 is the worst contended CPU time over the median idle CPU time: a thread pool that spins while it waits for
 cores it does not get burns CPU time for nothing, so the ratio grows far above 1.
 
-    python -m benchmarks.contention --busy 2 --repeats 3 -- \\
+    python -m benchmarks.speed.contention --busy 2 --repeats 3 -- \\
         copynce detect copynce_hf/assets/images --references copynce_hf/assets/images --output DIR
 
 ``{run}`` in the command is replaced by the run's number (so that each run can write its own folder). Extra

@@ -1,7 +1,7 @@
 """Speed benchmark: each figure measured side by side with its reference, in one run, on this machine.
 
-    python -m benchmarks.speed                                  # every part, faiss at 100k and 1M
-    python -m benchmarks.speed --parts pixtrace faiss --faiss-sizes 100000
+    python -m benchmarks.speed.parts                                  # every part, faiss at 100k and 1M
+    python -m benchmarks.speed.parts --parts pixtrace faiss --faiss-sizes 100000
 
 Parts (``--parts``):
 
@@ -9,10 +9,10 @@ Parts (``--parts``):
   reference->query) of a 500x375 original, query made by a five-edit geometric chain of catalogue
   edits (random resized crop, rotation with expand, affine, perspective, horizontal flip) then
   resized to 224x224, reference resized to 224x224, 16-pixel patches; pixel work excluded. PixTrace
-  (``edit.trace`` + ``pair_overlaps``) against :mod:`benchmarks.dense_tables` (full-resolution
+  (``edit.trace`` + ``pair_overlaps``) against :mod:`benchmarks.speed.dense_tables` (full-resolution
   tables warped at every step, scatter inverse at the reference's resolution, as the paper's
   reference code). CPU time of this process, one thread. Also the two implementations' agreement.
-* ``data``: pairs per second of the training data pipeline (:mod:`benchmarks.dataloader`'s
+* ``data``: pairs per second of the training data pipeline (:mod:`benchmarks.speed.dataloader`'s
   ``loader_throughput`` and per-stage ``compare_paths``) on the ``train`` split, at 224 and 112:
   for the training recipe and the paper's two, fused rendering against edit by edit on the same
   pairs in alternated rounds (CPU time, one thread, fastest round of each).
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import (
+from ..common import (
     DEFAULT_OUTPUT_DIR,
     command_line,
     limit_threads,
@@ -50,7 +50,7 @@ from .common import (
     write_json,
 )
 
-logger = logging.getLogger("benchmarks.speed")
+logger = logging.getLogger("benchmarks.speed.parts")
 
 __all__ = ["pixtrace_chain", "bench_pixtrace", "bench_data", "bench_extraction", "bench_faiss", "main"]
 
@@ -160,7 +160,7 @@ def bench_pixtrace(pairs: int = 200, seed: int = 0, rounds: int = 10) -> dict:
 def bench_data(train_folder: Path, sizes=((224, 16), (112, 8)), workers=(0, 1, 2), batch_size: int = 32,
                batches: int = 4, split_pairs: int = 32, rounds: int = 3,
                recipes=("training", "paper_descriptor", "paper_matcher")) -> dict:
-    """Pairs per second of the training data pipeline (functions of :mod:`benchmarks.dataloader`):
+    """Pairs per second of the training data pipeline (functions of :mod:`benchmarks.speed.dataloader`):
     per query recipe, the per-stage split with fused rendering and edit by edit (same pairs, alternated
     rounds, fastest round each, one thread), then the DataLoader with 0..N workers."""
     import cv2
@@ -331,7 +331,7 @@ def bench_faiss(sizes=(100_000, 1_000_000), dim: int = 512, num_queries: int = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.speed", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.speed.parts", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
@@ -366,8 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"PixTrace: {figures['pixtrace_ms_per_pair']:.2f} ms/pair vs dense full-resolution warping "
                   f"{figures['dense_ms_per_pair']:.2f} ms/pair ({figures['speedup']:.1f}x)")
         elif part == "data":
-            from .minidisc import SHARED_DATA
-            from .training import prepare_train_split
+            from ..minidisc import SHARED_DATA
+            from ..training.train import prepare_train_split
 
             folder = prepare_train_split(Path(args.output_dir), SHARED_DATA / "imagenet-sample",
                                          SHARED_DATA / "imagenet-sample-splits.csv")

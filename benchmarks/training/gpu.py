@@ -4,7 +4,7 @@ run's own held-out images, so that what comes back is exported only where it is 
 
 Here, once (everything the GPU machine needs and lacks goes to ``.gpu/``, which git ignores)::
 
-    python -m benchmarks.gpu_training prepare          # prints the size that travels and the device call
+    python -m benchmarks.training.gpu prepare          # prints the size that travels and the device call
 
 On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s: 600``::
 
@@ -14,7 +14,7 @@ On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s
 
 On the CPU (``tests/test_gpu_training.py`` runs this with tiny numbers)::
 
-    python -m benchmarks.gpu_training run --device cpu --dataset copynce_hf/assets/images --held-out 4 \\
+    python -m benchmarks.training.gpu run --device cpu --dataset copynce_hf/assets/images --held-out 4 \\
         --batch-size 4 --workers 0 --descriptor-steps 2 --matcher-steps 2 --output-dir /tmp/gpu-run
 
 What ``run`` does, each step in this process, in this order:
@@ -47,9 +47,9 @@ What ``run`` does, each step in this process, in this order:
    ``$OUT`` holds only what the device call sends back: at most 8 files).
 
 The report's ``better`` compares one draw of 30 held-out copies, where good models differ by about one query:
-decide an export afterwards, here, on ten draws (``python -m benchmarks.held_out``, BENCHMARKS.md), and for
+decide an export afterwards, here, on ten draws (``python -m benchmarks.training.held_out``, BENCHMARKS.md), and for
 ``--pairs content-over-frame`` on template collections of the held-out photos too (``python -m
-benchmarks.held_out_templates``).
+benchmarks.training.held_out_templates``).
 
 Every run also stops at its ``max_train_seconds`` (1.2 x its budget), so a slower machine cuts a run
 short rather than the device call. The held-out images are the last 40 of the train split
@@ -72,10 +72,10 @@ import tarfile
 import time
 from pathlib import Path
 
-from .common import REPO_ROOT, machine_info, now, write_json
-from .minidisc import SHARED_DATA
+from ..common import REPO_ROOT, machine_info, now, write_json
+from ..minidisc import SHARED_DATA
 
-logger = logging.getLogger("benchmarks.gpu_training")
+logger = logging.getLogger("benchmarks.training.gpu")
 
 __all__ = ["RunPlan", "build_parser", "main", "prepare", "run", "travelling_bytes"]
 
@@ -104,7 +104,7 @@ TRAVEL_LIMIT = 64 * 2**20
 #: Packages the GPU machine's image lacks or holds in an older version (its list: the device notes),
 #: carried as wheels of the versions installed here ...
 WHEELS = ("transformers", "datasets", "faiss-cpu", "dill", "multiprocess", "python-magic")
-#: The albumentations edits of the paper recipes and their needs: only benchmarks.gpu_throughput's data part
+#: The albumentations edits of the paper recipes and their needs: only benchmarks.scale.gpu_throughput's data part
 #: uses them (the training runs' recipes do not), so a call without the throughput part leaves them (7.8 MB).
 THROUGHPUT_WHEELS = ("albumentations", "albucore", "pydantic", "pydantic-core", "annotated-types",
                      "typing-inspection", "stringzilla", "simsimd")
@@ -124,7 +124,7 @@ def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample
     """Fill ``bundle`` with the train split (shrunk to ``max_side``, JPEG ``quality``: 64 MiB travel in all;
     its first ``max_images`` by name only, if given: a call that only measures throughput), with ``packages``,
     the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote. Without ``throughput``,
-    ``run.sh`` skips ``benchmarks.gpu_throughput`` and the albumentations wheels stay behind."""
+    ``run.sh`` skips ``benchmarks.scale.gpu_throughput`` and the albumentations wheels stay behind."""
     from PIL import Image
 
     from copynce_hf.evaluation.minidisc import read_splits
@@ -231,13 +231,13 @@ python3 -c "import torch, numpy, pyarrow, transformers, datasets, faiss, augly.i
 print('torch', torch.__version__, 'numpy', numpy.__version__, 'pyarrow', pyarrow.__version__, \\
 'transformers', transformers.__version__, 'datasets', datasets.__version__)" 2>&1 | tee "$OUT/run.log" || exit 4
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/run.log"
-if [ -z "$SKIP_THROUGHPUT" ]; then  # benchmarks.gpu_throughput first (about 1.5 minutes), capped so training always runs
+if [ -z "$SKIP_THROUGHPUT" ]; then  # benchmarks.scale.gpu_throughput first (about 1.5 minutes), capped so training always runs
     python3 -c "import albumentations" 2>&1 | tee -a "$OUT/run.log" || exit 4
-    timeout "${THROUGHPUT_SECONDS:-200}" python3 -m benchmarks.gpu_throughput --device cuda --output-dir "$OUT" \\
+    timeout "${THROUGHPUT_SECONDS:-200}" python3 -m benchmarks.scale.gpu_throughput --device cuda --output-dir "$OUT" \\
         --repeats 5 --image-folder .gpu/train_split 2>&1 | grep -v "it/s\\]$" | tee -a "$OUT/run.log"
 fi
 [ -n "$SKIP_TRAINING" ] && exit 0  # a call that only measures throughput
-python3 -m benchmarks.gpu_training run --dataset .gpu/train_split --output-dir "$OUT" --work-dir /tmp/gpu-work "$@" \\
+python3 -m benchmarks.training.gpu run --dataset .gpu/train_split --output-dir "$OUT" --work-dir /tmp/gpu-work "$@" \\
     2>&1 | tee -a "$OUT/run.log"
 """
 
@@ -366,10 +366,6 @@ def _better(new: dict, current: dict | None) -> bool | None:
 
 def run(plan: RunPlan) -> dict:
     """The whole GPU command (module docstring); returns ``report.json``'s content."""
-    from copynce_hf.data import load_image_dataset
-    from copynce_hf.data.knn_features import knn_graph_of_images
-    from copynce_hf.training.run import held_out_score
-
     plan.check()
     started = time.perf_counter()
     if plan.device == "cpu":
@@ -385,13 +381,23 @@ def run(plan: RunPlan) -> dict:
         write_json(out / "report.json", report)  # after every step: what was measured is never lost
         logger.info("%s done at %.0f s", stage, report["seconds"])
 
-    descriptor = report.setdefault("descriptor", {})
+    folder, rate = _train_descriptor(plan, work, out, report.setdefault("descriptor", {}), save)
+    graph_path = _build_knn_graph(plan, folder, out, report, save)
+    _train_matcher(plan, work, out, report.setdefault("matcher", {}), save, graph_path, rate)
+    return report
+
+
+def _train_descriptor(plan: RunPlan, work: Path, out: Path, descriptor: dict, save) -> tuple[Path, float]:
+    """The descriptor's part: the current embedded model scored on the held-out images, the steps calibrated to
+    ``descriptor_seconds`` (unless given), the run, the better of its weights packed into ``descriptor.tar.gz``;
+    ``descriptor`` (the report's entry) is filled as it goes. Returns the chosen folder and the pairs per second."""
+    from copynce_hf.training.run import held_out_score
+
     descriptor_overrides = plan.overrides("descriptor", work / "descriptor")
     current = {key: value for key, value in descriptor_overrides.items() if key != "model"}  # the folder's size
     descriptor["current"] = held_out_score(plan.config("descriptor", {**current,
                                                                    "model_name_or_path": str(EMBEDDED / "descriptor")}))
     save("current descriptor scored")
-
     steps = plan.descriptor_steps
     if steps is None:
         calibration = _train(plan.config("descriptor", {**plan.overrides("descriptor", work / "calibration"),
@@ -412,15 +418,31 @@ def run(plan: RunPlan) -> dict:
     _pack(folder, work / "descriptor" / "training_summary.json", out / "descriptor.tar.gz",
           trained_of_averaged=which == "trained" and descriptor["new"]["eval_without_ema"] is not None)
     save("descriptor trained")
+    return folder, rate
+
+
+def _build_knn_graph(plan: RunPlan, folder: Path, out: Path, report: dict, save) -> Path:
+    """The hard-negative k-NN graph of the training images from the new descriptor ``folder``, saved as
+    ``knn_graph.safetensors``; returns its path."""
+    from copynce_hf.data import load_image_dataset
+    from copynce_hf.data.knn_features import knn_graph_of_images
 
     images = load_image_dataset(str(plan.dataset), "train")
     graph, kind, skipped = knn_graph_of_images(images, str(folder), plan.knn_k, batch_size=256,
                                                num_workers=plan.workers, device=plan.device)
     graph_path = graph.save(out / "knn_graph.safetensors", model=str(folder), features=kind, k=str(plan.knn_k))
-    report["knn_graph"] = {"images": len(images), "skipped": skipped, "k": plan.knn_k, "from": which}
+    report["knn_graph"] = {"images": len(images), "skipped": skipped, "k": plan.knn_k,
+                           "from": report["descriptor"]["chosen"]}
     save("k-NN graph built")
+    return graph_path
 
-    matcher = report.setdefault("matcher", {})
+
+def _train_matcher(plan: RunPlan, work: Path, out: Path, matcher: dict, save, graph_path: Path, rate: float) -> None:
+    """The matcher's part: the current embedded matcher scored on the held-out images, then continued on the hard
+    negatives of ``graph_path`` for ``matcher_steps`` (or ``matcher_seconds`` at the descriptor's ``rate`` pairs
+    per second), packed into ``matcher.tar.gz``; ``matcher`` (the report's entry) is filled as it goes."""
+    from copynce_hf.training.run import held_out_score
+
     matcher_overrides = {**plan.overrides("matcher", work / "matcher"), "knn_graph": str(graph_path)}
     matcher["current"] = held_out_score(plan.config("matcher", matcher_overrides))
     save("current matcher scored")
@@ -432,14 +454,13 @@ def run(plan: RunPlan) -> dict:
                    better=_better(summary.get("eval"), matcher["current"]))
     _pack(Path(summary["model_folder"]), work / "matcher" / "training_summary.json", out / "matcher.tar.gz")
     save("done")
-    return report
 
 
 # ---------------------------------------------------------------------------------------------- command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_training", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     ready = commands.add_parser("prepare", help="fill .gpu/ here: the train split, packages, run.sh")
@@ -452,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     ready.add_argument("--max-images", type=int, default=None,
                        help="only the first N train images by name (a throughput-only call: SKIP_TRAINING=1)")
     ready.add_argument("--no-throughput", dest="throughput", action="store_false",
-                       help="a call that only trains: run.sh skips benchmarks.gpu_throughput, no albumentations wheels")
+                       help="a call that only trains: run.sh skips benchmarks.scale.gpu_throughput, no albumentations wheels")
     ready.add_argument("--no-packages", dest="packages", action="store_false",
                        help="the images and run.sh only (no wheels, AugLy or libmagic)")
     go = commands.add_parser("run", help="train and score on this machine, results under --output-dir")

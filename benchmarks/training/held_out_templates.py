@@ -2,7 +2,7 @@
 
 A model continued on pairs that teach content over frame is exported only if it is better on deduplication with
 templates *and* no worse on the plain held-out task (:mod:`.held_out`). This command builds, for each seed, a
-small version of the template benchmark's dedup collection (:mod:`.template_task`: copies, copies of copies,
+small version of the template benchmark's dedup collection (:mod:`benchmarks.templates.task`: copies, copies of copies,
 absent originals, framed copies, strangers sharing a template, plain photos) from the **held-out** photos only
 (the last ``--held-out`` = 40 of the ``train`` split by name, which training never sees), and scores every pair
 of it with each model given: a descriptor by cosine, a matcher by its copy probability (every pair, so that the
@@ -10,7 +10,7 @@ matcher is judged apart from any candidate search). The numbers are the pair AP 
 (:func:`.templates.pair_average_precision`) and the template-sharing false pairs among the 20 best pairs, per seed
 and as means.
 
-    python -m benchmarks.held_out_templates --kind descriptor --seeds 5 \\
+    python -m benchmarks.training.held_out_templates --kind descriptor --seeds 5 \\
         --model embedded=copynce_hf/pretrained/descriptor --model new=outputs/x/descriptor
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import limit_threads, write_json
-from .minidisc import SHARED_DATA, train_split_files
-from .template_task import DedupPlan, DetectPlan, build_dedup_collection, true_pairs
-from .templates import all_pairs, pair_average_precision, ranked_pairs, template_false_pairs
+from ..common import limit_threads, write_json
+from ..minidisc import SHARED_DATA, train_split_files
+from ..templates.systems import all_pairs, pair_average_precision, ranked_pairs, template_false_pairs
+from ..templates.task import DedupPlan, DetectPlan, build_dedup_collection, true_pairs
 
 #: A collection of 26 held-out photos (about 40 images, 4 templates); every shape of the benchmark's is there.
 HELD_OUT_DEDUP = DedupPlan(pairs=4, triples=2, absent=2, framed_copies=3, framed_originals=2, absent_framed=1,
@@ -90,7 +90,7 @@ def score_models(kind: str, models: list[tuple[str, Path]], seeds: int, held_out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.held_out_templates", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.training.held_out_templates", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=("descriptor", "matcher"), required=True)
     parser.add_argument("--model", type=model_argument, action="append", required=True, metavar="NAME=FOLDER",
                         help="a model folder; the first is the current one")

@@ -1,4 +1,4 @@
-"""The template task of :mod:`benchmarks.templates`: a dedup collection and a detection task in which unrelated
+"""The template task of :mod:`benchmarks.templates.systems`: a dedup collection and a detection task in which unrelated
 photos share a template, built from the ``train`` split of ``../shared/data/imagenet-sample`` only.
 
 **Dedup collection** (:class:`DedupPlan`, about 200 images): photos with one or two copies made with the
@@ -31,7 +31,7 @@ from PIL import Image
 
 from copynce_hf.pixtrace import CoordinateTable, CopyRecipe
 
-from .template_designs import Template, make_templates
+from .designs import Template, make_templates
 
 __all__ = ["DedupPlan", "DetectPlan", "DEFAULT_DEDUP", "DEFAULT_DETECT", "build_dedup_collection", "build_detect_task", "draw_photos",
            "GROUP_SHAPES", "true_pairs", "template_of"]
