@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +49,7 @@ def _assert_every_weight_is(state: dict[str, torch.Tensor], saved: dict[str, tor
 def test_a_run_from_a_shipped_model_starts_from_every_one_of_its_weights(kind):
     config = parse_args(["--model_name_or_path", str(EMBEDDED / kind)])
     assert config.model_type == kind and config.model == {}  # the kind and architecture are the folder's
+    assert config.learning_rate == 1e-4 and config.max_steps == 300  # the tiny run's, at a continuation's rate
     model, processor = build_model(config)
     _assert_every_weight_is(model.state_dict(), load_file(str(EMBEDDED / kind / "model.safetensors")))
     shipped = json.loads((EMBEDDED / kind / "config.json").read_text())
@@ -179,8 +179,13 @@ def test_the_documented_recipe_trains_the_shipped_model_on_a_folder_of_images(im
     output = tmp_path / "my_descriptor"
     words[words.index("--dataset") + 1] = str(images)
     words[words.index("--output_dir") + 1] = str(output)
-    assert cli([*words, "--max_steps", "1", *QUICK]) == 0  # one step of the documented run
+    # one step of the documented run, its 4 held-out images scored before it and after
+    assert cli([*words, "--max_steps", "1", "--per_device_train_batch_size", "4", "--dataloader_num_workers", "0",
+                "--report_to", "none"]) == 0
     trained = load_file(str(output / "model.safetensors"))
     shipped = load_file(str(EMBEDDED / "descriptor" / "model.safetensors"))
     assert {k: v.shape for k, v in trained.items()} == {k: v.shape for k, v in shipped.items()}
-    assert Path(output / "README.md").is_file()  # the model card
+    summary = json.loads((output / "training_summary.json").read_text())
+    assert [entry["step"] for entry in summary["history"] if "eval/micro_ap" in entry] == [0, 1]
+    assert summary["learning_rate"] == 1e-4  # a continuation's, not the fresh tiny run's 1e-3
+    assert (output / "README.md").is_file()  # the model card

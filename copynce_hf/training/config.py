@@ -230,7 +230,7 @@ class TrainingConfig(CheckedFields):
         "A saved CopyNCE model (folder or Hub id) to start from (finetuning, second stage): its architecture and "
         "weights; model keys given explicitly override its configuration (image_size: the position embeddings are "
         "interpolated). Without --config, the run takes the other options from the tiny configuration of the "
-        "folder's model type and none of that file's model keys."))
+        "folder's model type, with none of that file's model keys and a learning rate of 1e-4."))
     ignore_mismatched_sizes: bool = _option(False, (
         "With model_name_or_path: re-initialise the weights whose shape a model key changes (transformers' "
         "ignore_mismatched_sizes; e.g. a finetuning's new descriptor_dim head). false: such a key is refused, naming "

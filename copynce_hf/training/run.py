@@ -114,10 +114,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(run: TrainingRun) -> None:
     """The optimisation loop (DINOv2's ``do_train`` order): batch, forward, backward, step, schedule and
-    average, log, evaluate, checkpoint. Stops at ``total_steps`` or when the time budget is spent."""
+    average, log, evaluate, checkpoint. Stops at ``total_steps`` or when the time budget is spent. A run from a
+    saved model first evaluates that model (step 0), to compare the run with."""
     accelerator, config, progress, model = run.accelerator, run.config, run.progress, run.model
     total_micro = run.total_steps * config.gradient_accumulation_steps
     window = LogWindow(accelerator, run.data.steps_per_epoch, config.gradient_accumulation_steps)
+    if config.model_name_or_path and progress.step == 0:
+        run.evaluate()  # the saved model's own score on the held-out images: the run's starting point
     bar = tqdm(total=run.total_steps, initial=progress.step, disable=not accelerator.is_local_main_process,
                desc=f"training {config.model_type}", dynamic_ncols=True)
     model.train()
