@@ -6,6 +6,14 @@ optimiser, random states and the objects registered for checkpointing: the sched
 state. Every process writes into a hidden ``.step_XXXXXXXX.partial`` folder; the main process then
 writes :data:`CHECKPOINT_MARKER` (:func:`mark_complete`) and renames the folder, so that a run killed at
 any moment (``kill -9`` included) leaves only complete ``step_*`` folders.
+
+An ``output_dir`` that holds an earlier run (a model folder, ``training_summary.json``, complete
+checkpoints) is never overwritten silently (:func:`check_earlier_run`): ``resume`` (``latest`` with a
+checkpoint there, or a checkpoint folder) continues it; ``overwrite_output_dir`` starts a new run there (as
+``transformers.TrainingArguments``'), whose start deletes the earlier checkpoints
+(:func:`clear_earlier_checkpoints`: a later ``--resume latest`` could continue from one of them) and whose
+model and summary replace the earlier ones when saved; otherwise the run stops at start-up, before any
+work, with one line naming what the folder holds and the ways on.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ from accelerate import Accelerator
 from ..modeling.errors import ConfigError
 from ..outputs import give_default_mode
 from .config import TrainingConfig
+from .ema import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_MARKER", "LOADER_STATE", "TrainingProgress", "checkpoint_folder", "complete_checkpoints",
-           "find_checkpoint", "load_loader_state", "mark_complete", "save_checkpoint", "step_of"]
+__all__ = ["CHECKPOINT_MARKER", "LOADER_STATE", "TrainingProgress", "check_earlier_run", "checkpoint_folder",
+           "clear_earlier_checkpoints", "complete_checkpoints", "earlier_run", "find_checkpoint", "load_loader_state",
+           "mark_complete", "save_checkpoint", "step_of"]
 
 #: Written last into a checkpoint folder, before it is renamed into place: its presence marks a complete one.
 CHECKPOINT_MARKER = "checkpoint_complete.json"
@@ -179,3 +189,46 @@ def load_loader_state(checkpoint: Path, accelerator: Accelerator, progress: Trai
                           "(written by an older version), so the streamed run cannot continue exactly; start a "
                           "new run or set streaming false")
     return None
+
+
+# ---------------------------------------------------------------------------------------------- an earlier run
+def earlier_run(config: TrainingConfig) -> list[str]:
+    """What of an earlier run ``config.output_dir`` holds, in words (empty: nothing a run would overwrite)."""
+    folder = Path(config.output_dir)
+    held = []
+    if (folder / SUMMARY_FILE).is_file():
+        held.append(f"the {SUMMARY_FILE} of a finished run")
+    if (folder / "config.json").is_file():
+        held.append("a model folder")
+    checkpoints = complete_checkpoints(checkpoint_folder(config))
+    if checkpoints:
+        held.append(f"checkpoints up to step {step_of(checkpoints[-1])}")
+    return held
+
+
+def check_earlier_run(config: TrainingConfig) -> None:
+    """Raise :class:`ConfigError` (one line) when the run would overwrite an earlier run of ``output_dir``
+    without being asked to (``overwrite_output_dir``) or continuing it (``resume`` with a checkpoint)."""
+    if config.overwrite_output_dir:
+        return
+    held = earlier_run(config)
+    checkpoints = complete_checkpoints(checkpoint_folder(config))
+    # resume continues the earlier run: from a checkpoint folder it names (set_up checks it) or the newest one
+    if not held or (config.resume and (config.resume != "latest" or checkpoints)):
+        return
+    ways = ["continue it with --resume latest"] if checkpoints else []
+    ways += ["replace it with --overwrite_output_dir", "choose another --output_dir"]
+    raise ConfigError(f"invalid configuration value output_dir={config.output_dir!r}: it holds an earlier run "
+                      f"({', '.join(held)}) that this run would overwrite; {', '.join(ways[:-1])} or {ways[-1]}")
+
+
+def clear_earlier_checkpoints(config: TrainingConfig) -> None:
+    """With ``overwrite_output_dir``: delete the checkpoints an earlier run left in ``output_dir`` (main
+    process only), so that the new run's are the only ones ``--resume latest`` can find."""
+    folder = checkpoint_folder(config)
+    if not config.overwrite_output_dir or not folder.is_dir() or not any(folder.iterdir()):
+        return
+    found = complete_checkpoints(folder)
+    shutil.rmtree(folder)
+    logger.warning("overwrite_output_dir: a new run in %s; deleted the earlier run's checkpoints (%s)",
+                   config.output_dir, f"up to step {step_of(found[-1])}" if found else "incomplete ones")

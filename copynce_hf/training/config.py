@@ -37,8 +37,10 @@ from ..pixtrace.overlap import REVERSE_PRIORS
 from ..pixtrace.templates import TEMPLATE_KINDS, TemplateRecipe
 from .field_checks import Check, CheckedFields, invalid_value, number, one_of, satisfies
 from .optim import COSINE_SPANS
+from .saved_model import saved_model_kind
 
-__all__ = ["TrainingConfig", "load_config", "parse_value", "CONFIG_DIR", "DEFAULT_CONFIG"]
+__all__ = ["TrainingConfig", "load_config", "parse_value", "read_config_file", "CONFIG_DIR", "DEFAULT_CONFIG",
+           "DEFAULT_CONFIGS"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: Folder of the shipped training configurations: the repository's ``configs/`` in a source checkout;
@@ -50,6 +52,9 @@ CONFIG_DIR = next(
 )
 #: The configuration used when ``scripts/train.py`` is run without ``--config``.
 DEFAULT_CONFIG = CONFIG_DIR / "tiny_cpu.yaml"
+#: The configuration of a run without ``--config`` that starts from a saved model, by the model's type (the
+#: file's ``model`` keys left out: the architecture is the folder's).
+DEFAULT_CONFIGS = {"descriptor": DEFAULT_CONFIG, "matcher": CONFIG_DIR / "tiny_cpu_matcher.yaml"}
 
 _MODEL_TYPES = ("descriptor", "matcher")
 _PAIR_SOURCES = ("edits", "ground_truth")
@@ -178,6 +183,12 @@ def _templates_need_copies(config: TrainingConfig) -> None:
                             "needs pair_source edits (shared-template groups are made of PixTrace copies); set it to 0")
 
 
+def _one_of_resume_and_overwrite(config: TrainingConfig) -> None:
+    if config.overwrite_output_dir and config.resume:
+        raise invalid_value("overwrite_output_dir", config.overwrite_output_dir,
+                            f"starts a new run, while resume={config.resume!r} continues the earlier one: give one")
+
+
 def _frozen_encoder_is_the_matchers(config: TrainingConfig) -> None:
     if config.freeze_encoder and config.model_type != "matcher":
         raise invalid_value("freeze_encoder", config.freeze_encoder,
@@ -186,8 +197,10 @@ def _frozen_encoder_is_the_matchers(config: TrainingConfig) -> None:
 
 
 def _sizes_fit_model(config: TrainingConfig) -> None:
-    size = config.model.get("image_size", 224)
-    patch = config.model.get("patch_size", 16)
+    if config.model_name_or_path:  # the sizes not given are the folder's: checked when the model is loaded
+        size, patch = config.model.get("image_size"), config.model.get("patch_size")
+    else:
+        size, patch = config.model.get("image_size", 224), config.model.get("patch_size", 16)
     if config.max_source_side and isinstance(size, int) and config.max_source_side < size:
         raise invalid_value("max_source_side", config.max_source_side,
                             f"must be 0 (off) or at least the model's image_size={size}")
@@ -213,7 +226,15 @@ class TrainingConfig(CheckedFields):
         "Overrides of the model configuration (CopyNCEDescriptorConfig / CopyNCEMatcherConfig keys: hidden_size, "
         "num_hidden_layers, image_size, patch_size, descriptor_dim, copynce_weight, ...); on the command line "
         "one key at a time as --model.<key> value."), checks=_MAPPING)
-    model_name_or_path: str | None = _option(None, "A saved CopyNCE model to start from (finetuning, second stage).")
+    model_name_or_path: str | None = _option(None, (
+        "A saved CopyNCE model (folder or Hub id) to start from (finetuning, second stage): its architecture and "
+        "weights; model keys given explicitly override its configuration (image_size: the position embeddings are "
+        "interpolated). Without --config, the run takes the other options from the tiny configuration of the "
+        "folder's model type, with none of that file's model keys and a learning rate of 1e-4."))
+    ignore_mismatched_sizes: bool = _option(False, (
+        "With model_name_or_path: re-initialise the weights whose shape a model key changes (transformers' "
+        "ignore_mismatched_sizes; e.g. a finetuning's new descriptor_dim head). false: such a key is refused, naming "
+        "it with the folder's value."), checks=_BOOLEAN)
     init_from_dino: str | None = _option(None, (
         "A DINO ViT to initialise the encoder from: facebook/dino-vits16, a local ViT folder or a DINO .pth file."))
     freeze_encoder: bool = _option(False, (
@@ -347,13 +368,18 @@ class TrainingConfig(CheckedFields):
     checkpointing_steps: int | None = _option(None, "Write a checkpoint every this many steps (null: none).", checks=_OPTIONAL_COUNT)
     checkpoints_total_limit: int | None = _option(3, "Checkpoints kept (the newest); null keeps all.", checks=_OPTIONAL_COUNT)
     resume: str | None = _option(None, "A checkpoint folder to continue from, or latest (the newest complete one).")
+    overwrite_output_dir: bool = _option(False, (
+        "Start a new run in an output_dir that holds an earlier run (its model, summary or checkpoints; the "
+        "earlier checkpoints are deleted at the start). false: such a folder is refused unless resume continues "
+        "the earlier run."), checks=_BOOLEAN)
     report_to: str = _option("tensorboard", "An Accelerate tracker (tensorboard, wandb, mlflow, ..., all) or none.", checks=_TRACKER)
     push_to_hub: str | None = _option(None, "A Hub repository id to upload the trained model to.")
     hub_private_repo: bool = _option(False, "Create the Hub repository as private.")
 
     cross_field_checks = (_ground_truth_named, _mix_dataset_fits_sampling, _schedule_ends_below_start,
                           _mining_fits_model, _descriptor_trains_on_copies, _slots_need_ghnm, _ghnm_batch_pairs_up,
-                          _mining_has_graph, _templates_need_copies, _sizes_fit_model, _frozen_encoder_is_the_matchers)
+                          _mining_has_graph, _templates_need_copies, _sizes_fit_model, _frozen_encoder_is_the_matchers,
+                          _one_of_resume_and_overwrite)
 
     # ------------------------------------------------------------------ derived values
     def resolved(self, key: str):
@@ -407,20 +433,27 @@ def parse_value(option: str, text: str) -> Any:
         raise ConfigError(f"cannot parse --{option} {text!r}: {error}") from error
 
 
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping of keys a YAML configuration file holds (not checked yet)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file {str(path)!r} does not exist")
+    loaded = yaml.load(path.read_text(), Loader=_ConfigLoader) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"configuration file {str(path)!r} must hold a mapping of keys")
+    return loaded
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> TrainingConfig:
     """Read a YAML configuration, apply overrides, check every value.
 
-    ``model`` overrides are merged into the file's ``model`` mapping key by key.
+    ``model`` overrides are merged into the file's ``model`` mapping key by key. Without ``model_type``, a run
+    from a saved model (``model_name_or_path``) trains one of that model's kind.
     """
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"configuration file {str(path)!r} does not exist")
-        loaded = yaml.load(path.read_text(), Loader=_ConfigLoader) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"configuration file {str(path)!r} must hold a mapping of keys")
-        values.update(loaded)
+        values.update(read_config_file(path))
     for key, value in (overrides or {}).items():
         if key == "model" and isinstance(value, dict):
             values["model"] = {**(values.get("model") or {}), **value}
@@ -431,6 +464,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: dict[str, Any]
         raise ConfigError(f"unknown configuration key(s) {unknown} in {str(path) if path else 'overrides'}")
     if values.get("model") is None:
         values["model"] = {}
+    if values.get("model_name_or_path") and "model_type" not in values:  # the kind of the model it continues
+        values["model_type"] = saved_model_kind(values["model_name_or_path"])
     for key in ("query_recipe", "reference_recipe"):  # a configuration saved before a recipe was renamed
         if isinstance(values.get(key), str) and values[key] in _OLD_RECIPE_NAMES:
             values[key] = _OLD_RECIPE_NAMES[values[key]]

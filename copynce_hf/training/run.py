@@ -22,7 +22,9 @@ Interruptions: checkpoints are complete or absent (:mod:`.checkpoints`), so a ru
 data and the same loss curve (a streamed dataset continues from its data loader's saved state, reading
 no consumed row again). Ctrl-C stops with one line naming the last checkpoint and the command that
 continues; a configuration error stops with one line and exit status 2 (run through ``accelerate
-launch``, the launcher adds its own report of the failed process after that line).
+launch``, the launcher adds its own report of the failed process after that line). An ``output_dir`` that
+holds an earlier run is refused at start-up unless ``--resume`` continues it or ``--overwrite_output_dir``
+replaces it (:func:`.checkpoints.check_earlier_run`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from ..outputs import OutputPathError, check_output_folder
 from ..precision import make_accelerator, release_process_group
 from .checkpoints import (
     TrainingProgress,
+    check_earlier_run,
     checkpoint_folder,
+    clear_earlier_checkpoints,
     complete_checkpoints,
     find_checkpoint,
     load_loader_state,
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         check_output_folder(config.output_dir, "output_dir")
     except OutputPathError as error:
         raise ConfigError(f"invalid configuration value {error}") from None
+    check_earlier_run(config)  # an earlier run there is continued or replaced only when asked
     started = time.perf_counter()
     run = set_up(config)
     train(run)
@@ -109,10 +114,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(run: TrainingRun) -> None:
     """The optimisation loop (DINOv2's ``do_train`` order): batch, forward, backward, step, schedule and
-    average, log, evaluate, checkpoint. Stops at ``total_steps`` or when the time budget is spent."""
+    average, log, evaluate, checkpoint. Stops at ``total_steps`` or when the time budget is spent. A run from a
+    saved model first evaluates that model (step 0), to compare the run with."""
     accelerator, config, progress, model = run.accelerator, run.config, run.progress, run.model
     total_micro = run.total_steps * config.gradient_accumulation_steps
     window = LogWindow(accelerator, run.data.steps_per_epoch, config.gradient_accumulation_steps)
+    if config.model_name_or_path and progress.step == 0:
+        run.evaluate()  # the saved model's own score on the held-out images: the run's starting point
     bar = tqdm(total=run.total_steps, initial=progress.step, disable=not accelerator.is_local_main_process,
                desc=f"training {config.model_type}", dynamic_ncols=True)
     model.train()
@@ -176,6 +184,9 @@ def set_up(config: TrainingConfig) -> TrainingRun:
     checkpoint with ``resume``, and the held-out task of the periodic evaluation."""
     accelerator = _accelerator(config)
     config = dataclasses.replace(config, mixed_precision=str(accelerator.mixed_precision))
+    if accelerator.is_main_process:
+        clear_earlier_checkpoints(config)  # overwrite_output_dir: no checkpoint of the earlier run stays
+    accelerator.wait_for_everyone()
     set_seed(config.seed)
     model, processor = build_model(config)
     data = build_training_data(config, accelerator, model.config.image_size, model.config.patch_size)
@@ -273,12 +284,28 @@ def _accelerator(config: TrainingConfig) -> Accelerator:
         project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    quiet_library_loggers()
     if not accelerator.is_main_process:
         logging.getLogger("copynce_hf").setLevel(logging.ERROR)
     # The precision in effect: the config's when it names one, else accelerate launch's / accelerate config's.
     logger.info("mixed precision: %s (%s)", accelerator.mixed_precision,
                 "from the configuration" if config.mixed_precision else "from accelerate launch / accelerate config")
     return accelerator
+
+
+#: Loggers of libraries whose INFO lines are no news of the run: faiss's loader reports each CPU-specific build it
+#: tries (``Could not load library with AVX512 support due to: ModuleNotFoundError(...)``) before the one it loads.
+QUIET_LOGGERS = ("faiss.loader",)
+
+
+def quiet_library_loggers() -> None:
+    """Show only warnings and errors of :data:`QUIET_LOGGERS` (their INFO lines stay at DEBUG logging: a logger
+    whose level was set already keeps it)."""
+    debugging = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    for name in QUIET_LOGGERS:
+        library_logger = logging.getLogger(name)
+        if library_logger.level == logging.NOTSET and not debugging:
+            library_logger.setLevel(logging.WARNING)
 
 
 def _flat_hparams(config: TrainingConfig) -> dict:
@@ -294,17 +321,24 @@ def _flat_hparams(config: TrainingConfig) -> dict:
 
 # ---------------------------------------------------------------------------------------------- the command
 def _continue_command(argv: list[str]) -> str:
-    """The command line that continues an interrupted run: the same options with ``--resume latest``."""
-    kept, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-            continue
-        if item == "--resume":
-            skip = True
-            continue
-        if not item.startswith("--resume="):
+    """The command line that continues an interrupted run: the same options with ``--resume latest`` (and without
+    ``--overwrite_output_dir``, which would start the run anew)."""
+    kept, items = [], list(argv)
+    while items:
+        item = items.pop(0)
+        name = item.split("=", 1)[0]
+        if name == "--resume" and "=" not in item:
+            items = items[1:]  # its value
+        elif name in ("--overwrite_output_dir", "--overwrite-output-dir") and "=" not in item:
+            if items and not items[0].startswith("--"):
+                items = items[1:]  # its value (a bare flag has none)
+        elif name not in ("--resume", "--overwrite_output_dir", "--overwrite-output-dir"):
             kept.append(item)
+    try:
+        if parse_args(kept).overwrite_output_dir:  # set by the --config file
+            kept += ["--overwrite_output_dir", "false"]
+    except ConfigError:
+        pass
     script = sys.argv[0]
     module = not script.endswith(".py") or Path(script).name == "__main__.py"
     program = "python -m copynce_hf.training" if module else f"python {shlex.quote(script)}"
