@@ -36,7 +36,7 @@ from . import hub
 from .modeling.errors import ConfigError, CopyNCEError
 from .training.ema import SUMMARY_FILE, run_folder_of
 from .training.options import command_option
-from .training.summary import training_seconds_of
+from .training.saving import training_seconds_of
 
 __all__ = ["CARD_METRICS", "MAX_BYTES", "Export", "ExportReport", "card_settings", "card_training_rows", "export_model",
            "read_results",

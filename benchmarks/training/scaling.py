@@ -48,7 +48,7 @@ from pathlib import Path
 
 from copynce_hf.training.ema import SUMMARY_FILE, run_folder_of
 from copynce_hf.training.options import command_option
-from copynce_hf.training.summary import training_seconds_of
+from copynce_hf.training.saving import training_seconds_of
 
 from ..common import read_json
 from ..quality.systems import WITHOUT_EMA_SUFFIX

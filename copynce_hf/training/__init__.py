@@ -4,14 +4,13 @@
 * :mod:`.options`: the command line (``--config`` YAML and ``--key value`` overrides, ``--help``);
 * :mod:`.model`: the model to train (fresh, from DINO or from a saved folder, keeping its weights) and its image
   processor;
-* :mod:`.saved_model`: what a saved model folder holds (its kind), read before the run is configured;
 * :mod:`.data`: the training pairs of the three dataset modes and the data loader at any point of a run;
 * :mod:`.optim`: optimiser and learning-rate schedule; :mod:`.ema`: the weight average;
 * :mod:`.checkpoints`: where the run is, atomic checkpoints, finding one to resume from, and an ``output_dir``
   holding an earlier run (continued or replaced only when asked);
 * :mod:`.log_window`: the values logged every ``logging_steps``;
 * :mod:`.evaluation`: the periodic evaluation on held-out images (systems of :mod:`copynce_hf.evaluation`);
-* :mod:`.saving`: the model folder and its card; :mod:`.summary`: ``training_summary.json``;
+* :mod:`.saving`: the model folder and its card, and ``training_summary.json``;
 * :mod:`.run`: the run itself (set-up, the loop, the end) and the command.
 """
 

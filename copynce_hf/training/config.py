@@ -31,13 +31,13 @@ from typing import Any
 
 import yaml
 
+from ..configuration.field_checks import Check, CheckedFields, invalid_value, number, one_of, satisfies
 from ..data.pairs import OTHER_IMAGES, RECIPES
 from ..modeling.errors import ConfigError
 from ..pixtrace.overlap import REVERSE_PRIORS
 from ..pixtrace.templates import TEMPLATE_KINDS, TemplateRecipe
-from .field_checks import Check, CheckedFields, invalid_value, number, one_of, satisfies
+from ..runtime.loading import saved_model_kind
 from .optim import COSINE_SPANS
-from .saved_model import saved_model_kind
 
 __all__ = ["TrainingConfig", "load_config", "parse_value", "read_config_file", "CONFIG_DIR", "DEFAULT_CONFIG",
            "DEFAULT_CONFIGS"]
@@ -71,7 +71,7 @@ _MODEL_DEFAULTS = {
 
 def _option(default: Any = None, help: str = "", factory=None, checks: Check | tuple[Check, ...] = ()):
     """A configuration field with its ``--help`` text (``metadata["help"]``, as in ``transformers.TrainingArguments``)
-    and the checks of its value (``metadata["checks"]``, run by :class:`~.field_checks.CheckedFields`)."""
+    and the checks of its value (``metadata["checks"]``, run by :class:`~copynce_hf.configuration.field_checks.CheckedFields`)."""
     metadata = {"help": help, "checks": checks if isinstance(checks, tuple) else (checks,)}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
@@ -214,7 +214,7 @@ class TrainingConfig(CheckedFields):
 
     Each field's ``metadata["help"]`` says what it does (``python -m copynce_hf.training --help`` lists
     them with their types and defaults), its ``metadata["checks"]`` what a valid value is; the rules that
-    relate fields are ``cross_field_checks``, run after them (:class:`~.field_checks.CheckedFields`). Options left ``null`` whose default depends on ``model_type``
+    relate fields are ``cross_field_checks``, run after them (:class:`~copynce_hf.configuration.field_checks.CheckedFields`). Options left ``null`` whose default depends on ``model_type``
     follow the table of the module docstring. The optimisation defaults are the paper's supplementary
     table: AdamW (0.9, 0.999), weight decay 0.04, lr = base * sqrt(global batch / 1024), one warm-up
     epoch, cosine to 2e-6, gradient clipping 3.0.

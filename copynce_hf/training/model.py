@@ -22,8 +22,8 @@ from ..modeling import (
     CopyNCEMatcherModel,
 )
 from ..modeling.errors import ConfigError
+from ..runtime.loading import saved_model_kind
 from .config import TrainingConfig
-from .saved_model import saved_model_kind
 
 logger = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..modeling.errors import ConfigError
+from ..runtime.loading import saved_model_kind
 from .config import (
     CONFIG_DIR,
     DEFAULT_CONFIG,
@@ -31,7 +32,6 @@ from .config import (
     parse_value,
     read_config_file,
 )
-from .saved_model import saved_model_kind
 
 __all__ = ["build_parser", "command_option", "parse_args", "parse_overrides", "resolve_config_path",
            "saved_model_defaults"]

@@ -71,7 +71,7 @@ from .log_window import LogWindow
 from .model import build_model
 from .optim import build_optimizer, build_scheduler, warmup_steps_for
 from .options import parse_args
-from .summary import build_summary, save_run
+from .saving import build_summary, save_run
 
 logger = logging.getLogger("copynce_hf.train")
 
