@@ -26,7 +26,15 @@ from ..projective import resize_matrix, translation_matrix
 from ..table import CoordinateTable
 from .base import check_range, register_edit
 from .geometric import Canvas, GeometricEdit
-from .occluding import COVERED_ALPHA, Layer, OccludingEdit, blend_color, fraction_box, opacity_level
+from .occluding import (
+    COVERED_ALPHA,
+    Layer,
+    OccludingEdit,
+    blend_color,
+    check_covered,
+    fraction_box,
+    opacity_level,
+)
 from .params import RESAMPLE, color_param, image_spec_param, int_param, resample_param, set_field
 from .sources import resolve_image
 
@@ -161,9 +169,10 @@ class Smear(OccludingEdit):
         width: stroke width in pixels (>= 1).
         color: RGB stroke colour.
         segments: line segments approximating the curve (the authors use 500).
+        covered: ``"untraced"`` or ``"mapped"`` (:data:`~.occluding.COVERED_FORMS`).
 
     The stroke is drawn with Pillow's ``ImageDraw.line`` (not anti-aliased), so the pixels it
-    paints are exactly its coverage and become untraced.
+    paints are exactly its coverage and become untraced (``covered="untraced"``).
     """
 
     name: ClassVar[str] = "smear"
@@ -171,8 +180,11 @@ class Smear(OccludingEdit):
     width: int = 3
     color: tuple[int, int, int] = (255, 255, 255)
     segments: int = 500
+    covered: str = "untraced"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("covered",)
 
     def __post_init__(self):
+        check_covered(self)
         try:
             points = tuple((float(x), float(y)) for x, y in self.points)
         except (TypeError, ValueError) as error:
