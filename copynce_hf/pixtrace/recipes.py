@@ -331,9 +331,9 @@ class CopyRecipe:
         steps = (
             ("crop", OneOf(p=0.3, members=("random_resized_crop", "onto_other_image", "other_image_onto"))),
             ("random_resized_crop", RandomResizedCropStep(p=1.0, scale=(0.25, 0.5), ratio=(0.33, 3.0), to_output=True,
-                                                          resample="bicubic")),
-            ("onto_other_image", OntoOtherImageStep()),
-            ("other_image_onto", OtherImageOntoStep()),
+                                                          resample="bicubic", form="crop")),
+            ("onto_other_image", OntoOtherImageStep(form="authors")),
+            ("other_image_onto", OtherImageOntoStep(form="authors")),
             ("horizontal_flip", HorizontalFlipStep(p=0.5)),
             ("vertical_flip", VerticalFlipStep(p=0.1)),
             ("linear", OneOf(p=0.25, members=("perspective", "affine"))),
@@ -355,7 +355,7 @@ class CopyRecipe:
             ("edge_enhance", EdgeEnhanceStep(p=0.25, coin="integers")),
             ("smearing", SmearingStep(p=0.25, width=(1, 5), units="pixels", covered="mapped")),
             ("additional", AlbumentationsStep(p=0.15)),
-            ("padding", PadStep(p=0.15, fraction=(0.2, 0.2), color=(0, 0, 0))),
+            ("padding", PadStep(p=0.15, fraction=(0.2, 0.2), color=(0, 0, 0), rounding="round")),
             ("random_erasing", RandomErasingStep(p=0.15, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random",
                                                  values="unclipped", covered="mapped")),
         )

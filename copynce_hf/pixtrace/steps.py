@@ -92,6 +92,8 @@ AT_224 = 1.0 / 224.0
 #: package's: the same edit at any resolution), or ``"pixels"`` of that image (the authors', whose blur radius and
 #: smearing width are absolute at the resolution each edit runs at: the original's, or 224 after a crop).
 UNITS = ("fraction", "pixels")
+#: Forms of the authors' paste steps (``form``): the package's rendering, or the authors' (see each step).
+PASTE_FORMS = ("package", "authors")
 #: What a step's ``p`` means (``p_means``): ``"apply"`` (the edit applies with probability ``p``) or ``"skip"`` (it
 #: is skipped with probability ``p``: the authors' ``RandomOverlayText`` returns the image unchanged when
 #: ``random() < p``, so text lands on ``1 - p`` of their copies).
@@ -304,11 +306,12 @@ def snap_angle(angle: float, affinity: float = 22.5) -> float:
     return angle
 
 
-def _resized_crop(context: DrawContext, scale: Range, ratio: Range, to_output: bool, resample: str) -> Edit:
+def _resized_crop(context: DrawContext, scale: Range, ratio: Range, to_output: bool, resample: str,
+                  form: str = "box") -> Edit:
     """torchvision's RandomResizedCrop box as a crop, or straight to the model input when ``to_output``
-    and the editor has an output size."""
+    and the editor has an output size (resampled in the :class:`~.edits.RandomResizedCrop` ``form``)."""
     target = context.output_size if to_output else None
-    box = RandomResizedCrop.draw(context.rng, context.size, target or (1, 1), scale, ratio, resample)
+    box = RandomResizedCrop.draw(context.rng, context.size, target or (1, 1), scale, ratio, resample, form)
     return box if target is not None else Crop(box.left, box.top, box.right, box.bottom)
 
 
@@ -336,17 +339,23 @@ class RandomResizedCropStep(Step):
     """torchvision RandomResizedCrop: area fraction in ``scale``, aspect w/h log-uniform in ``ratio``.
 
     A plain crop (the editor's final resize follows), or with ``to_output`` a crop resized straight
-    to the editor's output size with ``resample`` (the authors' recipe)."""
+    to the editor's output size with ``resample`` (the authors' recipe), from the box in the whole image
+    (``form="box"``) or from the crop (``form="crop"``, torchvision's, as the authors run it)."""
 
     p: float = 0.8
     scale: Range = (0.25, 1.0)
     ratio: Range = (3 / 4, 4 / 3)
     to_output: bool = False
     resample: str = "bilinear"
+    form: str = "box"
     type_name: ClassVar[str] = "random_resized_crop"
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "form", self.form, ("box", "crop"))
+
     def draw(self, context):
-        return [_resized_crop(context, self.scale, self.ratio, self.to_output, self.resample)]
+        return [_resized_crop(context, self.scale, self.ratio, self.to_output, self.resample, self.form)]
 
 
 @register_step
@@ -470,16 +479,23 @@ class PerspectiveStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class PadStep(Step):
-    """Pad by fractions of the width and height drawn in ``fraction`` on each side, ``color`` (None: random)."""
+    """Pad by fractions of the width and height drawn in ``fraction`` on each side, ``color`` (None: random); the
+    margins rounded down, or with ``rounding="round"`` to the nearest pixel (the authors' ``RandomPadding``)."""
 
     p: float = 0.1
     fraction: Range = (0.02, 0.2)
     color: RGB | None = None
+    rounding: str = "floor"
     type_name: ClassVar[str] = "pad"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "rounding", self.rounding, ("floor", "round"))
 
     def draw(self, context):
         width_fraction, height_fraction = context.uniform(self.fraction), context.uniform(self.fraction)
-        return [Pad(width_fraction, height_fraction, self.color if self.color is not None else context.color())]
+        color = self.color if self.color is not None else context.color()
+        return [Pad(width_fraction, height_fraction, color, rounding=self.rounding)]
 
 
 @register_step
@@ -516,7 +532,9 @@ class OntoOtherImageStep(Step):
 
     With probability ``crop_p`` the copy is first random-resized-cropped (``crop_scale``,
     ``crop_ratio``) to the model input; it is then resized to a box of area ``scale`` and aspect
-    ``ratio`` of the other image (at the model input size) and blended in with ``opacity``."""
+    ``ratio`` of the other image (at the model input size) and blended in with ``opacity``. ``form``
+    (:data:`PASTE_FORMS`): ``"authors"`` renders as their class (the crop resized from the crop, the mask level
+    truncated)."""
 
     p: float = 1.0
     crop_p: float = 0.5
@@ -525,21 +543,25 @@ class OntoOtherImageStep(Step):
     scale: Range = (0.25, 0.5)
     ratio: Range = (0.33, 3.0)
     opacity: Range = (0.5, 1.0)
+    form: str = "package"
     type_name: ClassVar[str] = "onto_other_image"
 
     def __post_init__(self):
         super().__post_init__()
         check_number(self.type_name, "crop_p", self.crop_p, 0.0, 1.0)
+        check_choice(self.type_name, "form", self.form, PASTE_FORMS)
 
     def draw(self, context):
-        edits = []
+        edits, authors = [], self.form == "authors"
         if context.rng.random() < self.crop_p:
-            edits.append(_resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic"))
+            edits.append(_resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic",
+                                       "crop" if authors else "box"))
         canvas = context.output_size or context.size
         spec = context.image_spec((1.0, 1.0))
         left, top, width, height = _box(context.rng, canvas, self.scale, self.ratio)
         edits.append(PasteIntoBox(spec, canvas[0], canvas[1], left, top, height, width,
-                                  opacity=context.uniform(self.opacity), resample="bicubic"))
+                                  opacity=context.uniform(self.opacity), resample="bicubic",
+                                  level_rounding="truncate" if authors else "nearest"))
         return edits
 
 
@@ -550,7 +572,9 @@ class OtherImageOntoStep(Step):
 
     With probability ``crop_p`` the copy is first random-resized-cropped (``crop_scale``,
     ``crop_ratio``) to the model input; the other image is then resized to a box of area ``scale``
-    and aspect ``ratio`` of the copy and blended in with ``opacity``."""
+    and aspect ``ratio`` of the copy and blended in with ``opacity``. ``form`` (:data:`PASTE_FORMS`):
+    ``"authors"`` renders as their class (the crop resized from the crop; the other image resized bicubic to the
+    model input, then to the box; the mask level truncated)."""
 
     p: float = 1.0
     crop_p: float = 0.5
@@ -559,23 +583,27 @@ class OtherImageOntoStep(Step):
     scale: Range = (0.3, 0.7)
     ratio: Range = (0.33, 3.0)
     opacity: Range = (0.0, 0.5)
+    form: str = "package"
     type_name: ClassVar[str] = "other_image_onto"
 
     def __post_init__(self):
         super().__post_init__()
         check_number(self.type_name, "crop_p", self.crop_p, 0.0, 1.0)
+        check_choice(self.type_name, "form", self.form, PASTE_FORMS)
 
     def draw(self, context):
-        edits, size = [], context.size
+        edits, size, authors = [], context.size, self.form == "authors"
         if context.rng.random() < self.crop_p:
-            crop = _resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic")
+            crop = _resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic", "crop" if authors else "box")
             edits.append(crop)
             size = crop.output_size(size)
         spec = context.image_spec((0.3, 1.0))
         left, top, width, height = _box(context.rng, size, self.scale, self.ratio)
         rows, cols = size
+        rendering = ({"resample": "bicubic", "overlay_size": context.output_size, "level_rounding": "truncate"}
+                     if authors else {})
         edits.append(OverlayImageBox(spec, x=left / cols, y=top / rows, width=width / cols, height=height / rows,
-                                     opacity=context.uniform(self.opacity)))
+                                     opacity=context.uniform(self.opacity), **rendering))
         return edits
 
 
