@@ -33,12 +33,11 @@ import types
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 
-from .authors_chain import convention_free
+from .authors_chain import convention_free, jsonable, seed_generators
 
-__all__ = ["OPERATIONS", "jsonable", "main", "seed_generators"]
+__all__ = ["OPERATIONS", "main"]
 
 #: The classes of theirs a case can run.
 OPERATIONS = ("random_resized_crop", "affine", "perspective", "hflip", "vflip", "padding", "resize",
@@ -118,28 +117,6 @@ def _build(code, op: str, config: dict, size: int, other: str | None):
         "grayscale": lambda: code.transforms.RandomGrayscale(p=1.0),
     }
     return simple[op]()
-
-
-def jsonable(value):
-    """Their configs as JSON: enums by name, arrays as lists."""
-    if isinstance(value, dict):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(item) for item in value]
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return value.tolist()
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if hasattr(value, "name") and hasattr(value, "value") and not isinstance(value, (int, float, str)):
-        return value.name
-    return value
-
-
-def seed_generators(seed: int) -> None:
-    """Seed the three generators their augmentation draws from."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
 
 
 def _run_case(code, case: dict, config: dict, size: int, folder: Path) -> None:

@@ -30,7 +30,30 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["ChainRecorder", "convention_free", "instrument", "pillow_93_getsize", "run_chain_case"]
+__all__ = ["ChainRecorder", "convention_free", "instrument", "jsonable", "pillow_93_getsize", "run_chain_case",
+           "seed_generators"]
+
+
+def jsonable(value):
+    """Their configs as JSON: enums by name, arrays as lists."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.tolist()
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if hasattr(value, "name") and hasattr(value, "value") and not isinstance(value, (int, float, str)):
+        return value.name
+    return value
+
+
+def seed_generators(seed: int) -> None:
+    """Seed the three generators their augmentation draws from."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def pillow_93_getsize(self, text, direction=None, features=None, language=None, stroke_width=0):
@@ -251,8 +274,6 @@ def run_chain_case(code, authors_code: Path, case: dict, folder: Path) -> None:
     writes the copy before random erasing (``<id>.png``), their ``MaskMapper``'s map of the whole chain to the
     image and the same map without its conventions (:func:`convention_free`; ``<id>.npy``: (2, 2, H, W)) and the
     events and configs (``<id>.json``)."""
-    from .authors_augmentation import jsonable, seed_generators
-
     augmentation, recorder = _chain(code, authors_code, case["op"].split(":", 1)[1], case["others"]), _RECORDER
     if list(augmentation.background_paths) != list(case["others"]):
         raise ValueError("every chain case of a configuration must name the same other images")

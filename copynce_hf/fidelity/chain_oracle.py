@@ -46,8 +46,9 @@ from .data_oracle import (
     EXACT_P99,
     EXACT_PRIOR_LIMIT,
     SIZE,
-    _appearance_edits,
-    _pixel_pair,
+    appearance_edits,
+    edits_of_case,
+    ks_statistic,
     map_rows,
     table_measures,
 )
@@ -142,9 +143,9 @@ def _leaf(event: dict, size: tuple[int, int], replayed: ChainReplay) -> list:
     kinds = {config["type"] for config in configs}
     if op in ("random_resized_crop", "onto_other_image", "other_image_onto", "affine", "perspective"):
         other = event.get("opened", [None])[0]
-        return _pixel_pair({"op": op, "other": other}, {"configs": configs}, size)
+        return edits_of_case({"op": op, "other": other}, {"configs": configs}, size)
     if op in ("hflip", "vflip"):
-        return _pixel_pair({"op": op}, {"configs": configs}, size) if "FLIP" in kinds else []
+        return edits_of_case({"op": op}, {"configs": configs}, size) if "FLIP" in kinds else []
     if op == "padding":
         return [Pad(0.2, 0.2, (0, 0, 0), rounding="round")] if "PADDING" in kinds else []
     if op == "resize":
@@ -154,7 +155,7 @@ def _leaf(event: dict, size: tuple[int, int], replayed: ChainReplay) -> list:
         return [ColorJitter(brightness, contrast, saturation, hue, form="torchvision", order=tuple(order))]
     if op == "emoji":
         replayed.emoji.append(_values(event["draws"])[1])
-        emoji = _appearance_edits("emoji", {"draws": _values(event["draws"])})
+        emoji = appearance_edits("emoji", {"draws": _values(event["draws"])})
         return [dataclasses.replace(edit, covered="mapped") for edit in emoji]
     if op == "smearing":
         replayed.drawn["smearing"].append((event["line"][0]["width"], size))
@@ -292,13 +293,6 @@ def rate_rows(kind: str, applied: list[list[str]], recipe: CopyRecipe, draws: in
     return rows
 
 
-def _ks(first: np.ndarray, second: np.ndarray) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical distributions."""
-    points = np.union1d(first, second)
-    cdf = [np.searchsorted(np.sort(sample), points, side="right") / len(sample) for sample in (first, second)]
-    return float(np.abs(cdf[0] - cdf[1]).max())
-
-
 def _support(step, size: tuple[int, int]) -> tuple[float, float]:
     """The range of the blur radius or stroke width ``step`` draws on an image of (H, W) ``size``."""
     low, high = step.radius if isinstance(step, BlurStep) else step.width
@@ -329,7 +323,7 @@ def distribution_row(label: str, drawn: list[tuple[float, tuple[int, int]]], ste
         return Row(f"{label}: none drawn", "KS", 1.0, 0.0, 0.0)
     critical = 1.95 * np.sqrt((len(theirs) + len(ours)) / (len(theirs) * len(ours)))
     return Row(f"{label}: theirs ({len(theirs)}: {_quantiles(list(theirs))}) vs the preset's at the same sizes",
-               "KS", _ks(theirs, ours), float(critical), float(theirs.max()))
+               "KS", ks_statistic(theirs, ours), float(critical), float(theirs.max()))
 
 
 def _pixel_row(kind: str, results: list[dict]) -> list[Row]:
@@ -409,14 +403,14 @@ def run_chain_checks(authors_code: Path, authors_python: str, photos: list[Path]
                      per_kind: int = 100, extra: int = 200) -> list[Row]:
     """Run their chains (``per_kind`` of each configuration, then batches of 20 more, up to ``extra``, until every
     operation and an RGBA emoji have appeared) and compare them with this package (module docstring)."""
-    from .data_oracle import _run_worker
+    from .data_oracle import run_worker
 
     variants = photo_variants(photos, folder / "photos")
     cases, results, replays = [], {kind: [] for kind in CHAIN_KINDS}, {kind: [] for kind in CHAIN_KINDS}
     done, target = 0, per_kind
     while True:
         new = [case for case in chain_cases(variants, target) if int(case["id"].rsplit("-", 1)[1]) >= done]
-        _run_worker(authors_python, authors_code, {"config": {}, "image_size": SIZE, "cases": new}, folder)
+        run_worker(authors_python, authors_code, {"config": {}, "image_size": SIZE, "cases": new}, folder)
         for case in new:
             measures, replayed = compare_chain(case, folder)
             results[case["op"].split(":", 1)[1]].append(measures)

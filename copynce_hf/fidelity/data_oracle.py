@@ -50,7 +50,9 @@ from ..pixtrace.edits import (
 from .authors_augmentation import OPERATIONS
 from .oracle import Row
 
-__all__ = ["ALBUMENTATIONS_LIMIT", "DATA_LIMITS", "MAP_TOLERANCE", "PRIOR_LIMIT", "run_data_checks"]
+__all__ = ["ALBUMENTATIONS_LIMIT", "DATA_LIMITS", "MAP_TOLERANCE", "PRIOR_LIMIT", "appearance_edits", "edits_of_case",
+           "ks_statistic", "map_measures", "map_rows", "resized_reference_prior", "run_data_checks", "run_worker",
+           "table_measures"]
 
 SIZE = 224
 PATCH = 16
@@ -93,7 +95,7 @@ EXACT_PRIOR_LIMIT = 1 / 32
 ALBUMENTATIONS_LIMIT = 0.15
 
 
-def _pixel_pair(case: dict, record: dict, size: tuple[int, int]) -> list:
+def edits_of_case(case: dict, record: dict, size: tuple[int, int]) -> list:
     """This package's edits with the parameters their class drew for ``case`` (their final resize excluded)."""
     op, configs = case["op"], record["configs"]
     params = [c["params"] for c in configs]
@@ -125,10 +127,10 @@ def _pixel_pair(case: dict, record: dict, size: tuple[int, int]) -> list:
         return crops + [OverlayImageBox({"kind": "file", "path": case["other"]}, x=p["j"] / width, y=p["i"] / height,
                                         width=p["w"] / width, height=p["h"] / height, opacity=p["opacity"],
                                         resample="bicubic", overlay_size=(SIZE, SIZE), level_rounding="truncate")]
-    return _appearance_edits(op, record)
+    return appearance_edits(op, record)
 
 
-def _appearance_edits(op: str, record: dict) -> list:
+def appearance_edits(op: str, record: dict) -> list:
     if op == "emoji":  # their draws: the p test, the emoji, the size, the corner, the opacity
         _, path, size, x, y, opacity = record["draws"]
         name = "/".join(Path(path).parts[-2:])
@@ -259,7 +261,7 @@ def _their_config(authors_code: Path) -> dict:
     return OmegaConf.to_container(config.input.augmentation, resolve=True)
 
 
-def _run_worker(authors_python: str, authors_code: Path, request: dict, folder: Path) -> None:
+def run_worker(authors_python: str, authors_code: Path, request: dict, folder: Path) -> None:
     (folder / "request.json").write_text(json.dumps(request))
     package_root = Path(__file__).resolve().parents[2]
     environment = dict(os.environ, PYTHONPATH=str(package_root))
@@ -293,7 +295,7 @@ def _edit_case(case: dict, folder: Path) -> dict[str, float]:
     original = Image.open(case["image"]).convert("RGB")
     source_size = (original.height, original.width)
     image, table = original, CoordinateTable.identity(*source_size)
-    for edit in _pixel_pair(case, record, source_size) + [Resize(SIZE, SIZE, "bicubic")]:
+    for edit in edits_of_case(case, record, source_size) + [Resize(SIZE, SIZE, "bicubic")]:
         image, table = edit(image, table)
     theirs = np.asarray(Image.open(folder / "theirs" / f"{case['id']}.png").convert("RGB"), dtype=np.float64)
     measures = {"pixels": float(np.abs(np.asarray(image, dtype=np.float64) - theirs).mean())}
@@ -364,7 +366,20 @@ def _albumentations_rows(cases: list[dict], folder: Path) -> list[Row]:
         rows.append(Row(f"data, additional {op}: mean change, albumentations 1.3.1 vs ours ({len(theirs)} draws; "
                         f"{their_mean:.2f} vs {our_mean:.2f} grey)", "relative", relative, ALBUMENTATIONS_LIMIT,
                         their_mean))
+        quantiles = [np.quantile(values, [0.1, 0.5, 0.9]) for values in (theirs, ours)]
+        critical = 1.95 * np.sqrt(2 / len(theirs))
+        rows.append(Row(f"data, additional {op}: distribution of the change, 1.3.1 vs ours (10/50/90 %: "
+                        f"{'/'.join(f'{v:.2f}' for v in quantiles[0])} vs {'/'.join(f'{v:.2f}' for v in quantiles[1])})",
+                        "KS", ks_statistic(np.asarray(theirs), np.asarray(ours)), float(critical), their_mean))
     return rows
+
+
+def ks_statistic(first: np.ndarray, second: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical distributions (its
+    critical value at the 0.1 % level is 1.95 sqrt((n + m) / nm))."""
+    points = np.union1d(first, second)
+    cdf = [np.searchsorted(np.sort(sample), points, side="right") / len(sample) for sample in (first, second)]
+    return float(np.abs(cdf[0] - cdf[1]).max())
 
 
 def run_data_checks(authors_code: str | Path, authors_python: str, images: list[Path], per_op: int = 6,
@@ -391,5 +406,5 @@ def run_data_checks(authors_code: str | Path, authors_python: str, images: list[
         Image.open(images[0]).convert("RGB").resize((128, 128), Image.BICUBIC).save(small_photo)
         cases = _cases(list(images), per_op, draws, small_photo)
         request = {"config": _their_config(authors_code), "image_size": SIZE, "cases": cases}
-        _run_worker(authors_python, authors_code, request, folder)
+        run_worker(authors_python, authors_code, request, folder)
         return _edit_rows(cases, folder) + _albumentations_rows(cases, folder)
