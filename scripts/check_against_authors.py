@@ -39,6 +39,10 @@ torchvision and kornia are given by stand-ins (``copynce_hf.fidelity.standins``,
 behaviour those libraries document) installed under those module names when the real library is absent.
 See ``copynce_hf.fidelity.oracle`` for the details and docs/FIDELITY.md for the last table.
 
+Stand-ins: with ``--torchvision-python`` (an environment with their pinned torch 2.1.0, torchvision 0.16.0,
+timm 0.9.2, kornia 0.6.12, Pillow 9.3.0, NumPy 1.24.3), every stand-in is compared with the real function or
+class on a photo (rows ``stand-in, ...``, ``copynce_hf.fidelity.standin_check``).
+
 ``--write-layout FILE`` also writes every tensor name and shape of both checkpoints as JSON (the CI
 fixture ``tests/fixtures/authors_checkpoint_layout.json``).
 """
@@ -55,6 +59,7 @@ from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.fidelity.chain_oracle import run_chain_checks
 from copynce_hf.fidelity.data_oracle import run_data_checks
 from copynce_hf.fidelity.oracle import format_table, run_checks
+from copynce_hf.fidelity.standin_check import run_standin_checks
 from copynce_hf.modeling.errors import CopyNCEError
 
 #: The bundled colour photographs the data rows edit.
@@ -72,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--photos", nargs="+", type=Path, help="photographs for the data rows (default: the bundled "
                         f"{', '.join(PHOTOS)})")
     parser.add_argument("--no-data", action="store_true", help="leave out the data rows")
+    parser.add_argument("--torchvision-python", help="the Python of an environment with the real torchvision, timm and "
+                        "kornia (their pinned versions): the stand-ins are compared with them (rows 'stand-in, ...')")
     parser.add_argument("--chains", type=int, default=100, help="chains of their whole augmentation per configuration "
                         "(default 100; 0 leaves the chain rows out)")
     args = parser.parse_args(argv)
@@ -82,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         photos = args.photos or [ASSET_IMAGES / name for name in PHOTOS]
         if not args.no_data:
             rows += run_data_checks(args.authors_code, python, photos)
+        if args.torchvision_python:
+            rows += run_standin_checks(args.torchvision_python, photos[0])
         if args.chains > 0:
             with tempfile.TemporaryDirectory() as folder:
                 rows += run_chain_checks(Path(args.authors_code).resolve(), python, photos, Path(folder), args.chains)

@@ -45,7 +45,8 @@ def test_affine_and_perspective_standins_follow_torchvisions_geometry():
     shifted = F.affine(square, 0.0, [5, 0], 1.0, [0.0, 0.0], F.InterpolationMode.NEAREST, fill=0)
     assert np.array_equal(_pixels(shifted)[:, 5:], _pixels(square)[:, :-5]) and _pixels(shifted)[:, :5].max() == 0
     corners = [[0, 0], [63, 0], [63, 63], [0, 63]]
-    assert F.perspective_coefficients(corners, corners) == pytest.approx([1, 0, 0, 0, 1, 0, 0, 0], abs=1e-6)
+    # torchvision 0.16 solves the system in float32 (entries up to 63 x 63): the identity to about 1e-5
+    assert F.perspective_coefficients(corners, corners) == pytest.approx([1, 0, 0, 0, 1, 0, 0, 0], abs=1e-4)
     moved = [[4, 2], [60, 5], [58, 61], [3, 59]]
     a, b, c, d, e, f, g, h = F.perspective_coefficients(corners, moved)
     for (x, y), (u, v) in zip(moved, corners):  # each end point goes back to its start point

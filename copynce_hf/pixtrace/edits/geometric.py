@@ -797,14 +797,17 @@ def torchvision_affine_coefficients(edit: Affine, size: tuple[int, int]) -> tupl
 
 def torchvision_perspective_coefficients(startpoints, endpoints) -> tuple[float, ...]:
     """Pillow's 8 perspective coefficients (pixel-area coordinates) sending each end point to its start point,
-    solved by least squares and rounded to float32, as torchvision computes them for PIL images."""
-    rows, targets = [], []
-    for (end_x, end_y), (start_x, start_y) in zip(endpoints, startpoints):
-        rows += [[end_x, end_y, 1.0, 0.0, 0.0, 0.0, -start_x * end_x, -start_x * end_y],
-                 [0.0, 0.0, 0.0, end_x, end_y, 1.0, -start_y * end_x, -start_y * end_y]]
-        targets += [start_x, start_y]
-    solution = np.linalg.lstsq(np.asarray(rows), np.asarray(targets, dtype=np.float64), rcond=None)[0]
-    return tuple(float(value) for value in solution.astype(np.float32))
+    solved as torchvision 0.16 (the authors' pin) solves them for PIL images: the 8 x 8 system in float32 by
+    LAPACK's QR least squares (``torch.linalg.lstsq``, driver ``gels``). A float64 or SVD solution differs in the
+    last bits of float32 now and then, enough for a border pixel of the warp to take the fill or the image."""
+    import torch
+
+    system = torch.zeros(2 * len(startpoints), 8, dtype=torch.float32)
+    for row, ((end_x, end_y), (start_x, start_y)) in enumerate(zip(endpoints, startpoints)):
+        system[2 * row] = torch.tensor([end_x, end_y, 1, 0, 0, 0, -start_x * end_x, -start_x * end_y])
+        system[2 * row + 1] = torch.tensor([0, 0, 0, end_x, end_y, 1, -start_y * end_x, -start_y * end_y])
+    targets = torch.tensor(startpoints, dtype=torch.float32).view(-1)
+    return tuple(float(value) for value in torch.linalg.lstsq(system, targets, driver="gels").solution.tolist())
 
 
 @register_edit
