@@ -32,12 +32,13 @@ DRAWS = 60
 
 
 def _traced_equivalent(edits: list[dict]) -> list[dict]:
-    """The drawn edits without the photometric ones, and with every blend set to the extreme that
-    traces the same pixels (the copy's weight 1 where it is at least 0.5, an overlay's opacity 0
-    where it is below 0.5): what remains must show the ramp wherever the table says so."""
+    """The drawn edits without the photometric ones and the overlays whose covered pixels keep their trace
+    (``covered="mapped"``, the authors' map: the table says the ramp lies beneath them), and with every blend
+    set to the extreme that traces the same pixels (the copy's weight 1 where it is at least 0.5, an overlay's
+    opacity 0 where it is below 0.5): what remains must show the ramp wherever the table says so."""
     kept = []
     for description in copy.deepcopy(edits):
-        if EDIT_REGISTRY[description["name"]].kind == "photometric":
+        if EDIT_REGISTRY[description["name"]].kind == "photometric" or description["params"].get("covered") == "mapped":
             continue
         params = description["params"]
         if description["name"] == "paste_into_box":
@@ -126,7 +127,8 @@ def test_groups_are_shuffled_and_erasing_comes_after_the_resize():
 def test_every_paper_step_draws_a_working_replayable_edit():
     image = textured_image(60, 80)
     base = CopyRecipe.paper_matcher().with_probability(1.0)
-    recipe = base.replace(crop=dataclasses.replace(base.crop, p=1.0), linear=dataclasses.replace(base.linear, p=1.0))
+    recipe = base.replace(crop=dataclasses.replace(base.crop, p=1.0), linear=dataclasses.replace(base.linear, p=1.0),
+                          overlay_text=dataclasses.replace(base.overlay_text, p=0.0))  # p_means "skip": always
     editor = CopyEditor(seed=5, recipe=recipe, output_size=SIZE)
     seen = set()
     for k in range(12):
@@ -324,7 +326,9 @@ def test_authors_text_lies_fully_inside_the_image_and_replays(size):
         assert everywhere == inside > 0, (edit, size)
         result = replay(image, json.loads(json.dumps([edit.to_dict()])))
         assert_same_result(replay(image, [edit.to_dict()]), result)
-        assert (~result.table.valid).sum() == (edit.coverage(*size) >= 128).sum()
+        assert result.table.valid.all()  # covered="mapped": the authors' map keeps the pixels under the text
+        untraced = replay(image, [dataclasses.replace(edit, covered="untraced").to_dict()])
+        assert (~untraced.table.valid).sum() == (edit.coverage(*size) >= 128).sum()
 
 
 def test_authors_text_form_checks_its_settings():

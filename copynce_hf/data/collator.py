@@ -5,6 +5,11 @@ the loader's ``collate_fn``), so the overlap priors are computed off the trainin
 travel as 8-bit RGB (a quarter of the bytes of float32, one copy per image into a preallocated batch);
 they are normalised on the device by :meth:`PixTraceCollator.normalize` (or
 :func:`normalize_pixel_values`) in the training step, just before ``model(**batch)``.
+
+A copy whose last edit erases a box with unclipped values (``RandomErasing(values="unclipped")``, the paper
+presets: the authors erase their tensor before normalising it, so erased values are not bound to 8 bits) travels
+with its box and noise seed (``<pixel key>_erasing``); :meth:`PixTraceCollator.normalize` writes the unclipped
+values into the normalised pixels, where the 8-bit image holds them clipped.
 """
 
 from __future__ import annotations
@@ -19,12 +24,18 @@ from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..modeling.errors import ConfigError
 from ..pixtrace import CoordinateTable, pair_overlaps
+from ..pixtrace.edits import RandomErasing, edit_from_dict, erasing_noise
 from ..pixtrace.overlap import REVERSE_PRIORS
 
-__all__ = ["CopyPair", "PIXEL_KEYS", "PixTraceCollator", "normalize_pixel_values"]
+__all__ = ["CopyPair", "PIXEL_KEYS", "PixTraceCollator", "normalize_pixel_values", "unclipped_erasing"]
 
 #: Batch keys holding uint8 pixels that :func:`normalize_pixel_values` turns into model inputs.
 PIXEL_KEYS = ("pixel_values", "reference_pixel_values")
+#: The side of a pair (``CopyPair.edits``) whose image each pixel key holds.
+_SIDES = {"pixel_values": "query", "reference_pixel_values": "reference"}
+#: Suffix of the batch key holding a pixel key's unclipped erasings: int64 (B, 5) ``(top, left, bottom, right,
+#: seed)``, -1 where a copy has none (present only when one has).
+ERASING_SUFFIX = "_erasing"
 
 
 def normalize_pixel_values(
@@ -43,6 +54,31 @@ def normalize_pixel_values(
     # (x / 255 - mean) / std = x * scale + offset: one fused multiply-add per value.
     scale, offset = 1.0 / (255.0 * std), -mean / std
     return torch.addcmul(offset, pixels.to(torch.float32), scale).to(dtype)
+
+
+def unclipped_erasing(edits: Sequence[dict], size: int) -> tuple[int, int, int, int, int] | None:
+    """``(top, left, bottom, right, seed)`` of the box an ``S x S`` copy's last edit erases with unclipped values
+    (``RandomErasing(values="unclipped")``, ``size`` = S), else None. Only a last edit: one before another would
+    have been moved or blended by the edits after it."""
+    if not edits or edits[-1].get("name") != RandomErasing.name:
+        return None
+    edit = edit_from_dict(edits[-1])
+    if edit.values != "unclipped":
+        return None
+    left, top, right, bottom = edit.box(size, size)
+    return top, left, bottom, right, int(edit.noise_seed)
+
+
+def _write_erasings(pixels: torch.Tensor, erasings: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> None:
+    """Write the unclipped noise of ``erasings`` (B, 5) into the normalised ``pixels`` (B, 3, S, S) in place."""
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+    for row, (top, left, bottom, right, seed) in enumerate(erasings.tolist()):
+        if seed < 0:
+            continue
+        noise = torch.from_numpy(erasing_noise(seed, bottom - top, right - left)).to(torch.float32).permute(2, 0, 1)
+        values = (noise - mean_t) / std_t  # N(0, 1) on the [0, 1] scale, normalised as the pixels
+        pixels[row, :, top:bottom, left:right] = values.to(device=pixels.device, dtype=pixels.dtype)
 
 
 @dataclass
@@ -88,7 +124,10 @@ class PixTraceCollator:
     - ``pair_mask`` bool (B,): positive pairs with at least one overlapping patch in both directions
       (the pairs CopyNCE is computed on);
     - ``num_skipped_images`` int64 scalar (only with ``report_skipped=True``): unreadable images
-      skipped while making these pairs, so the training process can count what the workers skipped.
+      skipped while making these pairs, so the training process can count what the workers skipped;
+    - ``pixel_values_erasing`` / ``reference_pixel_values_erasing`` int64 (B, 5) (only when a copy of the batch
+      ends with an unclipped erasing, :func:`unclipped_erasing`): ``(top, left, bottom, right, seed)``, -1 rows
+      for the others; :meth:`normalize` consumes them.
 
     The models take float pixels normalised with the ImageNet mean and std (``image_mean``,
     ``image_std``), like ``CopyNCEImageProcessor``'s: whoever consumes a batch calls
@@ -166,14 +205,32 @@ class PixTraceCollator:
             "overlap_rq": overlap_rq,
             "pair_mask": pair_mask,
         }
+        batch.update(self.erasings(pairs))
         if self.report_skipped:
             batch["num_skipped_images"] = torch.tensor(sum(p.skipped_images for p in pairs), dtype=torch.int64)
         return batch
 
+    def erasings(self, pairs: Sequence[CopyPair]) -> dict[str, torch.Tensor]:
+        """``{"<pixel key>_erasing": int64 (B, 5)}`` for the pixel keys of which a copy ends with an unclipped
+        erasing (:func:`unclipped_erasing`; none in a pair put into a template, whose frame follows its edits)."""
+        found = {}
+        for key, side in _SIDES.items():
+            rows = [None if "templates" in pair.edits else unclipped_erasing(pair.edits.get(side) or [], self.image_size)
+                    for pair in pairs]
+            if any(row is not None for row in rows):
+                found[key + ERASING_SUFFIX] = torch.tensor([row or (-1,) * 5 for row in rows], dtype=torch.int64)
+        return found
+
     def normalize(self, batch: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict:
-        """The batch with its uint8 pixel keys normalised (on their device) to ``dtype`` model inputs."""
+        """The batch with its uint8 pixel keys normalised (on their device) to ``dtype`` model inputs, and the
+        unclipped erasings (``<pixel key>_erasing``, removed from the batch) written into them."""
         out = dict(batch)
         for key in PIXEL_KEYS:
+            erasings = out.pop(key + ERASING_SUFFIX, None)
             if key in out:
                 out[key] = normalize_pixel_values(out[key], self.image_mean, self.image_std, dtype)
+                if erasings is not None:
+                    if out[key] is batch[key]:  # float input comes back as it is: write into a copy
+                        out[key] = out[key].clone()
+                    _write_erasings(out[key], erasings, self.image_mean, self.image_std)
         return out

@@ -11,10 +11,11 @@ case of the request:
 * seeds their random generators (``torch``, ``random``, ``numpy``) with the case's seed and runs one of
   their classes, built with their configuration's values (given in the request), on the case's image;
 * ends with their final ``Resize`` to the model input (bicubic), as their ``post_process`` does;
-* writes the edited image (``<id>.png``), their ``MaskMapper``'s map of it to the input image
-  (``<id>.npy``: (2, H, W), row and column of the source pixel, -1 where none) built from the configs
-  their classes return, and the parameters they drew (``<id>.json``: the configs, and for the classes
-  that return none the draws of their generators, recorded as they are made).
+* writes the edited image (``<id>.png``), their ``MaskMapper``'s map of it to the input image built from
+  the configs their classes return, and the same map without its conventions
+  (:func:`~.authors_chain.convention_free`) (``<id>.npy``: (2, 2, H, W), row and column of the source pixel,
+  -1 where none), and the parameters they drew (``<id>.json``: the configs, and for the classes that return
+  none the draws of their generators, recorded as they are made).
 
 The request is JSON ``{"config": {...their augmentation section...}, "image_size": S, "cases": [{"id",
 "op", "image", "other", "seed"}, ...]}``; ``op`` is one of :data:`OPERATIONS`, or ``albumentations:<Name>``
@@ -32,8 +33,9 @@ import types
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
+
+from .authors_chain import convention_free, jsonable, seed_generators
 
 __all__ = ["OPERATIONS", "main"]
 
@@ -117,37 +119,16 @@ def _build(code, op: str, config: dict, size: int, other: str | None):
     return simple[op]()
 
 
-def _jsonable(value):
-    """Their configs as JSON: enums by name, arrays as lists."""
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return value.tolist()
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if hasattr(value, "name") and hasattr(value, "value") and not isinstance(value, (int, float, str)):
-        return value.name
-    return value
-
-
-def _seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
 def _run_case(code, case: dict, config: dict, size: int, folder: Path) -> None:
     """One case: their class on the image, their final resize, the outputs written."""
     image = Image.open(case["image"]).convert("RGB")
     transform = _build(code, case["op"], config, size, case.get("other"))
     record = {"op": case["op"]}
-    _seed(case["seed"])
+    seed_generators(case["seed"])
     if case["op"] == "color_jitter":  # draws its order and factors without returning them: draw them first
-        record["draws"] = _jsonable(transform.get_params(transform.brightness, transform.contrast,
+        record["draws"] = jsonable(transform.get_params(transform.brightness, transform.contrast,
                                                          transform.saturation, transform.hue))
-        _seed(case["seed"])
+        seed_generators(case["seed"])
     if case["op"] == "emoji":
         recorder = _RecordedRandom(case["seed"])
         code.overlay.random = recorder
@@ -159,9 +140,10 @@ def _run_case(code, case: dict, config: dict, size: int, folder: Path) -> None:
     resized, resize_configs = _build(code, "resize", config, size, None)(edited.convert("RGB"))
     configs = list(configs) + list(resize_configs)
     mapping = code.MaskMapper(image.size)(configs)
-    record["configs"] = _jsonable(configs)
+    exact = convention_free(code.MaskMapper)(image.size)(configs)
+    record["configs"] = jsonable(configs)
     resized.save(folder / f"{case['id']}.png")
-    np.save(folder / f"{case['id']}.npy", np.asarray(mapping, dtype=np.float32))
+    np.save(folder / f"{case['id']}.npy", np.stack([mapping, exact]).astype(np.float64))
     (folder / f"{case['id']}.json").write_text(json.dumps(record))
 
 
@@ -170,7 +152,7 @@ def _run_albumentation(case: dict, folder: Path) -> None:
     import albumentations
 
     image = np.asarray(Image.open(case["image"]).convert("RGB"))
-    _seed(case["seed"])
+    seed_generators(case["seed"])
     transform = getattr(albumentations, case["op"].split(":", 1)[1])(p=1.0)
     edited = transform(image=image)["image"]
     change = float(np.abs(edited.astype(np.float64) - image).mean())
@@ -188,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     code = _import_their_augmentation(args.authors_code.resolve())
     args.output.mkdir(parents=True, exist_ok=True)
     for case in request["cases"]:
-        if case["op"].startswith("albumentations:"):
+        if case["op"].startswith("chain:"):
+            from .authors_chain import run_chain_case
+
+            run_chain_case(code, args.authors_code.resolve(), case, args.output)
+        elif case["op"].startswith("albumentations:"):
             _run_albumentation(case, args.output)
         else:
             _run_case(code, case, request["config"], int(request["image_size"]), args.output)

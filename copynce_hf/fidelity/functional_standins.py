@@ -11,8 +11,8 @@ torchvision's behaviour for PIL inputs, which is Pillow's own operation with the
   then a resize), :func:`hflip` / :func:`vflip` (``transpose``), :func:`pad` (``ImageOps.expand``),
   :func:`affine` (Pillow's affine ``transform`` with the inverse of rotation about the centre, scale, shear
   and translation) and :func:`perspective` (Pillow's perspective ``transform`` with the coefficients that
-  send the end points to the start points, solved by least squares and kept in float32 as torchvision
-  keeps them);
+  send the end points to the start points, solved in float32 by QR least squares as torchvision 0.16
+  solves them);
 * colour: :func:`adjust_brightness` / :func:`adjust_contrast` / :func:`adjust_saturation`
   (``ImageEnhance.Brightness`` / ``Contrast`` / ``Color``), :func:`adjust_hue` (the HSV hue channel
   shifted by ``int(hue_factor * 255)`` modulo 256), :func:`rgb_to_grayscale` (``convert("L")``, repeated);
@@ -160,16 +160,19 @@ def affine(image, angle, translate, scale, shear, interpolation=InterpolationMod
 
 
 def perspective_coefficients(startpoints, endpoints) -> list[float]:
-    """The 8 coefficients of the projective map sending each end point to its start point (least squares,
-    rounded to float32)."""
+    """The 8 coefficients of the projective map sending each end point to its start point: the 8 x 8 system in
+    float32 solved by LAPACK's QR least squares (``torch.linalg.lstsq``, driver ``gels``), as torchvision 0.16
+    solves it."""
+    import torch
+
     rows, targets = [], []
     for (end_x, end_y), (start_x, start_y) in zip(endpoints, startpoints):
         rows.append([end_x, end_y, 1, 0, 0, 0, -start_x * end_x, -start_x * end_y])
         rows.append([0, 0, 0, end_x, end_y, 1, -start_y * end_x, -start_y * end_y])
         targets += [start_x, start_y]
-    solution = np.linalg.lstsq(np.asarray(rows, dtype=np.float64), np.asarray(targets, dtype=np.float64),
-                               rcond=None)[0]
-    return [float(value) for value in solution.astype(np.float32)]
+    system = torch.tensor(rows, dtype=torch.float32)
+    solution = torch.linalg.lstsq(system, torch.tensor(targets, dtype=torch.float32), driver="gels").solution
+    return [float(value) for value in solution.tolist()]
 
 
 def perspective(image, startpoints, endpoints, interpolation=InterpolationMode.BILINEAR, fill=None):

@@ -11,7 +11,8 @@ tested against it in ``tests/test_authors_checkpoints.py``:
 * ``timm.models.vision_transformer``: :class:`Mlp` (``fc1``, ``act``, ``fc2``), :class:`PatchEmbed`
   (``proj`` convolution, fixed input size); ``timm.models``: :func:`register_model`;
 * ``torchvision.transforms``: :class:`Compose`, :class:`Resize`, :class:`ToTensor`, :class:`Normalize`,
-  :class:`InterpolationMode` (for PIL images, as their evaluation datasets use them);
+  :class:`InterpolationMode` (for PIL images, as their evaluation datasets use them), :class:`RandomErasing`
+  (on tensors, as their training recipe's last steps);
   ``torchvision.transforms.functional``: the PIL functions their augmentation calls
   (:mod:`.functional_standins`);
 * ``kornia.utils``: :func:`create_meshgrid`.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections.abc
 import importlib.util
+import math
 import sys
 import types
 
@@ -172,6 +174,47 @@ class Normalize:
         return tensor.sub(mean).div(std)
 
 
+class RandomErasing:
+    """torchvision's ``RandomErasing`` on a (C, H, W) tensor: with probability ``p`` (one ``torch.rand``), ten tries
+    of a box of area ``scale`` and aspect h / w log-uniform in ``ratio`` (``torch.empty(1).uniform_`` each, the sides
+    ``int(round(...))``) that fits strictly inside, its values ``value`` (``"random"``: ``normal_()`` values of
+    shape (C, h, w), drawn before the corner), the corner by two ``torch.randint``; the image as it is when no box
+    fits. Erases a copy unless ``inplace``."""
+
+    def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False):
+        self.p, self.scale, self.ratio, self.value, self.inplace = p, scale, ratio, value, inplace
+
+    @staticmethod
+    def get_params(image: torch.Tensor, scale, ratio, value=None):
+        """``(top, left, h, w, values)`` of the box, or ``(0, 0, H, W, image)`` when none fits."""
+        channels, height, width = image.shape[-3], image.shape[-2], image.shape[-1]
+        area = height * width
+        log_ratio = torch.log(torch.tensor(ratio))
+        for _ in range(10):
+            erase_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+            aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
+            h = int(round(math.sqrt(erase_area * aspect_ratio)))
+            w = int(round(math.sqrt(erase_area / aspect_ratio)))
+            if not (h < height and w < width):
+                continue
+            values = (torch.empty([channels, h, w], dtype=torch.float32).normal_() if value is None
+                      else torch.tensor(value)[:, None, None])
+            top = torch.randint(0, height - h + 1, size=(1,)).item()
+            left = torch.randint(0, width - w + 1, size=(1,)).item()
+            return top, left, h, w, values
+        return 0, 0, height, width, image
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if torch.rand(1) >= self.p:
+            return image
+        value = None if isinstance(self.value, str) else (
+            [float(self.value)] * image.shape[-3] if isinstance(self.value, (int, float)) else list(self.value))
+        top, left, h, w, values = self.get_params(image, scale=self.scale, ratio=self.ratio, value=value)
+        erased = image if self.inplace else image.clone()
+        erased[..., top:top + h, left:left + w] = values
+        return erased
+
+
 # --------------------------------------------------------------------------------------------- kornia
 def create_meshgrid(height: int, width: int, normalized_coordinates: bool = True, device=None,
                     dtype=torch.float32) -> torch.Tensor:
@@ -210,7 +253,7 @@ def install_standins() -> list[str]:
         "torchvision": {
             "torchvision": dict(),
             "torchvision.transforms": dict(Compose=Compose, Resize=Resize, ToTensor=ToTensor, Normalize=Normalize,
-                                           InterpolationMode=InterpolationMode),
+                                           InterpolationMode=InterpolationMode, RandomErasing=RandomErasing),
             "torchvision.transforms.functional": FUNCTIONS,
         },
         "kornia": {"kornia": dict(), "kornia.utils": dict(create_meshgrid=create_meshgrid)},

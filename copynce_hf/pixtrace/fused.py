@@ -44,7 +44,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .edits import COVERED_ALPHA, Canvas, Edit
+from .edits import Canvas, Edit
 from .edits.sources import gradient_parameters, image_size, is_procedural, noise_grid, resolve_image
 from .projective import resize_matrix
 from .table import CoordinateTable
@@ -454,7 +454,7 @@ def render_fused(image: Image.Image, edits: Sequence[Edit]) -> tuple[Image.Image
         if edit.scaling == "relative" and edit.kind == "occluding":  # at the working resolution (maybe the true one)
             pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
             current, coverage = _overlay_at(edit, pixels, true_size)
-            table = table.occlude(coverage >= COVERED_ALPHA)  # what ``OccludingEdit.apply`` does, at the true size
+            table = table.occlude(edit.untraced(coverage))  # what ``OccludingEdit.apply`` does, at the true size
         elif edit.kind == "photometric":  # relative ones at the working resolution, others at their true size
             pixels = current if isinstance(current, np.ndarray) else np.asarray(current)
             current = edit.render_array(np.ascontiguousarray(pixels), true_size)

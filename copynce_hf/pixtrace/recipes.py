@@ -39,9 +39,13 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
   pasted onto it; geometric: flips then one of perspective or a snapped affine; appearance: ten
   edits in a random order; additional: one albumentations operation), padding, the resize, then
   random erasing. A partly transparent paste keeps a pixel traced where the copy's weight is at
-  least one half (:mod:`.edits.compositing`); sizes the authors give in pixels are fractions of the
-  shorter side here (those pixels at 224); rendered edit by edit with bicubic resampling at every
-  geometric edit and at the final resize, as theirs (``fused=False``, ``resample="bicubic"``);
+  least one half (:mod:`.edits.compositing`); rendered edit by edit with bicubic resampling at every
+  geometric edit and at the final resize, as theirs (``fused=False``, ``resample="bicubic"``). Where
+  their code does what their configuration does not say, the presets follow the code: text on
+  ``1 - p`` of the copies (``p_means="skip"``), blur radius (0-10) and smearing width (1-5) in
+  pixels of the image each runs on (``units="pixels"``), pixels under text, emoji, smearing and
+  erased boxes keeping their trace (``covered="mapped"``, their ``MaskMapper``), erased values
+  unclipped in the model input (``values="unclipped"``), pixel shuffling with AugLy's fixed seed 10;
 * :meth:`CopyRecipe.demo_queries` / :meth:`CopyRecipe.minidisc_queries`: DISC21-style evaluation
   queries (paper, section "Experiments" and supplementary "Evaluation Protocols"): one or two
   structural families (applied in the order listed), one or two photometric ones (in the order
@@ -64,7 +68,6 @@ from .edits import Edit, Resize, Scale
 from .edits.params import RESAMPLE
 from .steps import (
     ALL_FONTS,
-    AT_224,
     DEMO_WORDS,
     STEP_TYPES,
     AffineStep,
@@ -328,9 +331,9 @@ class CopyRecipe:
         steps = (
             ("crop", OneOf(p=0.3, members=("random_resized_crop", "onto_other_image", "other_image_onto"))),
             ("random_resized_crop", RandomResizedCropStep(p=1.0, scale=(0.25, 0.5), ratio=(0.33, 3.0), to_output=True,
-                                                          resample="bicubic")),
-            ("onto_other_image", OntoOtherImageStep()),
-            ("other_image_onto", OtherImageOntoStep()),
+                                                          resample="bicubic", form="crop")),
+            ("onto_other_image", OntoOtherImageStep(form="authors")),
+            ("other_image_onto", OtherImageOntoStep(form="authors")),
             ("horizontal_flip", HorizontalFlipStep(p=0.5)),
             ("vertical_flip", VerticalFlipStep(p=0.1)),
             ("linear", OneOf(p=0.25, members=("perspective", "affine"))),
@@ -341,18 +344,20 @@ class CopyRecipe:
             ("color_jitter", ColorJitterStep(p=1.0, brightness=0.5, contrast=0.5, saturation=0.5, hue=0.1,
                                              form="torchvision")),
             ("pixelization", PixelizationStep(p=0.15, ratio=(0.1, 1.0))),
-            ("shuffle_pixels", ShufflePixelsStep(p=0.15, factor=(0.1, 0.1))),
+            ("shuffle_pixels", ShufflePixelsStep(p=0.15, factor=(0.1, 0.1), seed=10, form="augly")),
             ("jpeg", JpegStep(p=0.25, qualities=(10, 20, 30, 50))),
             ("grayscale", GrayscaleStep(p=0.25)),
-            ("blur", BlurStep(p=0.2, radius=(2 * AT_224, 10 * AT_224))),
+            ("blur", BlurStep(p=0.2, radius=(0.0, 10.0), units="pixels")),
             ("overlay_text", OverlayTextStep(p=0.25, length=(1, 100), font_size=(0.1, 0.3), opacity=(0.1, 1.0),
-                                             fonts=(ALL_FONTS,), form="authors")),
-            ("overlay_emoji", OverlayEmojiStep(p=0.25, size=(0.1, 0.5), opacity=(0.7, 1.0), form="authors")),
+                                             fonts=(ALL_FONTS,), form="authors", p_means="skip", covered="mapped")),
+            ("overlay_emoji", OverlayEmojiStep(p=0.25, size=(0.1, 0.5), opacity=(0.7, 1.0), form="authors",
+                                               covered="mapped")),
             ("edge_enhance", EdgeEnhanceStep(p=0.25, coin="integers")),
-            ("smearing", SmearingStep(p=0.25)),
+            ("smearing", SmearingStep(p=0.25, width=(1, 5), units="pixels", covered="mapped")),
             ("additional", AlbumentationsStep(p=0.15)),
-            ("padding", PadStep(p=0.15, fraction=(0.2, 0.2), color=(0, 0, 0))),
-            ("random_erasing", RandomErasingStep(p=0.15, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random")),
+            ("padding", PadStep(p=0.15, fraction=(0.2, 0.2), color=(0, 0, 0), rounding="round")),
+            ("random_erasing", RandomErasingStep(p=0.15, scale=(0.02, 0.33), ratio=(0.3, 3.3), value="random",
+                                                 values="unclipped", covered="mapped")),
         )
         groups = Shuffled(("crop", Group(("horizontal_flip", "vertical_flip", "linear")), Shuffled(appearance),
                            "additional"))
@@ -481,7 +486,7 @@ class CopyRecipe:
                 if step.in_order:
                     picked.sort(key=listed.__getitem__)
                 return [(named[name], generators[name]) for name in picked]
-            return [(step, generators[node])] if generators[node].random() < step.p else []
+            return [(step, generators[node])] if generators[node].random() < step.rate() else []
 
         before = [item for node in self.before_resize for item in scheduled(node)]
         after = [item for node in self.after_resize for item in scheduled(node)]

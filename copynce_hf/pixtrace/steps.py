@@ -33,7 +33,10 @@ from ..modeling.errors import ConfigError, EditParameterError
 from .edits import (
     ALBUMENTATIONS_OPS,
     COLOR_JITTER_FORMS,
+    COVERED_FORMS,
     EMOJI_FORMS,
+    ERASED_VALUES,
+    SHUFFLE_FORMS,
     WARP_FORMS,
     Affine,
     Albumentation,
@@ -83,8 +86,18 @@ __all__ = ["STEP_TYPES", "DrawContext", "OneOf", "SomeOf", "Step", "register_ste
 Range = tuple[float, float]
 RGB = tuple[int, int, int]
 _SEED_HIGH = 2**31 - 1
-#: One pixel at 224 pixels, the authors' model input: sizes they give in pixels are fractions of the shorter side here.
+#: One pixel at 224 pixels, the authors' model input: a size in pixels at 224 as a fraction of the shorter side.
 AT_224 = 1.0 / 224.0
+#: How a step's sizes are given (``units``): ``"fraction"`` of the shorter side of the image the edit runs on (the
+#: package's: the same edit at any resolution), or ``"pixels"`` of that image (the authors', whose blur radius and
+#: smearing width are absolute at the resolution each edit runs at: the original's, or 224 after a crop).
+UNITS = ("fraction", "pixels")
+#: Forms of the authors' paste steps (``form``): the package's rendering, or the authors' (see each step).
+PASTE_FORMS = ("package", "authors")
+#: What a step's ``p`` means (``p_means``): ``"apply"`` (the edit applies with probability ``p``) or ``"skip"`` (it
+#: is skipped with probability ``p``: the authors' ``RandomOverlayText`` returns the image unchanged when
+#: ``random() < p``, so text lands on ``1 - p`` of their copies).
+P_MEANINGS = ("apply", "skip")
 
 #: type name -> step or choice class, filled by :func:`register_step`.
 STEP_TYPES: dict[str, type] = {}
@@ -178,6 +191,12 @@ def _check_color(owner: str, key: str, value) -> None:
         raise ConfigError(f"recipe step {owner}: {key}={value!r} must be None or three integers in [0, 255]")
 
 
+def check_choice(owner: str, key: str, value, choices: tuple[str, ...]) -> None:
+    """Raise :class:`ConfigError` naming ``owner.key`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"recipe step {owner}: {key}={value!r} must be one of {list(choices)}")
+
+
 def _check_names(owner: str, key: str, value) -> None:
     if not value or not all(isinstance(v, str) and v for v in value):
         raise ConfigError(f"recipe step {owner}: {key}={value!r} must be a non-empty list of names")
@@ -218,6 +237,10 @@ class Step(_Declared):
     def __post_init__(self):
         check_number(self.type_name, "p", self.p, 0.0, 1.0)
         super().__post_init__()
+
+    def rate(self) -> float:
+        """The probability that the step applies (``p``; a step with ``p_means`` may say otherwise)."""
+        return self.p
 
     def draw(self, context: DrawContext) -> list[Edit]:
         """The edits of this step for the current image (the caller has already decided to apply it)."""
@@ -283,11 +306,12 @@ def snap_angle(angle: float, affinity: float = 22.5) -> float:
     return angle
 
 
-def _resized_crop(context: DrawContext, scale: Range, ratio: Range, to_output: bool, resample: str) -> Edit:
+def _resized_crop(context: DrawContext, scale: Range, ratio: Range, to_output: bool, resample: str,
+                  form: str = "box") -> Edit:
     """torchvision's RandomResizedCrop box as a crop, or straight to the model input when ``to_output``
-    and the editor has an output size."""
+    and the editor has an output size (resampled in the :class:`~.edits.RandomResizedCrop` ``form``)."""
     target = context.output_size if to_output else None
-    box = RandomResizedCrop.draw(context.rng, context.size, target or (1, 1), scale, ratio, resample)
+    box = RandomResizedCrop.draw(context.rng, context.size, target or (1, 1), scale, ratio, resample, form)
     return box if target is not None else Crop(box.left, box.top, box.right, box.bottom)
 
 
@@ -315,17 +339,23 @@ class RandomResizedCropStep(Step):
     """torchvision RandomResizedCrop: area fraction in ``scale``, aspect w/h log-uniform in ``ratio``.
 
     A plain crop (the editor's final resize follows), or with ``to_output`` a crop resized straight
-    to the editor's output size with ``resample`` (the authors' recipe)."""
+    to the editor's output size with ``resample`` (the authors' recipe), from the box in the whole image
+    (``form="box"``) or from the crop (``form="crop"``, torchvision's, as the authors run it)."""
 
     p: float = 0.8
     scale: Range = (0.25, 1.0)
     ratio: Range = (3 / 4, 4 / 3)
     to_output: bool = False
     resample: str = "bilinear"
+    form: str = "box"
     type_name: ClassVar[str] = "random_resized_crop"
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "form", self.form, ("box", "crop"))
+
     def draw(self, context):
-        return [_resized_crop(context, self.scale, self.ratio, self.to_output, self.resample)]
+        return [_resized_crop(context, self.scale, self.ratio, self.to_output, self.resample, self.form)]
 
 
 @register_step
@@ -449,16 +479,23 @@ class PerspectiveStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class PadStep(Step):
-    """Pad by fractions of the width and height drawn in ``fraction`` on each side, ``color`` (None: random)."""
+    """Pad by fractions of the width and height drawn in ``fraction`` on each side, ``color`` (None: random); the
+    margins rounded down, or with ``rounding="round"`` to the nearest pixel (the authors' ``RandomPadding``)."""
 
     p: float = 0.1
     fraction: Range = (0.02, 0.2)
     color: RGB | None = None
+    rounding: str = "floor"
     type_name: ClassVar[str] = "pad"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "rounding", self.rounding, ("floor", "round"))
 
     def draw(self, context):
         width_fraction, height_fraction = context.uniform(self.fraction), context.uniform(self.fraction)
-        return [Pad(width_fraction, height_fraction, self.color if self.color is not None else context.color())]
+        color = self.color if self.color is not None else context.color()
+        return [Pad(width_fraction, height_fraction, color, rounding=self.rounding)]
 
 
 @register_step
@@ -495,7 +532,9 @@ class OntoOtherImageStep(Step):
 
     With probability ``crop_p`` the copy is first random-resized-cropped (``crop_scale``,
     ``crop_ratio``) to the model input; it is then resized to a box of area ``scale`` and aspect
-    ``ratio`` of the other image (at the model input size) and blended in with ``opacity``."""
+    ``ratio`` of the other image (at the model input size) and blended in with ``opacity``. ``form``
+    (:data:`PASTE_FORMS`): ``"authors"`` renders as their class (the crop resized from the crop, the mask level
+    truncated)."""
 
     p: float = 1.0
     crop_p: float = 0.5
@@ -504,21 +543,25 @@ class OntoOtherImageStep(Step):
     scale: Range = (0.25, 0.5)
     ratio: Range = (0.33, 3.0)
     opacity: Range = (0.5, 1.0)
+    form: str = "package"
     type_name: ClassVar[str] = "onto_other_image"
 
     def __post_init__(self):
         super().__post_init__()
         check_number(self.type_name, "crop_p", self.crop_p, 0.0, 1.0)
+        check_choice(self.type_name, "form", self.form, PASTE_FORMS)
 
     def draw(self, context):
-        edits = []
+        edits, authors = [], self.form == "authors"
         if context.rng.random() < self.crop_p:
-            edits.append(_resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic"))
+            edits.append(_resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic",
+                                       "crop" if authors else "box"))
         canvas = context.output_size or context.size
         spec = context.image_spec((1.0, 1.0))
         left, top, width, height = _box(context.rng, canvas, self.scale, self.ratio)
         edits.append(PasteIntoBox(spec, canvas[0], canvas[1], left, top, height, width,
-                                  opacity=context.uniform(self.opacity), resample="bicubic"))
+                                  opacity=context.uniform(self.opacity), resample="bicubic",
+                                  level_rounding="truncate" if authors else "nearest"))
         return edits
 
 
@@ -529,7 +572,9 @@ class OtherImageOntoStep(Step):
 
     With probability ``crop_p`` the copy is first random-resized-cropped (``crop_scale``,
     ``crop_ratio``) to the model input; the other image is then resized to a box of area ``scale``
-    and aspect ``ratio`` of the copy and blended in with ``opacity``."""
+    and aspect ``ratio`` of the copy and blended in with ``opacity``. ``form`` (:data:`PASTE_FORMS`):
+    ``"authors"`` renders as their class (the crop resized from the crop; the other image resized bicubic to the
+    model input, then to the box; the mask level truncated)."""
 
     p: float = 1.0
     crop_p: float = 0.5
@@ -538,23 +583,27 @@ class OtherImageOntoStep(Step):
     scale: Range = (0.3, 0.7)
     ratio: Range = (0.33, 3.0)
     opacity: Range = (0.0, 0.5)
+    form: str = "package"
     type_name: ClassVar[str] = "other_image_onto"
 
     def __post_init__(self):
         super().__post_init__()
         check_number(self.type_name, "crop_p", self.crop_p, 0.0, 1.0)
+        check_choice(self.type_name, "form", self.form, PASTE_FORMS)
 
     def draw(self, context):
-        edits, size = [], context.size
+        edits, size, authors = [], context.size, self.form == "authors"
         if context.rng.random() < self.crop_p:
-            crop = _resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic")
+            crop = _resized_crop(context, self.crop_scale, self.crop_ratio, True, "bicubic", "crop" if authors else "box")
             edits.append(crop)
             size = crop.output_size(size)
         spec = context.image_spec((0.3, 1.0))
         left, top, width, height = _box(context.rng, size, self.scale, self.ratio)
         rows, cols = size
+        rendering = ({"resample": "bicubic", "overlay_size": context.output_size, "level_rounding": "truncate"}
+                     if authors else {})
         edits.append(OverlayImageBox(spec, x=left / cols, y=top / rows, width=width / cols, height=height / rows,
-                                     opacity=context.uniform(self.opacity)))
+                                     opacity=context.uniform(self.opacity), **rendering))
         return edits
 
 
@@ -827,14 +876,21 @@ class GrayscaleStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class BlurStep(Step):
-    """Gaussian blur; ``radius`` is a fraction of the shorter side (0.004 = 2 px at 500 px)."""
+    """Gaussian blur of a ``radius`` drawn uniformly, in ``units`` (:data:`UNITS`): a fraction of the shorter side
+    (0.004 = 2 px at 500 px) or pixels of the image it runs on (the authors' AugLy ``RandomBlur``: 0-10)."""
 
     p: float = 0.3
     radius: Range = (0.0005, 0.006)
+    units: str = "fraction"
     type_name: ClassVar[str] = "blur"
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "units", self.units, UNITS)
+
     def draw(self, context):
-        return [Blur(radius=context.uniform(self.radius) * min(context.size))]
+        radius = context.uniform(self.radius)
+        return [Blur(radius=radius * min(context.size) if self.units == "fraction" else radius)]
 
 
 @register_step
@@ -875,12 +931,27 @@ class PixelizationStep(Step):
 @register_step
 @dataclasses.dataclass(frozen=True)
 class ShufflePixelsStep(Step):
+    """A fraction ``factor`` of the pixels shuffled among themselves: by a seed drawn per copy (``seed`` None, the
+    package's), or by the same ``seed`` for every copy (the authors' AugLy ``ShufflePixels``: seed 10, so that
+    every copy of a given size shuffles the same pixel positions), in the :class:`~.edits.ShufflePixels` ``form``."""
+
     p: float = 0.05
     factor: Range = (0.01, 0.1)
+    seed: int | None = None
+    form: str = "numpy"
     type_name: ClassVar[str] = "shuffle_pixels"
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "form", self.form, SHUFFLE_FORMS)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**32):
+            raise ConfigError(f"recipe step {self.type_name}: seed={self.seed!r} must be null or an integer in [0, 2**32)")
+
     def draw(self, context):
-        return [ShufflePixels(factor=context.uniform(self.factor), seed=context.seed())]
+        factor = context.uniform(self.factor)
+        seed = context.seed() if self.seed is None else self.seed
+        return [ShufflePixels(factor=factor, seed=seed, form=self.form)]
 
 
 @register_step
@@ -978,6 +1049,10 @@ class OverlayTextStep(Step):
       ``maxlen`` is the longest prefix whose ink fits the image (width and height, one pixel spare for
       Pillow's sub-pixel start); the text is placed uniformly where it lies fully inside the image. No edit
       when not even one character fits or the prefix is blank.
+
+    ``p_means`` (:data:`P_MEANINGS`): ``"apply"`` (text on a share ``p`` of the copies) or ``"skip"`` (on ``1 - p``:
+    the authors' ``RandomOverlayText`` skips when ``random() < p``). ``covered`` (:data:`~.edits.COVERED_FORMS`):
+    whether the pixels under the text are untraced (the package's) or keep their trace (the authors' map).
     """
 
     p: float = 0.3
@@ -986,10 +1061,14 @@ class OverlayTextStep(Step):
     opacity: Range = (0.6, 1.0)
     fonts: tuple[str, ...] = _DEFAULT_FONTS
     form: str = "alphabet"
+    p_means: str = "apply"
+    covered: str = "untraced"
     type_name: ClassVar[str] = "overlay_text"
 
     def __post_init__(self):
         super().__post_init__()
+        check_choice(self.type_name, "p_means", self.p_means, P_MEANINGS)
+        check_choice(self.type_name, "covered", self.covered, COVERED_FORMS)
         if self.form not in TEXT_FORMS:
             raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {TEXT_FORMS}")
         if self.form == "authors" and (self.length[0] != 1 or self.length[1] < 1 or self.length[1] != int(self.length[1])):
@@ -1004,6 +1083,9 @@ class OverlayTextStep(Step):
                 OverlayText(font=font)
             except EditParameterError as error:
                 raise ConfigError(f"recipe step {self.type_name}: fonts entry {font!r} is not a font file") from error
+
+    def rate(self) -> float:
+        return self.p if self.p_means == "apply" else 1.0 - self.p
 
     def font_choices(self) -> tuple[str, ...]:
         """The fonts drawn from, ``"*"`` expanded to every font of AugLy's folder (duplicates kept once)."""
@@ -1023,7 +1105,7 @@ class OverlayTextStep(Step):
         text = "".join(alphabet[i] for i in context.rng.integers(len(alphabet), size=length)).strip() or "copy"
         return [OverlayText(text=text, font=font, font_size=context.uniform(self.font_size), color=context.color(),
                             x=context.uniform((0.0, 0.7)), y=context.uniform((0.0, 0.85)),
-                            opacity=context.uniform(self.opacity))]
+                            opacity=context.uniform(self.opacity), covered=self.covered)]
 
     def _draw_authors(self, context: DrawContext) -> list[Edit]:
         height, width = context.size
@@ -1065,7 +1147,8 @@ class OverlayTextStep(Step):
         opacity, color = context.uniform(self.opacity), context.color()
         if not text.strip():
             return []
-        return [OverlayText(text=text, font=font, font_size=font_size, color=color, x=x, y=y, opacity=opacity)]
+        return [OverlayText(text=text, font=font, font_size=font_size, color=color, x=x, y=y, opacity=opacity,
+                            covered=self.covered)]
 
 
 @register_step
@@ -1077,16 +1160,20 @@ class OverlayEmojiStep(Step):
       [0, 0.9) of the width and height (the emoji may be cut at the edge);
     * ``form="authors"`` (the CopyNCE authors' ``RandomOverlayEmoji``): ``size`` is a fraction of the
       largest scale at which the emoji fits (theirs: 0.1-0.5), placed uniformly inside the image.
+
+    ``covered`` (:data:`~.edits.COVERED_FORMS`): the pixels under the emoji untraced or keeping their trace.
     """
 
     p: float = 0.3
     size: Range = (0.1, 0.35)
     opacity: Range = (0.6, 1.0)
     form: str = "augly"
+    covered: str = "untraced"
     type_name: ClassVar[str] = "overlay_emoji"
 
     def __post_init__(self):
         super().__post_init__()
+        check_choice(self.type_name, "covered", self.covered, COVERED_FORMS)
         if self.form not in EMOJI_FORMS:
             raise ConfigError(f"recipe step {self.type_name}: form={self.form!r} must be one of {list(EMOJI_FORMS)}")
 
@@ -1094,7 +1181,7 @@ class OverlayEmojiStep(Step):
         corner = (0.0, 1.0) if self.form == "authors" else (0.0, 0.9)
         return [OverlayEmoji(emoji=context.pick(emoji_names()), size=context.uniform(self.size),
                              x=context.uniform(corner), y=context.uniform(corner),
-                             opacity=context.uniform(self.opacity), form=self.form)]
+                             opacity=context.uniform(self.opacity), form=self.form, covered=self.covered)]
 
 
 @register_step
@@ -1140,18 +1227,25 @@ class RandomErasingStep(Step):
 
     ``value="color"`` fills it with one random colour (a box too large is clamped to the image);
     ``value="random"`` is torchvision's ``value="random"``: ten tries (nothing erased when none
-    fits), the box filled with random values."""
+    fits), the box filled with random values, clipped to 8 bits or, with ``values="unclipped"``, unclipped in
+    the model input (the authors': :data:`~.edits.ERASED_VALUES`). ``covered``
+    (:data:`~.edits.COVERED_FORMS`): the erased pixels untraced or keeping their trace."""
 
     p: float = 0.25
     scale: Range = (0.02, 0.15)
     ratio: Range = (0.3, 3.3)
     value: str = "color"
+    values: str = "clipped"
+    covered: str = "untraced"
     type_name: ClassVar[str] = "random_erasing"
 
     def __post_init__(self):
         super().__post_init__()
-        if self.value not in ("color", "random"):
-            raise ConfigError(f"recipe step {self.type_name}: value={self.value!r} must be 'color' or 'random'")
+        check_choice(self.type_name, "value", self.value, ("color", "random"))
+        check_choice(self.type_name, "values", self.values, ERASED_VALUES)
+        check_choice(self.type_name, "covered", self.covered, COVERED_FORMS)
+        if self.values == "unclipped" and self.value != "random":
+            raise ConfigError(f"recipe step {self.type_name}: values='unclipped' needs value='random'")
 
     def draw(self, context):
         rows, cols = context.size
@@ -1162,7 +1256,7 @@ class RandomErasingStep(Step):
             box_w = min(1.0, math.sqrt(area / aspect) / cols)
             box_h = min(1.0, math.sqrt(area * aspect) / rows)
             return [RandomErasing(x=context.uniform((0.0, 1.0 - box_w)), y=context.uniform((0.0, 1.0 - box_h)),
-                                  width=box_w, height=box_h, fill=context.color())]
+                                  width=box_w, height=box_h, fill=context.color(), covered=self.covered)]
         for _ in range(10):
             area = rows * cols * context.uniform(self.scale)
             aspect = math.exp(context.uniform(log_ratio))
@@ -1171,7 +1265,7 @@ class RandomErasingStep(Step):
                 continue
             top, left = int(context.rng.integers(0, rows - height + 1)), int(context.rng.integers(0, cols - width + 1))
             return [RandomErasing(x=left / cols, y=top / rows, width=width / cols, height=height / rows,
-                                  noise_seed=context.seed())]
+                                  noise_seed=context.seed(), values=self.values, covered=self.covered)]
         return []
 
 
@@ -1179,15 +1273,26 @@ class RandomErasingStep(Step):
 @dataclasses.dataclass(frozen=True)
 class SmearingStep(Step):
     """The authors' RandomSmearing: ``points`` random points in a box of area ``scale`` and aspect
-    ``ratio``, a Bezier stroke through them of ``width`` (fraction of the shorter side, at least one
-    pixel), random colour."""
+    ``ratio``, a Bezier stroke through them of ``width``, random colour. ``units`` (:data:`UNITS`): the width a
+    fraction of the shorter side drawn uniformly (at least one pixel), or whole pixels of the image it runs on
+    drawn uniformly in the closed range (the authors': 1-5). ``covered`` (:data:`~.edits.COVERED_FORMS`): the
+    pixels under the stroke untraced or keeping their trace."""
 
     p: float = 0.25
     points: Range = (5, 50)
     width: Range = (1 * AT_224, 5 * AT_224)
     scale: Range = (0.08, 0.8)
     ratio: Range = (0.5, 2.0)
+    units: str = "fraction"
+    covered: str = "untraced"
     type_name: ClassVar[str] = "smearing"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.type_name, "units", self.units, UNITS)
+        check_choice(self.type_name, "covered", self.covered, COVERED_FORMS)
+        if self.units == "pixels" and not (self.width[0] >= 1 and all(float(w).is_integer() for w in self.width)):
+            raise ConfigError(f"recipe step {self.type_name}: width={self.width!r} in pixels must be whole pixels >= 1")
 
     def draw(self, context):
         rows, cols = context.size
@@ -1196,5 +1301,8 @@ class SmearingStep(Step):
         xs = context.rng.integers(left, left + width, size=count)
         ys = context.rng.integers(top, top + height, size=count)
         points = tuple((float(x) / cols, float(y) / rows) for x, y in zip(xs, ys))
-        stroke = max(1, int(round(context.uniform(self.width) * min(rows, cols))))
-        return [Smear(points=points, width=stroke, color=context.color())]
+        if self.units == "pixels":
+            stroke = context.integer(self.width)
+        else:
+            stroke = max(1, int(round(context.uniform(self.width) * min(rows, cols))))
+        return [Smear(points=points, width=stroke, color=context.color(), covered=self.covered)]

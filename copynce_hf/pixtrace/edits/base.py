@@ -47,6 +47,9 @@ class Edit:
     #: :meth:`~.occluding.OccludingEdit.layer`), ``"true_size"`` (only at its true size). Geometric
     #: edits declare their fused form with :meth:`~.geometric.GeometricEdit.canvases` instead.
     scaling: ClassVar[str] = "true_size"
+    #: Fields left out of :meth:`to_dict` while they hold their default: options added after lists of edits were
+    #: first recorded, so that those lists (and the draws of the recipes that never set them) stay the same.
+    quiet_defaults: ClassVar[tuple[str, ...]] = ()
 
     def __call__(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
         if image.mode != "RGB":
@@ -65,7 +68,8 @@ class Edit:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable ``{"name": ..., "params": {...}}``."""
-        params = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        params = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)
+                  if not (f.name in self.quiet_defaults and getattr(self, f.name) == f.default)}
         return {"name": self.name, "params": params}
 
 

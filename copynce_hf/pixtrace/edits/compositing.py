@@ -26,11 +26,35 @@ from ..projective import resize_matrix, translation_matrix
 from ..table import CoordinateTable
 from .base import check_range, register_edit
 from .geometric import Canvas, GeometricEdit
-from .occluding import COVERED_ALPHA, Layer, OccludingEdit, blend_color, fraction_box, opacity_level
+from .occluding import (
+    COVERED_ALPHA,
+    Layer,
+    OccludingEdit,
+    blend_color,
+    check_covered,
+    fraction_box,
+    opacity_level,
+)
 from .params import RESAMPLE, color_param, image_spec_param, int_param, resample_param, set_field
 from .sources import resolve_image
 
-__all__ = ["PasteIntoBox", "OverlayImageBox", "Smear"]
+__all__ = ["LEVEL_ROUNDINGS", "PasteIntoBox", "OverlayImageBox", "Smear", "paste_level"]
+
+#: How a paste's opacity becomes its 8-bit mask level (``level_rounding``): ``"nearest"`` (``floor(255 * opacity +
+#: 0.5)``, the package's) or ``"truncate"`` (``int(255 * opacity)``: the authors multiply the 255 alpha band by the
+#: opacity and cast it to 8 bits).
+LEVEL_ROUNDINGS = ("nearest", "truncate")
+
+
+def paste_level(opacity: float, rounding: str = "nearest") -> int:
+    """The 8-bit mask level of a paste at ``opacity`` (:data:`LEVEL_ROUNDINGS`)."""
+    return opacity_level(opacity) if rounding == "nearest" else int(255 * opacity)
+
+
+def check_level_rounding(edit) -> None:
+    if edit.level_rounding not in LEVEL_ROUNDINGS:
+        raise EditParameterError(f"{edit.name}: parameter level_rounding={edit.level_rounding!r} must be one of "
+                                 f"{list(LEVEL_ROUNDINGS)}")
 
 
 @register_edit
@@ -42,8 +66,9 @@ class PasteIntoBox(GeometricEdit):
     with ``resample="bicubic"``, as the authors' ``OverlayImageOntoTheOther`` resizes both); the copy is
     resized to ``box_height`` x ``box_width`` (its aspect ratio may change) and blended in with
     its top-left corner at (``left``, ``top``): ``out = level * copy + (255 - level) * background``
-    (``level = floor(255 * opacity + 0.5)``, over 255). The background maps to nowhere; the box
-    is traced when the copy's weight is at least one half (``level >= 128``), else untraced.
+    (``level = floor(255 * opacity + 0.5)``, over 255; with ``level_rounding="truncate"``, ``int(255 * opacity)``
+    as the authors' mask). The background maps to nowhere; the box is traced when the copy's weight is at least
+    one half (``level >= 128``), else untraced.
     """
 
     background: Any
@@ -55,7 +80,9 @@ class PasteIntoBox(GeometricEdit):
     box_width: int
     opacity: float = 1.0
     resample: str = "bilinear"
+    level_rounding: str = "nearest"
     name: ClassVar[str] = "paste_into_box"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("level_rounding",)
 
     def __post_init__(self):
         set_field(self, "background", image_spec_param(self.name, "background", self.background))
@@ -70,6 +97,7 @@ class PasteIntoBox(GeometricEdit):
             )
         check_range(self.name, "opacity", self.opacity, 0.0, 1.0)
         resample_param(self.name, self.resample)
+        check_level_rounding(self)
 
     def stages(self, size):
         box = (self.box_height, self.box_width)
@@ -77,20 +105,21 @@ class PasteIntoBox(GeometricEdit):
 
     def trace(self, table: CoordinateTable, stages=None) -> CoordinateTable:
         new_table = super().trace(table, stages)
-        if opacity_level(self.opacity) < COVERED_ALPHA:  # the copy does not dominate its box
+        if paste_level(self.opacity, self.level_rounding) < COVERED_ALPHA:  # the copy does not dominate its box
             new_table = new_table.occlude(np.ones(new_table.size, dtype=bool))
         return new_table
 
     def canvases(self, stages):  # the copy blended over the background at its 8-bit paste level
         background = Canvas(image=self.background, image_size=(self.canvas_height, self.canvas_width),
-                            opacity=opacity_level(self.opacity) / 255.0)
+                            opacity=paste_level(self.opacity, self.level_rounding) / 255.0)
         return [None, background]
 
     def render(self, image):
         canvas_filter = Image.BICUBIC if self.resample == "bicubic" else Image.BILINEAR
         canvas = resolve_image(self.background).resize((self.canvas_width, self.canvas_height), canvas_filter)
         pasted = image.resize((self.box_width, self.box_height), RESAMPLE[self.resample])
-        canvas.paste(pasted, (self.left, self.top), mask=Image.new("L", pasted.size, opacity_level(self.opacity)))
+        level = paste_level(self.opacity, self.level_rounding)
+        canvas.paste(pasted, (self.left, self.top), mask=Image.new("L", pasted.size, level))
         return canvas
 
 
@@ -100,9 +129,11 @@ class OverlayImageBox(OccludingEdit):
     """Another image resized to a box of the copy and blended in with ``opacity``.
 
     The box is ``x, y, width, height`` as fractions of the copy's size (rounded as
-    :class:`RandomErasing` rounds its box); the other image fills it (aspect ratio not kept).
-    Pixels of the box are covered (untraced) when the other image's level
-    ``floor(255 * opacity + 0.5)`` is at least 128, i.e. when the copy's weight is below one half.
+    :class:`RandomErasing` rounds its box); the other image fills it (aspect ratio not kept), resized with
+    ``resample`` (bilinear by default), first to ``overlay_size`` (H, W) when given (the authors resize every
+    other image to the model input first, then to the box: bicubic both). Pixels of the box are covered
+    (untraced) when the other image's level ``floor(255 * opacity + 0.5)`` (``level_rounding="truncate"``:
+    ``int(255 * opacity)``, the authors' mask) is at least 128, i.e. when the copy's weight is below one half.
     """
 
     name: ClassVar[str] = "overlay_image_box"
@@ -112,9 +143,18 @@ class OverlayImageBox(OccludingEdit):
     width: float = 0.5
     height: float = 0.5
     opacity: float = 0.5
+    resample: str = "bilinear"
+    overlay_size: tuple[int, int] | None = None
+    level_rounding: str = "nearest"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("resample", "overlay_size", "level_rounding")
 
     def __post_init__(self):
         set_field(self, "overlay", image_spec_param(self.name, "overlay", self.overlay))
+        resample_param(self.name, self.resample)
+        check_level_rounding(self)
+        if self.overlay_size is not None:
+            set_field(self, "overlay_size", tuple(int_param(self.name, "overlay_size", side, 1)
+                                                  for side in self.overlay_size))
         check_range(self.name, "x", self.x, 0.0, 1.0)
         check_range(self.name, "y", self.y, 0.0, 1.0)
         check_range(self.name, "width", self.width, 1e-6, 1.0 - self.x + 1e-9)
@@ -124,20 +164,24 @@ class OverlayImageBox(OccludingEdit):
     def coverage(self, height: int, width: int) -> np.ndarray:
         left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, height, width)
         coverage = np.zeros((height, width), dtype=np.uint8)
-        coverage[top:bottom, left:right] = opacity_level(self.opacity)
+        coverage[top:bottom, left:right] = paste_level(self.opacity, self.level_rounding)
         return coverage
 
     scaling: ClassVar[str] = "relative"
 
-    def layer(self, size):
+    def layer(self, size):  # a fused renderer resizes the overlay once, whatever overlay_size and resample say
         left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, *size)
         return Layer(self.coverage(*size), source=self.overlay, box=(left, top, right - left, bottom - top))
 
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         left, top, right, bottom = fraction_box(self.x, self.y, self.width, self.height, image.height, image.width)
-        pasted = resolve_image(self.overlay).resize((right - left, bottom - top), Image.BILINEAR)
+        overlay = resolve_image(self.overlay)
+        if self.overlay_size is not None:
+            overlay = overlay.resize((self.overlay_size[1], self.overlay_size[0]), RESAMPLE[self.resample])
+        pasted = overlay.resize((right - left, bottom - top), RESAMPLE[self.resample])
         edited = image.copy()
-        edited.paste(pasted, (left, top), mask=Image.new("L", pasted.size, opacity_level(self.opacity)))
+        level = paste_level(self.opacity, self.level_rounding)
+        edited.paste(pasted, (left, top), mask=Image.new("L", pasted.size, level))
         return edited
 
 
@@ -161,9 +205,10 @@ class Smear(OccludingEdit):
         width: stroke width in pixels (>= 1).
         color: RGB stroke colour.
         segments: line segments approximating the curve (the authors use 500).
+        covered: ``"untraced"`` or ``"mapped"`` (:data:`~.occluding.COVERED_FORMS`).
 
     The stroke is drawn with Pillow's ``ImageDraw.line`` (not anti-aliased), so the pixels it
-    paints are exactly its coverage and become untraced.
+    paints are exactly its coverage and become untraced (``covered="untraced"``).
     """
 
     name: ClassVar[str] = "smear"
@@ -171,8 +216,11 @@ class Smear(OccludingEdit):
     width: int = 3
     color: tuple[int, int, int] = (255, 255, 255)
     segments: int = 500
+    covered: str = "untraced"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("covered",)
 
     def __post_init__(self):
+        check_covered(self)
         try:
             points = tuple((float(x), float(y)) for x, y in self.points)
         except (TypeError, ValueError) as error:
@@ -188,7 +236,9 @@ class Smear(OccludingEdit):
         set_field(self, "color", color_param(self.name, "color", self.color))
 
     def coverage(self, height: int, width: int) -> np.ndarray:
-        scaled = np.array(self.points) * np.array([width, height], dtype=np.float64)
+        # Rounded to 1e-9 px: points drawn on whole pixels (x / W) come back as those whole pixels, not a unit in the
+        # last place beside them, which can move the stroke by a pixel where the curve passes a half.
+        scaled = np.round(np.array(self.points) * np.array([width, height], dtype=np.float64), 9)
         curve = [tuple(p) for p in bezier_curve(scaled, self.segments).tolist()]
         mask = Image.new("L", (width, height), 0)
         ImageDraw.Draw(mask).line(curve, fill=255, width=self.width)

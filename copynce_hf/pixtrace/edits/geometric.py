@@ -62,6 +62,7 @@ __all__ = [
     "Affine",
     "Perspective",
     "WARP_FORMS",
+    "torchvision_affine_coefficients",
     "torchvision_perspective_coefficients",
     "Skew",
     "Pad",
@@ -333,8 +334,10 @@ class RandomResizedCrop(GeometricEdit):
     """Crop the box ``[left, right) x [top, bottom)`` and resize it to ``height`` x ``width``.
 
     The explicit form of torchvision's ``RandomResizedCrop``: the box is drawn elsewhere
-    (see :meth:`draw`) and stored, so the edit replays exactly. Done in one resampling pass
-    (Pillow ``resize`` with a box), with the same geometry as a crop followed by a resize.
+    (see :meth:`draw`) and stored, so the edit replays exactly. ``form="box"`` (the package's) resamples in
+    one pass from the whole image (Pillow ``resize`` with a box: the filter reads the pixels around the box);
+    ``form="crop"`` crops first and resizes the crop (torchvision's ``resized_crop`` on a PIL image, as the
+    authors run it: the filter stops at the crop's border). Same geometry either way.
     """
 
     left: int
@@ -344,13 +347,17 @@ class RandomResizedCrop(GeometricEdit):
     height: int
     width: int
     resample: str = "bilinear"
+    form: str = "box"
     name: ClassVar[str] = "random_resized_crop"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("form",)
 
     def __post_init__(self):
         _box_params(self, self.name)
         set_field(self, "height", int_param(self.name, "height", self.height, 1))
         set_field(self, "width", int_param(self.name, "width", self.width, 1))
         resample_param(self.name, self.resample)
+        if self.form not in ("box", "crop"):
+            raise EditParameterError(f"{self.name}: parameter form={self.form!r} must be 'box' or 'crop'")
 
     @classmethod
     def draw(
@@ -361,6 +368,7 @@ class RandomResizedCrop(GeometricEdit):
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         resample: str = "bilinear",
+        form: str = "box",
     ) -> RandomResizedCrop:
         """Draw a box as torchvision's ``RandomResizedCrop``: area fraction in ``scale``,
         aspect ratio (w / h) log-uniform in ``ratio``, ten tries, then a central crop."""
@@ -375,7 +383,7 @@ class RandomResizedCrop(GeometricEdit):
             if 0 < w <= width and 0 < h <= height:
                 top = int(rng.integers(0, height - h + 1))
                 left = int(rng.integers(0, width - w + 1))
-                return cls(left, top, left + w, top + h, output_size[0], output_size[1], resample)
+                return cls(left, top, left + w, top + h, output_size[0], output_size[1], resample, form)
         in_ratio = width / height
         if in_ratio < min(ratio):
             w, h = width, int(round(width / min(ratio)))
@@ -384,7 +392,7 @@ class RandomResizedCrop(GeometricEdit):
         else:
             w, h = width, height
         top, left = (height - h) // 2, (width - w) // 2
-        return cls(left, top, left + w, top + h, output_size[0], output_size[1], resample)
+        return cls(left, top, left + w, top + h, output_size[0], output_size[1], resample, form)
 
     def stages(self, size):
         _check_box(self.name, (self.left, self.top, self.right, self.bottom), size)
@@ -397,6 +405,8 @@ class RandomResizedCrop(GeometricEdit):
 
     def render(self, image):
         box = (self.left, self.top, self.right, self.bottom)
+        if self.form == "crop":
+            return image.crop(box).resize((self.width, self.height), RESAMPLE[self.resample])
         return image.resize((self.width, self.height), RESAMPLE[self.resample], box=box)
 
 
@@ -652,8 +662,9 @@ class Affine(GeometricEdit):
 
     def render(self, image):
         size = (image.height, image.width)
+        data = torchvision_affine_coefficients(self, size) if self.form == "torchvision" else None
         return _pil_transform(image, self.stages(size)[0][0], size, self.resample, self.fill,
-                              pillow_8bit=self.form == "torchvision")
+                              pillow_8bit=self.form == "torchvision", data=data)
 
 
 def _quad_param(edit: str, key: str, value: Any) -> tuple[tuple[float, float], ...]:
@@ -763,16 +774,40 @@ def _form_param(edit: str, form: str) -> None:
         raise EditParameterError(f"{edit}: parameter form={form!r} must be one of {list(WARP_FORMS)}")
 
 
+def torchvision_affine_coefficients(edit: Affine, size: tuple[int, int]) -> tuple[float, ...]:
+    """Pillow's six output -> input coefficients of ``edit`` on an image of (H, W) ``size``, computed as torchvision
+    computes them for a PIL image (``_get_inverse_affine_matrix`` about the centre (W / 2, H / 2) of Pillow's area
+    coordinates, term by term): the same map as :meth:`Affine.stages`, with torchvision's floating-point rounding,
+    which decides some pixels of a warp by a right angle (where the exact map lands on pixel centres)."""
+    height, width = size
+    rotation, shear_x, shear_y = (math.radians(value) for value in (edit.angle, *edit.shear))
+    centre_x, centre_y = width * 0.5, height * 0.5
+    shift_x, shift_y = edit.translate
+    a = math.cos(rotation - shear_y) / math.cos(shear_y)
+    b = -math.cos(rotation - shear_y) * math.tan(shear_x) / math.cos(shear_y) - math.sin(rotation)
+    c = math.sin(rotation - shear_y) / math.cos(shear_y)
+    d = -math.sin(rotation - shear_y) * math.tan(shear_x) / math.cos(shear_y) + math.cos(rotation)
+    matrix = [value / edit.scale for value in (d, -b, 0.0, -c, a, 0.0)]
+    matrix[2] += matrix[0] * (-centre_x - shift_x) + matrix[1] * (-centre_y - shift_y)
+    matrix[5] += matrix[3] * (-centre_x - shift_x) + matrix[4] * (-centre_y - shift_y)
+    matrix[2] += centre_x
+    matrix[5] += centre_y
+    return tuple(matrix)
+
+
 def torchvision_perspective_coefficients(startpoints, endpoints) -> tuple[float, ...]:
     """Pillow's 8 perspective coefficients (pixel-area coordinates) sending each end point to its start point,
-    solved by least squares and rounded to float32, as torchvision computes them for PIL images."""
-    rows, targets = [], []
-    for (end_x, end_y), (start_x, start_y) in zip(endpoints, startpoints):
-        rows += [[end_x, end_y, 1.0, 0.0, 0.0, 0.0, -start_x * end_x, -start_x * end_y],
-                 [0.0, 0.0, 0.0, end_x, end_y, 1.0, -start_y * end_x, -start_y * end_y]]
-        targets += [start_x, start_y]
-    solution = np.linalg.lstsq(np.asarray(rows), np.asarray(targets, dtype=np.float64), rcond=None)[0]
-    return tuple(float(value) for value in solution.astype(np.float32))
+    solved as torchvision 0.16 (the authors' pin) solves them for PIL images: the 8 x 8 system in float32 by
+    LAPACK's QR least squares (``torch.linalg.lstsq``, driver ``gels``). A float64 or SVD solution differs in the
+    last bits of float32 now and then, enough for a border pixel of the warp to take the fill or the image."""
+    import torch
+
+    system = torch.zeros(2 * len(startpoints), 8, dtype=torch.float32)
+    for row, ((end_x, end_y), (start_x, start_y)) in enumerate(zip(endpoints, startpoints)):
+        system[2 * row] = torch.tensor([end_x, end_y, 1, 0, 0, 0, -start_x * end_x, -start_x * end_y])
+        system[2 * row + 1] = torch.tensor([0, 0, 0, end_x, end_y, 1, -start_y * end_x, -start_y * end_y])
+    targets = torch.tensor(startpoints, dtype=torch.float32).view(-1)
+    return tuple(float(value) for value in torch.linalg.lstsq(system, targets, driver="gels").solution.tolist())
 
 
 @register_edit
@@ -824,29 +859,46 @@ class Skew(GeometricEdit):
 @register_edit
 @dataclasses.dataclass(frozen=True)
 class Pad(GeometricEdit):
-    """AugLy ``pad``: ``int(w_factor * W)`` columns left and right, ``int(h_factor * H)`` rows above and below."""
+    """AugLy ``pad``: ``int(w_factor * W)`` columns left and right, ``int(h_factor * H)`` rows above and below;
+    with ``rounding="round"``, ``round(w_factor * W)`` and ``round(h_factor * H)`` (the CopyNCE authors'
+    ``RandomPadding``, Python's ``round``)."""
 
     w_factor: float = 0.25
     h_factor: float = 0.25
     color: tuple[int, int, int] = (0, 0, 0)
+    rounding: str = "floor"
     name: ClassVar[str] = "pad"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("rounding",)
 
     def __post_init__(self):
         for key in ("w_factor", "h_factor"):
             set_field(self, key, float_param(self.name, key, getattr(self, key)))
             check_range(self.name, key, getattr(self, key), 0.0, 10.0)
         set_field(self, "color", color_param(self.name, "color", self.color))
+        if self.rounding not in ("floor", "round"):
+            raise EditParameterError(f"{self.name}: parameter rounding={self.rounding!r} must be 'floor' or 'round'")
+
+    def margins(self, size: tuple[int, int]) -> tuple[int, int]:
+        """(columns left and right, rows above and below) for an image of (H, W) ``size``."""
+        height, width = size
+        side = int if self.rounding == "floor" else round
+        return side(self.w_factor * width), side(self.h_factor * height)
 
     def stages(self, size):
         height, width = size
-        left, top = int(self.w_factor * width), int(self.h_factor * height)
+        left, top = self.margins(size)
         return [(translation_matrix(-left, -top), (height + 2 * top, width + 2 * left))]
 
     def canvases(self, stages):
         return [Canvas(color=self.color)]
 
     def render(self, image):
-        return _augly().pad(image, w_factor=self.w_factor, h_factor=self.h_factor, color=self.color)
+        if self.rounding == "floor":
+            return _augly().pad(image, w_factor=self.w_factor, h_factor=self.h_factor, color=self.color)
+        left, top = self.margins((image.height, image.width))
+        padded = Image.new("RGB", (image.width + 2 * left, image.height + 2 * top), self.color)
+        padded.paste(image, (left, top))
+        return padded
 
 
 @register_edit

@@ -9,6 +9,10 @@ exceeds one half (``coverage >= 128``) untraced. Pixels under a fainter overlay 
 anti-aliased glyph border, a half-transparent emoji) keep their trace: the original
 still dominates them.
 
+Text, emoji, smearing and erased boxes also have the CopyNCE authors' form of the table
+(``covered="mapped"``): their ``MaskMapper`` records nothing for these edits, so the pixels they
+cover keep the position they had (:data:`COVERED_FORMS`).
+
 Emoji and stripes are drawn by AugLy; their coverage is computed here by reproducing
 AugLy's geometry (and for stripes by calling AugLy's own stripe-mask function), and
 the tests check that the pixels AugLy changes are exactly the ones the coverage says.
@@ -37,7 +41,9 @@ from .sources import image_size, is_procedural, resolve_image
 
 __all__ = [
     "COVERED_ALPHA",
+    "COVERED_FORMS",
     "EMOJI_FORMS",
+    "ERASED_VALUES",
     "Layer",
     "OccludingEdit",
     "OverlayEmoji",
@@ -46,7 +52,9 @@ __all__ = [
     "OverlayStripes",
     "RandomErasing",
     "blend_color",
+    "check_covered",
     "emoji_names",
+    "erasing_noise",
     "font_characters",
     "font_names",
     "fraction_box",
@@ -56,6 +64,21 @@ __all__ = [
 
 #: A pixel counts as covered when the overlay's effective opacity is above one half.
 COVERED_ALPHA = 128
+#: What the table says of the pixels an overlay covers (the ``covered`` field of text, emoji, smearing and erasing):
+#: ``"untraced"`` (the paper's PixTrace: covered content comes from nowhere) or ``"mapped"`` (the authors'
+#: ``MaskMapper``, which records nothing for these edits: a covered pixel keeps the source position it had).
+COVERED_FORMS = ("untraced", "mapped")
+#: The values of a :class:`RandomErasing` box filled with noise (``values``): ``"clipped"`` (N(0, 1) on the
+#: [0, 1] scale clipped to it: the image is 8-bit) or ``"unclipped"`` (the same 8-bit image; the model input
+#: gets the unclipped values, as the authors' ``RandomErasing`` on the tensor before normalisation:
+#: :meth:`RandomErasing.noise`, applied by ``copynce_hf.data.PixTraceCollator``).
+ERASED_VALUES = ("clipped", "unclipped")
+
+
+def check_covered(edit: Edit) -> None:
+    """Raise :class:`EditParameterError` unless ``edit.covered`` is one of :data:`COVERED_FORMS`."""
+    if edit.covered not in COVERED_FORMS:
+        raise EditParameterError(f"{edit.name}: parameter covered={edit.covered!r} must be one of {list(COVERED_FORMS)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +115,7 @@ class Layer:
 
 @dataclasses.dataclass(frozen=True)
 class OccludingEdit(Edit):
-    """Base class: ``apply`` = pixel work + ``table.occlude(coverage >= COVERED_ALPHA)``.
+    """Base class: ``apply`` = pixel work + ``table.occlude(coverage >= COVERED_ALPHA)`` (:meth:`untraced`).
 
     Edits whose ``scaling`` is ``"relative"`` also describe their paint as a :class:`Layer`
     (:meth:`layer`), which a renderer may blend in at another resolution.
@@ -112,12 +135,19 @@ class OccludingEdit(Edit):
         """What the edit paints over an image of (H, W) ``size`` (edits of ``scaling`` ``"relative"``)."""
         raise NotImplementedError(f"{self.name} has no layer form")
 
+    def untraced(self, coverage: np.ndarray) -> np.ndarray:
+        """bool (H, W): the pixels the table loses, those the overlay covers (``coverage >= COVERED_ALPHA``); none
+        for an edit whose ``covered`` field is ``"mapped"`` (:data:`COVERED_FORMS`)."""
+        if getattr(self, "covered", "untraced") == "mapped":
+            return np.zeros(coverage.shape, dtype=bool)
+        return coverage >= COVERED_ALPHA
+
     def apply(self, image: Image.Image, table: CoordinateTable) -> tuple[Image.Image, CoordinateTable]:
         coverage = self.coverage(image.height, image.width)
         edited = self.render(image, coverage)
         if edited.mode != "RGB":
             edited = edited.convert("RGB")
-        return edited, table.occlude(coverage >= COVERED_ALPHA)
+        return edited, table.occlude(self.untraced(coverage))
 
 
 # ---------------------------------------------------------------------- AugLy, imported on first use
@@ -195,6 +225,7 @@ class OverlayEmoji(OccludingEdit):
         x, y: in [0, 1] (see the forms).
         opacity: in [0, 1]; the emoji's own alpha is multiplied by it (and truncated to 8 bits).
         form: ``"augly"`` or ``"authors"``.
+        covered: ``"untraced"`` or ``"mapped"`` (:data:`COVERED_FORMS`).
     """
 
     name: ClassVar[str] = "overlay_emoji"
@@ -204,8 +235,11 @@ class OverlayEmoji(OccludingEdit):
     y: float = 0.4
     opacity: float = 1.0
     form: str = "augly"
+    covered: str = "untraced"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("covered",)
 
     def __post_init__(self):
+        check_covered(self)
         if not isinstance(self.emoji, str) or not os.path.isfile(_emoji_path(self.emoji)):
             raise EditParameterError(f"{self.name}: parameter emoji={self.emoji!r} is not an emoji file")
         check_range(self.name, "size", self.size, 1e-6, 1.0)
@@ -348,6 +382,7 @@ class OverlayText(OccludingEdit):
         color: RGB text colour.
         x, y: anchor of the text's top-left as fractions of the image width and height.
         opacity: in [0, 1].
+        covered: ``"untraced"`` or ``"mapped"`` (:data:`COVERED_FORMS`).
     """
 
     name: ClassVar[str] = "overlay_text"
@@ -358,8 +393,11 @@ class OverlayText(OccludingEdit):
     x: float = 0.1
     y: float = 0.4
     opacity: float = 1.0
+    covered: str = "untraced"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("covered",)
 
     def __post_init__(self):
+        check_covered(self)
         if not isinstance(self.text, str) or not self.text.strip():
             raise EditParameterError(f"{self.name}: parameter text={self.text!r} must be a non-empty string")
         if not isinstance(self.font, str) or not os.path.isfile(_font_path(self.font)):
@@ -535,7 +573,12 @@ class RandomErasing(OccludingEdit):
         fill: RGB fill colour.
         noise_seed: ``None`` fills the box with ``fill``; an integer fills it with random values
             instead (torchvision's ``value="random"``: standard normal values on the [0, 1] scale,
-            clipped to it), drawn from a generator with this seed.
+            :meth:`noise`), drawn from a generator with this seed.
+        values: ``"clipped"`` or ``"unclipped"`` (:data:`ERASED_VALUES`): the image holds the noise clipped to
+            8 bits either way; ``"unclipped"`` says that the model input holds it unclipped (the collator
+            writes :meth:`noise` into the normalised pixels, as the authors erase their tensor before
+            normalising it). Only with a ``noise_seed``.
+        covered: ``"untraced"`` or ``"mapped"`` (:data:`COVERED_FORMS`).
     """
 
     name: ClassVar[str] = "random_erasing"
@@ -545,8 +588,17 @@ class RandomErasing(OccludingEdit):
     height: float = 0.25
     fill: tuple[int, int, int] = (0, 0, 0)
     noise_seed: int | None = None
+    values: str = "clipped"
+    covered: str = "untraced"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("values", "covered")
 
     def __post_init__(self):
+        check_covered(self)
+        if self.values not in ERASED_VALUES:
+            raise EditParameterError(f"{self.name}: parameter values={self.values!r} must be one of {list(ERASED_VALUES)}")
+        if self.values == "unclipped" and self.noise_seed is None:
+            raise EditParameterError(f"{self.name}: parameter values='unclipped' needs a noise_seed (a flat fill "
+                                     "has no values beyond 8 bits)")
         check_range(self.name, "x", self.x, 0.0, 1.0)
         check_range(self.name, "y", self.y, 0.0, 1.0)
         check_range(self.name, "width", self.width, 1e-6, 1.0 - self.x + 1e-9)
@@ -577,15 +629,27 @@ class RandomErasing(OccludingEdit):
         blank = Image.new("RGB", (size[1], size[0]))
         return Layer(coverage, pixels=np.asarray(self.render(blank, coverage)))
 
+    def noise(self, height: int, width: int) -> np.ndarray:
+        """float64 (h, w, 3): the values of the erased box on an image of (``height``, ``width``), standard normal
+        on the [0, 1] scale (torchvision's ``value="random"``), drawn from ``noise_seed``; the image holds them
+        clipped to 8 bits."""
+        left, top, right, bottom = self.box(height, width)
+        return erasing_noise(self.noise_seed, bottom - top, right - left)
+
     def render(self, image: Image.Image, coverage: np.ndarray) -> Image.Image:
         pixels = np.array(image)
         covered = coverage == 255
         if self.noise_seed is None:
             pixels[covered] = np.asarray(self.fill, dtype=np.uint8)
-        else:  # torchvision's value="random": N(0, 1) per value on the [0, 1] scale, here clipped to it
-            noise = np.random.default_rng(self.noise_seed).standard_normal((int(covered.sum()), 3))
+        else:  # the box's pixels in row-major order, as the noise's rows
+            noise = self.noise(image.height, image.width).reshape(-1, 3)
             pixels[covered] = np.clip(np.rint(noise * 255.0), 0, 255).astype(np.uint8)
         return Image.fromarray(pixels, "RGB")
+
+
+def erasing_noise(seed: int, rows: int, cols: int) -> np.ndarray:
+    """float64 (rows, cols, 3): the standard normal values :class:`RandomErasing` fills a box with (row-major)."""
+    return np.random.default_rng(seed).standard_normal((rows * cols, 3)).reshape(rows, cols, 3)
 
 
 def fraction_box(x: float, y: float, box_width: float, box_height: float, height: int,

@@ -49,6 +49,7 @@ __all__ = [
     "ALBUMENTATIONS_OPS",
     "COLOR_JITTER_FORMS",
     "POINTWISE_ALBUMENTATIONS",
+    "SHUFFLE_FORMS",
     "Albumentation",
     "gaussian_blur",
     "hue_rotation",
@@ -56,6 +57,8 @@ __all__ = [
 
 #: Upper bound of the enhancement factors (1.0 = unchanged).
 MAX_FACTOR = 10.0
+#: Forms of :class:`ShufflePixels`: the package's (``"numpy"``) and AugLy's, as the CopyNCE authors run it.
+SHUFFLE_FORMS = ("numpy", "augly")
 
 
 def _augly_image():
@@ -468,19 +471,38 @@ class ShufflePixels(PhotometricEdit):
 
     The shuffled pixels no longer show their traced content, but they are not overlays
     either: like AugLy's ``shuffle_pixels`` this is treated as noise on the pixel values.
+
+    ``form`` (:data:`SHUFFLE_FORMS`): ``"numpy"`` (the package's: ``round(factor * N)`` of the ``N`` pixels,
+    chosen and permuted by NumPy's ``default_rng(seed)``) or ``"augly"`` (AugLy's ``shuffle_pixels``, as the
+    CopyNCE authors run it: ``int(factor * N)`` pixels chosen and shuffled by NumPy's legacy generator seeded
+    with ``seed``, pixel for pixel the same; AugLy seeds NumPy's global generator for it, this edit a
+    generator of its own, so that nothing else's draws change).
     """
 
     name: ClassVar[str] = "shuffle_pixels"
     factor: float = 0.1
     seed: int = 0
+    form: str = "numpy"
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("form",)
 
     def __post_init__(self):
         check_range(self.name, "factor", self.factor, 0.0, 1.0)
         _check_seed(self.name, self.seed)
+        if self.form not in SHUFFLE_FORMS:
+            raise EditParameterError(f"{self.name}: parameter form={self.form!r} must be one of {list(SHUFFLE_FORMS)}")
+        if self.form == "augly":  # NumPy's legacy generator takes 32-bit seeds
+            _check_int(self.name, "seed", self.seed, 0, 2**32 - 1)
 
     def transform(self, image: Image.Image) -> Image.Image:
         pixels = np.array(image)
         flat = pixels.reshape(-1, 3)
+        if self.form == "augly":  # augly.image.functional.shuffle_pixels, with its own legacy generator
+            legacy = np.random.RandomState(self.seed)
+            chosen = legacy.choice(flat.shape[0], size=int(self.factor * flat.shape[0]), replace=False)
+            moved = flat[chosen]
+            legacy.shuffle(moved)
+            flat[chosen] = moved
+            return Image.fromarray(pixels, "RGB")
         count = int(round(self.factor * flat.shape[0]))
         if count < 2:
             return Image.fromarray(pixels, "RGB")
