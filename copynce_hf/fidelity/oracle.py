@@ -349,6 +349,24 @@ def _finetuned_matcher_rows(code, folder: Path, pixels: torch.Tensor, seed: int)
                         torch.sigmoid(logits), probabilities)]
 
 
+def _converted_models(code, folder: Path, seed: int, layout: dict) -> dict:
+    """kind -> ``(their model, their losses, their config, our model converted from their checkpoint)`` for the
+    descriptor and the matcher, seeded; the layout of each checkpoint goes to ``layout``."""
+    models = {}
+    for offset, kind in enumerate(("descriptor", "matcher")):
+        model, losses, config = _build(code, kind, seed + 10 * offset)
+        code.Checkpointer(0, str(folder / f"authors-{kind}"), model=model).step(1)
+        layout[kind] = checkpoint_layout(model.state_dict())
+        converted = convert_authors_checkpoint(folder / f"authors-{kind}" / "checkpoint.pth.tar", kind,
+                                               folder / f"converted-{kind}")
+        model_class = CopyNCEDescriptorModel if kind == "descriptor" else CopyNCEMatcherModel
+        # The eager attention writes out the softmax as their Attention does (SDPA, the default backend,
+        # fuses it: its float rounding on their raw, unnormalised tokens is of the order of the limit).
+        ours = model_class.from_pretrained(converted, dtype=torch.float32, attn_implementation="eager")
+        models[kind] = (model, losses, config, ours)
+    return models
+
+
 def run_checks(authors_code: str | Path, images: list[Path], seed: int = 0, batch_size: int = 6,
                work_folder: str | Path | None = None) -> tuple[list[Row], dict]:
     """Compare this package with the authors' code (see the module docstring).
@@ -374,18 +392,7 @@ def run_checks(authors_code: str | Path, images: list[Path], seed: int = 0, batc
         folder = Path(work_folder) if work_folder else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         stack.enter_context(_one_process_group(code, folder))
         stack.enter_context(torch.random.fork_rng())
-        models = {}
-        for offset, kind in enumerate(("descriptor", "matcher")):
-            model, losses, config = _build(code, kind, seed + 10 * offset)
-            code.Checkpointer(0, str(folder / f"authors-{kind}"), model=model).step(1)
-            layout[kind] = checkpoint_layout(model.state_dict())
-            converted = convert_authors_checkpoint(folder / f"authors-{kind}" / "checkpoint.pth.tar", kind,
-                                                   folder / f"converted-{kind}")
-            model_class = CopyNCEDescriptorModel if kind == "descriptor" else CopyNCEMatcherModel
-            # The eager attention writes out the softmax as their Attention does (SDPA, the default backend,
-            # fuses it: its float rounding on their raw, unnormalised tokens is of the order of the limit).
-            ours = model_class.from_pretrained(converted, dtype=torch.float32, attn_implementation="eager")
-            models[kind] = (model, losses, config, ours)
+        models = _converted_models(code, folder, seed, layout)
 
         config = code.descriptor_config
         transform = _evaluation_transform(code, config)
