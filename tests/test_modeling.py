@@ -317,6 +317,27 @@ def test_matcher_inference_without_labels_and_structure():
     torch.testing.assert_close(logits, output.logits)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("overrides", [{}, {"num_fusion_layers": 2}, EARLIER_MATCHER_ARCHITECTURE])
+def test_fusion_logits_computing_the_last_cls_alone_equal_the_whole_fusion(attention, overrides):
+    """The scoring path (the last fusion block's CLS token alone) gives the logits of the whole fusion, for one or two
+    fusion blocks, with and without the images' CLS tokens and segment embeddings, on either attention backend;
+    with another last block (its MLP changed) they move together, so the check reads that block."""
+    model = matcher(**overrides).eval()
+    model.config._attn_implementation = attention
+    if model.config.segment_embeddings:  # zero at initialisation: make them tell the images apart
+        model.segment_embeddings.data.normal_(std=0.5)
+    with torch.no_grad():
+        query, reference = model.pre_fusion_tokens(torch.randn(3, 3, 32, 32)), model.pre_fusion_tokens(
+            torch.randn(3, 3, 32, 48))
+        whole = model.fuse(query, reference)[0]
+        torch.testing.assert_close(model.fusion_logits(query, reference), whole, atol=1e-5, rtol=0)
+        model.vit.blocks[-1].mlp.fc2.weight.mul_(3.0)
+        changed = model.fuse(query, reference)[0]
+        assert not torch.allclose(changed, whole, atol=1e-4)
+        torch.testing.assert_close(model.fusion_logits(query, reference), changed, atol=1e-5, rtol=0)
+
+
 def test_matcher_segment_embeddings_tell_query_from_reference():
     model = matcher(**EARLIER_MATCHER_ARCHITECTURE).eval()  # the authors' matcher has none
     query, reference = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)

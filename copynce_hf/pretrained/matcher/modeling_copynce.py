@@ -187,6 +187,23 @@ class CopyNCEAttention(nn.Module):
         output = self.proj(attended.reshape(batch, length, channels))
         return output, (weights if output_attentions else None)
 
+    def first_position(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, 1, C): :meth:`forward`'s output at position 0 alone (its query against every key and
+        value), for a caller that reads only the first token (a classifier on the CLS token): the other positions'
+        queries and outputs are not computed."""
+        batch, length, channels = hidden_states.shape
+        key_value = F.linear(hidden_states, self.qkv.weight[channels:],
+                             None if self.qkv.bias is None else self.qkv.bias[channels:])
+        key, value = key_value.reshape(batch, length, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        query = F.linear(hidden_states[:, :1], self.qkv.weight[:channels],
+                         None if self.qkv.bias is None else self.qkv.bias[:channels])
+        query = query.reshape(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, 1, head_dim)
+        implementation = self.config._attn_implementation
+        attention = eager_attention_forward if implementation in (None, "eager") else \
+            ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attended, _ = attention(self, query, key, value, None, dropout=0.0, scaling=self.scaling)
+        return self.proj(attended.reshape(batch, 1, channels))
+
 
 class CopyNCEMLP(nn.Module):
     """Two-layer MLP of a transformer block: C -> intermediate_size -> C."""
@@ -217,6 +234,12 @@ class CopyNCELayer(GradientCheckpointingLayer):
         attended, weights = self.attn(self.norm1(hidden_states), output_attentions=output_attentions)
         hidden_states = hidden_states + self.dropout(attended)
         return hidden_states + self.dropout(self.mlp(self.norm2(hidden_states))), weights
+
+    def first_position(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, C): the block's output at position 0 alone (see :meth:`CopyNCEAttention.first_position`;
+        in eval mode equal to ``forward(hidden_states)[0][:, 0]``)."""
+        first = hidden_states[:, :1] + self.dropout(self.attn.first_position(self.norm1(hidden_states)))
+        return (first + self.dropout(self.mlp(self.norm2(first))))[:, 0]
 
 
 class CopyNCEDescriptorHead(nn.Module):
@@ -846,6 +869,18 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
         query_patches = self.patch_token_norm(sequence[:, 1 + image_cls : query_end])
         reference_patches = self.patch_token_norm(sequence[:, query_end + image_cls :])
         return logits, query_patches, reference_patches, states, attentions
+
+    def fusion_logits(self, query_encoded: torch.Tensor, reference_encoded: torch.Tensor) -> torch.Tensor:
+        """The copy logits (B,) of :meth:`fuse` alone, for scoring: the last fusion block computes only the fusion CLS
+        token, which the classifier reads (its other positions' queries, attention rows and MLP are not computed; the
+        logits equal :meth:`fuse`'s to float rounding)."""
+        batch = query_encoded.shape[0]
+        sequence = torch.cat([self.fusion_cls_token.expand(batch, -1, -1), self._image_tokens(query_encoded, 0),
+                              self._image_tokens(reference_encoded, 1)], dim=1)
+        last = self.config.num_hidden_layers - 1
+        sequence = self.vit.run_blocks(sequence, self.config.num_encoder_layers, last)[0]
+        first = self.vit.norm(self.vit.blocks[last].first_position(sequence))
+        return self.classifier(self.classifier_norm(first)).squeeze(-1)
 
     def fuse(self, query_encoded: torch.Tensor, reference_encoded: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The per-pair fusion of encoded images (B, 1 + Lq, C) and (B, 1 + Lr, C), each the

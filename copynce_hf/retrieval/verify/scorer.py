@@ -50,9 +50,11 @@ def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
     Returns:
         ``pre_fusion_tokens(pixel_values (B, 3, H, W)) -> tokens (B, 1 + L, C)`` (the shared encoder blocks,
         CLS first) and ``fuse(query tokens (B, 1 + Lq, C), reference tokens (B, 1 + Lr, C)) ->
-        logits (B,)`` (the fusion blocks and the classifier).
+        logits (B,)`` (the fusion blocks and the classifier: the model's ``fusion_logits``, which computes the last
+        block's CLS token alone, where it has one; its ONNX Runtime form runs its fusion graph).
     """
-    return model.pre_fusion_tokens, (lambda query, reference: model.fuse(query, reference)[0])
+    logits = getattr(model, "fusion_logits", None) or (lambda query, reference: model.fuse(query, reference)[0])
+    return model.pre_fusion_tokens, logits
 
 
 class _ViewImages(Dataset):
