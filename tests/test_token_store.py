@@ -94,7 +94,7 @@ def test_the_scorer_reads_the_store_and_scores_as_it_encodes(images, tmp_path):
     pairs = [("img0", "img1"), ("img0", "img2"), ("img3", "img0"), ("img2", "broken"), ("broken", "img4"),
              ("img5", "img6"), ("img6", "img5")]
     encoding = MatcherScorer(matcher, processor, batch_size=3)
-    reading = MatcherScorer(matcher, processor, batch_size=3, tokens=store)
+    reading = MatcherScorer(matcher, processor, batch_size=3, query_tokens=store, reference_tokens=store)
     expected = encoding.score(pairs, images, images, progress=False)
     found = reading.score(pairs, images, images, progress=False)
     assert [score is None for score in found] == [score is None for score in expected] == [
@@ -105,7 +105,21 @@ def test_the_scorer_reads_the_store_and_scores_as_it_encodes(images, tmp_path):
     assert reading.encoded_views == 0 and encoding.encoded_views == 10
     assert reading.fused_pairs == encoding.fused_pairs == 5
     with pytest.raises(Exception, match="whole images only"):
-        MatcherScorer(matcher, processor, lce="paper", tokens=store)
+        MatcherScorer(matcher, processor, lce="paper", reference_tokens=store)
+
+
+def test_images_a_store_lacks_are_encoded_on_either_side(images, tmp_path):
+    """A store of some of the images: the scorer reads those and encodes the others, once each, with the scores of a
+    scorer that encodes everything (the crops of a run are not in its token store, the references they meet are)."""
+    _, matcher, processor = tiny_models(3)
+    store = _build({key: images[key] for key in ("img0", "img1", "img2")}, tmp_path / "tokens", matcher, processor,
+                   chunk_size=2)
+    pairs = [("img0", "img1"), ("img3", "img1"), ("img3", "img4"), ("img4", "img2"), ("img2", "img5")]
+    expected = MatcherScorer(matcher, processor, batch_size=3).score(pairs, images, images, progress=False)
+    reading = MatcherScorer(matcher, processor, batch_size=3, query_tokens=store, reference_tokens=store)
+    np.testing.assert_allclose(reading.score(pairs, images, images, progress=False), expected, atol=1e-5)
+    # encoded: queries img3 and img4 (not stored), references img4 and img5 (not stored); stored ones never
+    assert reading.encoded_views == 4 and reading.fused_pairs == 5
 
 
 def test_dedup_encodes_each_image_once_and_scores_as_without_a_store(tmp_path):

@@ -176,7 +176,8 @@ def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matc
            else "off (no --aux folder given)") + f", collection normalisation {collection_text(config)}")
     result = detect(inputs.queries, inputs.references, descriptors, matcher, inputs.auxiliary, config,
                     index_folder=output / "indexes", progress=request.progress, log=log,
-                    rescoring_folder=output / "rescoring", accelerator=accelerator, whiten_from=inputs.whiten_from)
+                    rescoring_folder=output / "rescoring", accelerator=accelerator, whiten_from=inputs.whiten_from,
+                    tokens_folder=output / "tokens")
     if not accelerator.is_main_process:
         return None
     run = DetectRun(request, inputs, descriptors, matcher, result)

@@ -54,7 +54,7 @@ from ..descriptors.sets import DescriptorSet
 from ..predictions import Prediction
 from ..work_folder import digest, image_stamps
 from .masks import CollectionMatches, TokenCache, sharded_matches
-from .stage import QueriesAndReferences, matcher_content
+from .stage import QueriesAndReferences, StoredByRole, matcher_content
 
 __all__ = ["MAX_AREA", "MARGIN", "MIN_SIDE", "Box", "CropSource", "CropPair", "content_box", "content_boxes",
            "crop_pairs", "crop_views", "nearest_rows", "write_crops", "CROP_COLUMNS", "VIEW_WHOLE",
@@ -290,7 +290,7 @@ def query_crop_pairs(queries: DescriptorSet, references: DescriptorSet, crops: D
 
 def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, matcher: tuple,
                 queries: DescriptorSet, references: DescriptorSet, config, accelerator, log: Callable[[str], None],
-                score_pairs, progress: bool = False) -> QueryCrops:
+                score_pairs, progress: bool = False, stored: StoredByRole | None = None) -> QueryCrops:
     """``detect``'s query crops (the module's docstring) and the pairs they decide.
 
     Args:
@@ -302,13 +302,15 @@ def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, ma
         config: the :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (content settings, candidates, batch size).
         score_pairs: ``(pairs, query source) -> (scores, cost)``: the matcher's scores of ``(query, reference)``
             pairs with the queries read from that source, every token kept (:func:`~copynce_hf.retrieval.verify.pairs.score_pairs`).
+        stored: the encoder tokens of the queries and references already computed (the run's token stores): read, not
+            encoded again, for the content tokens.
     """
     settings = matcher_content(config)
     model, processor = matcher
     check_content_fusion(model)
     images = QueriesAndReferences(query_images, reference_images)
     cache = TokenCache(model.to(accelerator.device).pre_fusion_tokens, processor, images, config.cache_size,
-                       config.batch_size, images.max_pixels, accelerator.device)
+                       config.batch_size, images.max_pixels, accelerator.device, stored)
     with accelerator.autocast():
         matches: CollectionMatches = sharded_matches(
             [("query", query_id) for query_id in queries.ids],

@@ -56,11 +56,14 @@ class TokenCache:
         batch_size: images per encoder pass.
         max_pixels: the image size limit of :func:`~copynce_hf.images.load_image`.
         device: where the pixels go.
+        stored: id -> encoder tokens (1 + L, C) already computed (``None``: unreadable), for the ids it holds
+            (``in``); those are read from it, not encoded.
     """
 
     def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], image_processor, images: Mapping,
-                 capacity: int = 4096, batch_size: int = 64, max_pixels: int | None = None, device=None):
-        self.encode, self.image_processor, self.images = encode, image_processor, images
+                 capacity: int = 4096, batch_size: int = 64, max_pixels: int | None = None, device=None,
+                 stored: Mapping | None = None):
+        self.encode, self.image_processor, self.images, self.stored = encode, image_processor, images, stored
         self.capacity, self.batch_size = max(1, int(capacity)), max(1, int(batch_size))
         self.max_pixels, self.device = max_pixels, device
         self._tokens: OrderedDict[str, torch.Tensor | None] = OrderedDict()
@@ -68,6 +71,12 @@ class TokenCache:
 
     @torch.inference_mode()
     def _encode_missing(self, missing: list[str]) -> None:
+        if self.stored is not None:
+            found = [image_id for image_id in missing if image_id in self.stored]
+            for image_id in found:
+                tokens = self.stored[image_id]
+                self._tokens[image_id] = None if tokens is None else unit_patch_tokens(tokens[None].float())[0]
+            missing = [image_id for image_id in missing if image_id not in self.stored]
         pixels = {image_id: processed_pixels(self.images, image_id, self.image_processor, self.max_pixels)
                   for image_id in missing}
         readable = [image_id for image_id in missing if pixels[image_id] is not None]

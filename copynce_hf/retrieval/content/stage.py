@@ -191,6 +191,22 @@ def content_index(descriptor, images: Mapping, index: DescriptorIndex, settings:
                                  whitening=index.whitening)
 
 
+class StoredByRole:
+    """The encoder tokens the queries' and the references' token stores hold, looked up by the keys of
+    :class:`QueriesAndReferences` (``("query", id)``, ``("reference", id)``): ``key in`` says whether a store holds
+    the image, ``[key]`` gives its tokens (1 + L, C) (``None``: unreadable)."""
+
+    def __init__(self, queries: TokenStore | None, references: TokenStore | None):
+        self.stores = {"query": queries, "reference": references}
+
+    def __contains__(self, key) -> bool:
+        store = self.stores.get(key[0])
+        return store is not None and key[1] in store
+
+    def __getitem__(self, key):
+        return self.stores[key[0]].tokens(key[1])
+
+
 class QueriesAndReferences(Mapping):
     """``("query", id)`` -> a query image, ``("reference", id)`` -> a reference image (ids may repeat between the
     two sets)."""

@@ -83,6 +83,28 @@ def token_folder(folder: str | os.PathLike | None, accelerator=None) -> Iterator
             shutil.rmtree(made[0], ignore_errors=True)
 
 
+def source_token_store(matcher: tuple, images, ids: Sequence[str], folder: Path, *, batch_size: int = 64,
+                       num_workers: int = 0, accelerator=None, progress: bool = True,
+                       log: Callable[[str], None] = logger.info) -> TokenStore:
+    """The matcher's encoder tokens of the images ``ids`` of one image source, each encoded once into ``folder``
+    (resumed from it for the same model, images and settings: :func:`token_identity`).
+
+    Args:
+        matcher: ``(model, image_processor)``.
+        images: id -> image of the source (:class:`~copynce_hf.retrieval.sources.SourceImages`: its files and its own
+            identity count).
+        ids: the images stored, in order.
+        folder, batch_size, num_workers, accelerator, progress, log: as :meth:`TokenStore.build` takes them.
+    """
+    model, processor = matcher
+    if accelerator is not None:
+        model = model.to(accelerator.device)
+    identity = token_identity(model, processor, ids, getattr(images, "files", None) or {},
+                              getattr(images, "source", None), accelerator)
+    return TokenStore.build(ids, images, model.pre_fusion_tokens, processor, folder, identity, batch_size=batch_size,
+                            num_workers=num_workers, accelerator=accelerator, progress=progress, log=log)
+
+
 class TokenStore:
     """Read access to stored encoder tokens by image id (:meth:`build` makes one).
 

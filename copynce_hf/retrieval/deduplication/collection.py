@@ -137,7 +137,7 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
     with token_folder(tokens_folder, accelerator) as kept_tokens:
         raw, crops = (dict(candidates.raw), None) if scorer is None else verify_on_crops(
             scorer, descriptor, index, verify_candidates(scorer, candidates, rescoring_folder, kept_tokens, seconds),
-            rescoring_folder, seconds)
+            rescoring_folder, seconds, kept_tokens)
         decide = pair_decision(candidates, raw, scorer is not None, settings, log)
         members, decided = _groups(source, raw, decide, threshold, settings.grouping, lambda missing: score_missing(
             scorer, missing, decide, index, queries, ViewPreset(config.descriptor_lce), crops), log, seconds)

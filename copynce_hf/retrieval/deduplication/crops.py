@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ..content.crops import VIEW_CROP, VIEW_WHOLE, CropPair, CropSource, content_boxes, crop_pairs, crop_views
+from ..content.store import TokenStore, source_token_store
 from ..descriptors.cached import Descriptor
 from ..descriptors.extract import extract_descriptors
 from ..descriptors.sets import DescriptorSet
@@ -31,19 +32,22 @@ class CropViews:
         crops: the crops (an image source; ids: their images').
         descriptors: the crops' descriptors (ids: their images').
         pairs: the pairs verified on their best views (:class:`~copynce_hf.retrieval.content.crops.CropPair`).
+        tokens: the crops' matcher encoder tokens, each crop encoded once (``None`` with LCE views).
     """
 
     crops: CropSource
     descriptors: DescriptorSet | None = None
     pairs: list[CropPair] = dataclasses.field(default_factory=list)
+    tokens: TokenStore | None = None
 
 
 def verify_on_crops(scorer: CollectionMatcher, descriptor: Descriptor, index: DescriptorIndex,
-                    raw: dict[tuple[str, str], float], folder, seconds: dict[str, float]
+                    raw: dict[tuple[str, str], float], folder, seconds: dict[str, float], tokens_folder: Path | None = None
                     ) -> tuple[dict[tuple[str, str], float], CropViews | None]:
     """``raw`` with the pairs that content crops propose or decide scored on their best views (chunks kept in
-    ``folder``, :func:`view_scores`), and the crops; ``(raw, None)`` without content tokens, with view presets, or
-    with ``content_crops`` off. The time goes to ``seconds["content crops"]``."""
+    ``folder``, :func:`view_scores`; the crops' encoder tokens in ``tokens_folder/crops``), and the crops;
+    ``(raw, None)`` without content tokens, with view presets, or with ``content_crops`` off. The time goes to
+    ``seconds["content crops"]``."""
     config, source = scorer.config, scorer.source
     if not (scorer.settings.content_crops and scorer.matches is not None and config.descriptor_lce == "none"):
         return raw, None
@@ -59,7 +63,13 @@ def verify_on_crops(scorer: CollectionMatcher, descriptor: Descriptor, index: De
                                             batch_size=config.batch_size, num_workers=config.num_workers,
                                             accelerator=scorer.accelerator)
     pairs = crop_pairs(index.references, found.descriptors, config.candidates, collection_order(source))
-    scores = view_scores(scorer, pairs, found.crops, folder)
+    if tokens_folder is not None and scorer.tokens is not None and pairs:
+        found.tokens = source_token_store(scorer.matcher, SourceImages(found.crops), list(found.crops.ids),
+                                          tokens_folder / "crops", batch_size=config.batch_size,
+                                          num_workers=config.num_workers, accelerator=scorer.accelerator,
+                                          progress=scorer.progress, log=lambda line: scorer.log(f"crops: {line}"))
+        scorer.add_cost({"encoded_views": found.tokens.encoded, "fused_pairs": 0})
+    scores = view_scores(scorer, pairs, found, folder)
     scored = {(pair.a, pair.b): (pair, score) for pair, score in zip(pairs, scores) if score is not None}
     found.pairs = [pair for pair, _ in scored.values()]
     replaced = len(scored.keys() & raw.keys())
@@ -69,23 +79,26 @@ def verify_on_crops(scorer: CollectionMatcher, descriptor: Descriptor, index: De
     return {**raw, **{key: score for key, (_, score) in scored.items()}}, found
 
 
-def view_scores(scorer: CollectionMatcher, pairs: list[CropPair], crops: CropSource, folder=None
+def view_scores(scorer: CollectionMatcher, pairs: list[CropPair], crops: CropViews | None, folder=None
                 ) -> list[float | None]:
     """The matcher's score of each :class:`~copynce_hf.retrieval.content.crops.CropPair` on its two views, every token
-    kept (a crop is its image's own content), in both orders where the collection's matcher scores them so. The scored chunks
-    of each kind of view pair and order are kept in ``folder/crops-<view>-<view>[-reversed]`` (``None``: not
-    kept)."""
+    kept (a crop is its image's own content), in both orders where the collection's matcher scores them so. The
+    scored chunks of each kind of view pair and order are kept in ``folder/crops-<view>-<view>[-reversed]``
+    (``None``: not kept); the whole images' and the crops' encoder tokens are read from the run's stores."""
     config = dataclasses.replace(scorer.config, content_tokens=False)
-    sources = {VIEW_WHOLE: scorer.source, VIEW_CROP: crops}
+    sources = {VIEW_WHOLE: (scorer.source, scorer.tokens),
+               VIEW_CROP: (crops.crops, crops.tokens) if crops is not None else (None, None)}
     scores: dict[int, float | None] = {}
     for views in sorted({(pair.view_a, pair.view_b) for pair in pairs}):
         rows = [i for i, pair in enumerate(pairs) if (pair.view_a, pair.view_b) == views]
         forward = [(pairs[i].a, pairs[i].b) for i in rows]
         kept = Path(folder) / f"crops-{views[0]}-{views[1]}" if folder is not None else None
-        found = scorer.score(forward, sources[views[0]], sources[views[1]], config, kept)
+        (queries, query_tokens), (references, reference_tokens) = sources[views[0]], sources[views[1]]
+        found = scorer.score(forward, queries, references, config, kept, tokens=(query_tokens, reference_tokens))
         if scorer.both_orders:
-            backward = scorer.score([(b, a) for a, b in forward], sources[views[1]], sources[views[0]], config,
-                                    kept and kept.with_name(f"{kept.name}-reversed"))
+            backward = scorer.score([(b, a) for a, b in forward], references, queries, config,
+                                    kept and kept.with_name(f"{kept.name}-reversed"),
+                                    tokens=(reference_tokens, query_tokens))
             found = mean_of_orders(found, backward)
         scores.update(zip(rows, found))
     return [scores[i] for i in range(len(pairs))]
@@ -106,7 +119,7 @@ def score_missing(scorer: CollectionMatcher | None, pairs: list[tuple[str, str]]
     whole = [i for i, view in enumerate(views) if view is None]
     on_crops = [i for i, view in enumerate(views) if view is not None]
     for rows, scores in ((whole, scorer.whole_scores([pairs[i] for i in whole]) if whole else []),
-                         (on_crops, view_scores(scorer, [views[i] for i in on_crops], crops.crops if crops else None))):
+                         (on_crops, view_scores(scorer, [views[i] for i in on_crops], crops))):
         for i, score in zip(rows, scores):
             raw_scores[i] = score
     return [None if score is None else decide(a, b, score) for (a, b), score in zip(pairs, raw_scores)]

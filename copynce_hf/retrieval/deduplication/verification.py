@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..content.masks import CollectionMatches
 from ..content.stage import dedup_keep_masks
-from ..content.store import TokenStore, token_identity
+from ..content.store import TokenStore, source_token_store
 from ..detection.config import MATCHER_VIEW_NAMES, DetectConfig
 from ..search.background import matcher_backgrounds, mean_logit_probability, normalised_probability
 from ..sources import SourceImages
@@ -57,13 +57,13 @@ class CollectionMatcher:
     tokens: TokenStore | None = None
 
     def score(self, pairs: list[tuple[str, str]], queries, references, config: DetectConfig, folder=None,
-              progress: bool = False, tokens: TokenStore | None = None) -> list[float | None]:
+              progress: bool = False, tokens: tuple = (None, None)) -> list[float | None]:
         """The matcher's scores of ``pairs`` read from two sources (:func:`~copynce_hf.retrieval.verify.pairs.score_pairs`,
-        with the collection's content matches where ``config`` fuses content tokens, and ``tokens`` read instead of
-        encoding the images); the passes add to :attr:`cost`."""
+        with the collection's content matches where ``config`` fuses content tokens, and ``tokens``, the two sides'
+        token stores, read instead of encoding the images they hold); the passes add to :attr:`cost`."""
         query_images, reference_images = SourceImages(queries), SourceImages(references)
         scored = score_pairs(pairs, *self.matcher, query_images, reference_images,
-                             config.pair_scoring(query_images.max_pixels, self.matches, tokens), self.accelerator,
+                             config.pair_scoring(query_images.max_pixels, self.matches, *tokens), self.accelerator,
                              folder, progress, f"matcher ({MATCHER_VIEW_NAMES[config.matcher_lce]})",
                              lambda line: self.log(f"matcher: {line}"))
         self.add_cost(scored.cost)
@@ -79,7 +79,8 @@ class CollectionMatcher:
         verified; in both orders (:attr:`both_orders`) the pairs and their reversals in one scoring, so that they
         share chunks and resume, then :func:`mean_of_orders`."""
         ordered = pairs + [(b, a) for a, b in pairs] if self.both_orders else pairs
-        scores = self.score(ordered, self.source, self.source, self.config, folder, self.progress, self.tokens)
+        scores = self.score(ordered, self.source, self.source, self.config, folder, self.progress,
+                            (self.tokens, self.tokens))
         return mean_of_orders(scores[:len(pairs)], scores[len(pairs):]) if self.both_orders else scores
 
     def add_cost(self, cost: dict[str, int]) -> None:
@@ -99,15 +100,11 @@ def token_store(scorer: CollectionMatcher, pairs: list[tuple[str, str]], folder:
     if scorer.config.matcher_lce != "none":
         return None
     in_pairs = {image_id for pair in pairs for image_id in pair}
-    ids = [image_id for image_id in scorer.source.ids if image_id in in_pairs]
-    model, processor = scorer.matcher
-    model = model.to(scorer.accelerator.device)
-    images = SourceImages(scorer.source)
-    identity = token_identity(model, processor, ids, images.files or {}, scorer.source, scorer.accelerator)
-    return TokenStore.build(ids, images, model.pre_fusion_tokens, processor, folder, identity,
-                            batch_size=scorer.config.batch_size, num_workers=scorer.config.num_workers,
-                            accelerator=scorer.accelerator, progress=scorer.progress,
-                            log=lambda line: scorer.log(f"matcher: {line}"))
+    return source_token_store(scorer.matcher, SourceImages(scorer.source),
+                              [image_id for image_id in scorer.source.ids if image_id in in_pairs], folder,
+                              batch_size=scorer.config.batch_size, num_workers=scorer.config.num_workers,
+                              accelerator=scorer.accelerator, progress=scorer.progress,
+                              log=lambda line: scorer.log(f"matcher: {line}"))
 
 
 def verify_candidates(scorer: CollectionMatcher, candidates: CandidatePairs, folder, tokens_folder: Path | None,

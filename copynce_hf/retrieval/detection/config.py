@@ -166,17 +166,19 @@ class DetectConfig:
         """Whether :func:`detect` normalises its references over their collection (``collection.on``)."""
         return self.collection.on
 
-    def pair_scoring(self, max_pixels: int | None = None, matches=None, tokens=None) -> PairScoring:
+    def pair_scoring(self, max_pixels: int | None = None, matches=None, query_tokens=None,
+                     reference_tokens=None) -> PairScoring:
         """How the matcher scores this pipeline's pairs: its LCE views, batches, cache, chunks and content tokens
         (with the collection's ``matches`` when given), images read under ``max_pixels``, their encoder tokens
-        read from ``tokens`` (a token store) when given."""
+        read from ``query_tokens`` / ``reference_tokens`` (token stores) where they hold them."""
         from ..content.stage import matcher_content  # torch: not for --help
         from ..verify.pairs import PairScoring
 
         content = matcher_content(self)
         return PairScoring(lce=self.matcher_lce, batch_size=self.batch_size, cache_size=self.cache_size,
                            num_workers=self.num_workers, max_pixels=max_pixels, chunk_size=self.chunk_size,
-                           content=content, matches=matches if content is not None else None, tokens=tokens)
+                           content=content, matches=matches if content is not None else None,
+                           query_tokens=query_tokens, reference_tokens=reference_tokens)
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> DetectConfig:

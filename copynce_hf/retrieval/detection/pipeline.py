@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...modeling.errors import ConfigError, PredictionsError
+from ..content.stage import StoredByRole
+from ..content.store import source_token_store, token_folder
 from ..descriptors.cached import Descriptor
 from ..descriptors.views import ViewPreset
 from ..predictions import Prediction, prediction_metrics
@@ -101,6 +103,7 @@ def detect(
     rescoring_folder: str | os.PathLike | None = None,
     accelerator=None,
     whiten_from=None,
+    tokens_folder: str | os.PathLike | None = None,
 ) -> DetectResult:
     """Find the references that every query copies.
 
@@ -122,6 +125,8 @@ def detect(
         whiten_from: an image source (sample images of the collection, without the queries' copies) from which
             each descriptor learns a whitening (``config.whiten_dim`` directions) applied to references, queries and
             auxiliary images; ``None``: no whitening.
+        tokens_folder: where the matcher's encoder tokens of the candidates' images are kept (whole images: each
+            encoded once for the run, resumed) in ``queries/`` and ``references/``; ``None``: a temporary folder.
     """
     config = config or DetectConfig()
     _check_inputs(descriptors, auxiliary, config)
@@ -143,11 +148,36 @@ def detect(
     if matcher is None:
         result.predictions = top_per_query(result.candidates, config.k)
         return result
-    rescored = _verified(result, matcher, search, rescoring_folder)
-    if whole is not None:
-        rescored = _with_query_crops(result, rescored, descriptors[0], matcher, search, whole, rescoring_folder)
+    with token_folder(tokens_folder, accelerator) as kept_tokens:
+        start = time.perf_counter()
+        stores = _token_stores(result.candidates, matcher, search, kept_tokens)
+        result.seconds["matcher tokens"] = time.perf_counter() - start
+        rescored = _verified(result, matcher, search, rescoring_folder, stores)
+        if whole is not None:
+            rescored = _with_query_crops(result, rescored, descriptors[0], matcher, search, whole, rescoring_folder,
+                                         stores)
     result.predictions = top_per_query(rescored, config.k)
     return result
+
+
+def _token_stores(candidates: list[Prediction], matcher: tuple, search: CandidateSearch, folder: Path
+                  ) -> StoredByRole | None:
+    """The matcher's encoder tokens of the queries and the references of the candidate pairs, each encoded once into
+    ``folder/queries`` and ``folder/references`` (:func:`~copynce_hf.retrieval.content.store.source_token_store`),
+    which the matcher stage, the query crops' content tokens and their pairs read; ``None`` with LCE views, which the
+    scorer's cache encodes."""
+    if search.config.matcher_lce != "none":
+        return None
+    stores = []
+    for role, source in (("queries", search.queries), ("references", search.references)):
+        side = 0 if role == "queries" else 1
+        wanted = {pair[side] for pair in ((p.query_id, p.reference_id) for p in candidates)}
+        stores.append(source_token_store(
+            matcher, SourceImages(source), [image_id for image_id in source.ids if image_id in wanted], folder / role,
+            batch_size=search.config.batch_size, num_workers=search.config.num_workers,
+            accelerator=search.extract["accelerator"], progress=search.progress,
+            log=lambda line, role=role: search.log(f"matcher ({role}): {line}")))
+    return StoredByRole(*stores)
 
 
 def _check_inputs(descriptors: Sequence[Descriptor], auxiliary, config: DetectConfig) -> None:
@@ -174,16 +204,19 @@ def _add_descriptor(result: DetectResult, name: str, found: DescriptorCandidates
             skipped.setdefault(image_id, reason)
 
 
-def _verified(result: DetectResult, matcher: tuple, search: CandidateSearch, rescoring_folder) -> list[Prediction]:
-    """The merged candidates re-scored by the matcher (stage 3), unscored pairs listed in ``result.skipped``; the
-    matcher's time and passes go to ``result``."""
+def _verified(result: DetectResult, matcher: tuple, search: CandidateSearch, rescoring_folder,
+              stores: StoredByRole | None) -> list[Prediction]:
+    """The merged candidates re-scored by the matcher (stage 3, the images' tokens read from ``stores`` where given),
+    unscored pairs listed in ``result.skipped``; the matcher's time and passes go to ``result``."""
     start, accelerator = time.perf_counter(), search.extract["accelerator"]
     pairs = [(p.query_id, p.reference_id) for p in result.candidates]
     scored = score_pairs(pairs, *matcher, SourceImages(search.queries), SourceImages(search.references),
-                         search.config.pair_scoring(getattr(search.queries, "max_pixels", None)), accelerator,
+                         search.config.pair_scoring(getattr(search.queries, "max_pixels", None), None,
+                                                    *(stores.stores.values() if stores else ())), accelerator,
                          rescoring_folder, search.progress, f"matcher ({MATCHER_VIEW_NAMES[search.config.matcher_lce]})",
                          lambda line: search.log(f"matcher: {line}"))
-    result.matcher_cost = scored.cost
+    encoded = sum(store.encoded for store in stores.stores.values()) if stores else 0
+    result.matcher_cost = {**scored.cost, "encoded_views": scored.cost["encoded_views"] + encoded}
     rescored = [Prediction(q, r, s) for (q, r), s in zip(pairs, scored.scores) if s is not None]
     result.skipped.extend(f"{q}/{r}" for (q, r), s in zip(pairs, scored.scores) if s is None)
     result.seconds["matcher"] = time.perf_counter() - start
@@ -196,11 +229,12 @@ def _verified(result: DetectResult, matcher: tuple, search: CandidateSearch, res
 
 
 def _with_query_crops(result: DetectResult, rescored: list[Prediction], descriptor: Descriptor, matcher: tuple,
-                      search: CandidateSearch, whole: tuple, rescoring_folder) -> list[Prediction]:
+                      search: CandidateSearch, whole: tuple, rescoring_folder, stores: StoredByRole | None
+                      ) -> list[Prediction]:
     """``rescored`` with the pairs the queries' content crops decide
     (:func:`~copynce_hf.retrieval.content.crops.query_crops`) scored on the crops; their boxes, time and passes go
     to ``result``. The crops' scored chunks are kept in ``rescoring_folder/query-crops`` (``None``: not kept), so
-    that a run cut short resumes them."""
+    that a run cut short resumes them; the images ``stores`` hold are read from them, not encoded again."""
     from ..content.crops import query_crops, with_crop_scores
 
     start, accelerator = time.perf_counter(), search.extract["accelerator"]
@@ -209,12 +243,13 @@ def _with_query_crops(result: DetectResult, rescored: list[Prediction], descript
     references = SourceImages(search.references)
 
     def score_crop_pairs(pairs, crops):
-        scored = score_pairs(pairs, *matcher, SourceImages(crops), references, crop_config.pair_scoring(crops.max_pixels),
+        scoring = crop_config.pair_scoring(crops.max_pixels, None, None, stores.stores["reference"] if stores else None)
+        scored = score_pairs(pairs, *matcher, SourceImages(crops), references, scoring,
                              accelerator, folder, False, "matcher", lambda line: search.log(f"matcher: {line}"))
         return scored.scores, scored.cost
 
     found = query_crops(SourceImages(search.queries), references, descriptor, matcher, *whole, search.config,
-                        accelerator, search.log, score_crop_pairs, search.progress)
+                        accelerator, search.log, score_crop_pairs, search.progress, stores)
     result.crop_boxes, result.crop_pairs = found.boxes, list(found.scores)
     result.matcher_cost = {name: result.matcher_cost[name] + found.cost[name] for name in found.cost}
     result.seconds["query crops"] = time.perf_counter() - start

@@ -46,8 +46,9 @@ class PairScoring:
             the paper; ``None``: every token), with the collection's ``matches`` when given, else each query's
             local set (:class:`~.scorer.MatcherScorer`).
         matches: the collection's matches (:class:`~copynce_hf.retrieval.content.masks.CollectionMatches`).
-        tokens: the images' encoder tokens, already computed (a
-            :class:`~copynce_hf.retrieval.content.store.TokenStore`), read instead of encoding them.
+        query_tokens, reference_tokens: the queries' and the references' encoder tokens, already computed (each a
+            :class:`~copynce_hf.retrieval.content.store.TokenStore`): an image a store holds is read from it instead
+            of encoded.
     """
 
     lce: str = "none"
@@ -59,7 +60,8 @@ class PairScoring:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     content: ContentSettings | None = None
     matches: CollectionMatches | None = None
-    tokens: TokenStore | None = None
+    query_tokens: TokenStore | None = None
+    reference_tokens: TokenStore | None = None
 
     def identity(self) -> dict:
         """What the scores depend on besides the model, the image processor and the images."""
@@ -106,7 +108,8 @@ def score_pairs(pairs: Sequence[tuple[str, str]], model, image_processor, query_
         scorer = MatcherScorer(model, image_processor, lce=scoring.lce, batch_size=scoring.batch_size,
                                cache_size=scoring.cache_size, max_pixels=scoring.max_pixels, content=scoring.content,
                                matches=scoring.matches if scoring.content is not None else None,
-                               tokens=scoring.tokens, **_grid_views(scoring.local_crops))
+                               query_tokens=scoring.query_tokens, reference_tokens=scoring.reference_tokens,
+                               **_grid_views(scoring.local_crops))
 
         def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:
             return PairScores(scorer.score(chunk, query_images, reference_images, num_workers=scoring.num_workers,

@@ -103,24 +103,27 @@ class MatcherScorer:
         matches: the images' matches in their own neighbours in the collection
             (:class:`~copynce_hf.retrieval.content.masks.CollectionMatches`): each side of a pair keeps the tokens that are not
             shared with enough neighbours other than the pair's other image. Needs ``content``.
-        tokens: the images' encoder tokens, already computed (:class:`~copynce_hf.retrieval.content.store.TokenStore`, whole images:
-            ``lce`` ``none``): read instead of encoding the images (every image of a pair must be in it).
+        query_tokens, reference_tokens: the queries' and the references' encoder tokens, already computed
+            (:class:`~copynce_hf.retrieval.content.store.TokenStore`, whole images: ``lce`` ``none``): an image a
+            store holds is read from it instead of encoded; the others are encoded as without one.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
                  query_views: ViewFunction | None = None, reference_views: ViewFunction | None = None,
                  view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
                  max_pixels: int | None = None, content: ContentSettings | None = None,
-                 matches: CollectionMatches | None = None, tokens: TokenStore | None = None):
+                 matches: CollectionMatches | None = None, query_tokens: TokenStore | None = None,
+                 reference_tokens: TokenStore | None = None):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
-        for what, given in (("content tokens", content), ("a token store", tokens)):
+        for what, given in (("content tokens", content), ("a token store", query_tokens or reference_tokens)):
             if given is not None and lce != "none":
                 raise ConfigError(f"{what} apply to whole images only (matcher_lce none), got matcher_lce {lce!r}")
         if content is not None:
             check_content_fusion(model)
         if matches is not None and content is None:
             raise ConfigError("matches are content tokens: give the content settings too")
-        self.content, self.matches, self.tokens = content, matches, tokens
+        self.content, self.matches = content, matches
+        self.query_tokens, self.reference_tokens = query_tokens, reference_tokens
         self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
         self.model = model.eval()
@@ -257,22 +260,32 @@ class MatcherScorer:
 
     def _query_tokens(self, query_ids: list[str], query_files: dict, num_workers: int):
         """``(query id, its views' tokens (Vq, 1 + L, C) or None when unreadable)`` of each query, in order: read
-        from :attr:`tokens`, or encoded (images read ahead by ``num_workers`` ``DataLoader`` workers)."""
-        if self.tokens is not None:
-            for query_id in query_ids:
-                stored = self.tokens.tokens(query_id)
-                yield query_id, None if stored is None else stored[None].to(self.device)
-            return
-        dataset = _ViewImages([query_files[qid] for qid in query_ids], self.query_views, self.image_processor,
-                             self.max_pixels)
-        for item in DataLoader(dataset, batch_size=1, num_workers=num_workers, collate_fn=_first):
-            yield query_ids[item["index"]], self._encode_views(item["views"]) if item["valid"] else None
+        from :attr:`query_tokens` where it holds them, else encoded (images read ahead by ``num_workers``
+        ``DataLoader`` workers)."""
+        stored = self.query_tokens
+        missing = [qid for qid in query_ids if stored is None or qid not in stored]
+        encoded = iter(())
+        if missing:
+            dataset = _ViewImages([query_files[qid] for qid in missing], self.query_views, self.image_processor,
+                                 self.max_pixels)
+            encoded = (self._encode_views(item["views"]) if item["valid"] else None
+                       for item in DataLoader(dataset, batch_size=1, num_workers=num_workers, collate_fn=_first))
+        for query_id in query_ids:
+            if stored is not None and query_id in stored:
+                tokens = stored.tokens(query_id)
+                yield query_id, None if tokens is None else tokens[None].to(self.device)
+            else:
+                yield query_id, next(encoded)
 
     def _reference_lookup(self, reference_ids: list[str], files: dict) -> dict[str, torch.Tensor | None]:
         """id -> the views' tokens (Vr, 1 + L, C) of each reference (``None``: unreadable): read from
-        :attr:`tokens`, or through the LRU cache."""
-        if self.tokens is not None:
-            return {rid: None if stored is None else stored[None].to(self.device)
-                    for rid, stored in self.tokens.get(reference_ids).items()}
-        self._reference_tokens(reference_ids, files)
-        return {rid: self._references[rid] for rid in reference_ids}
+        :attr:`reference_tokens` where it holds them, the others through the LRU cache."""
+        stored = self.reference_tokens
+        found = {} if stored is None else {rid: None if tokens is None else tokens[None].to(self.device)
+                                           for rid, tokens in stored.get([r for r in reference_ids
+                                                                          if r in stored]).items()}
+        others = [rid for rid in reference_ids if rid not in found]
+        if others:
+            self._reference_tokens(others, files)
+            found.update((rid, self._references[rid]) for rid in others)
+        return found
