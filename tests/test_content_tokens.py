@@ -22,7 +22,7 @@ from copynce_hf.retrieval import (
     dedup,
     detect,
 )
-from copynce_hf.retrieval.content.masks import TokenCache, neighbour_matches, walk_order
+from copynce_hf.retrieval.content.masks import PairMatches, TokenCache, neighbour_matches, walk_order
 from copynce_hf.retrieval.content.stage import pair_neighbours
 from copynce_hf.retrieval.content.tokens import (
     ContentSettings,
@@ -33,6 +33,7 @@ from copynce_hf.retrieval.content.tokens import (
     fuse_kept,
     keep_tokens,
     local_keep_masks,
+    matched_in,
     pair_keep,
     unit_patch_tokens,
 )
@@ -319,3 +320,22 @@ def test_matches_computed_in_blocks_equal_one_pass(monkeypatch):
     for elements in (1 << 24, 50, 1):  # everything at once; an image against one other at a time; less than that
         monkeypatch.setattr(content_tokens, "_BLOCK_ELEMENTS", elements)
         assert torch.equal(content_tokens.matched_in(tokens, others, 0.5), one_pass)
+
+
+def test_pair_matches_kept_from_query_to_query_equal_matching_anew():
+    """A candidate's matches in the other candidates, kept by image ids, are those matched_in computes for each query's
+    set; a second query sharing candidates matches only the new pairs, and the oldest pairs go past the capacity."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.nn.functional.normalize(torch.randn(6, 9, 8, generator=generator), dim=-1)
+    tokens[3, :4] = tokens[1, :4]  # shared regions: some tokens match across images
+    ids = [f"r{i}" for i in range(6)]
+    kept = PairMatches(tau=0.5, capacity=100)
+    first, second = [0, 1, 2, 3], [1, 3, 4, 5]
+    for order in (first, second):
+        found = kept.among([ids[i] for i in order], tokens[order], top=2)
+        assert torch.equal(found, matched_in(tokens[order], tokens[order][:2], 0.5))
+    assert found[1, 0, :4].all()  # r3's shared tokens in r1
+    assert kept.computed == 8 + 6  # the second query's pairs (r1, r1), (r3, r1) were kept from the first
+    small = PairMatches(tau=0.5, capacity=3)
+    small.among(ids[:4], tokens[:4], top=2)
+    assert len(small) == 3

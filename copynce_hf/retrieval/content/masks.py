@@ -117,6 +117,46 @@ class StoredUnitTokens:
                 for image_id, tokens in self.store.get(image_ids).items()}
 
 
+class PairMatches:
+    """Which tokens of an image match in another (:func:`~copynce_hf.retrieval.content.tokens.matched_in`), by
+    ``(image id, other image id)``, the last ``capacity`` kept: a candidate's matches in the other candidates of a
+    query do not depend on the query, and ``detect``'s queries share many candidates.
+
+    Attributes:
+        computed: image pairs matched (not found kept), for cost reports.
+    """
+
+    def __init__(self, tau: float, capacity: int = 200_000):
+        self.tau, self.capacity = tau, max(1, int(capacity))
+        self._rows: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
+        self.computed = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def among(self, ids: Sequence[str], tokens: torch.Tensor, top: int) -> torch.Tensor:
+        """(R, top, L) bool: row ``r``, column ``k``: the tokens of image ``ids[r]`` matched in image ``ids[k]``, for
+        ``ids`` (R) with unit-norm patch tokens (R, L, C) and the first ``top`` of them as the others."""
+        found = torch.empty((len(ids), top, tokens.shape[1]), dtype=torch.bool)
+        missing: dict[int, list[int]] = {}
+        for row, image_id in enumerate(ids):
+            for other in range(top):
+                kept = self._rows.get((image_id, ids[other]))
+                if kept is None:
+                    missing.setdefault(other, []).append(row)
+                else:
+                    self._rows.move_to_end((image_id, ids[other]))
+                    found[row, other] = kept
+        for other, rows in missing.items():
+            matched = matched_in(tokens[rows], tokens[other:other + 1], self.tau)[:, 0].cpu()  # (m, L)
+            found[rows, other] = matched
+            self._rows.update(((ids[row], ids[other]), row_matched) for row, row_matched in zip(rows, matched))
+            self.computed += len(rows)
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+        return found
+
+
 def walk_order(ids: Sequence[str], neighbours: Mapping[str, Sequence[str]]) -> list[str]:
     """``ids`` in the order of a breadth-first walk of the neighbour graph (each unvisited id, in the order of
     ``ids``, starts a walk), so that images near one another in the graph come near one another in the list."""

@@ -186,7 +186,8 @@ class PairMasks:
     kept_whole: int
 
 
-def local_keep_masks(query: torch.Tensor, candidates: torch.Tensor, settings: ContentSettings) -> PairMasks:
+def local_keep_masks(query: torch.Tensor, candidates: torch.Tensor, settings: ContentSettings,
+                     candidate_matched: torch.Tensor | None = None) -> PairMasks:
     """Keep masks of a query and each of its candidate references, pair by pair, within that local set.
 
     The neighbours are the query's first ``settings.neighbours`` candidates (the candidates come best first): in
@@ -198,6 +199,9 @@ def local_keep_masks(query: torch.Tensor, candidates: torch.Tensor, settings: Co
         query: (L, C) unit-norm patch tokens of the query.
         candidates: (R, L', C) unit-norm patch tokens of its candidates, best first.
 
+        candidate_matched: (R, top, L') bool, ``matched_in(candidates, candidates[:top], tau)`` already known (it
+            does not depend on the query, so a caller may keep it from query to query); ``None``: computed here.
+
     Returns:
         :class:`PairMasks` of the R pairs: query (R, L), reference (R, L').
     """
@@ -207,7 +211,8 @@ def local_keep_masks(query: torch.Tensor, candidates: torch.Tensor, settings: Co
     top = min(settings.neighbours, len(candidates))
     neighbours = candidates[:top]
     query_matched = matched_in(query[None], neighbours, settings.tau)[0]  # (top, L)
-    candidate_matched = matched_in(candidates, neighbours, settings.tau)  # (R, top, L')
+    if candidate_matched is None:
+        candidate_matched = matched_in(candidates, neighbours, settings.tau)  # (R, top, L')
     query_keep, reference_keep, kept_whole = [], [], 0
     for row in range(len(candidates)):
         partner = row if row < top else None

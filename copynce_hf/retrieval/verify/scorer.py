@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ...images import load_image
 from ...modeling.errors import ConfigError, ImageLoadError
 from ...runtime.onnx_runtime import check_content_fusion
-from ..content.masks import CollectionMatches
+from ..content.masks import CollectionMatches, PairMatches
 from ..content.store import TokenStore
 from ..content.tokens import (
     ContentSettings,
@@ -123,6 +123,7 @@ class MatcherScorer:
         if matches is not None and content is None:
             raise ConfigError("matches are content tokens: give the content settings too")
         self.content, self.matches = content, matches
+        self._pair_matches = PairMatches(content.tau) if content is not None else None  # kept from query to query
         self.query_tokens, self.reference_tokens = query_tokens, reference_tokens
         self.max_pixels = max_pixels
         preset = matcher_view_preset(lce)
@@ -202,8 +203,10 @@ class MatcherScorer:
 
             return ([keep(query_id, reference_id, query_tokens) for reference_id in reference_ids],
                     [keep(reference_id, query_id, tokens) for reference_id, tokens in zip(reference_ids, references)])
-        masks = local_keep_masks(unit_patch_tokens(query_tokens)[0], unit_patch_tokens(torch.cat(references)),
-                                 self.content)
+        candidates = unit_patch_tokens(torch.cat(references))
+        top = min(self.content.neighbours, len(candidates))
+        masks = local_keep_masks(unit_patch_tokens(query_tokens)[0], candidates, self.content,
+                                 self._pair_matches.among(reference_ids, candidates, top))
         counts = self.content_counts
         counts["pairs"] += len(references)
         counts["dropped"] += int((~masks.query).sum() + (~masks.reference).sum())
