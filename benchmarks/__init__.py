@@ -11,6 +11,8 @@ Modules (each a ``python -m benchmarks.<name>`` entry point where it runs someth
 * :mod:`.report`: renders the saved results as BENCHMARKS.md tables and plots.
 * :mod:`.templates`: dedup and detection with unrelated photos in the same template (the task in
   :mod:`.template_task`, its templates drawn by :mod:`.template_designs`).
+* :mod:`.pipeline_speed`: ``copynce detect`` and ``copynce dedup`` timed end to end, before and after a change;
+  :mod:`.pipeline_profile`: where their time goes, by stage.
 
 See benchmarks/README.md for the commands.
 """

@@ -2,20 +2,23 @@
 
     python -m benchmarks.pipeline_speed                                 # this working tree, both tasks, 2 repeats
     python -m benchmarks.pipeline_speed --revision b8ddd33 --repeats 3  # and the package of b8ddd33, same run
-    python -m benchmarks.pipeline_speed --tasks dedup --profile         # a cProfile file beside each run's log
+    python -m benchmarks.pipeline_speed --tasks dedup --profile         # where the time goes, by stage
+    python -m benchmarks.pipeline_speed --env ACCELERATE_MIXED_PRECISION=bf16 --detect-options '--batch-size 8'
 
 Each run starts the command as a fresh process (``python -m copynce_hf.cli``, the embedded models, every default)
 into a fresh output folder (nothing resumed, no index reused), and times it end to end: the wall time, the CPU
 time of the process and its children, and its peak resident memory. The code measured is this working tree and,
 for each ``--revision REV``, the package of that git revision, checked out with ``git worktree add`` under the
-work folder and put first on the ``PYTHONPATH`` of its runs (the run's folder is its working directory, so no
-other copy of ``copynce_hf`` is imported; the file imported is recorded). The runs alternate the codes and the
-tasks repeat by repeat, so that a change of the machine's load hits each of them. Threads: ``--threads`` (default
-2, both cores of the development machine) through ``COPYNCE_THREADS`` and ``OMP_NUM_THREADS``; the load average
-before and after each run is recorded beside it.
+work folder (removed at the end) and put first on the ``PYTHONPATH`` of its runs (the run's folder is its working
+directory, so no other copy of ``copynce_hf`` is imported; the file imported is recorded). The runs alternate the
+codes and the tasks repeat by repeat, so that a change of the machine's load hits each of them. Threads:
+``--threads`` (default 2, both cores of the development machine) through ``COPYNCE_THREADS`` and
+``OMP_NUM_THREADS``; the load average before and after each run is recorded beside it: on a shared machine the
+CPU seconds move less than the wall seconds. What-ifs: ``--env NAME=VALUE`` sets the environment of every run,
+``--detect-options`` / ``--dedup-options`` add options to every command.
 
 Tasks, built once from ``../shared/data/imagenet-sample`` (the command says so and stops where it is absent) into
-``<output-dir>/pipeline_speed/tasks``:
+``--task-dir`` (default ``<output-dir>/pipeline_speed/tasks``):
 
 * ``detect``: the 300 ``reference`` images; queries: mini-DISC's copies of the first ``--copies`` copied references
   (references 0, 2, 4, ...; 120 by default) and its first ``--distractors`` distractors (100): 220 queries with
@@ -24,13 +27,13 @@ Tasks, built once from ``../shared/data/imagenet-sample`` (the command says so a
 * ``dedup``: the first ``--originals`` ``reference`` images (90) and a copy of each made with the mini-DISC query
   recipe (``CopyRecipe.minidisc_queries()``, ``--seed``), two copies for the first ``--twice`` (20): 200 images,
   110 copies. ``copynce dedup FOLDER --output OUT``; quality: the pair AP of ``OUT/pairs.csv`` over every true pair
-  (:func:`benchmarks.templates.pair_average_precision`; a true pair: two images of one original) and the pair
-  precision and recall of ``OUT/groups.csv`` (:func:`copynce_hf.retrieval.pair_precision_recall`).
+  (:func:`benchmarks.templates.pair_average_precision`; a true pair: two images of one original, 130 here) and the
+  pair precision and recall of ``OUT/groups.csv`` (:func:`copynce_hf.retrieval.pair_precision_recall`).
 
 Written to ``<output-dir>/pipeline_speed.json`` (after every run): the machine, the tasks, the codes, every run
 (times, load, the command's log lines: the passes each stage ran, the times per stage of its ``report.html``,
-quality) and the median of each code and task;
-each run's output folder and log stay under ``<output-dir>/pipeline_speed/runs``. A Markdown table on stdout.
+quality) and the median of each code and task; each run's output folder and log stay under
+``<output-dir>/pipeline_speed/runs``. Markdown tables on stdout.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import csv
 import html
+import importlib.util
 import os
 import re
 import shlex
@@ -166,14 +170,16 @@ def working_tree_label() -> str:
     return f"working tree {commit}" + ("+changes" if changed else "")
 
 
-def code_environment(code_root: Path, threads: int) -> dict:
-    """The environment of a run of the package in ``code_root``: it first on ``PYTHONPATH``, ``threads`` threads."""
-    env = dict(os.environ)
+def code_environment(code_root: Path, threads: int, extra: dict | None = None) -> dict:
+    """The environment of a run of the package in ``code_root``: it first on ``PYTHONPATH``, ``threads`` threads,
+    and ``extra`` (``--env``: e.g. ``ACCELERATE_MIXED_PRECISION=bf16``)."""
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(code_root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                             if p])
     for name in THREAD_VARIABLES:
         env[name] = str(threads)
-    env.pop("OMP_WAIT_POLICY", None)  # the package's own policy (passive)
+    if "OMP_WAIT_POLICY" not in (extra or {}):
+        env.pop("OMP_WAIT_POLICY", None)  # the package's own policy (passive)
     return env
 
 
@@ -190,18 +196,19 @@ def imported_from(code_root: Path, threads: int) -> str:
 # ---------------------------------------------------------------------------------------------- runs
 
 
-def run_command(argv: list[str], code_root: Path, threads: int, log: Path, profile: Path | None = None) -> dict:
+def run_command(argv: list[str], code_root: Path, threads: int, log: Path, profile: Path | None = None,
+                extra: dict | None = None) -> dict:
     """Run ``python -m copynce_hf.cli ARGV`` with the package of ``code_root`` (stdout and stderr into ``log``;
-    under cProfile into ``profile`` when given): wall and CPU seconds (the process and its children), peak
-    resident MiB, the load average before and after."""
-    command = [sys.executable] + (["-m", "cProfile", "-o", str(profile)] if profile else []) + [
-        "-m", "copynce_hf.cli", *argv]
+    under pyinstrument, its session saved as ``profile``, when given): wall and CPU seconds (the process and its
+    children), peak resident MiB, the load average before and after."""
+    profiler = ["-m", "pyinstrument", "-i", "0.002", "-r", "pyisession", "-o", str(profile)] if profile else []
+    command = [sys.executable, *profiler, "-m", "copynce_hf.cli", *argv]
     load_before = os.getloadavg()[0]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as handle:
         start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=code_root, env=code_environment(code_root, threads), stdout=handle,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=code_root, env=code_environment(code_root, threads, extra),
+                                   stdout=handle, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -215,13 +222,15 @@ def run_command(argv: list[str], code_root: Path, threads: int, log: Path, profi
             "log_lines": [line.strip() for line in re.split(r"[\r\n]", text) if line.startswith("copynce ")]}
 
 
-def task_command(task: str, description: dict, output: Path) -> list[str]:
-    """The ``copynce`` arguments of ``task`` (every default) writing into ``output``."""
-    folders = description["folders"]
+def task_command(task: str, description: dict, output: Path, options: str = "") -> list[str]:
+    """The ``copynce`` arguments of ``task`` writing into ``output``: every default, unless ``options`` (more options
+    of the command, one string: ``--detect-options`` / ``--dedup-options``) says otherwise. The paths are absolute:
+    a run's working directory is its code's folder."""
+    folders = {name: str(Path(folder).resolve()) for name, folder in description["folders"].items()}
     if task == "detect":
         return ["detect", folders["queries"], "--references", folders["references"], "--ground-truth",
-                folders["ground_truth"], "--output", str(output)]
-    return ["dedup", folders["collection"], "--output", str(output)]
+                folders["ground_truth"], "--output", str(Path(output).resolve()), *shlex.split(options)]
+    return ["dedup", folders["collection"], "--output", str(Path(output).resolve()), *shlex.split(options)]
 
 
 def detect_quality(output: Path) -> dict:
@@ -263,11 +272,18 @@ def measure(task: str, description: dict, label: str, code_root: Path, work: Pat
     folder = work / "runs" / re.sub(r"[^\w.]+", "-", label).strip("-") / f"{task}-{repeat}"
     shutil.rmtree(folder, ignore_errors=True)
     output = folder / "output"
-    profile = folder / "profile.prof" if args.profile else None
-    run = run_command(task_command(task, description, output), code_root, args.threads, folder / "log.txt", profile)
+    profile = folder / "profile.pyisession" if args.profile else None
+    run = run_command(task_command(task, description, output, getattr(args, f"{task}_options")), code_root, args.threads, folder / "log.txt", profile,
+                      parse_env(args.env))
     quality = detect_quality(output) if task == "detect" else dedup_quality(output, description["groups"])
-    return {"code": label, "task": task, "repeat": repeat, "profiled": bool(profile), **run,
-            "stage_seconds": stage_seconds(output), "quality": quality}
+    found = {"code": label, "task": task, "repeat": repeat, "profiled": bool(profile), **run,
+             "stage_seconds": stage_seconds(output), "quality": quality}
+    if profile is not None:
+        from .pipeline_profile import print_tables, stage_tables
+
+        found["profile_tables"] = stage_tables(profile)
+        print_tables(found["profile_tables"])
+    return found
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -314,6 +330,17 @@ def print_table(summary: dict) -> None:
 # ---------------------------------------------------------------------------------------------- driver
 
 
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items as a mapping (a malformed one ends the command, named)."""
+    found = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--env {item!r}: NAME=VALUE expected")
+        found[name] = value
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_speed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -328,9 +355,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--originals", type=int, default=90, help="dedup: original photos (default 90)")
     parser.add_argument("--twice", type=int, default=20, help="dedup: originals with two copies (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="dedup: seed of the copies (default 0)")
-    parser.add_argument("--profile", action="store_true", help="run each command under cProfile (slower)")
+    parser.add_argument("--detect-options", default="", metavar="'OPTIONS'",
+                        help="more options of every detect run, e.g. '--batch-size 8' (default: none, every default)")
+    parser.add_argument("--dedup-options", default="", metavar="'OPTIONS'", help="the same for dedup")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment of every run (repeatable; recorded), e.g. ACCELERATE_MIXED_PRECISION=bf16")
+    parser.add_argument("--profile", action="store_true",
+                        help="run each command under pyinstrument and sum its samples by stage and operation "
+                             "(benchmarks.pipeline_profile; pip install pyinstrument; slower, the times are marked)")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="folder holding imagenet-sample")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
+    parser.add_argument("--task-dir", type=Path, help="where the tasks are built and reused (default: "
+                        "OUTPUT_DIR/pipeline_speed/tasks)")
     return parser
 
 
@@ -347,12 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeats < 1 or args.threads < 1 or (args.no_working_tree and not args.revision):
         raise SystemExit("--repeats and --threads must be >= 1; --no-working-tree needs a --revision")
+    if args.profile and importlib.util.find_spec("pyinstrument") is None:
+        raise SystemExit("--profile needs pyinstrument: pip install pyinstrument")
     if not (Path(args.data) / "imagenet-sample-splits.csv").is_file():
         print(f"skipped: {args.data / 'imagenet-sample-splits.csv'} not found (the shared benchmark data is only "
               "present in CI and dev sessions)")
         return 0
-    work = Path(args.output_dir) / "pipeline_speed"
-    tasks = build_tasks(args, work / "tasks")
+    args.output_dir, args.data = Path(args.output_dir).resolve(), Path(args.data).resolve()  # runs start elsewhere
+    work = args.output_dir / "pipeline_speed"
+    tasks = build_tasks(args, Path(args.task_dir).resolve() if args.task_dir else work / "tasks")
     codes = {} if args.no_working_tree else {working_tree_label(): REPO_ROOT}
     try:
         for revision in args.revision:
@@ -364,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             if root != REPO_ROOT:
                 _git("worktree", "remove", "--force", str(root))
     print_table(record["summary"])
+    if args.profile:
+        print("(every run under pyinstrument: its times include the profiler's overhead)")
     print(f"written to {Path(args.output_dir) / 'pipeline_speed.json'}")
     return 0
 
@@ -372,11 +413,12 @@ def measure_all(args, tasks: dict, codes: dict, work: Path) -> dict:
     """Every run, repeat by repeat, code by code, task by task (alternated: a change of load hits each of them);
     the record is written after every run."""
     record = {"kind": "pipeline_speed", "machine": machine_info(), "command": command_line(), "created": now(),
-              "threads": args.threads, "tasks": {name: {k: v for k, v in task.items() if k != "groups"}
-                                                 for name, task in tasks.items()},
+              "threads": args.threads, "env": parse_env(args.env),
+              "tasks": {name: {k: v for k, v in task.items() if k != "groups"} for name, task in tasks.items()},
               "codes": {label: {"root": str(root), "imports": imported_from(root, args.threads)}
                         for label, root in codes.items()},
-              "commands": {name: "copynce " + shlex.join(task_command(name, task, Path("OUT")))
+              "commands": {name: "copynce " + shlex.join(task_command(name, task, Path("OUT"),
+                                                                    getattr(args, f"{name}_options")))
                            for name, task in tasks.items()}, "runs": []}
     path = Path(args.output_dir) / "pipeline_speed.json"
     for repeat in range(args.repeats):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,9 @@ from benchmarks.pipeline_speed import (
     build_detect_task,
     code_environment,
     dedup_quality,
+    parse_env,
     run_command,
+    task_command,
 )
 from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.evaluation.minidisc import MiniDiscConfig, build_minidisc
@@ -87,6 +91,17 @@ def test_a_run_imports_the_package_of_its_code_root_and_is_timed(tmp_path):
         run_command(["3"], root, 1, tmp_path / "run" / "log.txt")
 
 
+def test_the_commands_take_absolute_paths_and_the_extra_options(tmp_path, monkeypatch):
+    """A run's working directory is its code's folder: relative task paths would not be found from there."""
+    monkeypatch.chdir(tmp_path)
+    argv = task_command("dedup", {"folders": {"collection": "tasks/collection"}}, Path("out"), "--batch-size 8")
+    assert argv == ["dedup", str(tmp_path / "tasks" / "collection"), "--output", str(tmp_path / "out"),
+                    "--batch-size", "8"]
+    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        parse_env(["A"])
+
+
 def test_dedup_quality_reads_the_pairs_and_the_groups(tmp_path):
     truth = [["a", "a1"], ["b", "b1"]]
     (tmp_path / "pairs.csv").write_text("query_id,reference_id,score,raw_score,views\n"
@@ -97,3 +112,40 @@ def test_dedup_quality_reads_the_pairs_and_the_groups(tmp_path):
     assert quality["pair_AP"] == pytest.approx((1 + 2 / 3) / 2)
     assert (quality["group_precision"], quality["group_recall"]) == (pytest.approx(1 / 3), 0.5)
     assert (quality["groups"], quality["verified_pairs"]) == (1, 3)
+
+
+def test_a_profile_is_summed_by_stage_path_and_by_operation(tmp_path):
+    """benchmarks.pipeline_profile: a sample's time goes to the path of the stage functions on its stack and to the
+    innermost operation; a stage called inside another is a path of its own."""
+    pyinstrument = pytest.importorskip("pyinstrument")
+    from benchmarks.pipeline_profile import OUTSIDE, stage_tables
+
+    def busy(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def fuse():
+        busy(0.3)
+
+    def matcher_scores():
+        fuse()
+        busy(0.1)
+
+    def self_calibrate():
+        matcher_scores()
+
+    profiler = pyinstrument.Profiler(interval=0.001)
+    with profiler:
+        self_calibrate()
+        matcher_scores()
+        busy(0.1)
+    path = tmp_path / "run.pyisession"
+    profiler.last_session.save(str(path))
+    tables = stage_tables(path)
+    inner, outer = tables["stages"]["self-calibration > matcher"], tables["stages"]["matcher"]
+    for found in (inner, outer):
+        assert found["operations"]["matcher fusion"] == pytest.approx(0.3, abs=0.06)
+        assert found["operations"]["other"] == pytest.approx(0.1, abs=0.05)
+    assert tables["stages"][OUTSIDE]["seconds"] == pytest.approx(0.1, abs=0.05)
+    assert tables["operations"]["matcher fusion"] == pytest.approx(0.6, abs=0.1)
