@@ -148,16 +148,25 @@ def detect(
     if matcher is None:
         result.predictions = top_per_query(result.candidates, config.k)
         return result
-    with token_folder(tokens_folder, accelerator) as kept_tokens:
+    result.predictions = top_per_query(_matcher_stage(result, matcher, search, descriptors[0], whole,
+                                                      rescoring_folder, tokens_folder), config.k)
+    return result
+
+
+def _matcher_stage(result: DetectResult, matcher: tuple, search: CandidateSearch, descriptor: Descriptor,
+                   whole: tuple | None, rescoring_folder, tokens_folder) -> list[Prediction]:
+    """Stage 3: the merged candidates re-scored by the matcher, every image of theirs encoded once into the token
+    stores in ``tokens_folder`` (a temporary folder when ``None``), then the query crops (with ``whole``, the first
+    descriptor's whole-image descriptors; ``None``: no crops)."""
+    with token_folder(tokens_folder, search.extract["accelerator"]) as kept_tokens:
         start = time.perf_counter()
         stores = _token_stores(result.candidates, matcher, search, kept_tokens)
         result.seconds["matcher tokens"] = time.perf_counter() - start
         rescored = _verified(result, matcher, search, rescoring_folder, stores)
         if whole is not None:
-            rescored = _with_query_crops(result, rescored, descriptors[0], matcher, search, whole, rescoring_folder,
+            rescored = _with_query_crops(result, rescored, descriptor, matcher, search, whole, rescoring_folder,
                                          stores)
-    result.predictions = top_per_query(rescored, config.k)
-    return result
+    return rescored
 
 
 def _token_stores(candidates: list[Prediction], matcher: tuple, search: CandidateSearch, folder: Path
