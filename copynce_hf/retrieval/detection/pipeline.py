@@ -145,11 +145,9 @@ def detect(
     result.candidates_per_query = min(config.candidates, len(references) - len(result.skipped_references))
     if len(descriptors) > 1:
         log(f"merged: {len(result.candidates)} candidate pairs (top {result.candidates_per_query} per query)")
-    if matcher is None:
-        result.predictions = top_per_query(result.candidates, config.k)
-        return result
-    result.predictions = top_per_query(_matcher_stage(result, matcher, search, descriptors[0], whole,
-                                                      rescoring_folder, tokens_folder), config.k)
+    verified = result.candidates if matcher is None else _matcher_stage(
+        result, matcher, search, descriptors[0], whole, rescoring_folder, tokens_folder)
+    result.predictions = top_per_query(verified, config.k)
     return result
 
 
