@@ -39,10 +39,8 @@ COLLECTION_K_START, COLLECTION_K_END = 2, 9
 
 #: Content tokens (:mod:`copynce_hf.retrieval.content.tokens`): the cosine above which two of the matcher's encoder
 #: tokens (and of the descriptor's final-layer patch tokens) match, and a token matched in ``MIN_IMAGES`` of an image's
-#: ``NEIGHBOURS`` nearest images is dropped. Chosen on 30 held-out ``train`` images (5 templates hosting 4 photos
-#: each, one a framed copy of a plain photo, 10 plain photos): the matcher's encoder tokens (pair AP 0.052 -> 0.672),
-#: the descriptor's final-layer patch tokens (pair AP 0.144 -> 0.457), each image's 10 nearest images by raw
-#: descriptor.
+#: ``NEIGHBOURS`` nearest images is dropped (chosen on held-out ``train`` images: benchmarks/LOG.md, "Content over
+#: frame").
 MATCHER_TAU = 0.8
 DESCRIPTOR_TAU = 0.6
 MIN_IMAGES = 2
