@@ -248,6 +248,36 @@ def test_wrong_output_paths_fail_before_any_work_and_change_nothing(models, good
     assert not (tmp_path / "p.csv").exists()
 
 
+def test_a_file_the_command_did_not_write_is_never_overwritten(models, good, index, tmp_path, capsys):
+    """``calibrate``, ``search`` and ``match`` write one file: they rewrite their own kind of file (a calibration,
+    a predictions CSV) and refuse any other, in one line naming it, before any work."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    code, _, err = run_cli(capsys, "calibrate", good, "--output", notes, "--models", models["descriptor"],
+                           "--matcher", models["matcher"])
+    one_line_error(code, err, f"--output '{notes}' is an existing file that is not a calibration file written by "
+                   "`copynce calibrate`; it is not overwritten")
+    code, _, err = run_cli(capsys, "search", good, "--index", index, "--output", notes)
+    one_line_error(code, err, f"'{notes}' is an existing file that is not a predictions CSV")
+    predictions = tmp_path / "p.csv"
+    assert run_cli(capsys, "search", good, "--index", index, "--output", predictions, "--k", "2")[0] == 0
+    code, _, err = run_cli(capsys, "match", predictions, "--queries", good, "--references", good, "--output", notes,
+                           "--matcher", models["matcher"])
+    one_line_error(code, err, f"'{notes}' is an existing file that is not a predictions CSV")
+    assert notes.read_text() == "my notes\n"
+    # their own files are rewritten: a predictions CSV by search (and match), a calibration by calibrate
+    assert run_cli(capsys, "search", good, "--index", index, "--output", predictions, "--k", "1")[0] == 0
+    assert len(predictions.read_text().splitlines()) == 1 + 4
+    from copynce_hf.calibration.thresholds import CALIBRATION_FILE, Calibration, OperatingPoint
+
+    calibration = tmp_path / "calibration.json"
+    Calibration({"descriptors": [], "matcher": None, "preset": "fast", "settings": {}},
+                {"descriptor": [OperatingPoint(0.9, 0.5, 1.0)]}).save(calibration)
+    assert CALIBRATION_FILE.recognise(calibration) and not CALIBRATION_FILE.recognise(notes)
+    notes.write_text('{"format": "something else"}\n')
+    assert not CALIBRATION_FILE.recognise(notes)
+
+
 def _read_only_folder(tmp_path: Path) -> Path:
     if os.geteuid() != 0:
         folder = tmp_path / "read_only"

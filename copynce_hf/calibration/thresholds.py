@@ -33,15 +33,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..modeling.errors import ConfigError
-from ..outputs import StagedFile
+from ..outputs import OwnFile, StagedFile, first_bytes
 
 CALIBRATION_FORMAT = "copynce-calibration"
 CALIBRATION_VERSION = 1
+#: A calibration file as :meth:`Calibration.save` writes it (its first key is ``format``): ``copynce calibrate
+#: --output`` rewrites such a file and refuses to overwrite any other.
+CALIBRATION_FILE = OwnFile(
+    "a calibration file written by `copynce calibrate`",
+    lambda path: re.match(rb'\s*\{\s*"format"\s*:\s*"copynce-calibration"', first_bytes(path, 256)) is not None)
 #: Target precisions written by ``copynce calibrate``.
 PRECISIONS = (0.9, 0.95, 0.99)
 #: Stages a calibration can hold, in pipeline order.

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..calibration.planted import DEFAULT_SEED, calibrate
-from ..calibration.thresholds import Calibration
+from ..calibration.thresholds import CALIBRATION_FILE, Calibration
 from ..outputs import check_output_file
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings
@@ -58,10 +58,11 @@ class CalibrateRequest:
 
 
 def calibrate_to_file(request: CalibrateRequest) -> tuple[Calibration, int]:
-    """Run ``copynce calibrate``: the output, models and folders checked before any model loads, then
-    :func:`calibrate` with the request's pipeline, its file written (with the runtime that ran the models).
+    """Run ``copynce calibrate``: the output (a new file, or a calibration file to rewrite: any other file is
+    refused), models and folders checked before any model loads, then :func:`calibrate` with the request's
+    pipeline, its file written (with the runtime that ran the models).
     Returns ``(the calibration, the number of reference images listed)``."""
-    check_output_file(request.output)
+    check_output_file(request.output, own=CALIBRATION_FILE)
     settings, images = request.pipeline, request.images
     settings.models.check_paths()
     references = images.folder(request.references)

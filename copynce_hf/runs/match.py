@@ -18,6 +18,7 @@ from ..outputs import check_output_file
 from ..retrieval.presets import DEFAULT_CHUNK_SIZE
 from ..retrieval.sources import ImageInput
 from ..runtime.loading import DEFAULT_MATCHER, check_model_path
+from .search import PREDICTIONS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def match_pairs(request: MatchRequest) -> MatchDone | None:
     from ..retrieval.verify.rescoring import rescore_predictions
     from ..runtime.loading import load_model
 
-    check_output_file(request.output)
+    check_output_file(request.output, own=PREDICTIONS_FILE)
     check_model_path(request.matcher, "--matcher")
     candidates = read_predictions(request.predictions)
     if not candidates:
