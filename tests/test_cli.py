@@ -6,14 +6,18 @@ import argparse
 import csv
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import has_extra, run_cli, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, read_predictions
+
+ASSETS = Path(__file__).resolve().parents[1] / "copynce_hf" / "assets" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -295,9 +299,47 @@ def test_visualize_writes_maps(models, images, tmp_path, capsys):
         assert sorted(path.name for path in out_dir.iterdir()) == ["affinity_entropy.png", "maps.npz",
                                                                    "token_affinity.png"]
         assert all(str(out_dir / name) in out for name in ("affinity_entropy.png", "maps.npz", "token_affinity.png"))
+        printed = float(re.search(r"(?:copy probability|descriptor cosine) (\S+) of the pair", out).group(1))
+        assert printed == pytest.approx(_pair_score(models[kind], images / "queries" / "Q0.png",
+                                                    images / "refs" / "R0.png"), abs=1e-4)
+        assert (f"copy probability {printed:.4f} of the pair (the matcher {models[kind]}" if kind == "matcher" else
+                f"descriptor cosine {printed:.4f} of the pair (the descriptor {models[kind]}; a cosine, not a "
+                "probability") in out
     code, _, err = run_cli(capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
                        "--model", models["descriptor"], "--patch", "2,0", "--output", tmp_path / "bad")
     assert code == 2 and "outside the query's 2x2 patch grid" in err
+
+
+def _pair_score(model: str, query: Path, reference: Path) -> float:
+    """The pair's score the models themselves give: a matcher's sigmoid(logit), a descriptor's cosine."""
+    from copynce_hf.modeling.configuration_copynce import model_kind
+    from copynce_hf.runtime.loading import load_model
+
+    loaded, processor = load_model(model)
+    pixels = processor(images=[Image.open(query), Image.open(reference)], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        if model_kind(loaded) == "matcher":
+            return torch.sigmoid(loaded(pixel_values=pixels[:1], reference_pixel_values=pixels[1:]).logits).item()
+        found = loaded(pixel_values=pixels).descriptors
+        return (found[0] @ found[1]).item()
+
+
+def test_visualize_explains_with_the_embedded_matcher_and_prints_its_copy_probability(tmp_path, capsys):
+    """Without --model, the embedded matcher: the maps come with the pair's copy probability, the score of the
+    image-copy-detection pipeline."""
+    from transformers import pipeline
+
+    from copynce_hf.runtime.loading import DEFAULT_MATCHER
+
+    original = Image.open(ASSETS / "chelsea.jpg")
+    original.crop((30, 20, 300, 235)).rotate(8).save(tmp_path / "copy.png")
+    code, out, err = run_cli(capsys, "visualize", tmp_path / "copy.png", ASSETS / "chelsea.jpg", "--patch", "3,3",
+                             "--output", tmp_path / "why")
+    assert code == 0, err
+    detector = pipeline("image-copy-detection", model=str(DEFAULT_MATCHER))
+    expected = detector(str(tmp_path / "copy.png"), str(ASSETS / "chelsea.jpg"))["score"]
+    assert f"copy probability {expected:.4f} of the pair (the embedded matcher, on the whole images)" in out
+    assert expected > 0.99
 
 
 def assert_one_line_error(code, err, *fragments):
