@@ -184,6 +184,46 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert_one_line_error(code, err, "does not exist")
 
 
+def test_detect_stopped_by_ctrl_c_says_that_the_same_command_resumes_and_it_does(models, images, tmp_path, capsys,
+                                                                                 monkeypatch):
+    from copynce_hf.retrieval.verify import chunked_scoring
+
+    save = chunked_scoring.ChunkFolder.save
+
+    def saved_then_interrupted(self, index, chunk):  # Ctrl-C once the first chunk of matcher scores is kept
+        save(self, index, chunk)
+        raise KeyboardInterrupt
+
+    output = tmp_path / "found"
+    command = ["detect", images / "queries", "--references", images / "refs", "--output", output, "--models",
+               models["descriptor"], "--matcher", models["matcher"], "--chunk-size", "1"]
+    monkeypatch.setattr(chunked_scoring.ChunkFolder, "save", saved_then_interrupted)
+    code, _, err = run_cli(capsys, *command)
+    assert code == 130 and err.strip().splitlines()[-1] == (
+        "copynce detect: interrupted; continue with the same command: it resumes from the indexes, matcher tokens "
+        f"and scored chunks kept in {output}")
+    monkeypatch.setattr(chunked_scoring.ChunkFolder, "save", save)
+    assert main([*map(str, command)]) == 0  # not quiet: its log lines are read
+    assert re.search(r"copynce detect: .*resuming: 1 of \d+ chunks", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command, resumes", [
+    (["dedup", "imgs", "--output", "dups"], "the indexes, matcher tokens and scored chunks kept in dups"),
+    (["index", "refs", "--output", "idx/refs"], "the complete chunks of descriptors kept in idx/.refs.chunks"),
+    (["match", "c.csv", "--queries", "q", "--references", "r", "--output", "out/s.csv"],
+     "the scored chunks kept in out/.s.csv.rescoring"),
+    (["calibrate", "refs", "--output", "c.json"], None), (["search", "q", "--index", "i", "--output", "p.csv"], None),
+    (["visualize", "q.jpg", "r.jpg", "--patch", "1,1", "--output", "why"], None)])
+def test_the_ctrl_c_line_of_every_command_says_what_running_it_again_does(command, resumes):
+    from copynce_hf.cli import build_parser
+    from copynce_hf.commands.console import interrupted_line
+
+    line = interrupted_line(build_parser().parse_args(command))
+    assert line == (f"copynce {command[0]}: interrupted; " + (
+        f"continue with the same command: it resumes from {resumes}" if resumes else
+        "it keeps no work to resume from: the same command starts again"))
+
+
 def test_detect_refuses_ground_truth_ids_before_any_model_work(models, images, tmp_path, capsys, monkeypatch):
     """Ground-truth ids with extensions (``Q0.png`` against ``Q0``) are refused before any model loads, with the
     likely fix, and leave no output folder; a metric failure at the end says that predictions.csv is written."""
