@@ -27,7 +27,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .modeling.errors import CopyNCEError
@@ -108,13 +108,24 @@ def check_output_file(path: str | os.PathLike, option: str = "--output", own: Ow
     return path
 
 
-def check_output_folder(path: str | os.PathLike, option: str = "--output") -> Path:
+def check_output_folder(path: str | os.PathLike, option: str = "--output",
+                        inputs: Mapping[str, str | os.PathLike | None] | None = None) -> Path:
     """Check that ``path`` can be (or already is) an output folder.
 
-    Raises :class:`OutputPathError` when ``path`` is an existing file, a parent is a file, or the
-    folder (or the nearest existing parent) cannot be written.
+    Raises :class:`OutputPathError` when ``path`` is an existing file, a parent is a file, the
+    folder (or the nearest existing parent) cannot be written, or it is (inside) one of the image
+    folders ``inputs`` (what the folder is, e.g. ``"query folder"`` -> its path; ``None``: not given):
+    a later run would list the outputs among that folder's images (with ``--recursive``, read its
+    gallery's images as inputs), so it is refused before any work.
     """
     path = Path(path)
+    for name, folder in (inputs or {}).items():
+        if folder is not None and path.resolve().is_relative_to(Path(folder).resolve()):
+            where = "is" if path.resolve() == Path(folder).resolve() else "is inside"
+            raise OutputPathError(
+                f"{option} {os.fspath(path)!r} {where} the {name} {os.fspath(folder)!r}: a later run would take "
+                f"it for a sub-folder of images (and read its images with --recursive); choose an output folder "
+                f"outside {os.fspath(folder)!r}")
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"{option} {os.fspath(path)!r} is an existing file; a folder is expected here")
     if path.is_dir():

@@ -248,6 +248,27 @@ def test_wrong_output_paths_fail_before_any_work_and_change_nothing(models, good
     assert not (tmp_path / "p.csv").exists()
 
 
+def test_an_output_folder_inside_an_input_folder_is_refused_before_any_work(models, good, tmp_path, capsys):
+    """A later run would list it among the images (``--recursive`` would read its gallery as inputs): refused in one
+    line naming both, whichever input folder holds it, and nothing is written."""
+    queries = tmp_path / "queries"
+    shutil.copytree(good, queries)
+    before = digest(queries)
+    code, _, err = run_cli(capsys, "detect", queries, "--references", good, "--output", queries / "found",
+                           "--models", models["descriptor"], "--matcher", models["matcher"])
+    one_line_error(code, err, f"--output '{queries / 'found'}' is inside the query folder '{queries}': a later run "
+                   "would take it for a sub-folder of images", f"choose an output folder outside '{queries}'")
+    code, _, err = run_cli(capsys, "detect", queries, "--references", good, "--output", tmp_path / "found",
+                           "--whiten-from", tmp_path, "--matcher", "none", "--models", models["descriptor"])
+    one_line_error(code, err, f"is inside the --whiten-from folder '{tmp_path}'")
+    code, _, err = run_cli(capsys, "dedup", queries, "--output", queries, "--model", models["descriptor"])
+    one_line_error(code, err, f"--output '{queries}' is the image folder '{queries}'")
+    code, _, err = run_cli(capsys, "index", queries, "--output", queries / "sub" / "index", "--model",
+                           models["descriptor"])
+    one_line_error(code, err, "is inside the reference folder")
+    assert digest(queries) == before and not (tmp_path / "found").exists()
+
+
 def test_a_file_the_command_did_not_write_is_never_overwritten(models, good, index, tmp_path, capsys):
     """``calibrate``, ``search`` and ``match`` write one file: they rewrite their own kind of file (a calibration,
     a predictions CSV) and refuse any other, in one line naming it, before any work."""
