@@ -218,6 +218,28 @@ def test_empty_folder_and_folder_of_only_bad_files(models, tmp_path, capsys):
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
+def test_images_left_out_are_counted_by_their_reason_never_as_unreadable(models, tmp_path, capsys, caplog):
+    """An image too small or empty is named so in the warnings and the closing line of index and calibrate (whose
+    originals are picked by their headers: an empty file is passed over, not a traceback)."""
+    folder = tmp_path / "refs"
+    folder.mkdir()
+    for i in range(5):
+        noise(seed=i).save(folder / f"R{i}.png")
+    (folder / "empty.jpg").write_bytes(b"")
+    Image.new("RGB", (8, 8)).save(folder / "tiny.png")
+    caplog.set_level(logging.WARNING)
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
+    assert code == 0, err
+    assert "skipped 2 of 7 images: empty (empty file), tiny (too small)" in caplog.text
+    assert out.strip().splitlines()[-1] == "index: read 7 images, skipped 2 (1 empty file, 1 too small), wrote 5 descriptors"
+    code, out, err = run_cli(capsys, "calibrate", folder, "--output", tmp_path / "calibration.json", "--sample", "2",
+                             "--models", models["descriptor"], "--matcher", models["matcher"])
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == (
+        "calibrate: read 7 reference images, skipped 2 (1 empty file, 1 too small), wrote 1 file")
+    assert "unreadable" not in caplog.text + out + err
+
+
 def test_a_missing_local_model_folder_is_named(good, tmp_path, capsys):
     code, _, err = run_cli(capsys, "index", good, "--model", tmp_path / "no" / "such" / "model", "--output", tmp_path / "o")
     one_line_error(code, err, "the model folder does not exist", "no/such/model")

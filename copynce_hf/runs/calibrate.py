@@ -12,7 +12,16 @@ from ..outputs import check_output_file
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings
 
-__all__ = ["CalibrateRequest", "calibrate_to_file", "format_calibration"]
+__all__ = ["CalibrateRequest", "calibrate_to_file", "format_calibration", "skip_reasons"]
+
+
+def skip_reasons(calibration: Calibration) -> list[str]:
+    """The reason of each image a calibration left out (:data:`~copynce_hf.modeling.errors.SKIP_REASONS`): originals
+    whose copies could not be made, references the search skipped (each image once) and copies the pipeline skipped."""
+    found = calibration.provenance["counts"]["skip_reasons"]
+    originals = found["originals"]
+    return [*originals.values(), *(reason for image_id, reason in found["references"].items()
+                                   if image_id not in originals), *found["copies"].values()]
 
 
 def format_calibration(calibration: Calibration) -> str:
