@@ -441,7 +441,7 @@ def test_global_options_work_after_the_subcommand(models, good, tmp_path, capsys
 
 
 # ---------------------------------------------------------------------------------------------- training
-def test_training_summary_counts_skipped_images(tmp_path):
+def test_training_summary_counts_skipped_images(tmp_path, caplog):
     import importlib
 
     run_module = importlib.import_module("copynce_hf.training.run")
@@ -450,6 +450,7 @@ def test_training_summary_counts_skipped_images(tmp_path):
     for i in range(8):
         noise(40, 40, seed=i).save(folder / f"img{i}.png")
     (folder / "img3_empty.png").write_bytes(b"")  # among the training images
+    Image.new("RGB", (8, 8)).save(folder / "img5_tiny.png")  # too small, not unreadable
     (folder / "img_empty.png").write_bytes(b"")  # the last two: held out for evaluation
     (folder / "zz_text.png").write_text("not an image")
     from accelerate.state import AcceleratorState, GradientState
@@ -466,6 +467,8 @@ def test_training_summary_counts_skipped_images(tmp_path):
     assert summary["skipped_evaluation_images"] == 2
     assert summary["skipped_training_images"] >= 1
     assert summary["skipped_images"] == summary["skipped_training_images"] + 2
+    assert "img5_tiny.png' is too small" in caplog.text and "images skipped so far (each named once" in caplog.text
+    assert "unreadable" not in caplog.text
 
 
 def test_training_output_dir_is_checked_before_any_work(tmp_path, capsys):
