@@ -231,7 +231,8 @@ def test_images_left_out_are_counted_by_their_reason_never_as_unreadable(models,
     code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
     assert code == 0, err
     assert "skipped 2 of 7 images: empty (empty file), tiny (too small)" in caplog.text
-    assert out.strip().splitlines()[-1] == "index: read 7 images, skipped 2 (1 empty file, 1 too small), wrote 5 descriptors"
+    assert out.strip().splitlines()[-1] == (
+        "index: read 7 images, skipped 2 (1 empty file, 1 too small), wrote 5 descriptors")
     code, out, err = run_cli(capsys, "calibrate", folder, "--output", tmp_path / "calibration.json", "--sample", "2",
                              "--models", models["descriptor"], "--matcher", models["matcher"])
     assert code == 0, err

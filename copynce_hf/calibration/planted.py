@@ -115,7 +115,8 @@ def calibration_queries(references: ImageFolderSource, sample: int, distractors:
     return CalibrationQueries(queries, indexed, sample_ids, [i for _, i in distractor_files], source, skipped)
 
 
-def _readable(ids: Sequence[str], files: dict, wanted: int, max_pixels: int | None, skipped: dict[str, str]) -> list[str]:
+def _readable(ids: Sequence[str], files: dict, wanted: int, max_pixels: int | None,
+              skipped: dict[str, str]) -> list[str]:
     """The first ``wanted`` of ``ids`` whose file's header reads (:func:`~copynce_hf.images.image_size`); the reason of
     each one met that does not is added to ``skipped``."""
     found = []

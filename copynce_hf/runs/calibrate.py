@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..calibration.planted import DEFAULT_SEED, calibrate
-from ..calibration.thresholds import CALIBRATION_FILE, Calibration
+from ..calibration.thresholds import CALIBRATION_FILE, Calibration, copies_needed, unresolved_precisions
 from ..outputs import check_output_file
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings
@@ -25,18 +25,36 @@ def skip_reasons(calibration: Calibration) -> list[str]:
 
 
 def format_calibration(calibration: Calibration) -> str:
-    """The thresholds as a small text table (one line per stage and precision), then each stage's muAP, RP90 and
-    recall@1 on the calibration copies (files written before they were recorded have none)."""
+    """The thresholds as a small text table (one line per stage and precision), a line per stage whose sample is too
+    small for some precisions (:func:`small_sample_line`), then each stage's muAP, RP90 and recall@1 on the
+    calibration copies (files written before they were recorded have none)."""
     lines = [f"{'stage':<11}{'precision':>10}{'threshold':>11}{'recall':>8}"]
     for stage, rows in calibration.stages.items():
         for row in rows:
             threshold = "-" if row.threshold is None else f"{row.threshold:.4f}"
             lines.append(f"{stage:<11}{row.precision:>10g}{threshold:>11}{row.recall:>8.3f}")
+    copies = (calibration.provenance.get("counts") or {}).get("copies")
+    for stage, rows in calibration.stages.items():
+        line = small_sample_line(stage, rows, copies) if copies else None
+        lines += [line] if line else []
     for stage, found in (calibration.provenance.get("metrics") or {}).items():
         if found:
             lines.append(f"{stage} on the calibration copies: muAP {found['micro_ap']:.3f}, "
                          f"RP90 {found['recall_at_p90']:.3f}, recall@1 {found['recall_at_rank1']:.3f}")
     return "\n".join(lines)
+
+
+def small_sample_line(stage: str, rows, copies: int) -> str | None:
+    """The line saying which precisions of ``stage`` its ``copies`` calibration copies cannot resolve
+    (:func:`~copynce_hf.calibration.thresholds.unresolved_precisions`), ``None`` when it resolves them all."""
+    unresolved = unresolved_precisions(rows, copies)
+    if not unresolved:
+        return None
+    which = " and ".join(f"{row.precision:g} ({found} found, {copies_needed(row.precision)} needed)"
+                         for row, found in unresolved)
+    return (f"{stage}: {copies} copies are too few for precision {which}: their threshold is that of precision 1 on "
+            "these copies (a precision p allows one false positive only among p/(1-p) copies found); calibrate on "
+            "more copies (--sample, a larger collection) to tell them apart")
 
 
 @dataclasses.dataclass
