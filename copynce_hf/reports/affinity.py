@@ -85,17 +85,7 @@ def affinity_maps(
     pixels = image_processor(images=[query_image, reference_image], return_tensors="pt")["pixel_values"]
     pixels = pixels.to(model.device)
     model.eval()
-    if model_kind(model) == "matcher":
-        output = model(pixel_values=pixels[:1], reference_pixel_values=pixels[1:])
-        query_tokens, reference_tokens = output.query_patch_tokens, output.reference_patch_tokens
-        logits = getattr(output, "logits", None)
-        score, score_name = (None if logits is None else torch.sigmoid(logits.float()[0]).item()), "copy probability"
-    else:
-        output = model(pixel_values=pixels)
-        query_tokens, reference_tokens = output.patch_tokens[:1], output.patch_tokens[1:]
-        found = getattr(output, "descriptors", None)  # (2, D), unit norm
-        score, score_name = (None if found is None else (found[0].float() @ found[1].float()).item()), \
-            "descriptor cosine"
+    query_tokens, reference_tokens, score, score_name = _tokens_and_score(model, pixels)
     patch_size = int(model.config.patch_size)
     query_grid = _grid(pixels, patch_size, query_tokens)
     reference_grid = _grid(pixels, patch_size, reference_tokens)
@@ -123,6 +113,22 @@ def affinity_maps(
         score,
         score_name if score is not None else None,
     )
+
+
+def _tokens_and_score(model, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float | None, str]:
+    """One forward pass of the pair ``pixels`` (2, 3, H, W), query first: the query's and the reference's patch
+    tokens (1, L, C) each, and the pair's score with its name: a matcher's ``sigmoid(logit)``, "copy probability",
+    or a descriptor's cosine of the two unit-norm descriptors, "descriptor cosine" (``None`` where the output has
+    neither)."""
+    if model_kind(model) == "matcher":
+        output = model(pixel_values=pixels[:1], reference_pixel_values=pixels[1:])
+        logits = getattr(output, "logits", None)
+        score = None if logits is None else torch.sigmoid(logits.float()[0]).item()
+        return output.query_patch_tokens, output.reference_patch_tokens, score, "copy probability"
+    output = model(pixel_values=pixels)
+    found = getattr(output, "descriptors", None)  # (2, D), unit norm
+    score = None if found is None else (found[0].float() @ found[1].float()).item()
+    return output.patch_tokens[:1], output.patch_tokens[1:], score, "descriptor cosine"
 
 
 def affinity_figures(maps: AffinityMaps, title: str = ""):
