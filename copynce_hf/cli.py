@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"copynce {args.command}: error: {message}", file=sys.stderr)
         status = 2
     except KeyboardInterrupt:  # another process may be gone: no last barrier
-        print(f"copynce {args.command}: interrupted", file=sys.stderr)
+        from .commands.console import interrupted_line
+
+        print(interrupted_line(args), file=sys.stderr)
         return 130
     if "torch" in sys.modules:  # under accelerate launch the processes end their group together
         from .precision import release_process_group

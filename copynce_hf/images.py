@@ -69,18 +69,7 @@ def load_image(
     if isinstance(source, Image.Image):
         image = source
     else:
-        if isinstance(source, bytes):
-            stream = io.BytesIO(source)
-        else:
-            try:
-                stream = open(Path(source), "rb")
-            except FileNotFoundError as error:
-                raise ImageLoadError(f"cannot open image {name}: no such file", "missing") from error
-            except IsADirectoryError as error:
-                raise ImageLoadError(f"cannot open image {name}: it is a folder", "not an image") from error
-            except OSError as error:
-                raise ImageLoadError(f"cannot open image {name}: {error.strerror or error}") from error
-        with stream:
+        with _open(source, name) as stream:
             image = _decode(stream, name, max_pixels, min_side, max_side)
     _check_size(image, name, min_side, max_pixels)
     try:
@@ -90,7 +79,42 @@ def load_image(
     return to_rgb(image)
 
 
-def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int | None = None) -> Image.Image:
+def image_size(source: str | os.PathLike | bytes, min_side: int = MIN_IMAGE_SIDE,
+               max_pixels: int | None = None) -> tuple[int, int]:
+    """``(width, height)`` of an image file as displayed (EXIF orientation applied), from its header: no pixel is
+    decoded. Raises the :class:`ImageLoadError` of :func:`load_image` for what a header shows (missing, empty file,
+    not an image, too large, too small); a file cut after its header passes here and is refused by
+    :func:`load_image`."""
+    max_pixels = MAX_IMAGE_PIXELS if max_pixels is None else int(max_pixels)
+    name = _describe(source)
+    with _open(source, name) as stream:
+        image = _header(stream, name, max_pixels)
+        _check_size(image, name, min_side, max_pixels)
+        try:
+            turned = image.getexif().get(0x0112, 1) in (5, 6, 7, 8)  # a quarter turn swaps the sides
+        except Exception as error:  # a broken EXIF block is a bad file, not a crash
+            raise ImageLoadError(f"image {name} has an unreadable EXIF orientation: {error}") from error
+    width, height = image.size
+    return (height, width) if turned else (width, height)
+
+
+def _open(source: str | os.PathLike | bytes, name: str):
+    """A binary stream of ``source`` (bytes, or a file path); :class:`ImageLoadError` when the file cannot be opened."""
+    if isinstance(source, bytes):
+        return io.BytesIO(source)
+    try:
+        return open(Path(source), "rb")
+    except FileNotFoundError as error:
+        raise ImageLoadError(f"cannot open image {name}: no such file", "missing") from error
+    except IsADirectoryError as error:
+        raise ImageLoadError(f"cannot open image {name}: it is a folder", "not an image") from error
+    except OSError as error:
+        raise ImageLoadError(f"cannot open image {name}: {error.strerror or error}") from error
+
+
+def _header(stream, name: str, max_pixels: int) -> Image.Image:
+    """``stream``'s image opened by Pillow: its header read and its size checked against ``max_pixels``, no pixel
+    decoded."""
     stream.seek(0, io.SEEK_END)
     if stream.tell() == 0:
         raise empty_image_error(name)
@@ -118,6 +142,11 @@ def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int
     except (OSError, SyntaxError, ValueError) as error:
         raise ImageLoadError(f"image {name} is truncated or corrupt: {_plain(error)}", "truncated") from error
     _check_size(image, name, 1, max_pixels)  # from the header: nothing decoded yet
+    return image
+
+
+def _decode(stream, name: str, max_pixels: int, min_side: int = 1, max_side: int | None = None) -> Image.Image:
+    image = _header(stream, name, max_pixels)
     if max_side and image.format == "JPEG" and max(image.size) > max_side:
         _check_size(image, name, min_side, max_pixels)  # judged at full size, before reducing
         width, height = image.size

@@ -7,7 +7,9 @@ leaves the previous output as it was:
 1. :func:`check_output_file` / :func:`check_output_folder` run before models are loaded or
    images read. They refuse an existing folder where a file is expected and the reverse, a
    parent that is a file, and a place that cannot be written (tried with a real temporary
-   file, so that read-only file systems are caught whoever runs the command).
+   file, so that read-only file systems are caught whoever runs the command). An existing file
+   is replaced only when it is of the kind the command writes (:class:`OwnFile`: a calibration, a
+   predictions CSV); any other file at an output path is refused, not overwritten.
 2. :class:`StagedFile` / :class:`StagedFolder` write into a hidden temporary file or folder
    beside the target and move the result into place with :func:`os.replace` (atomic on one
    file system) only when everything was written. Existing outputs are replaced only then;
@@ -21,9 +23,11 @@ would make a shared model or index folder unreadable to others.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .modeling.errors import CopyNCEError
@@ -61,28 +65,67 @@ def _check_parent(path: Path, option: str) -> None:
     _probe_writable(existing, path, option)
 
 
-def check_output_file(path: str | os.PathLike, option: str = "--output") -> Path:
+@dataclasses.dataclass(frozen=True)
+class OwnFile:
+    """A kind of file a command writes, so that an existing one may be rewritten and any other file is refused.
+
+    Attributes:
+        description: what it is, for the refusal ("a calibration file written by `copynce calibrate`").
+        recognise: ``path -> bool``: whether the existing file at ``path`` is one (reads its first bytes; never
+            raises for an unreadable file, it is simply not one).
+    """
+
+    description: str
+    recognise: Callable[[Path], bool]
+
+
+def first_bytes(path: Path, size: int = 65536) -> bytes:
+    """Up to ``size`` bytes from the start of ``path`` (empty when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(size)
+    except OSError:
+        return b""
+
+
+def check_output_file(path: str | os.PathLike, option: str = "--output", own: OwnFile | None = None) -> Path:
     """Check that ``path`` can receive a file (an existing file there is replaced at the end).
 
-    Raises :class:`OutputPathError` when ``path`` is an existing folder, a parent is a file, or
-    the nearest existing parent folder cannot be written.
+    Raises :class:`OutputPathError` when ``path`` is an existing folder, a parent is a file, the
+    nearest existing parent folder cannot be written, or (with ``own``) ``path`` is an existing file
+    that ``own`` does not recognise: a file the command did not write is never overwritten (an empty one
+    holds nothing to lose and may be).
     """
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(f"{option} {os.fspath(path)!r} is an existing folder; a file path is expected here")
     if str(path).endswith(os.sep):
         raise OutputPathError(f"{option} {os.fspath(path)!r} ends with a folder separator; a file path is expected")
+    if own is not None and path.is_file() and path.stat().st_size and not own.recognise(path):
+        raise OutputPathError(f"{option} {os.fspath(path)!r} is an existing file that is not {own.description}; "
+                              "it is not overwritten: choose another path or remove it")
     _check_parent(path, option)
     return path
 
 
-def check_output_folder(path: str | os.PathLike, option: str = "--output") -> Path:
+def check_output_folder(path: str | os.PathLike, option: str = "--output",
+                        inputs: Mapping[str, str | os.PathLike | None] | None = None) -> Path:
     """Check that ``path`` can be (or already is) an output folder.
 
-    Raises :class:`OutputPathError` when ``path`` is an existing file, a parent is a file, or the
-    folder (or the nearest existing parent) cannot be written.
+    Raises :class:`OutputPathError` when ``path`` is an existing file, a parent is a file, the
+    folder (or the nearest existing parent) cannot be written, or it is (inside) one of the image
+    folders ``inputs`` (what the folder is, e.g. ``"query folder"`` -> its path; ``None``: not given):
+    a later run would list the outputs among that folder's images (with ``--recursive``, read its
+    gallery's images as inputs), so it is refused before any work.
     """
     path = Path(path)
+    for name, folder in (inputs or {}).items():
+        if folder is not None and path.resolve().is_relative_to(Path(folder).resolve()):
+            where = "is" if path.resolve() == Path(folder).resolve() else "is inside"
+            raise OutputPathError(
+                f"{option} {os.fspath(path)!r} {where} the {name} {os.fspath(folder)!r}: a later run would take "
+                f"it for a sub-folder of images (and read its images with --recursive); choose an output folder "
+                f"outside {os.fspath(folder)!r}")
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"{option} {os.fspath(path)!r} is an existing file; a folder is expected here")
     if path.is_dir():

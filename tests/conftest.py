@@ -6,10 +6,12 @@ import csv
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import NoReturn
@@ -29,6 +31,48 @@ SPLITS_CSV = SHARED_DATA / "imagenet-sample-splits.csv"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_variable, "1")
+
+
+# ------------------------------------------------------------------ the run's temporary folder and caches
+# A test run writes nothing outside pytest's temporary folders: each process (the single one, or each
+# pytest-xdist worker) points TMPDIR at ``<its basetemp>/session-tmp`` and HF_HOME (every Hugging Face cache:
+# hub, datasets, evaluate's metrics, remote-code modules) at ``<its basetemp>/hf-home``, before any test module
+# imports datasets, evaluate or transformers; subprocesses inherit both. At the end the run fails if the
+# package's own temporary folders (named ``copynce...``) were left in a session-tmp.
+#: Environment variables that would send one Hugging Face cache elsewhere than HF_HOME (dropped for the run).
+HF_CACHE_OVERRIDES = re.compile(r"HF_\w*_(CACHE|PATH)|HUGGINGFACE_\w*_CACHE|(PYTORCH_)?TRANSFORMERS_CACHE")
+SESSION_TMP, SESSION_HF_HOME = "session-tmp", "hf-home"
+#: The package's temporary folders and files (copynce_space_, copynce-tokens-, copynce-calibration-, ...).
+PACKAGE_TEMPORARY = re.compile(r"\.?copynce[-_]")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin has made its factory
+def pytest_configure(config):
+    base = config._tmp_path_factory.getbasetemp()
+    (base / SESSION_TMP).mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(base / SESSION_TMP)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    for name in [name for name in os.environ if HF_CACHE_OVERRIDES.fullmatch(name)]:
+        del os.environ[name]
+    os.environ["HF_HOME"] = str(base / SESSION_HF_HOME)
+
+
+def package_leftovers(folder: Path) -> list[str]:
+    """The package's temporary folders and files (:data:`PACKAGE_TEMPORARY`) left under the session-tmp folders
+    of ``folder`` (a basetemp: its own, and its xdist workers')."""
+    return sorted(str(item) for tmp in [folder / SESSION_TMP, *folder.glob(f"*/{SESSION_TMP}")] if tmp.is_dir()
+                  for item in tmp.iterdir() if PACKAGE_TEMPORARY.match(item.name))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller looks once every worker has finished
+    left = package_leftovers(session.config._tmp_path_factory.getbasetemp())
+    if left:
+        session.config.get_terminal_writer().line(
+            f"\nthe test run left {len(left)} temporary folder(s) of the package: {', '.join(left[:5])}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -39,6 +39,8 @@ from copynce_hf.retrieval import (
     view_index,
 )
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 # ------------------------------------------------------------------------------------- error types
 @pytest.mark.parametrize("call", [
@@ -240,6 +242,58 @@ def test_no_command_help_states_a_timing():
     assert {name: timings for name, timings in found.items() if timings} == {}
     assert TIMING.findall("about 1.5 s per query, 25 ms per pass, roughly 6 minutes; 26 views, 35 fusions, 90 %") == [
         "1.5 s", "25 ms", "6 minutes"]
+
+
+
+#: A document a --help text points to (``docs/detection.md``, ``BENCHMARKS.md``, or a bare ``README``, which names
+#: no file), with the sections it names after it: ``docs/detection.md ('Presets', 'Local crops')`` or
+#: ``docs/detection.md, 'Presets'``.
+DOC_POINTER = re.compile(r"(?P<file>\b(?:docs/)?[\w-]+\.md\b|\bREADME\b(?!\.md))"
+                         r"(?P<sections>(?:,?\s*\(?\s*'[^']+'(?:\s*,\s*'[^']+')*)?)")
+
+
+def _headings(document: Path) -> set[str]:
+    return {re.sub(r"[`*]", "", line.lstrip("#").strip()).lower()
+            for line in document.read_text(encoding="utf-8").splitlines() if re.match(r"#{1,6} ", line)}
+
+
+def doc_pointer_problems(text: str, root: Path = REPO) -> tuple[int, list[str]]:
+    """``(pointers found, problems)`` of the documents ``text`` points to: each must be a file of ``root`` holding
+    a heading for every section named after it."""
+    found = list(DOC_POINTER.finditer(text))
+    problems = []
+    for pointer in found:
+        document = root / pointer["file"]
+        if not pointer["file"].endswith(".md") or not document.is_file():
+            problems.append(f"{pointer['file']}: no such document")
+            continue
+        problems += [f"{pointer['file']} has no section {section!r}" for section in
+                     re.findall(r"'([^']+)'", pointer["sections"]) if section.lower() not in _headings(document)]
+    return len(found), problems
+
+
+def _help_texts() -> dict[str, str]:
+    """Every command's --help text as written (description, epilog, each option's help), unwrapped."""
+    from copynce_hf.training.options import build_parser as training_parser
+
+    parser = build_parser()
+    parsers = {"copynce": parser, **parser._subparsers._group_actions[0].choices,
+               "python -m copynce_hf.training": training_parser()}
+    return {name: " ".join(filter(None, [command.description, command.epilog,
+                                         *(action.help for action in command._actions)]))
+            for name, command in parsers.items()}
+
+
+def test_every_document_section_a_help_names_exists():
+    helps = _help_texts()
+    checked = {name: doc_pointer_problems(text) for name, text in helps.items()}
+    assert {name: problems for name, (_, problems) in checked.items() if problems} == {}
+    assert sum(count for count, _ in checked.values()) >= 3  # detect's and dedup's point to docs/detection.md
+    md = ".md"  # the names are put together here: the repository's reference check scans this file too
+    assert doc_pointer_problems(f"docs/detection{md} ('Presets', 'Local crops and what they cost') and "
+                                f"BENCHMARKS{md}; docs/detection{md}, 'Presets'") == (3, [])
+    assert doc_pointer_problems(f"the README ('Presets'); README{md}, 'Presets'; docs/none{md}") == (3, [
+        "README: no such document", f"README{md} has no section 'Presets'", f"docs/none{md}: no such document"])
 
 
 # ------------------------------------------------------------------------------------- the metric Space

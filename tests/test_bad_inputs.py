@@ -218,6 +218,29 @@ def test_empty_folder_and_folder_of_only_bad_files(models, tmp_path, capsys):
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
+def test_images_left_out_are_counted_by_their_reason_never_as_unreadable(models, tmp_path, capsys, caplog):
+    """An image too small or empty is named so in the warnings and the closing line of index and calibrate (whose
+    originals are picked by their headers: an empty file is passed over, not a traceback)."""
+    folder = tmp_path / "refs"
+    folder.mkdir()
+    for i in range(5):
+        noise(seed=i).save(folder / f"R{i}.png")
+    (folder / "empty.jpg").write_bytes(b"")
+    Image.new("RGB", (8, 8)).save(folder / "tiny.png")
+    caplog.set_level(logging.WARNING)
+    code, out, err = run_cli(capsys, "index", folder, "--model", models["descriptor"], "--output", tmp_path / "idx")
+    assert code == 0, err
+    assert "skipped 2 of 7 images: empty (empty file), tiny (too small)" in caplog.text
+    assert out.strip().splitlines()[-1] == (
+        "index: read 7 images, skipped 2 (1 empty file, 1 too small), wrote 5 descriptors")
+    code, out, err = run_cli(capsys, "calibrate", folder, "--output", tmp_path / "calibration.json", "--sample", "2",
+                             "--models", models["descriptor"], "--matcher", models["matcher"])
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == (
+        "calibrate: read 7 reference images, skipped 2 (1 empty file, 1 too small), wrote 1 file")
+    assert "unreadable" not in caplog.text + out + err
+
+
 def test_a_missing_local_model_folder_is_named(good, tmp_path, capsys):
     code, _, err = run_cli(capsys, "index", good, "--model", tmp_path / "no" / "such" / "model", "--output", tmp_path / "o")
     one_line_error(code, err, "the model folder does not exist", "no/such/model")
@@ -246,6 +269,57 @@ def test_wrong_output_paths_fail_before_any_work_and_change_nothing(models, good
     one_line_error(code, err, "--hdf5", "is an existing folder")
     assert a_file.read_text() == "keep me\n" and digest(index) == before
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_an_output_folder_inside_an_input_folder_is_refused_before_any_work(models, good, tmp_path, capsys):
+    """A later run would list it among the images (``--recursive`` would read its gallery as inputs): refused in one
+    line naming both, whichever input folder holds it, and nothing is written."""
+    queries = tmp_path / "queries"
+    shutil.copytree(good, queries)
+    before = digest(queries)
+    code, _, err = run_cli(capsys, "detect", queries, "--references", good, "--output", queries / "found",
+                           "--models", models["descriptor"], "--matcher", models["matcher"])
+    one_line_error(code, err, f"--output '{queries / 'found'}' is inside the query folder '{queries}': a later run "
+                   "would take it for a sub-folder of images", f"choose an output folder outside '{queries}'")
+    code, _, err = run_cli(capsys, "detect", queries, "--references", good, "--output", tmp_path / "found",
+                           "--whiten-from", tmp_path, "--matcher", "none", "--models", models["descriptor"])
+    one_line_error(code, err, f"is inside the --whiten-from folder '{tmp_path}'")
+    code, _, err = run_cli(capsys, "dedup", queries, "--output", queries, "--model", models["descriptor"])
+    one_line_error(code, err, f"--output '{queries}' is the image folder '{queries}'")
+    code, _, err = run_cli(capsys, "index", queries, "--output", queries / "sub" / "index", "--model",
+                           models["descriptor"])
+    one_line_error(code, err, "is inside the reference folder")
+    assert digest(queries) == before and not (tmp_path / "found").exists()
+
+
+def test_a_file_the_command_did_not_write_is_never_overwritten(models, good, index, tmp_path, capsys):
+    """``calibrate``, ``search`` and ``match`` write one file: they rewrite their own kind of file (a calibration,
+    a predictions CSV) and refuse any other, in one line naming it, before any work."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    code, _, err = run_cli(capsys, "calibrate", good, "--output", notes, "--models", models["descriptor"],
+                           "--matcher", models["matcher"])
+    one_line_error(code, err, f"--output '{notes}' is an existing file that is not a calibration file written by "
+                   "`copynce calibrate`; it is not overwritten")
+    code, _, err = run_cli(capsys, "search", good, "--index", index, "--output", notes)
+    one_line_error(code, err, f"'{notes}' is an existing file that is not a predictions CSV")
+    predictions = tmp_path / "p.csv"
+    assert run_cli(capsys, "search", good, "--index", index, "--output", predictions, "--k", "2")[0] == 0
+    code, _, err = run_cli(capsys, "match", predictions, "--queries", good, "--references", good, "--output", notes,
+                           "--matcher", models["matcher"])
+    one_line_error(code, err, f"'{notes}' is an existing file that is not a predictions CSV")
+    assert notes.read_text() == "my notes\n"
+    # their own files are rewritten: a predictions CSV by search (and match), a calibration by calibrate
+    assert run_cli(capsys, "search", good, "--index", index, "--output", predictions, "--k", "1")[0] == 0
+    assert len(predictions.read_text().splitlines()) == 1 + 4
+    from copynce_hf.calibration.thresholds import CALIBRATION_FILE, Calibration, OperatingPoint
+
+    calibration = tmp_path / "calibration.json"
+    Calibration({"descriptors": [], "matcher": None, "preset": "fast", "settings": {}},
+                {"descriptor": [OperatingPoint(0.9, 0.5, 1.0)]}).save(calibration)
+    assert CALIBRATION_FILE.recognise(calibration) and not CALIBRATION_FILE.recognise(notes)
+    notes.write_text('{"format": "something else"}\n')
+    assert not CALIBRATION_FILE.recognise(notes)
 
 
 def _read_only_folder(tmp_path: Path) -> Path:
@@ -368,7 +442,7 @@ def test_global_options_work_after_the_subcommand(models, good, tmp_path, capsys
 
 
 # ---------------------------------------------------------------------------------------------- training
-def test_training_summary_counts_skipped_images(tmp_path):
+def test_training_summary_counts_skipped_images(tmp_path, caplog):
     import importlib
 
     run_module = importlib.import_module("copynce_hf.training.run")
@@ -377,6 +451,7 @@ def test_training_summary_counts_skipped_images(tmp_path):
     for i in range(8):
         noise(40, 40, seed=i).save(folder / f"img{i}.png")
     (folder / "img3_empty.png").write_bytes(b"")  # among the training images
+    Image.new("RGB", (8, 8)).save(folder / "img5_tiny.png")  # too small, not unreadable
     (folder / "img_empty.png").write_bytes(b"")  # the last two: held out for evaluation
     (folder / "zz_text.png").write_text("not an image")
     from accelerate.state import AcceleratorState, GradientState
@@ -393,6 +468,8 @@ def test_training_summary_counts_skipped_images(tmp_path):
     assert summary["skipped_evaluation_images"] == 2
     assert summary["skipped_training_images"] >= 1
     assert summary["skipped_images"] == summary["skipped_training_images"] + 2
+    assert "img5_tiny.png' is too small" in caplog.text and "images skipped so far (each named once" in caplog.text
+    assert "unreadable" not in caplog.text
 
 
 def test_training_output_dir_is_checked_before_any_work(tmp_path, capsys):

@@ -13,10 +13,12 @@ from copynce_hf.calibration.thresholds import (
     Calibration,
     Decision,
     OperatingPoint,
+    copies_needed,
     decision_rates,
     model_identity,
     operating_points,
     pipeline_identity,
+    unresolved_precisions,
 )
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval.detection.config import DetectConfig
@@ -61,6 +63,34 @@ def test_operating_points_are_monotone_in_precision():
         if point.threshold is not None:
             precision, recall = decision_rates(is_copy, scores, int(is_copy.sum()) + 10, point.threshold)
             assert precision >= point.precision and recall == pytest.approx(point.recall)
+
+
+def test_a_small_sample_cannot_tell_high_precisions_apart_and_calibrate_says_so():
+    from copynce_hf.runs.calibrate import format_calibration
+
+    assert [copies_needed(p) for p in (0.5, 0.9, 0.95, 0.99, 1.0)] == [1, 9, 19, 99, 0]
+    # 15 copies, pooled by decreasing score: 12 copies, a distractor, the 3 other copies, 10 distractors
+    is_copy = [True] * 12 + [False] + [True] * 3 + [False] * 10
+    scores = list(np.linspace(1.0, 0.0, len(is_copy)))
+    points = operating_points(is_copy, scores, 15, precisions=(0.9, 0.95, 0.99, 1.0))
+    assert [(p.threshold == points[3].threshold, p.recall) for p in points] == [
+        (False, 1.0), (True, 0.8), (True, 0.8), (True, 0.8)]  # 15 / 16 reaches 0.9, not 0.95
+    assert unresolved_precisions(points[:3], 15) == [(points[1], 12), (points[2], 12)]
+    table = format_calibration(Calibration(_pipeline(), {"matcher": points[:3]}, {"counts": {"copies": 15}}))
+    assert table.splitlines()[-1] == (
+        "matcher: 15 copies are too few for precision 0.95 (12 found, 19 needed) and 0.99 (12 found, 99 needed): their "
+        "threshold is that of precision 1 on these copies (a precision p allows one false positive only among "
+        "p/(1-p) copies found); calibrate on more copies (--sample, a larger collection) to tell them apart")
+    many = [OperatingPoint(p, 0.5, 0.9) for p in (0.9, 0.95, 0.99)]  # 180 of 200 copies found
+    assert "too few" not in format_calibration(Calibration(_pipeline(), {"matcher": many}, {"counts": {"copies": 200}}))
+    # the rule holds on any sample: a precision with fewer copies found than it needs takes precision 1's threshold
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        copies = int(rng.integers(1, 40))
+        labels = rng.permutation([True] * copies + [False] * int(rng.integers(1, 40)))
+        found = operating_points(labels, rng.random(len(labels)), copies, precisions=(0.8, 0.9, 0.95, 0.99, 1.0))
+        for row, _ in unresolved_precisions(found[:4], copies):
+            assert row.threshold == found[4].threshold
 
 
 def test_json_round_trip(tmp_path):
@@ -211,6 +241,7 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
     code, out, err = run_cli(capsys, *args, "--output", tmp_path / "a.json")
     assert code == 0, err
     assert "matcher" in out and "0.99" in out and "--calibration" in out
+    assert "matcher: 3 copies are too few for precision 0.9 (" in out  # 3 copies resolve no precision
     first = json.loads((tmp_path / "a.json").read_text())
     assert set(first["stages"]) == {"descriptor", "matcher"}
     assert [row["precision"] for row in first["stages"]["matcher"]] == [0.9, 0.95, 0.99]

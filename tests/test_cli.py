@@ -6,14 +6,18 @@ import argparse
 import csv
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import has_extra, run_cli, save_tiny_models
 from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, read_predictions
+
+ASSETS = Path(__file__).resolve().parents[1] / "copynce_hf" / "assets" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +184,46 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert_one_line_error(code, err, "does not exist")
 
 
+def test_detect_stopped_by_ctrl_c_says_that_the_same_command_resumes_and_it_does(models, images, tmp_path, capsys,
+                                                                                 monkeypatch):
+    from copynce_hf.retrieval.verify import chunked_scoring
+
+    save = chunked_scoring.ChunkFolder.save
+
+    def saved_then_interrupted(self, index, chunk):  # Ctrl-C once the first chunk of matcher scores is kept
+        save(self, index, chunk)
+        raise KeyboardInterrupt
+
+    output = tmp_path / "found"
+    command = ["detect", images / "queries", "--references", images / "refs", "--output", output, "--models",
+               models["descriptor"], "--matcher", models["matcher"], "--chunk-size", "1"]
+    monkeypatch.setattr(chunked_scoring.ChunkFolder, "save", saved_then_interrupted)
+    code, _, err = run_cli(capsys, *command)
+    assert code == 130 and err.strip().splitlines()[-1] == (
+        "copynce detect: interrupted; continue with the same command: it resumes from the indexes, matcher tokens "
+        f"and scored chunks kept in {output}")
+    monkeypatch.setattr(chunked_scoring.ChunkFolder, "save", save)
+    assert main([*map(str, command)]) == 0  # not quiet: its log lines are read
+    assert re.search(r"copynce detect: .*resuming: 1 of \d+ chunks", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command, resumes", [
+    (["dedup", "imgs", "--output", "dups"], "the indexes, matcher tokens and scored chunks kept in dups"),
+    (["index", "refs", "--output", "idx/refs"], "the complete chunks of descriptors kept in idx/.refs.chunks"),
+    (["match", "c.csv", "--queries", "q", "--references", "r", "--output", "out/s.csv"],
+     "the scored chunks kept in out/.s.csv.rescoring"),
+    (["calibrate", "refs", "--output", "c.json"], None), (["search", "q", "--index", "i", "--output", "p.csv"], None),
+    (["visualize", "q.jpg", "r.jpg", "--patch", "1,1", "--output", "why"], None)])
+def test_the_ctrl_c_line_of_every_command_says_what_running_it_again_does(command, resumes):
+    from copynce_hf.cli import build_parser
+    from copynce_hf.commands.console import interrupted_line
+
+    line = interrupted_line(build_parser().parse_args(command))
+    assert line == (f"copynce {command[0]}: interrupted; " + (
+        f"continue with the same command: it resumes from {resumes}" if resumes else
+        "it keeps no work to resume from: the same command starts again"))
+
+
 def test_detect_refuses_ground_truth_ids_before_any_model_work(models, images, tmp_path, capsys, monkeypatch):
     """Ground-truth ids with extensions (``Q0.png`` against ``Q0``) are refused before any model loads, with the
     likely fix, and leave no output folder; a metric failure at the end says that predictions.csv is written."""
@@ -295,9 +339,47 @@ def test_visualize_writes_maps(models, images, tmp_path, capsys):
         assert sorted(path.name for path in out_dir.iterdir()) == ["affinity_entropy.png", "maps.npz",
                                                                    "token_affinity.png"]
         assert all(str(out_dir / name) in out for name in ("affinity_entropy.png", "maps.npz", "token_affinity.png"))
+        printed = float(re.search(r"(?:copy probability|descriptor cosine) (\S+) of the pair", out).group(1))
+        assert printed == pytest.approx(_pair_score(models[kind], images / "queries" / "Q0.png",
+                                                    images / "refs" / "R0.png"), abs=1e-4)
+        assert (f"copy probability {printed:.4f} of the pair (the matcher {models[kind]}" if kind == "matcher" else
+                f"descriptor cosine {printed:.4f} of the pair (the descriptor {models[kind]}; a cosine, not a "
+                "probability") in out
     code, _, err = run_cli(capsys, "visualize", images / "queries" / "Q0.png", images / "refs" / "R0.png",
                        "--model", models["descriptor"], "--patch", "2,0", "--output", tmp_path / "bad")
     assert code == 2 and "outside the query's 2x2 patch grid" in err
+
+
+def _pair_score(model: str, query: Path, reference: Path) -> float:
+    """The pair's score the models themselves give: a matcher's sigmoid(logit), a descriptor's cosine."""
+    from copynce_hf.modeling.configuration_copynce import model_kind
+    from copynce_hf.runtime.loading import load_model
+
+    loaded, processor = load_model(model)
+    pixels = processor(images=[Image.open(query), Image.open(reference)], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        if model_kind(loaded) == "matcher":
+            return torch.sigmoid(loaded(pixel_values=pixels[:1], reference_pixel_values=pixels[1:]).logits).item()
+        found = loaded(pixel_values=pixels).descriptors
+        return (found[0] @ found[1]).item()
+
+
+def test_visualize_explains_with_the_embedded_matcher_and_prints_its_copy_probability(tmp_path, capsys):
+    """Without --model, the embedded matcher: the maps come with the pair's copy probability, the score of the
+    image-copy-detection pipeline."""
+    from transformers import pipeline
+
+    from copynce_hf.runtime.loading import DEFAULT_MATCHER
+
+    original = Image.open(ASSETS / "chelsea.jpg")
+    original.crop((30, 20, 300, 235)).rotate(8).save(tmp_path / "copy.png")
+    code, out, err = run_cli(capsys, "visualize", tmp_path / "copy.png", ASSETS / "chelsea.jpg", "--patch", "3,3",
+                             "--output", tmp_path / "why")
+    assert code == 0, err
+    detector = pipeline("image-copy-detection", model=str(DEFAULT_MATCHER))
+    expected = detector(str(tmp_path / "copy.png"), str(ASSETS / "chelsea.jpg"))["score"]
+    assert f"copy probability {expected:.4f} of the pair (the embedded matcher, on the whole images)" in out
+    assert expected > 0.99
 
 
 def assert_one_line_error(code, err, *fragments):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from copynce_hf.images import load_image, to_rgb
+from copynce_hf.images import image_size, load_image, to_rgb
 from copynce_hf.modeling.errors import CopyNCEError, ImageLoadError
 
 
@@ -149,6 +149,17 @@ def test_skip_reasons_are_plain_words(tmp_path):
     cases = {empty: ("empty file", "is an empty file"), text: ("not an image", "is not an image"),
              dot: ("too small", "is too small: 1x1, minimum 16"), tmp_path / "none.png": ("missing", "no such file")}
     for path, (reason, words) in cases.items():
-        with pytest.raises(ImageLoadError, match=words) as caught:
-            load_image(path)
-        assert caught.value.reason == reason and "BufferedReader" not in str(caught.value)
+        for read in (load_image, image_size):  # the header alone gives the same refusal
+            with pytest.raises(ImageLoadError, match=words) as caught:
+                read(path)
+            assert caught.value.reason == reason and "BufferedReader" not in str(caught.value)
+
+
+def test_image_size_is_the_displayed_size_read_from_the_header(tmp_path):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated a quarter turn: displayed 30 wide, 60 high
+    save(Image.new("RGB", (60, 30)), tmp_path / "turned.jpg", exif=exif)
+    assert image_size(tmp_path / "turned.jpg") == load_image(tmp_path / "turned.jpg").size == (30, 60)
+    with pytest.raises(ImageLoadError, match="too large") as caught:
+        image_size(tmp_path / "turned.jpg", max_pixels=100)
+    assert caught.value.reason == "too large"

@@ -5,6 +5,9 @@
   folder or ``outputs/`` (nor into the repository: ``git status`` is compared before and after). A block
   preceded by ``<!-- not run by tests/test_readme.py: REASON -->`` is skipped (an upload to the Hub, the
   authors' checkpoint that is downloaded by hand).
+* Every ```python block can also be pasted into the interactive interpreter: fed line by line to the compiler
+  ``code.InteractiveConsole`` uses, no line is refused (an indented block is closed by a blank line before
+  the next statement).
 * What a block prints is what the ```text block right under it shows: the same words, and each number
   within one unit of the last digit shown (the blocks round what they print; another CPU or thread count
   may move the last digit of a rounded float). A block that prints must be followed by its output.
@@ -17,6 +20,7 @@
 
 from __future__ import annotations
 
+import codeop
 import dataclasses
 import importlib.util
 import os
@@ -124,6 +128,39 @@ def test_blocks_are_found_and_only_what_needs_the_network_is_left_out():
         "it needs the authors' checkpoint, downloaded by hand", "it uploads to the Hub"]
     for block in RUN:
         assert block.expected is not None or "print(" not in block.code, f"{block.name} prints without output"
+
+
+def refused_by_the_interpreter(code: str) -> str | None:
+    """The first line the interactive interpreter refuses when ``code`` is pasted into it, or ``None``.
+
+    The lines go one by one to ``codeop.CommandCompiler`` in ``"single"`` mode, as ``code.InteractiveConsole.push``
+    sends them: the buffer grows while the compiler asks for more, and is run and emptied once a statement
+    is complete; a blank line ends an indented block there, so a statement right after a block (no blank
+    line between) or a blank line inside a function is a syntax error. One blank line ends the paste.
+    """
+    compiler, buffer = codeop.CommandCompiler(), []
+    for number, line in enumerate([*code.splitlines(), ""], start=1):
+        buffer.append(line)
+        try:
+            complete = compiler("\n".join(buffer), "<stdin>", "single")
+        except (SyntaxError, OverflowError, ValueError) as error:
+            return f"line {number} {line.strip()!r}: {getattr(error, 'msg', error)}"
+        if complete is not None:
+            buffer = []
+    return None
+
+
+def test_the_interpreter_check_refuses_a_statement_right_after_an_indented_block():
+    loop = "for x in range(2):\n    y = x\n"
+    assert refused_by_the_interpreter(loop + "print(y)").startswith("line 3 'print(y)'")
+    assert refused_by_the_interpreter("def f():\n    a = 1\n\n    return a\n").startswith("line 4")
+    assert refused_by_the_interpreter(loop + "\nprint(y)\nvalues = (x\n          for x in (1, 2))") is None
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
+def test_python_block_can_be_pasted_into_the_interpreter(block):
+    refused = refused_by_the_interpreter(block.code)
+    assert refused is None, f"{block.name}: the interactive interpreter refuses {refused} (a blank line is missing?)"
 
 
 def _git_status() -> set[str]:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import require_extra, require_program
+from conftest import free_port, require_extra, require_program
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPACE = REPO_ROOT / "spaces" / "copynce"
@@ -83,7 +86,10 @@ def app(gr):
     spec.loader.exec_module(module)
     from copynce_hf.demo.interactive import Detector
 
-    return module, module.SpaceApp(Detector.from_environment({}))
+    space = module.SpaceApp(Detector.from_environment({}))
+    yield module, space
+    space.close()
+    assert not space.examples.exists()
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +194,37 @@ def test_page_builds_with_the_three_tabs(app, gr):
     page = space.build()
     labels = {block.label for block in page.blocks.values() if isinstance(block, gr.Tab)}
     assert labels == {"Compare", "Search", "Make a copy"}
+
+
+@pytest.mark.slow
+def test_the_server_stopped_by_sigterm_closes_and_removes_its_examples(gr, tmp_path):
+    """A Space is stopped with SIGTERM: the server closes as after Ctrl-C and its examples folder is removed."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    port = free_port()
+    env = dict(os.environ, TMPDIR=str(temporary), GRADIO_SERVER_PORT=str(port), GRADIO_SERVER_NAME="127.0.0.1",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    log = tmp_path / "app.log"
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, str(SPACE / "app.py")], cwd=REPO_ROOT, env=env, stdout=output,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(temporary.glob("copynce_space_*")) or not _answers(f"http://127.0.0.1:{port}/"):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert list(temporary.glob("copynce_space_*")) == [], log.read_text()[-3000:]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False

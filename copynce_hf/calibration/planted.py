@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..evaluation.minidisc import QueryEntry, draw_queries
-from ..images import load_image
+from ..images import image_size, load_image
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.descriptors.cached import Descriptor
@@ -52,6 +52,8 @@ class CalibrationQueries:
         sample_ids: references copied (each has one copy among the queries).
         distractor_ids: ids of the distractor originals (in the distractor folder, or held-out references).
         distractor_source: ``"folder"`` or ``"held-out references"``.
+        skipped: id -> reason (:data:`~copynce_hf.modeling.errors.SKIP_REASONS`) of each image met while picking
+            the sample and the distractors whose header cannot be read (another image was picked instead).
     """
 
     queries: list[QueryEntry]
@@ -59,6 +61,7 @@ class CalibrationQueries:
     sample_ids: list[str]
     distractor_ids: list[str]
     distractor_source: str
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ground_truth(self) -> dict[str, list[str]]:
@@ -87,42 +90,62 @@ def calibration_queries(references: ImageFolderSource, sample: int, distractors:
     num_distractors = sample if num_distractors is None else num_distractors
     rng = np.random.default_rng([seed, 0])
     order = [references.ids[i] for i in rng.permutation(len(references))]
-    files = references.lookup()
+    files, skipped = references.lookup(), {}
     if distractors is None:
-        held_out = order[: min(num_distractors, len(order) // 2)]
-        rest = order[len(held_out):]
+        held_out = _readable(order, files, min(num_distractors, len(order) // 2), references.max_pixels, skipped)
+        rest = [i for i in order if i not in set(held_out)]
         distractor_files = [(files[i], i) for i in held_out]
         source = "held-out references"
     else:
-        picked = np.random.default_rng([seed, 1]).permutation(len(distractors))[:num_distractors]
-        distractor_files = [(distractors.files[i], distractors.ids[i]) for i in sorted(picked)]
+        permuted = [distractors.ids[i] for i in np.random.default_rng([seed, 1]).permutation(len(distractors))]
+        picked = set(_readable(permuted, distractors.lookup(), num_distractors, distractors.max_pixels, skipped))
+        distractor_files = [(distractors.files[i], image_id) for i, image_id in enumerate(distractors.ids)
+                            if image_id in picked]
         held_out, rest = [], order
         source = "folder"
     if len(rest) < 2 and distractors is None:
         raise ConfigError(f"{references.folder} holds {len(references)} image(s): calibrating without "
                           "--distractors needs at least 3 (some are held out as distractors)")
-    sample_ids = sorted(rest[:sample])
+    sample_ids = sorted(_readable([i for i in rest if i not in skipped], files, sample, references.max_pixels, skipped))
     sources = [(Path(files[i]), i) for i in sample_ids] + [(Path(path), None) for path, _ in distractor_files]
-    queries = draw_queries(sources, CopyRecipe.minidisc_queries(), seed, "the calibration sample")
+    queries = draw_queries(sources, CopyRecipe.minidisc_queries(), seed, "the calibration sample",
+                           references.max_pixels)
     left_out = set(held_out)
     indexed = [i for i in references.ids if i not in left_out]
-    return CalibrationQueries(queries, indexed, sample_ids, [i for _, i in distractor_files], source)
+    return CalibrationQueries(queries, indexed, sample_ids, [i for _, i in distractor_files], source, skipped)
+
+
+def _readable(ids: Sequence[str], files: dict, wanted: int, max_pixels: int | None,
+              skipped: dict[str, str]) -> list[str]:
+    """The first ``wanted`` of ``ids`` whose file's header reads (:func:`~copynce_hf.images.image_size`); the reason of
+    each one met that does not is added to ``skipped``."""
+    found = []
+    for image_id in ids:
+        if len(found) == wanted:
+            break
+        try:
+            image_size(files[image_id], max_pixels=max_pixels)
+            found.append(image_id)
+        except ImageLoadError as error:
+            skipped[image_id] = error.reason
+    return found
 
 
 def _loader(path: Path, max_pixels: int | None) -> Callable:
     return lambda: load_image(path, max_pixels=max_pixels)
 
 
-def _write_queries(queries: Sequence[QueryEntry], folder: Path, progress: bool) -> list[str]:
-    """Render every query into ``folder`` (PNG); returns the ids of the originals that could not be read."""
+def _write_queries(queries: Sequence[QueryEntry], folder: Path, progress: bool) -> dict[str, str]:
+    """Render every query into ``folder`` (PNG); returns query id -> reason of each whose original could not be read
+    (its header read, its pixels did not: ``truncated``)."""
     from tqdm.auto import tqdm
 
-    unreadable = []
+    unreadable = {}
     for entry in tqdm(queries, desc="calibration copies", disable=not progress, unit="image"):
         try:
             replay(entry.source_path, list(entry.edits), fuse=False).image.save(folder / f"{entry.query_id}.png")
-        except ImageLoadError:
-            unreadable.append(entry.query_id)
+        except ImageLoadError as error:
+            unreadable[entry.query_id] = error.reason
     return unreadable
 
 
@@ -155,8 +178,8 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
     with tempfile.TemporaryDirectory(prefix="copynce-calibration-") as folder:
         unreadable = _write_queries(made.queries, Path(folder), progress)
         if unreadable:
-            log(f"{len(unreadable)} original(s) could not be read; their copies are left out (a left-out copy of a "
-                "reference counts as missed)")
+            log(f"{len(unreadable)} original(s) could not be read ({', '.join(sorted(set(unreadable.values())))}); "
+                "their copies are left out (a left-out copy of a reference counts as missed)")
         queries = ImageFolderSource(folder, max_pixels=references.max_pixels)
         result = detect(queries, indexed, descriptors, matcher, auxiliary, config, progress=progress, log=log)
     ground_truth = made.ground_truth
@@ -165,7 +188,9 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
         stages["matcher"] = result.predictions
     points = {}
     counts = {"copies": copies, "distractors": len(made.distractor_ids), "indexed_references": len(made.indexed_ids),
-              "unreadable_originals": len(unreadable), "skipped_queries": len(result.skipped_queries)}
+              "unreadable_originals": len(unreadable), "skipped_queries": len(result.skipped_queries),
+              "skip_reasons": {"originals": {**made.skipped, **{_original(made, q): r for q, r in unreadable.items()}},
+                               "references": result.skipped_references, "copies": result.skipped_queries}}
     metrics = {}
     for stage, predictions in stages.items():
         is_copy = [p.reference_id in ground_truth.get(p.query_id, ()) for p in predictions]
@@ -181,6 +206,12 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
         "sample_ids": made.sample_ids, "distractor_ids": made.distractor_ids,
     }
     return Calibration(pipeline, points, provenance, source=None)
+
+
+def _original(made: CalibrationQueries, query_id: str) -> str:
+    """The image a calibration query copies: a reference's id, or a distractor's file."""
+    entry = next(q for q in made.queries if q.query_id == query_id)
+    return entry.reference_id or str(entry.source_path)
 
 
 #: The numbers of :func:`~copynce_hf.retrieval.predictions.prediction_metrics` a calibration keeps per stage.

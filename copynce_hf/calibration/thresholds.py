@@ -26,22 +26,35 @@ decreasing score with negatives first among ties, take the highest recall among 
 precision is at least the target; the threshold is the score at the first rank reaching that recall
 (:func:`~copynce_hf.metrics.copy_detection.formulas.recall_at_precision`). A higher target precision
 can only keep fewer ranks, so thresholds never decrease and recalls never increase with the target.
+
+A small sample cannot tell high precisions apart (:func:`copies_needed`): with ``n`` copies found above a threshold,
+one false positive gives a precision of ``n / (n + 1)``, so a target ``p`` allows a false positive only once
+``n >= p / (1 - p)`` (9 copies found for 0.9, 19 for 0.95, 99 for 0.99). Below that its threshold is the one of
+precision 1 on the sample (the highest distractor score), whatever ``p``: ``copynce calibrate`` says so
+(:func:`unresolved_precisions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..modeling.errors import ConfigError
-from ..outputs import StagedFile
+from ..outputs import OwnFile, StagedFile, first_bytes
 
 CALIBRATION_FORMAT = "copynce-calibration"
 CALIBRATION_VERSION = 1
+#: A calibration file as :meth:`Calibration.save` writes it (its first key is ``format``): ``copynce calibrate
+#: --output`` rewrites such a file and refuses to overwrite any other.
+CALIBRATION_FILE = OwnFile(
+    "a calibration file written by `copynce calibrate`",
+    lambda path: re.match(rb'\s*\{\s*"format"\s*:\s*"copynce-calibration"', first_bytes(path, 256)) is not None)
 #: Target precisions written by ``copynce calibrate``.
 PRECISIONS = (0.9, 0.95, 0.99)
 #: Stages a calibration can hold, in pipeline order.
@@ -103,6 +116,29 @@ def operating_points(is_copy: Sequence[bool], scores: Sequence[float], num_posit
         found, threshold = recall_at_precision(precision, recall, thresholds, target)
         points.append(OperatingPoint(target, threshold, found))
     return points
+
+
+def copies_needed(precision: float) -> int:
+    """Copies found above a threshold before a target ``precision`` < 1 allows one false positive among them:
+    ``ceil(p / (1 - p))`` (``n / (n + 1) >= p``); 9 for 0.9, 19 for 0.95, 99 for 0.99.
+
+    With fewer, the threshold at ``p`` is the threshold at precision 1: a rank holding a false positive has a
+    precision of at most ``n / (n + 1) < p``, so only ranks above every distractor score qualify, and the deepest of
+    them is precision 1's choice. The calibration then measured nothing that separates ``p`` from 1 (a rule of
+    three: no false positive among ``n`` kept pairs bounds their false-positive rate by about ``3 / n`` at 95 %
+    confidence, 0.2 for 15 copies): a precision needs at least this many copies found to be calibrated at all.
+    """
+    if not 0 < precision < 1:
+        return 0
+    return math.ceil(precision / (1 - precision) - 1e-9)  # 0.9 / 0.1 is 9.000000000000002 in floats
+
+
+def unresolved_precisions(rows: Sequence[OperatingPoint], copies: int) -> list[tuple[OperatingPoint, int]]:
+    """``(row, copies found there)`` of each row of a stage whose copies found (``recall * copies``, ``copies``: the
+    calibration copies that exist) are fewer than :func:`copies_needed`: its threshold is that of precision 1 on
+    the sample."""
+    found = [(row, round(row.recall * copies)) for row in rows]
+    return [(row, count) for row, count in found if count < copies_needed(row.precision)]
 
 
 def decision_rates(is_copy: Sequence[bool], scores: Sequence[float], num_positives: int,

@@ -47,7 +47,7 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..runs.calibrate import CalibrateRequest, calibrate_to_file, format_calibration
+    from ..runs.calibrate import CalibrateRequest, calibrate_to_file, format_calibration, skip_reasons
     from .console import report_counts
 
     request = CalibrateRequest(args.references, args.output, options.pipeline_settings(args),
@@ -59,7 +59,5 @@ def run(args) -> int:
     counts = calibration.provenance["counts"]
     print(f"wrote {args.output} ({counts['copies']} copies, {counts['distractors']} distractors, seed {args.seed}); "
           f"use it with: copynce detect ... --calibration {args.output} --precision 0.9")
-    report_counts("calibrate", f"{references} reference images",
-                  ["unreadable"] * (counts["unreadable_originals"] + counts["skipped_queries"]),
-                  "wrote 1 file")
+    report_counts("calibrate", f"{references} reference images", skip_reasons(calibration), "wrote 1 file")
     return 0

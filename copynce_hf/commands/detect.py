@@ -55,8 +55,13 @@ def register(commands) -> argparse.ArgumentParser:
     options.add_model_loading(p)
     options.add_runtime(p)
     options.add_image_input(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, resumes=kept_work)
     return p
+
+
+def kept_work(args) -> str:
+    """What a run stopped by Ctrl-C keeps for the next (:func:`~copynce_hf.commands.console.interrupted_line`)."""
+    return f"the indexes, matcher tokens and scored chunks kept in {args.output}"
 
 
 def request_of(args):

@@ -45,8 +45,15 @@ def register(commands) -> argparse.ArgumentParser:
     options.add_model_loading(p)
     options.add_runtime(p)
     options.add_image_input(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, resumes=kept_work)
     return p
+
+
+def kept_work(args) -> str:
+    """What a run stopped by Ctrl-C keeps for the next (:func:`~copynce_hf.commands.console.interrupted_line`)."""
+    from ..retrieval.descriptors.chunked_extraction import work_folder_of
+
+    return f"the complete chunks of descriptors kept in {work_folder_of(args.output)}"
 
 
 def run(args) -> int:

@@ -61,8 +61,15 @@ def register(commands) -> argparse.ArgumentParser:
     options.add_model_loading(p, batch_size=32, unit="image pairs (view pairs with --local-crops)")
     options.add_runtime(p)
     options.add_image_input(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, resumes=kept_work)
     return p
+
+
+def kept_work(args) -> str:
+    """What a run stopped by Ctrl-C keeps for the next (:func:`~copynce_hf.commands.console.interrupted_line`)."""
+    from ..runs.match import rescoring_folder
+
+    return f"the scored chunks kept in {rescoring_folder(args.output)}"
 
 
 def run(args) -> int:

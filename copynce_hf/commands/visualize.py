@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..runtime.loading import DEFAULT_DESCRIPTOR
+from ..runtime.loading import DEFAULT_MATCHER
 from . import options
 
 DESCRIPTION = (
     "Draw the token affinity heatmap of one query patch over the reference and the affinity "
     "entropy map of all query patches (paper, 'Visualization and Interpretability') as PNG overlays "
-    "in OUTPUT (token_affinity.png, affinity_entropy.png, maps.npz)."
+    "in OUTPUT (token_affinity.png, affinity_entropy.png, maps.npz), and print the pair's score: a matcher's copy "
+    "probability (the default model), or a descriptor's cosine."
 )
 
 
@@ -30,7 +31,7 @@ def register(commands) -> argparse.ArgumentParser:
                             description=DESCRIPTION)
     p.add_argument("query", help="query image file")
     p.add_argument("reference", help="reference image file")
-    p.add_argument("--model", help=f"descriptor or matcher model (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument("--model", help=f"matcher or descriptor model (default: the embedded matcher, {DEFAULT_MATCHER})")
     p.add_argument(
         "--patch", type=patch, required=True, help="probe query patch as ROW,COL in the patch grid, from 0"
     )
@@ -45,8 +46,21 @@ def run(args) -> int:
     from ..reports.affinity import visualize_pair
     from .console import report_counts
 
-    paths = visualize_pair(args.query, args.reference, args.output, args.patch, model=args.model,
-                           temperature=args.temperature, max_pixels=args.max_pixels)
+    paths, maps = visualize_pair(args.query, args.reference, args.output, args.patch, model=args.model,
+                                 temperature=args.temperature, max_pixels=args.max_pixels)
+    print(score_line(maps, args.model))
     print(f"wrote {paths['token_affinity']}, {paths['affinity_entropy']} and {paths['maps']} (the raw maps)")
     report_counts("visualize", "2 images", [], f"wrote {len(paths)} files")
     return 0
+
+
+def score_line(maps, model: str | None) -> str:
+    """The pair's score and the model that gave it, e.g. ``copy probability 0.9995 of the pair (the embedded matcher,
+    on the whole images)``; a descriptor's cosine is said not to be a probability."""
+    if maps.score_name == "copy probability":
+        source = "the embedded matcher" if model is None else f"the matcher {model}"
+        return f"copy probability {maps.score:.4f} of the pair ({source}, on the whole images)"
+    if maps.score_name == "descriptor cosine":
+        return (f"descriptor cosine {maps.score:.4f} of the pair (the descriptor {model}; a cosine, not a probability: "
+                "a matcher, the default --model, gives the copy probability)")
+    return f"no score for the pair: the model {model or 'given'} gives neither a copy logit nor descriptors"

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..images import load_image
+from ..images import image_size, load_image
 from ..modeling.errors import ConfigError, ImageLoadError
 from ..pixtrace import CopyRecipe, replay
 from ..retrieval.sources import ImageListSource
@@ -245,25 +245,24 @@ def read_splits(splits_csv: Path, image_folder: Path) -> dict[str, list[Path]]:
 
 
 def draw_queries(sources: list[tuple[Path, str | None]], recipe: CopyRecipe, seed: int,
-                 listed_in: str = "the task") -> list[QueryEntry]:
+                 listed_in: str = "the task", max_pixels: int | None = None) -> list[QueryEntry]:
     """One query per ``(original file, reference id or None)`` of ``sources``: its edits drawn, no pixel work.
 
     Query ``k`` (in the order of ``sources``) draws its edits from ``numpy.random.default_rng([seed, k])``,
     so the queries are the same on every machine and a longer list keeps the first queries' edits. Queries
     are then shuffled (seeded) and numbered ``Q000``, ``Q001``, ... so that an id tells nothing about the
-    answer. ``listed_in`` names where the files were listed, for the error on a missing one.
+    answer. ``listed_in`` names where the files were listed, for the error on a missing one; ``max_pixels``: the
+    size limit of :func:`~copynce_hf.images.load_image` (``None``: its default).
 
     Raises:
-        ImageLoadError: an original image does not exist.
+        ImageLoadError: an original image does not exist or its header cannot be read (empty file, not an image,
+            too large), with its reason.
     """
     drafts = []
     for k, (path, reference_id) in enumerate(sources):
         if not path.is_file():
             raise ImageLoadError(f"image {str(path)!r} listed in {listed_in} does not exist")
-        with Image.open(path) as handle:  # the size only; EXIF-rotated files swap the sides
-            width, height = handle.size
-            if handle.getexif().get(0x0112, 1) in (5, 6, 7, 8):
-                width, height = height, width
+        width, height = image_size(path, 1, max_pixels)  # the size only, as displayed (EXIF-rotated files swap sides)
         rng = np.random.default_rng([seed, k])
         edits = tuple(edit.to_dict() for edit in recipe.draw(rng, (height, width)))
         drafts.append((path, reference_id, edits))

@@ -37,6 +37,9 @@ class AffinityMaps:
         affinity: (h_r, w_r) float32, the probe's ``p_ij`` over the reference patch grid; sums to 1.
         entropy: (h_q, w_q) float32, ``E_i`` of every query patch, in nats, in [0, log(L_r)].
         patch_size: pixels per patch side.
+        score: the pair's score from the same forward pass: a matcher's copy probability ``sigmoid(logit)``, a
+            descriptor's cosine of the two descriptors (``None`` where the model gives neither).
+        score_name: what ``score`` is: ``"copy probability"`` or ``"descriptor cosine"``.
     """
 
     query_image: Image.Image
@@ -45,6 +48,8 @@ class AffinityMaps:
     affinity: np.ndarray
     entropy: np.ndarray
     patch_size: int
+    score: float | None = None
+    score_name: str | None = None
 
 
 def _grid(pixel_values: torch.Tensor, patch_size: int, tokens: torch.Tensor) -> tuple[int, int]:
@@ -80,12 +85,7 @@ def affinity_maps(
     pixels = image_processor(images=[query_image, reference_image], return_tensors="pt")["pixel_values"]
     pixels = pixels.to(model.device)
     model.eval()
-    if model_kind(model) == "matcher":
-        output = model(pixel_values=pixels[:1], reference_pixel_values=pixels[1:])
-        query_tokens, reference_tokens = output.query_patch_tokens, output.reference_patch_tokens
-    else:
-        tokens = model(pixel_values=pixels).patch_tokens
-        query_tokens, reference_tokens = tokens[:1], tokens[1:]
+    query_tokens, reference_tokens, score, score_name = _tokens_and_score(model, pixels)
     patch_size = int(model.config.patch_size)
     query_grid = _grid(pixels, patch_size, query_tokens)
     reference_grid = _grid(pixels, patch_size, reference_tokens)
@@ -110,7 +110,25 @@ def affinity_maps(
         affinity.astype(np.float32),
         entropy.astype(np.float32),
         patch_size,
+        score,
+        score_name if score is not None else None,
     )
+
+
+def _tokens_and_score(model, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float | None, str]:
+    """One forward pass of the pair ``pixels`` (2, 3, H, W), query first: the query's and the reference's patch
+    tokens (1, L, C) each, and the pair's score with its name: a matcher's ``sigmoid(logit)``, "copy probability",
+    or a descriptor's cosine of the two unit-norm descriptors, "descriptor cosine" (``None`` where the output has
+    neither)."""
+    if model_kind(model) == "matcher":
+        output = model(pixel_values=pixels[:1], reference_pixel_values=pixels[1:])
+        logits = getattr(output, "logits", None)
+        score = None if logits is None else torch.sigmoid(logits.float()[0]).item()
+        return output.query_patch_tokens, output.reference_patch_tokens, score, "copy probability"
+    output = model(pixel_values=pixels)
+    found = getattr(output, "descriptors", None)  # (2, D), unit norm
+    score = None if found is None else (found[0].float() @ found[1].float()).item()
+    return output.patch_tokens[:1], output.patch_tokens[1:], score, "descriptor cosine"
 
 
 def affinity_figures(maps: AffinityMaps, title: str = ""):
@@ -181,19 +199,20 @@ def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: 
 
 def visualize_pair(query: str | os.PathLike, reference: str | os.PathLike, output: str | os.PathLike,
                    patch: tuple[int, int], model: str | os.PathLike | None = None, temperature: float | None = None,
-                   max_pixels: int | None = None) -> dict[str, Path]:
+                   max_pixels: int | None = None) -> tuple[dict[str, Path], AffinityMaps]:
     """``copynce visualize`` as one call: the maps of the query patch ``patch`` (row, column) over ``reference``
-    with ``model`` (a descriptor or matcher folder or Hub id; ``None``: the embedded descriptor), written into the
-    folder ``output`` (:func:`save_affinity_figures`, moved into place once complete). The output and the model are
-    checked before any image is read. Returns the files written, by name (``token_affinity``, ...)."""
+    with ``model`` (a descriptor or matcher folder or Hub id; ``None``: the embedded matcher, whose score is the
+    pair's copy probability), written into the folder ``output`` (:func:`save_affinity_figures`, moved into place
+    once complete). The output and the model are checked before any image is read. Returns the files written, by
+    name (``token_affinity``, ...), and the maps (with the pair's score: :attr:`AffinityMaps.score`)."""
     from ..outputs import StagedFolder, check_output_folder
-    from ..runtime.loading import DEFAULT_DESCRIPTOR, check_model_path, load_model
+    from ..runtime.loading import DEFAULT_MATCHER, check_model_path, load_model
 
     check_output_folder(output)
     check_model_path(model)
     images = [load_image(path, max_pixels=max_pixels) for path in (query, reference)]
-    loaded, processor = load_model(model, None, "--model", default=DEFAULT_DESCRIPTOR)
+    loaded, processor = load_model(model, None, "--model", default=DEFAULT_MATCHER)
     maps = affinity_maps(loaded, processor, *images, patch, temperature=temperature)
     with StagedFolder(output) as staging:
         written = save_affinity_figures(maps, staging, title=f"{Path(query).name} vs {Path(reference).name}")
-    return {key: Path(output) / path.name for key, path in written.items()}
+    return {key: Path(output) / path.name for key, path in written.items()}, maps

@@ -7,27 +7,54 @@ import dataclasses
 from collections.abc import Callable
 
 from ..calibration.planted import DEFAULT_SEED, calibrate
-from ..calibration.thresholds import Calibration
+from ..calibration.thresholds import CALIBRATION_FILE, Calibration, copies_needed, unresolved_precisions
 from ..outputs import check_output_file
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings
 
-__all__ = ["CalibrateRequest", "calibrate_to_file", "format_calibration"]
+__all__ = ["CalibrateRequest", "calibrate_to_file", "format_calibration", "skip_reasons"]
+
+
+def skip_reasons(calibration: Calibration) -> list[str]:
+    """The reason of each image a calibration left out (:data:`~copynce_hf.modeling.errors.SKIP_REASONS`): originals
+    whose copies could not be made, references the search skipped (each image once) and copies the pipeline skipped."""
+    found = calibration.provenance["counts"]["skip_reasons"]
+    originals = found["originals"]
+    return [*originals.values(), *(reason for image_id, reason in found["references"].items()
+                                   if image_id not in originals), *found["copies"].values()]
 
 
 def format_calibration(calibration: Calibration) -> str:
-    """The thresholds as a small text table (one line per stage and precision), then each stage's muAP, RP90 and
-    recall@1 on the calibration copies (files written before they were recorded have none)."""
+    """The thresholds as a small text table (one line per stage and precision), a line per stage whose sample is too
+    small for some precisions (:func:`small_sample_line`), then each stage's muAP, RP90 and recall@1 on the
+    calibration copies (files written before they were recorded have none)."""
     lines = [f"{'stage':<11}{'precision':>10}{'threshold':>11}{'recall':>8}"]
     for stage, rows in calibration.stages.items():
         for row in rows:
             threshold = "-" if row.threshold is None else f"{row.threshold:.4f}"
             lines.append(f"{stage:<11}{row.precision:>10g}{threshold:>11}{row.recall:>8.3f}")
+    copies = (calibration.provenance.get("counts") or {}).get("copies")
+    for stage, rows in calibration.stages.items():
+        line = small_sample_line(stage, rows, copies) if copies else None
+        lines += [line] if line else []
     for stage, found in (calibration.provenance.get("metrics") or {}).items():
         if found:
             lines.append(f"{stage} on the calibration copies: muAP {found['micro_ap']:.3f}, "
                          f"RP90 {found['recall_at_p90']:.3f}, recall@1 {found['recall_at_rank1']:.3f}")
     return "\n".join(lines)
+
+
+def small_sample_line(stage: str, rows, copies: int) -> str | None:
+    """The line saying which precisions of ``stage`` its ``copies`` calibration copies cannot resolve
+    (:func:`~copynce_hf.calibration.thresholds.unresolved_precisions`), ``None`` when it resolves them all."""
+    unresolved = unresolved_precisions(rows, copies)
+    if not unresolved:
+        return None
+    which = " and ".join(f"{row.precision:g} ({found} found, {copies_needed(row.precision)} needed)"
+                         for row, found in unresolved)
+    return (f"{stage}: {copies} copies are too few for precision {which}: their threshold is that of precision 1 on "
+            "these copies (a precision p allows one false positive only among p/(1-p) copies found); calibrate on "
+            "more copies (--sample, a larger collection) to tell them apart")
 
 
 @dataclasses.dataclass
@@ -58,10 +85,11 @@ class CalibrateRequest:
 
 
 def calibrate_to_file(request: CalibrateRequest) -> tuple[Calibration, int]:
-    """Run ``copynce calibrate``: the output, models and folders checked before any model loads, then
-    :func:`calibrate` with the request's pipeline, its file written (with the runtime that ran the models).
+    """Run ``copynce calibrate``: the output (a new file, or a calibration file to rewrite: any other file is
+    refused), models and folders checked before any model loads, then :func:`calibrate` with the request's
+    pipeline, its file written (with the runtime that ran the models).
     Returns ``(the calibration, the number of reference images listed)``."""
-    check_output_file(request.output)
+    check_output_file(request.output, own=CALIBRATION_FILE)
     settings, images = request.pipeline, request.images
     settings.models.check_paths()
     references = images.folder(request.references)

@@ -127,7 +127,8 @@ def run_dedup(request: DedupRequest) -> DedupRun | None:
     """Run ``copynce dedup`` and write ``groups.csv`` and ``pairs.csv``; the run on the main process, ``None`` on
     the others (``accelerate launch``). A refused input found during the model work removes the output folder
     where this run made it."""
-    check_output_folder(request.output)
+    check_output_folder(request.output, inputs={"image folder": request.images,
+                                                "--whiten-from folder": request.whiten_from})
     models = request.pipeline.models
     models.check_paths()
     if request.dataset is not None and request.input.streaming:

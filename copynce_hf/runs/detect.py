@@ -111,8 +111,10 @@ class DetectRun:
 def open_detect_inputs(request: DetectRequest) -> DetectInputs:
     """Every input and the output folder checked, the images listed, the ground truth and the calibrated decision
     read; nothing loads a model (a mistake costs no model work)."""
-    check_output_folder(request.output)
     settings, images = request.pipeline, request.images
+    check_output_folder(request.output, inputs={
+        "query folder": request.queries, "reference folder": request.references, "--aux folder": settings.aux,
+        "--whiten-from folder": request.whiten_from})
     settings.models.check_paths()
     queries = images.folder_or_dataset(request.queries, request.query_dataset, "--query-dataset")
     references = images.folder(request.references)

@@ -107,7 +107,8 @@ def build_index(request: IndexRequest) -> IndexBuilt | None:
     from ..retrieval.work_folder import views_identity
     from ..runtime.loading import load_model
 
-    check_output_folder(request.output)
+    check_output_folder(request.output, inputs={"reference folder": request.references,
+                                                "--whiten-from folder": request.whiten_from})
     check_model_path(request.model)
     source = request.input.folder_or_dataset(request.references, request.dataset, "--dataset")
     sample = request.input.whitening_sample(request.whiten_from, request.whiten_dim)

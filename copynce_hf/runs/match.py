@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from ..outputs import check_output_file
 from ..retrieval.presets import DEFAULT_CHUNK_SIZE
 from ..retrieval.sources import ImageInput
 from ..runtime.loading import DEFAULT_MATCHER, check_model_path
+from .search import PREDICTIONS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ def _missing_files(candidates, queries: dict, references: dict, request: MatchRe
     return missing
 
 
+def rescoring_folder(output: str | os.PathLike) -> Path:
+    """Where the scored chunks of a ``copynce match`` writing ``output`` are kept until it ends: ``.<name>.rescoring``
+    beside it."""
+    output = Path(output)
+    return output.with_name(f".{output.name}.rescoring")
+
+
 def match_pairs(request: MatchRequest) -> MatchDone | None:
     """Run ``copynce match``; what was written on the main process, ``None`` on the others."""
     from ..modeling.configuration_copynce import model_kind
@@ -93,7 +102,7 @@ def match_pairs(request: MatchRequest) -> MatchDone | None:
     from ..retrieval.verify.rescoring import rescore_predictions
     from ..runtime.loading import load_model
 
-    check_output_file(request.output)
+    check_output_file(request.output, own=PREDICTIONS_FILE)
     check_model_path(request.matcher, "--matcher")
     candidates = read_predictions(request.predictions)
     if not candidates:
@@ -111,7 +120,7 @@ def match_pairs(request: MatchRequest) -> MatchDone | None:
     if request.local_crops:
         crops = LocalCrops(request.query_grid, request.reference_grid, request.crop_scale, request.rotations)
     accelerator = make_accelerator()
-    work = Path(request.output).with_name(f".{Path(request.output).name}.rescoring")  # scored chunks, until the end
+    work = rescoring_folder(request.output)  # scored chunks, until the end
     try:
         result = rescore_predictions(
             candidates, model, processor, queries, references, batch_size=request.batch_size,

@@ -12,9 +12,16 @@ import dataclasses
 from pathlib import Path
 
 from ..modeling.errors import ConfigError, PredictionsError
-from ..outputs import StagedFile, check_output_file
+from ..outputs import OwnFile, StagedFile, check_output_file, first_bytes
 from ..retrieval.sources import ImageInput, count_text
 from ..runtime.loading import check_model_path
+
+#: A predictions CSV as :func:`~copynce_hf.retrieval.predictions.write_predictions` writes it (header first; Excel's
+#: byte-order mark allowed): ``copynce search`` and ``copynce match`` rewrite such a file and refuse to overwrite any
+#: other.
+PREDICTIONS_FILE = OwnFile(
+    "a predictions CSV (header query_id,reference_id,score)",
+    lambda path: first_bytes(path, 64).removeprefix(b"\xef\xbb\xbf").startswith(b"query_id,reference_id,score"))
 
 
 @dataclasses.dataclass
@@ -83,7 +90,7 @@ def _open_search(request: SearchRequest):
 
     if request.score_norm and request.stretch:
         raise ConfigError("use either --score-norm or --stretch, not both")
-    check_output_file(request.output)
+    check_output_file(request.output, own=PREDICTIONS_FILE)
     for option, path in (("--save-descriptors", request.save_descriptors), ("--hdf5", request.hdf5)):
         if path:
             check_output_file(path, option)

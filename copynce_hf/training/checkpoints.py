@@ -58,7 +58,7 @@ class TrainingProgress:
         self.micro_batches = 0  # batches consumed by each process
         self.epoch = 0  # streamed epochs completed
         self.batch_in_epoch = 0  # batches consumed in the current streamed epoch
-        self.skipped_images = 0  # unreadable images skipped, all processes
+        self.skipped_images = 0  # images skipped (unreadable, too small, too large), all processes
         self.history: list[dict] = []  # logged values, for the summary
         # loop seconds of the segments before this one; None after resuming from a checkpoint that did not count them
         self.seconds_before: float | None = 0.0

@@ -322,8 +322,8 @@ class TrainingConfig(CheckedFields):
         "authors' scatter inverse of the query's table), see PixTraceCollator."), checks=one_of(REVERSE_PRIORS))
     dataloader_num_workers: int = _option(0, "Data-loader worker processes per training process.", checks=_NON_NEGATIVE_INTEGER)
     max_image_pixels: int | None = _option(None, (
-        "The largest accepted image (width x height); larger ones are skipped and counted like unreadable ones "
-        "(null: copynce_hf.images.MAX_IMAGE_PIXELS)."), checks=_OPTIONAL_COUNT)
+        "The largest accepted image (width x height); larger ones are skipped and counted with the other skipped "
+        "images (null: copynce_hf.images.MAX_IMAGE_PIXELS)."), checks=_OPTIONAL_COUNT)
     num_eval_images: int = _option(0, "Images held out of the training set for the periodic evaluation.", checks=_NON_NEGATIVE_INTEGER)
     # optimisation
     seed: int = _option(0, "The seed of the pairs, the sampler and the model's initialisation.", checks=_NON_NEGATIVE_INTEGER)

@@ -80,7 +80,8 @@ class LogWindow:
         accelerator.log(logs, step=progress.step)
         progress.history.append({"step": progress.step, **logs})
         if int(counts[1]) and accelerator.is_main_process:
-            logger.warning("%d unreadable images skipped so far", progress.skipped_images)
+            logger.warning("%d images skipped so far (each named once with its reason when first met)",
+                           progress.skipped_images)
         self._reset()
         return logs
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -84,13 +85,23 @@ def _verdict(probability: float) -> str:
 
 
 class SpaceApp:
-    """The handlers of the three tabs, bound to one :class:`~copynce_hf.demo.interactive.Detector`."""
+    """The handlers of the three tabs, bound to one :class:`~copynce_hf.demo.interactive.Detector`.
+
+    The example pair and the copies made in the third tab are written to a temporary folder
+    (``examples``) that :meth:`close` removes; it is also removed when the app is garbage-collected or the
+    interpreter exits (:class:`tempfile.TemporaryDirectory`).
+    """
 
     def __init__(self, detector: core.Detector):
         self.detector = detector
         self.bundled = core.bundled_gallery(detector)
         self.bundled_files = core.bundled_image_files()
-        self.examples = Path(tempfile.mkdtemp(prefix="copynce_space_"))
+        self._examples = tempfile.TemporaryDirectory(prefix="copynce_space_")
+        self.examples = Path(self._examples.name)
+
+    def close(self) -> None:
+        """Remove the examples folder (the server has stopped; calling it again does nothing)."""
+        self._examples.cleanup()
 
     # ------------------------------------------------------------------------------------ compare
 
@@ -281,10 +292,19 @@ def main() -> None:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from error
     app = SpaceApp(detector)
-    app.build().queue(default_concurrency_limit=2).launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), ssr_mode=False,
-        allowed_paths=[str(app.examples), str(BUNDLED_IMAGES)],
-        max_file_size=max(core.MAX_ZIP_BYTES, core.MAX_IMAGE_BYTES))
+    signal.signal(signal.SIGTERM, _interrupt)  # a stopped server (SIGTERM) closes as after Ctrl-C
+    try:
+        app.build().queue(default_concurrency_limit=2).launch(
+            server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), ssr_mode=False,
+            allowed_paths=[str(app.examples), str(BUNDLED_IMAGES)],
+            max_file_size=max(core.MAX_ZIP_BYTES, core.MAX_IMAGE_BYTES))
+    finally:
+        app.close()
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM as Ctrl-C: Gradio's server loop then closes the server and :func:`main` removes the examples."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

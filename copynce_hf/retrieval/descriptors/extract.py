@@ -124,6 +124,6 @@ def _in_source_order(source, indices: np.ndarray, descriptors: np.ndarray, codes
     skipped = [source.ids[i] for i in indices[~valid]]
     reasons = {source.ids[i]: SKIP_REASONS[-1 - int(code)] for i, code in zip(indices[~valid], codes[~valid])}
     if skipped:
-        logger.warning("skipped %d unreadable image(s) of %d: %s", len(skipped), len(source.ids), ", ".join(skipped[:10]))
+        logger.warning("skipped %d of %d images: %s", len(skipped), len(source.ids), ", ".join(f"{i} ({reasons[i]})" for i in skipped[:10]))
     return DescriptorSet([source.ids[i] for i in indices[valid]], descriptors[valid], skipped=skipped,
                          skip_reasons=reasons)
