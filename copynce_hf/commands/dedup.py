@@ -44,7 +44,7 @@ def register(commands) -> argparse.ArgumentParser:
     p = commands.add_parser("dedup", help="find every group of copies inside one folder or dataset",
                             description=DESCRIPTION, epilog=EPILOG)
     p.add_argument("images", nargs="?", help="folder of images (or --dataset)")
-    options.add_dataset_input(p, "--dataset", "images")
+    options.add_dataset_input(p, "dataset", "images")
     p.add_argument("--output", required=True, help="folder for groups.csv, pairs.csv, report.html, indexes/")
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)

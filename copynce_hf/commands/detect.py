@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..configuration.fields import positive_int
+from ..runs.detect import DetectRequest
 from . import options
 from .console import progress_log
 
@@ -44,7 +45,7 @@ def register(commands) -> argparse.ArgumentParser:
     p.add_argument("--references", required=True, help="folder of reference images")
     p.add_argument("--output", required=True, help="folder for predictions.csv, report.html, metrics.json, indexes/")
     options.add_pipeline_options(p)
-    options.add_dataset_input(p, "--query-dataset", "query images")
+    options.add_dataset_input(p, "query_dataset", "query images", settings=DetectRequest)
     p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
                    "recall@1, candidate recall)")
     p.add_argument("--gallery", type=positive_int, default=8,
@@ -61,8 +62,6 @@ def register(commands) -> argparse.ArgumentParser:
 
 def request_of(args):
     """The :class:`~copynce_hf.runs.detect.DetectRequest` of a ``copynce detect`` command line."""
-    from ..runs.detect import DetectRequest
-
     return DetectRequest(args.references, args.output, options.pipeline_settings(args), queries=args.queries,
                          query_dataset=args.query_dataset, images=options.image_input(args),
                          ground_truth=args.ground_truth, calibration=args.calibration, precision=args.precision,

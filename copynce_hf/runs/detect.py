@@ -20,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..calibration.thresholds import Decision, calibrated_decision, decision_report
+from ..configuration.fields import setting_like
 from ..metrics.copy_detection.formulas import check_id_overlap
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile, check_output_folder, run_folder
-from ..retrieval.content.crops import write_crops
 from ..retrieval.predictions import Prediction, metric_warnings_logged, read_ground_truth, write_predictions
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings, content_tokens_text
+from .shared_options import DatasetInput
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class DetectRequest:
     output: str
     pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
     queries: str | None = None
-    query_dataset: str | None = None
+    query_dataset: str | None = setting_like(DatasetInput, "dataset", flag="--query-dataset")
     images: ImageInput = dataclasses.field(default_factory=ImageInput)
     ground_truth: str | None = None
     calibration: str | None = None
@@ -189,6 +190,8 @@ def write_detect_data(run: DetectRun) -> None:
     """``predictions.csv`` (its column ``copy`` from the decision), ``copies.csv`` (with a decision),
     ``query_crops.csv`` (the boxes of the query crops, when there are some) and ``metrics.json`` (with a ground truth:
     the metrics, and how the decision did) into the output folder."""
+    from ..retrieval.content.crops import write_crops
+
     output, decision, predictions = Path(run.request.output), run.inputs.decision, run.result.predictions
     decided = None if decision is None else decision.threshold
     run.count = write_predictions(output / "predictions.csv", predictions, decision_threshold=decided)
