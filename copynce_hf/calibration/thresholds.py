@@ -44,6 +44,8 @@ CALIBRATION_FORMAT = "copynce-calibration"
 CALIBRATION_VERSION = 1
 #: Target precisions written by ``copynce calibrate``.
 PRECISIONS = (0.9, 0.95, 0.99)
+#: The seed of a calibration's sample, distractors and edits (:mod:`copynce_hf.calibration.planted`).
+DEFAULT_SEED = 0
 #: Stages a calibration can hold, in pipeline order.
 STAGES = ("descriptor", "matcher")
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields that change the scores (``k`` and ``candidates`` only

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..calibration.thresholds import PRECISIONS as CALIBRATED_PRECISIONS
 from ..configuration.fields import add_options, given_options
 from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.detection.config import DetectConfig
 from ..retrieval.presets import DEDUP_PRESETS, DEFAULT_CHUNK_SIZE, DETECT_PRESETS
-from ..runs.shared_options import DatasetInput, ModelLoading, SearchKnobs, Whitening
+from ..runs.shared_options import CalibratedDecision, DatasetInput, ModelLoading, SearchKnobs, Whitening
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 
 #: The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` settings ``detect`` and ``calibrate`` take over
@@ -122,16 +121,9 @@ def add_matcher(p: argparse.ArgumentParser) -> None:
                    help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
 
 
-def add_calibration(p: argparse.ArgumentParser) -> None:
+def add_calibration(p: argparse.ArgumentParser, settings: type = CalibratedDecision) -> None:
     """``--calibration`` and ``--precision``: copies decided at a threshold of ``copynce calibrate`` (detect, dedup)."""
-    p.add_argument("--calibration", metavar="FILE",
-                   help="calibration.json written by `copynce calibrate` with this run's models and settings: pairs "
-                   "scored at or above its threshold at --precision are copies (detect: the column copy of "
-                   "predictions.csv and OUTPUT/copies.csv; dedup: the pairs joined into groups)")
-    p.add_argument("--precision", type=float, metavar="P",
-                   help="the calibrated precision to decide at: a --calibration file's (it holds "
-                   f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)}), or, for dedup without "
-                   "--calibration or --threshold, the target of its self-calibration (default 0.9)")
+    add_options(p, settings, ("calibration", "precision"))
 
 
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:

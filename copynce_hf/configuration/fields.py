@@ -214,9 +214,13 @@ def add_options(parser, settings: type, names: Sequence[str] | None = None, *,
 
 def given_options(settings: type, namespace, names: Sequence[str] | None = None) -> dict[str, Any]:
     """Option name -> value of the options of ``settings`` (those of ``names``) given in a parsed ``namespace``: those
-    left ``None`` (not given, where :func:`add_options` had presets) are left out."""
+    left ``None`` (not given, where :func:`add_options` had presets) are left out, but for a field without default (a
+    positional argument left out is ``None``)."""
     values = vars(namespace)
-    return {dest: values[dest] for dest in option_dests(settings, names) if values.get(dest) is not None}
+    needed = {_dest(spec) for spec in _option_fields(settings, names) if "option" in spec.metadata
+              and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING}
+    return {dest: values.get(dest) for dest in option_dests(settings, names)
+            if values.get(dest) is not None or dest in needed}
 
 
 def build(settings: type, values: Mapping[str, Any], base: Any = None, **fields: Any) -> Any:

@@ -1,6 +1,6 @@
 """The settings several ``copynce`` runs share, each declared once with its command-line option
 (:func:`~copynce_hf.configuration.fields.setting`): what runs the models and how many images a forward pass takes, the
-approximate search knobs, the whitening sample and a dataset of images. A request holds them as fields of its own,
+approximate search knobs, the whitening sample, a dataset of images and a calibrated decision. A request holds them as fields of its own,
 declared :func:`~copynce_hf.configuration.fields.setting_like` these (``MatchRequest.batch_size`` counts image pairs).
 
 Nothing heavy is imported here: building a parser from these loads no torch, transformers or faiss.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..calibration.thresholds import PRECISIONS as CALIBRATED_PRECISIONS
 from ..configuration.fields import positive_int, setting, setting_like
 from ..retrieval.detection.config import DetectConfig
 
@@ -53,3 +54,17 @@ class DatasetInput:
 
     dataset: str | None = setting(None, "a Hub dataset id, a Parquet file, a save_to_disk folder or a folder of images",
                                   metavar="NAME_OR_PATH")
+
+
+@dataclasses.dataclass
+class CalibratedDecision:
+    """A ``copynce calibrate`` file and the calibrated precision copies are decided at (``detect``, ``dedup``)."""
+
+    calibration: str | None = setting(
+        None, "calibration.json written by `copynce calibrate` with this run's models and settings: pairs scored at or "
+        "above its threshold at --precision are copies (detect: the column copy of predictions.csv and "
+        "OUTPUT/copies.csv; dedup: the pairs joined into groups)", metavar="FILE")
+    precision: float | None = setting(
+        None, "the calibrated precision to decide at: a --calibration file's (it holds "
+        f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)}), or, for dedup without --calibration "
+        "or --threshold, the target of its self-calibration (default 0.9)", type=float, metavar="P")
