@@ -223,10 +223,11 @@ def given_options(settings: type, namespace, names: Sequence[str] | None = None)
             if values.get(dest) is not None or dest in needed}
 
 
-def build(settings: type, values: Mapping[str, Any], base: Any = None, **fields: Any) -> Any:
+def build(settings: type, values: Mapping[str, Any], base: Any = None, /, **fields: Any) -> Any:
     """``settings`` made from ``values`` (option name -> value; a field without option by its name) and ``fields``
     (field name -> value); the fields given neither keep ``base``'s values, else their defaults. A nested settings
-    field is made from the values of its own options over its default."""
+    field is made from the values of its own options over its default. The first three are positional only: a field
+    may be named ``settings`` (``DedupRequest.settings``)."""
     kwargs = {}
     for spec in dataclasses.fields(settings):
         if spec.name in fields:
