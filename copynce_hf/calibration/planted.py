@@ -34,12 +34,11 @@ from ..retrieval.detection.pipeline import detect
 from ..retrieval.predictions import prediction_metrics
 from ..retrieval.search.candidates import top_per_query
 from ..retrieval.sources import ImageFolderSource, ImageListSource
-from .thresholds import PRECISIONS, Calibration, operating_points
+from .thresholds import DEFAULT_SEED, PRECISIONS, Calibration, operating_points
 
 __all__ = ["CalibrationQueries", "calibrate", "calibration_queries"]
 
 #: Default seed of the calibration copies (mini-DISC's queries use 20250806: a calibration never redraws them).
-DEFAULT_SEED = 0
 
 
 @dataclasses.dataclass

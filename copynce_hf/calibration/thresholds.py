@@ -57,6 +57,8 @@ CALIBRATION_FILE = OwnFile(
     lambda path: re.match(rb'\s*\{\s*"format"\s*:\s*"copynce-calibration"', first_bytes(path, 256)) is not None)
 #: Target precisions written by ``copynce calibrate``.
 PRECISIONS = (0.9, 0.95, 0.99)
+#: The seed of a calibration's sample, distractors and edits (:mod:`copynce_hf.calibration.planted`).
+DEFAULT_SEED = 0
 #: Stages a calibration can hold, in pipeline order.
 STAGES = ("descriptor", "matcher")
 #: :class:`~copynce_hf.retrieval.DetectConfig` fields that change the scores (``k`` and ``candidates`` only

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..configuration.fields import positive_int
+from ..configuration.fields import add_options, build, given_options
+from ..runs.calibrate import CalibrateRequest
 from . import options
 from .console import progress_log
 
@@ -30,14 +31,7 @@ def register(commands) -> argparse.ArgumentParser:
         "calibrate", help="score thresholds at 90/95/99 %% precision from known copies of your own references",
         description=DESCRIPTION, epilog=EPILOG,
     )
-    p.add_argument("references", help="folder of reference images")
-    p.add_argument("--output", required=True, help="calibration JSON file to write")
-    p.add_argument("--sample", type=positive_int, default=100, help="references copied (default 100)")
-    p.add_argument("--distractors", metavar="FOLDER", help="images that are not references and not copies of them; "
-                   "default: references held out of the index")
-    p.add_argument("--num-distractors", type=positive_int,
-                   help="distractor copies (default: --sample; held-out references: at most half the folder)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sample, the distractors and the edits (default 0)")
+    add_options(p, CalibrateRequest, ("references", "output", "sample", "distractors", "num_distractors", "seed"))
     options.add_pipeline_options(p)
     options.add_model_loading(p)
     options.add_runtime(p)
@@ -47,13 +41,11 @@ def register(commands) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from ..runs.calibrate import CalibrateRequest, calibrate_to_file, format_calibration, skip_reasons
+    from ..runs.calibrate import calibrate_to_file, format_calibration, skip_reasons
     from .console import report_counts
 
-    request = CalibrateRequest(args.references, args.output, options.pipeline_settings(args),
-                               distractors=args.distractors, sample=args.sample, num_distractors=args.num_distractors,
-                               seed=args.seed, images=options.image_input(args), progress=not args.quiet,
-                               log=progress_log("calibrate", args.quiet))
+    request = build(CalibrateRequest, given_options(CalibrateRequest, args), pipeline=options.pipeline_settings(args),
+                    images=options.image_input(args), progress=not args.quiet, log=progress_log("calibrate", args.quiet))
     calibration, references = calibrate_to_file(request)
     print(format_calibration(calibration))
     counts = calibration.provenance["counts"]

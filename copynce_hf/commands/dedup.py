@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..configuration.fields import build, positive_int
+from ..configuration.fields import add_options, build, given_options
 from ..retrieval.deduplication.settings import DedupSettings
+from ..runs.dedup import DedupRequest
 from . import options
 from .console import progress_log
 
@@ -43,19 +44,16 @@ def register(commands) -> argparse.ArgumentParser:
 
     p = commands.add_parser("dedup", help="find every group of copies inside one folder or dataset",
                             description=DESCRIPTION, epilog=EPILOG)
-    p.add_argument("images", nargs="?", help="folder of images (or --dataset)")
-    options.add_dataset_input(p, "--dataset", "images")
-    p.add_argument("--output", required=True, help="folder for groups.csv, pairs.csv, report.html, indexes/")
+    add_options(p, DedupRequest, ("images",))
+    options.add_dataset_input(p, "dataset", "images", settings=DedupRequest)
+    add_options(p, DedupRequest, ("output",))
     p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)
-    p.add_argument("--threshold", type=float,
-                   help="pairs scored at or above it are copies (default: from --calibration, else self-calibrated "
-                   "on the collection at --precision)")
-    options.add_calibration(p)
-    p.add_argument("--self-calibration-sample", type=positive_int, default=64, metavar="N",
-                   help="images of the collection the self-calibration copies (default 64; all when it has fewer)")
+    add_options(p, DedupRequest, ("threshold",))
+    options.add_calibration(p, DedupRequest)
+    add_options(p, DedupRequest, ("self_calibration_sample",))
     options.add_dedup_options(p)
-    p.add_argument("--gallery", type=positive_int, default=8, help="groups shown in report.html (default 8)")
+    add_options(p, DedupRequest, ("gallery",))
     options.add_chunk_size(p)
     options.add_whitening(p)
     options.add_model_loading(p)
@@ -73,15 +71,13 @@ def kept_work(args) -> str:
 def request_of(args):
     """The :class:`~copynce_hf.runs.dedup.DedupRequest` of a ``copynce dedup`` command line: the models, the
     ``dedup`` preset with the pipeline settings given over it, and its own settings."""
-    from ..runs.dedup import DedupRequest
     from ..runs.settings import PipelineModels
 
     models = PipelineModels([args.model], args.matcher, args.runtime, "--model")
     pipeline = options.pipeline_settings(args, models, "dedup", options.DEDUP_SETTINGS)
-    return DedupRequest(args.images, args.output, pipeline, build(DedupSettings, vars(args)), threshold=args.threshold, calibration=args.calibration,
-                        precision=args.precision, self_calibration_sample=args.self_calibration_sample,
-                        whiten_from=args.whiten_from, dataset=args.dataset, input=options.image_input(args),
-                        gallery=args.gallery, progress=not args.quiet, log=progress_log("dedup", args.quiet))
+    return build(DedupRequest, given_options(DedupRequest, args), pipeline=pipeline,
+                 settings=build(DedupSettings, given_options(DedupSettings, args)), input=options.image_input(args),
+                 progress=not args.quiet, log=progress_log("dedup", args.quiet))
 
 
 def run(args) -> int:

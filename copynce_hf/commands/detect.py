@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..configuration.fields import positive_int
+from ..configuration.fields import add_options, build, given_options
+from ..runs.detect import DetectRequest
 from . import options
 from .console import progress_log
 
@@ -40,17 +41,12 @@ def register(commands) -> argparse.ArgumentParser:
         "detect", help="the whole pipeline: find which reference each query copies, evaluate, draw a match gallery",
         description=DESCRIPTION, epilog=EPILOG,
     )
-    p.add_argument("queries", nargs="?", help="folder of query images (or --query-dataset)")
-    p.add_argument("--references", required=True, help="folder of reference images")
-    p.add_argument("--output", required=True, help="folder for predictions.csv, report.html, metrics.json, indexes/")
+    add_options(p, DetectRequest, ("queries", "references", "output"))
     options.add_pipeline_options(p)
-    options.add_dataset_input(p, "--query-dataset", "query images")
-    p.add_argument("--ground-truth", help="CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
-                   "recall@1, candidate recall)")
-    p.add_argument("--gallery", type=positive_int, default=8,
-                   help="cards per gallery in report.html (default 8)")
+    options.add_dataset_input(p, "query_dataset", "query images", settings=DetectRequest)
+    add_options(p, DetectRequest, ("ground_truth", "gallery"))
     options.add_chunk_size(p)
-    options.add_calibration(p)
+    options.add_calibration(p, DetectRequest)
     options.add_whitening(p)
     options.add_model_loading(p)
     options.add_runtime(p)
@@ -66,13 +62,8 @@ def kept_work(args) -> str:
 
 def request_of(args):
     """The :class:`~copynce_hf.runs.detect.DetectRequest` of a ``copynce detect`` command line."""
-    from ..runs.detect import DetectRequest
-
-    return DetectRequest(args.references, args.output, options.pipeline_settings(args), queries=args.queries,
-                         query_dataset=args.query_dataset, images=options.image_input(args),
-                         ground_truth=args.ground_truth, calibration=args.calibration, precision=args.precision,
-                         whiten_from=args.whiten_from, gallery=args.gallery, progress=not args.quiet,
-                         log=progress_log("detect", args.quiet))
+    return build(DetectRequest, given_options(DetectRequest, args), pipeline=options.pipeline_settings(args),
+                 images=options.image_input(args), progress=not args.quiet, log=progress_log("detect", args.quiet))
 
 
 def run(args) -> int:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..calibration.thresholds import PRECISIONS as CALIBRATED_PRECISIONS
-from ..configuration.fields import add_options, given_options, positive_int
+from ..configuration.fields import add_options, given_options
 from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.detection.config import DetectConfig
 from ..retrieval.presets import DEDUP_PRESETS, DEFAULT_CHUNK_SIZE, DETECT_PRESETS
+from ..runs.shared_options import CalibratedDecision, DatasetInput, ModelLoading, SearchKnobs, Whitening
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 
 #: The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` settings ``detect`` and ``calibrate`` take over
@@ -78,12 +78,12 @@ def add_image_input(parser: argparse.ArgumentParser, folders: bool = True) -> No
         )
 
 
-def add_dataset_input(parser: argparse.ArgumentParser, option: str, images: str, streaming: bool = False) -> None:
-    """``OPTION NAME_OR_PATH`` (images from a dataset instead of a folder), ``--split``, ``--image-column``,
-    ``--id-column`` and, with ``streaming``, ``--streaming``."""
+def add_dataset_input(parser: argparse.ArgumentParser, option: str, images: str, streaming: bool = False,
+                      settings: type = DatasetInput) -> None:
+    """The option of the field ``option`` of ``settings`` (images from a dataset instead of a folder), ``--split``,
+    ``--image-column``, ``--id-column`` and, with ``streaming``, ``--streaming``."""
     group = parser.add_argument_group(f"{images} from a dataset (instead of a folder)")
-    group.add_argument(option, metavar="NAME_OR_PATH",
-                       help="a Hub dataset id, a Parquet file, a save_to_disk folder or a folder of images")
+    add_options(group, settings, (option,))
     group.add_argument("--split", default="train", help="its split (default train)")
     group.add_argument("--image-column", help="its image column (default: the first Image column, or 'image')")
     group.add_argument("--id-column", help="its id column (default: 'image_id', 'id', ... if present, else the "
@@ -93,13 +93,9 @@ def add_dataset_input(parser: argparse.ArgumentParser, option: str, images: str,
                            help="read it as a stream (a Hub dataset is not downloaded ahead; memory holds one chunk)")
 
 
-def add_model_loading(parser: argparse.ArgumentParser, batch_size: int = 64, unit: str = "images") -> None:
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=batch_size, help=f"{unit} per forward pass (default {batch_size})"
-    )
-    parser.add_argument(
-        "--num-workers", type=int, default=0, help="DataLoader worker processes reading images (default 0)"
-    )
+def add_model_loading(parser: argparse.ArgumentParser, settings: type = ModelLoading) -> None:
+    """``--batch-size`` and ``--num-workers``, as the fields of ``settings`` declare them."""
+    add_options(parser, settings, ("batch_size", "num_workers"))
 
 
 def add_chunk_size(parser: argparse.ArgumentParser) -> None:
@@ -107,30 +103,17 @@ def add_chunk_size(parser: argparse.ArgumentParser) -> None:
     add_options(parser, DetectConfig, ("chunk_size",))
 
 
-def add_runtime(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--runtime", choices=("torch", "onnx"), default="torch",
-        help="what runs the models: torch (default) or onnx (ONNX Runtime; a model option then names a folder of "
-        "copynce export-onnx, or a model folder exported once into ~/.cache/copynce_hf/onnx, $COPYNCE_ONNX_CACHE)",
-    )
+def add_runtime(parser: argparse.ArgumentParser, settings: type = ModelLoading) -> None:
+    add_options(parser, settings, ("runtime",))
 
 
-def add_whitening(parser: argparse.ArgumentParser) -> None:
+def add_whitening(parser: argparse.ArgumentParser, settings: type = Whitening) -> None:
     group = parser.add_argument_group("whitening (SSCD's descriptor post-processing)")
-    group.add_argument("--whiten-from", metavar="FOLDER",
-                       help="sample images of the collection (not the queries' copies) to learn centering + PCA "
-                       "whitening from; references and queries are whitened, then L2-normalised (stored with the index)")
-    add_options(group, DetectConfig, ("whiten_dim",))
+    add_options(group, settings, ("whiten_from", "whiten_dim"))
 
 
-def add_search_knobs(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("approximate search knobs")
-    group.add_argument("--ef-search", type=positive_int, help="HNSW: beam width at search time (default 128; a search "
-                       "for k neighbours uses at least k)")
-    group.add_argument("--nprobe", type=positive_int, help="IVF-PQ: inverted lists visited per query (default 32)")
-    group.add_argument(
-        "--k-factor", type=positive_int, help="IVF-PQ: candidates re-ranked exactly per neighbour (default 8)"
-    )
+def add_search_knobs(parser: argparse.ArgumentParser, settings: type = SearchKnobs) -> None:
+    add_options(parser.add_argument_group("approximate search knobs"), settings, ("ef_search", "nprobe", "k_factor"))
 
 
 def add_matcher(p: argparse.ArgumentParser) -> None:
@@ -138,22 +121,9 @@ def add_matcher(p: argparse.ArgumentParser) -> None:
                    help=f"matcher model folder or Hub id, or 'none' for descriptors only (default: {DEFAULT_MATCHER})")
 
 
-def add_matcher_lce(parser) -> None:
-    """``--matcher-lce`` alone, with the field's default (``match``; ``detect``, ``calibrate`` and ``dedup`` take it
-    with their other settings)."""
-    add_options(parser, DetectConfig, ("matcher_lce",))
-
-
-def add_calibration(p: argparse.ArgumentParser) -> None:
+def add_calibration(p: argparse.ArgumentParser, settings: type = CalibratedDecision) -> None:
     """``--calibration`` and ``--precision``: copies decided at a threshold of ``copynce calibrate`` (detect, dedup)."""
-    p.add_argument("--calibration", metavar="FILE",
-                   help="calibration.json written by `copynce calibrate` with this run's models and settings: pairs "
-                   "scored at or above its threshold at --precision are copies (detect: the column copy of "
-                   "predictions.csv and OUTPUT/copies.csv; dedup: the pairs joined into groups)")
-    p.add_argument("--precision", type=float, metavar="P",
-                   help="the calibrated precision to decide at: a --calibration file's (it holds "
-                   f"{', '.join(f'{precision:g}' for precision in CALIBRATED_PRECISIONS)}), or, for dedup without "
-                   "--calibration or --threshold, the target of its self-calibration (default 0.9)")
+    add_options(p, settings, ("calibration", "precision"))
 
 
 def add_pipeline_options(p: argparse.ArgumentParser) -> None:

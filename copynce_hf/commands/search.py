@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..configuration.fields import positive_int
-from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
+from ..configuration.fields import add_options, build, given_options
+from ..runs.search import SearchRequest
 from . import options
 
 DESCRIPTION = (
@@ -21,64 +21,30 @@ def _add_post_processing(p: argparse.ArgumentParser) -> None:
         "Both need descriptors of an auxiliary image set without copies of the queries, e.g. training "
         "images: `copynce index AUX --output AUX_INDEX`, then pass AUX_INDEX.",
     )
-    post.add_argument(
-        "--score-norm", metavar="AUX_DESCRIPTORS",
-        help="score normalisation: subtract alpha * the mean similarity of the query to its auxiliary "
-        "neighbours of rank k-start..k-end (a descriptors.safetensors file or an index folder)",
-    )
-    post.add_argument("--alpha", type=float, default=1.0, help="score normalisation weight (default 1)")
-    post.add_argument("--k-start", type=int, default=0, help="first auxiliary rank, from 0 (default 0)")
-    post.add_argument("--k-end", type=int, default=9, help="last auxiliary rank, inclusive (default 9)")
-    post.add_argument(
-        "--stretch", metavar="AUX_DESCRIPTORS",
-        help="feature stretching: scale each query by beta * its mean top-k auxiliary similarity and score "
-        "pairs by negative squared euclidean distance",
-    )
-    post.add_argument("--beta", type=float, default=2.5, help="stretching coefficient (default 2.5)")
-    post.add_argument("--stretch-k", type=positive_int, default=5,
-                      help="auxiliary neighbours averaged (default 5)")
+    add_options(post, SearchRequest, ("score_norm", "alpha", "k_start", "k_end", "stretch", "beta", "stretch_k"))
 
 
 def register(commands) -> argparse.ArgumentParser:
     """Add ``search`` and its options to the ``copynce`` subcommands."""
     p = commands.add_parser("search", help="find the k nearest references of every query image",
                             description=DESCRIPTION)
-    p.add_argument("queries", help="folder of query images")
-    p.add_argument("--index", required=True, help="index folder written by `copynce index`")
-    p.add_argument("--model", help="descriptor model (default: the one the index was built with)")
-    p.add_argument("--k", type=positive_int, default=10, help="neighbours per query (default 10)")
-    p.add_argument("--output", required=True, help="predictions CSV to write")
-    p.add_argument("--descriptor-lce", choices=DESCRIPTOR_LCE_MODES, default="none",
-                   help="query views: none, matcher-views (26 views; a pair scores its best view pair) or authors "
-                   "(45 views in 4 groups, each view keeps its top 100/10/10/4 references by group, then the "
-                   "best --k) (default none)")
+    add_options(p, SearchRequest, ("queries", "index", "model", "k", "output", "descriptor_lce"))
     _add_post_processing(p)
-    out = p.add_argument_group("extra outputs")
-    out.add_argument("--save-descriptors", metavar="PATH", help="also write the query descriptors (safetensors)")
-    out.add_argument(
-        "--hdf5", metavar="PATH",
-        help="also write query and reference descriptors in the DISC21 descriptor-track HDF5 layout (needs h5py)",
-    )
-    options.add_search_knobs(p)
-    options.add_model_loading(p)
-    options.add_runtime(p)
+    add_options(p.add_argument_group("extra outputs"), SearchRequest, ("save_descriptors", "hdf5"))
+    options.add_search_knobs(p, SearchRequest)
+    options.add_model_loading(p, SearchRequest)
+    options.add_runtime(p, SearchRequest)
     options.add_image_input(p)
     p.set_defaults(handler=run)
     return p
 
 
 def run(args) -> int:
-    from ..runs.search import SearchRequest, search_queries
+    from ..runs.search import search_queries
     from .console import report_counts
 
-    request = SearchRequest(
-        args.queries, args.index, args.output, model=args.model, runtime=args.runtime, k=args.k,
-        descriptor_lce=args.descriptor_lce, score_norm=args.score_norm, alpha=args.alpha, k_start=args.k_start,
-        k_end=args.k_end, stretch=args.stretch, beta=args.beta, stretch_k=args.stretch_k,
-        save_descriptors=args.save_descriptors, hdf5=args.hdf5, ef_search=args.ef_search, nprobe=args.nprobe,
-        k_factor=args.k_factor, batch_size=args.batch_size, num_workers=args.num_workers,
-        input=options.image_input(args), progress=not args.quiet,
-    )
+    request = build(SearchRequest, given_options(SearchRequest, args), input=options.image_input(args),
+                    progress=not args.quiet)
     done = search_queries(request)
     if done is None:  # another process of `accelerate launch`: the main one writes
         return 0

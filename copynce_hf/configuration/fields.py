@@ -64,10 +64,12 @@ class Option:
     """The command-line option of one settings field.
 
     Attributes:
-        flag: ``--name`` (``None``: ``--`` and the field name with dashes).
+        flag: ``--name`` (``None``: ``--`` and the field name with dashes); a name without dashes is a positional
+            argument.
         type: the parser of its text (``None``: a string).
         choices, metavar: as ``argparse.add_argument``'s.
         action: ``store_true`` or ``argparse.BooleanOptionalAction`` for a switch (``None``: a value).
+        nargs: as ``argparse.add_argument``'s (an option of a field without default is ``required``).
         default_text: the end of its help in place of ``(default ...)`` (``""``: nothing).
         preset_notes: preset name -> words after that preset's value in the help (:func:`add_options`).
     """
@@ -77,6 +79,7 @@ class Option:
     choices: Sequence | None = None
     metavar: str | None = None
     action: Any = None
+    nargs: str | None = None
     default_text: str | None = None
     preset_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -88,6 +91,18 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Call
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def setting_like(settings: type, name: str, default: Any = dataclasses.MISSING, help: str | None = None,
+                 **option: Any) -> Any:
+    """A field declared as the field ``name`` of ``settings`` (its help, option and default), with the ``default``,
+    ``help`` and :class:`Option` fields given changed: an option several settings share is written once."""
+    spec = next(spec for spec in dataclasses.fields(settings) if spec.name == name)
+    metadata = {"help": spec.metadata["help"] if help is None else help,
+                "option": dataclasses.replace(spec.metadata["option"], **option)}
+    if default is dataclasses.MISSING and spec.default is dataclasses.MISSING:
+        return dataclasses.field(default_factory=spec.default_factory, metadata=metadata)
+    return dataclasses.field(default=spec.default if default is dataclasses.MISSING else default, metadata=metadata)
 
 
 def nested(factory: Callable[[], Any]) -> Any:
@@ -107,7 +122,10 @@ def _dest(spec: dataclasses.Field) -> str:
 
 
 def _default(spec: dataclasses.Field) -> Any:
-    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+    """A field's default (``None`` for a field without one: a required option)."""
+    if spec.default is dataclasses.MISSING:
+        return None if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+    return spec.default
 
 
 def _option_fields(settings: type, names: Sequence[str] | None = None) -> Iterator[dataclasses.Field]:
@@ -183,9 +201,12 @@ def add_options(parser, settings: type, names: Sequence[str] | None = None, *,
         option = spec.metadata["option"]
         kwargs = {"action": option.action} if option.action is not None else {
             name: value for name, value in (("type", option.type), ("choices", option.choices),
-                                            ("metavar", option.metavar)) if value is not None}
-        parser.add_argument(_flag(spec), dest=_dest(spec), default=None if presets else default,
-                            help=_help(spec, default, presets), **kwargs)
+                                            ("metavar", option.metavar), ("nargs", option.nargs)) if value is not None}
+        if _flag(spec).startswith("-"):
+            required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+            kwargs.update(dest=_dest(spec), **({"required": True} if required else {}))
+        parser.add_argument(_flag(spec), default=None if presets else default, help=_help(spec, default, presets),
+                            **kwargs)
 
 
 # --------------------------------------------------------------------------- settings from options
@@ -193,15 +214,20 @@ def add_options(parser, settings: type, names: Sequence[str] | None = None, *,
 
 def given_options(settings: type, namespace, names: Sequence[str] | None = None) -> dict[str, Any]:
     """Option name -> value of the options of ``settings`` (those of ``names``) given in a parsed ``namespace``: those
-    left ``None`` (not given, where :func:`add_options` had presets) are left out."""
+    left ``None`` (not given, where :func:`add_options` had presets) are left out, but for a field without default (a
+    positional argument left out is ``None``)."""
     values = vars(namespace)
-    return {dest: values[dest] for dest in option_dests(settings, names) if values.get(dest) is not None}
+    needed = {_dest(spec) for spec in _option_fields(settings, names) if "option" in spec.metadata
+              and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING}
+    return {dest: values.get(dest) for dest in option_dests(settings, names)
+            if values.get(dest) is not None or dest in needed}
 
 
-def build(settings: type, values: Mapping[str, Any], base: Any = None, **fields: Any) -> Any:
+def build(settings: type, values: Mapping[str, Any], base: Any = None, /, **fields: Any) -> Any:
     """``settings`` made from ``values`` (option name -> value; a field without option by its name) and ``fields``
     (field name -> value); the fields given neither keep ``base``'s values, else their defaults. A nested settings
-    field is made from the values of its own options over its default."""
+    field is made from the values of its own options over its default. The first three are positional only: a field
+    may be named ``settings`` (``DedupRequest.settings``)."""
     kwargs = {}
     for spec in dataclasses.fields(settings):
         if spec.name in fields:

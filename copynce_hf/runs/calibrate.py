@@ -6,8 +6,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ..calibration.planted import DEFAULT_SEED, calibrate
-from ..calibration.thresholds import CALIBRATION_FILE, Calibration, copies_needed, unresolved_precisions
+from ..calibration.thresholds import (
+    CALIBRATION_FILE,
+    DEFAULT_SEED,
+    Calibration,
+    copies_needed,
+    unresolved_precisions,
+)
+from ..configuration.fields import positive_int, setting
 from ..outputs import check_output_file
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings
@@ -59,7 +65,7 @@ def small_sample_line(stage: str, rows, copies: int) -> str | None:
 
 @dataclasses.dataclass
 class CalibrateRequest:
-    """A ``copynce calibrate`` run.
+    """A ``copynce calibrate`` run; each field with an option declares it (:func:`~copynce_hf.configuration.fields.setting`).
 
     Attributes:
         references: folder of the collection's reference images.
@@ -72,13 +78,15 @@ class CalibrateRequest:
         log: receives one line per step.
     """
 
-    references: str
-    output: str
+    references: str = setting(help="folder of reference images", flag="references")
+    output: str = setting(help="calibration JSON file to write")
     pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
-    distractors: str | None = None
-    sample: int = 100
-    num_distractors: int | None = None
-    seed: int = DEFAULT_SEED
+    distractors: str | None = setting(None, "images that are not references and not copies of them; default: "
+                                      "references held out of the index", metavar="FOLDER")
+    sample: int = setting(100, "references copied", type=positive_int)
+    num_distractors: int | None = setting(None, "distractor copies (default: --sample; held-out references: at most "
+                                          "half the folder)", type=positive_int)
+    seed: int = setting(DEFAULT_SEED, "seed of the sample, the distractors and the edits", type=int)
     images: ImageInput = dataclasses.field(default_factory=ImageInput)
     progress: bool = True
     log: Callable[[str], None] = print
@@ -89,6 +97,8 @@ def calibrate_to_file(request: CalibrateRequest) -> tuple[Calibration, int]:
     refused), models and folders checked before any model loads, then :func:`calibrate` with the request's
     pipeline, its file written (with the runtime that ran the models).
     Returns ``(the calibration, the number of reference images listed)``."""
+    from ..calibration.planted import calibrate
+
     check_output_file(request.output, own=CALIBRATION_FILE)
     settings, images = request.pipeline, request.images
     settings.models.check_paths()

@@ -20,18 +20,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..calibration.thresholds import Calibration
+from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import ConfigError
 from ..outputs import check_output_folder, run_folder
 from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.sources import ImageInput, count_text
 from .settings import PipelineModels, PipelineSettings, content_tokens_text
+from .shared_options import CalibratedDecision, DatasetInput, Whitening
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class DedupRequest:
-    """A ``copynce dedup`` run.
+    """A ``copynce dedup`` run; each field with an option declares it (:func:`~copynce_hf.configuration.fields.setting`).
 
     Attributes:
         images: the folder searched for copies of its own images (``None`` with ``dataset``).
@@ -55,20 +57,22 @@ class DedupRequest:
         log: receives one line per stage (on the main process only).
     """
 
-    images: str | None
-    output: str
+    images: str | None = setting(help="folder of images (or --dataset)", flag="images", nargs="?")
+    output: str = setting(help="folder for groups.csv, pairs.csv, report.html, indexes/")
     pipeline: PipelineSettings = dataclasses.field(
         default_factory=lambda: PipelineSettings(PipelineModels(descriptor_option="--model"), preset="dedup"))
     settings: DedupSettings = dataclasses.field(default_factory=DedupSettings)
-    threshold: float | None = None
-    calibration: str | None = None
-    precision: float | None = None
-    self_calibration_sample: int = 64
+    threshold: float | None = setting(None, "pairs scored at or above it are copies (default: from --calibration, "
+                                      "else self-calibrated on the collection at --precision)", type=float)
+    calibration: str | None = setting_like(CalibratedDecision, "calibration")
+    precision: float | None = setting_like(CalibratedDecision, "precision")
+    self_calibration_sample: int = setting(64, "images of the collection the self-calibration copies (default 64; "
+                                           "all when it has fewer)", type=positive_int, metavar="N", default_text="")
     self_calibration_seed: int = 0
-    whiten_from: str | None = None
-    dataset: str | None = None
+    whiten_from: str | None = setting_like(Whitening, "whiten_from")
+    dataset: str | None = setting_like(DatasetInput, "dataset")
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
-    gallery: int = 8
+    gallery: int = setting(8, "groups shown in report.html", type=positive_int)
     progress: bool = True
     log: Callable[[str], None] = logger.info
 

@@ -20,20 +20,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..calibration.thresholds import Decision, calibrated_decision, decision_report
+from ..configuration.fields import positive_int, setting, setting_like
 from ..metrics.copy_detection.formulas import check_id_overlap
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import StagedFile, check_output_folder, run_folder
-from ..retrieval.content.crops import write_crops
 from ..retrieval.predictions import Prediction, metric_warnings_logged, read_ground_truth, write_predictions
 from ..retrieval.sources import ImageInput
 from .settings import PipelineSettings, content_tokens_text
+from .shared_options import CalibratedDecision, DatasetInput, Whitening
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class DetectRequest:
-    """A ``copynce detect`` run.
+    """A ``copynce detect`` run; each field with an option declares it (:func:`~copynce_hf.configuration.fields.setting`).
 
     Attributes:
         references: folder of reference images.
@@ -49,17 +50,18 @@ class DetectRequest:
         log: receives one line per stage (on the main process only).
     """
 
-    references: str
-    output: str
+    references: str = setting(help="folder of reference images")
+    output: str = setting(help="folder for predictions.csv, report.html, metrics.json, indexes/")
     pipeline: PipelineSettings = dataclasses.field(default_factory=PipelineSettings)
-    queries: str | None = None
-    query_dataset: str | None = None
+    queries: str | None = setting(None, "folder of query images (or --query-dataset)", flag="queries", nargs="?")
+    query_dataset: str | None = setting_like(DatasetInput, "dataset", flag="--query-dataset")
     images: ImageInput = dataclasses.field(default_factory=ImageInput)
-    ground_truth: str | None = None
-    calibration: str | None = None
-    precision: float | None = None
-    whiten_from: str | None = None
-    gallery: int = 8
+    ground_truth: str | None = setting(None, "CSV query_id,reference_id: also write metrics.json (muAP, RP90, "
+                                       "recall@1, candidate recall)")
+    calibration: str | None = setting_like(CalibratedDecision, "calibration")
+    precision: float | None = setting_like(CalibratedDecision, "precision")
+    whiten_from: str | None = setting_like(Whitening, "whiten_from")
+    gallery: int = setting(8, "cards per gallery in report.html", type=positive_int)
     progress: bool = True
     log: Callable[[str], None] = logger.info
 
@@ -191,6 +193,8 @@ def write_detect_data(run: DetectRun) -> None:
     """``predictions.csv`` (its column ``copy`` from the decision), ``copies.csv`` (with a decision),
     ``query_crops.csv`` (the boxes of the query crops, when there are some) and ``metrics.json`` (with a ground truth:
     the metrics, and how the decision did) into the output folder."""
+    from ..retrieval.content.crops import write_crops
+
     output, decision, predictions = Path(run.request.output), run.inputs.decision, run.result.predictions
     decided = None if decision is None else decision.threshold
     run.count = write_predictions(output / "predictions.csv", predictions, decision_threshold=decided)

@@ -15,18 +15,21 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import PredictionsError
 from ..outputs import check_output_folder
+from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from ..retrieval.presets import DEFAULT_INDEX_CHUNK_SIZE
 from ..retrieval.sources import ImageInput, count_text
 from ..runtime.loading import DEFAULT_DESCRIPTOR, check_model_path
+from .shared_options import DatasetInput, ModelLoading, SearchKnobs, Whitening
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class IndexRequest:
-    """A ``copynce index`` run.
+    """A ``copynce index`` run; each field with an option declares it (:func:`~copynce_hf.configuration.fields.setting`).
 
     Attributes:
         output: the index folder to write.
@@ -41,24 +44,30 @@ class IndexRequest:
         log: receives the line that says a run resumed.
     """
 
-    output: str
-    references: str | None = None
-    dataset: str | None = None
+    output: str = setting(help="index folder to write")
+    references: str | None = setting(None, "folder of reference images (or --dataset)", flag="references", nargs="?")
+    dataset: str | None = setting_like(DatasetInput, "dataset")
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
-    model: str | None = None
-    runtime: str = "torch"
-    kind: str = "flat"
-    nlist: int | None = None
-    pq_m: int | None = None
-    ef_search: int | None = None
-    nprobe: int | None = None
-    k_factor: int | None = None
-    descriptor_lce: str = "none"
-    whiten_from: str | None = None
-    whiten_dim: int | None = None
-    chunk_size: int = DEFAULT_INDEX_CHUNK_SIZE
-    batch_size: int = 64
-    num_workers: int = 0
+    model: str | None = setting(None, f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
+    runtime: str = setting_like(ModelLoading, "runtime")
+    kind: str = setting(
+        "flat", "flat: exact inner product (default); hnsw: approximate graph search for millions of references; "
+        "ivfpq: compressed inverted lists with exact re-ranking, for memory-limited collections",
+        flag="--index-type", choices=("flat", "hnsw", "ivfpq"), default_text="")
+    nlist: int | None = setting(None, "IVF-PQ: number of inverted lists (default 4*sqrt(N))", type=positive_int)
+    pq_m: int | None = setting(None, "IVF-PQ: sub-quantisers (default D/2)", type=positive_int)
+    ef_search: int | None = setting_like(SearchKnobs, "ef_search")
+    nprobe: int | None = setting_like(SearchKnobs, "nprobe")
+    k_factor: int | None = setting_like(SearchKnobs, "k_factor")
+    descriptor_lce: str = setting(
+        "none", "index views: none (whole images), matcher-views (10 views per reference: whole, five one-third "
+        "crops, four quarters) or authors (9 views: whole, five crops, three rotations)", choices=DESCRIPTOR_LCE_MODES)
+    whiten_from: str | None = setting_like(Whitening, "whiten_from")
+    whiten_dim: int | None = setting_like(Whitening, "whiten_dim")
+    chunk_size: int = setting(DEFAULT_INDEX_CHUNK_SIZE, f"images per chunk written (default {DEFAULT_INDEX_CHUNK_SIZE}); "
+                              "a resumed run keeps its chunk size", type=positive_int, metavar="N", default_text="")
+    batch_size: int = setting_like(ModelLoading, "batch_size")
+    num_workers: int = setting_like(ModelLoading, "num_workers")
     progress: bool = True
     log: Callable[[str], None] = logger.info
 

@@ -7,6 +7,7 @@ after a kill resumes (:mod:`copynce_hf.retrieval.verify.chunked_scoring`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -14,19 +15,31 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import PredictionsError
 from ..outputs import check_output_file
-from ..retrieval.presets import DEFAULT_CHUNK_SIZE
+from ..retrieval.detection.config import DetectConfig
 from ..retrieval.sources import ImageInput
 from ..runtime.loading import DEFAULT_MATCHER, check_model_path
 from .search import PREDICTIONS_FILE
+from .shared_options import ModelLoading
 
 logger = logging.getLogger(__name__)
 
 
+def rotations(text: str) -> tuple[int, ...]:
+    """``--rotations``: comma-separated degrees, or ``none``."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated degrees such as 90,180,270, got {text!r}") from None
+
+
 @dataclasses.dataclass
 class MatchRequest:
-    """A ``copynce match`` run.
+    """A ``copynce match`` run; each field with an option declares it (:func:`~copynce_hf.configuration.fields.setting`).
 
     Attributes:
         predictions: the candidate pairs (a predictions CSV).
@@ -43,22 +56,25 @@ class MatchRequest:
         log: receives the lines of the chunked work.
     """
 
-    predictions: str
-    queries: str
-    references: str
-    output: str
-    matcher: str | None = None
-    runtime: str = "torch"
-    top: int | None = None
-    matcher_lce: str = "none"
-    local_crops: bool = False
-    query_grid: int = 2
-    reference_grid: int = 1
-    crop_scale: float = 1.5
-    rotations: tuple[int, ...] = (90, 180, 270)
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    batch_size: int = 32
-    num_workers: int = 0
+    predictions: str = setting(help="candidate pairs (query_id,reference_id,score CSV)", flag="predictions")
+    queries: str = setting(help="folder of query images")
+    references: str = setting(help="folder of reference images")
+    output: str = setting(help="predictions CSV to write")
+    matcher: str | None = setting(None, f"matcher model folder or Hub id (default: {DEFAULT_MATCHER})")
+    runtime: str = setting_like(ModelLoading, "runtime")
+    top: int | None = setting(None, "only re-score each query's TOP best candidates", type=positive_int)
+    matcher_lce: str = setting_like(DetectConfig, "matcher_lce")
+    local_crops: bool = setting(False, "compare query views (whole, grid crops, rotations) with reference views "
+                                "(whole, grid crops) and keep the maximum score", action="store_true", default_text="")
+    query_grid: int = setting(2, "query crops per side", type=positive_int)
+    reference_grid: int = setting(1, "reference crops per side", type=positive_int)
+    crop_scale: float = setting(1.5, "a crop spans crop-scale/grid of each side", type=float)
+    rotations: tuple[int, ...] = setting((90, 180, 270), "rotations of the whole query, degrees (default 90,180,270; "
+                                         "'none' for no rotation)", type=rotations, default_text="")
+    chunk_size: int = setting_like(DetectConfig, "chunk_size")
+    batch_size: int = setting_like(ModelLoading, "batch_size", 32,
+                                   "image pairs (view pairs with --local-crops) per forward pass")
+    num_workers: int = setting_like(ModelLoading, "num_workers")
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     progress: bool = True
     log: Callable[[str], None] = logger.info

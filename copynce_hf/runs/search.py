@@ -11,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import OwnFile, StagedFile, check_output_file, first_bytes
+from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from ..retrieval.sources import ImageInput, count_text
 from ..runtime.loading import check_model_path
+from .shared_options import ModelLoading, SearchKnobs
 
 #: A predictions CSV as :func:`~copynce_hf.retrieval.predictions.write_predictions` writes it (header first; Excel's
 #: byte-order mark allowed): ``copynce search`` and ``copynce match`` rewrite such a file and refuse to overwrite any
@@ -26,7 +29,7 @@ PREDICTIONS_FILE = OwnFile(
 
 @dataclasses.dataclass
 class SearchRequest:
-    """A ``copynce search`` run.
+    """A ``copynce search`` run; each field with an option declares it (:func:`~copynce_hf.configuration.fields.setting`).
 
     Attributes:
         queries: folder of query images.
@@ -45,27 +48,35 @@ class SearchRequest:
         progress: progress bars.
     """
 
-    queries: str
-    index: str
-    output: str
-    model: str | None = None
-    runtime: str = "torch"
-    k: int = 10
-    descriptor_lce: str = "none"
-    score_norm: str | None = None
-    alpha: float = 1.0
-    k_start: int = 0
-    k_end: int = 9
-    stretch: str | None = None
-    beta: float = 2.5
-    stretch_k: int = 5
-    save_descriptors: str | None = None
-    hdf5: str | None = None
-    ef_search: int | None = None
-    nprobe: int | None = None
-    k_factor: int | None = None
-    batch_size: int = 64
-    num_workers: int = 0
+    queries: str = setting(help="folder of query images", flag="queries")
+    index: str = setting(help="index folder written by `copynce index`")
+    output: str = setting(help="predictions CSV to write")
+    model: str | None = setting(None, "descriptor model (default: the one the index was built with)")
+    runtime: str = setting_like(ModelLoading, "runtime")
+    k: int = setting(10, "neighbours per query", type=positive_int)
+    descriptor_lce: str = setting(
+        "none", "query views: none, matcher-views (26 views; a pair scores its best view pair) or authors (45 views in "
+        "4 groups, each view keeps its top 100/10/10/4 references by group, then the best --k)",
+        choices=DESCRIPTOR_LCE_MODES)
+    score_norm: str | None = setting(
+        None, "score normalisation: subtract alpha * the mean similarity of the query to its auxiliary neighbours of "
+        "rank k-start..k-end (a descriptors.safetensors file or an index folder)", metavar="AUX_DESCRIPTORS")
+    alpha: float = setting(1.0, "score normalisation weight", type=float)
+    k_start: int = setting(0, "first auxiliary rank, from 0", type=int)
+    k_end: int = setting(9, "last auxiliary rank, inclusive", type=int)
+    stretch: str | None = setting(
+        None, "feature stretching: scale each query by beta * its mean top-k auxiliary similarity and score pairs by "
+        "negative squared euclidean distance", metavar="AUX_DESCRIPTORS")
+    beta: float = setting(2.5, "stretching coefficient", type=float)
+    stretch_k: int = setting(5, "auxiliary neighbours averaged", type=positive_int)
+    save_descriptors: str | None = setting(None, "also write the query descriptors (safetensors)", metavar="PATH")
+    hdf5: str | None = setting(None, "also write query and reference descriptors in the DISC21 descriptor-track HDF5 "
+                               "layout (needs h5py)", metavar="PATH")
+    ef_search: int | None = setting_like(SearchKnobs, "ef_search")
+    nprobe: int | None = setting_like(SearchKnobs, "nprobe")
+    k_factor: int | None = setting_like(SearchKnobs, "k_factor")
+    batch_size: int = setting_like(ModelLoading, "batch_size")
+    num_workers: int = setting_like(ModelLoading, "num_workers")
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
     progress: bool = True
 
