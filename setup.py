@@ -59,7 +59,7 @@ setup(
         # touch in places (bench, space, onnx) make those tests skip, naming the extra (fail in CI).
         "dev": ["pytest>=7", "ruff>=0.4", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "tensorboard>=2.14",
                 "albumentations>=2.0"],
-        "bench": ["pdqhash>=0.2", "imagehash>=4.3", "tensorboard>=2.14", "h5py>=3.8"],
+        "bench": ["pdqhash>=0.2", "imagehash>=4.3", "tensorboard>=2.14", "h5py>=3.8", "pyinstrument>=4.6"],
         # The authors' recipes (CopyRecipe.paper_descriptor / paper_matcher) draw their "additional"
         # photometric family from albumentations (set_random_seed: 2.0); it brings OpenCV, not torch.
         "train": ["albumentations>=2.0"],

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_extra
 
 from benchmarks.speed.pipeline import (
     build_dedup_task,
@@ -117,7 +118,7 @@ def test_dedup_quality_reads_the_pairs_and_the_groups(tmp_path):
 def test_a_profile_is_summed_by_stage_path_and_by_operation(tmp_path):
     """benchmarks.speed.profile: a sample's time goes to the path of the stage functions on its stack and to the
     innermost operation; a stage called inside another is a path of its own."""
-    pyinstrument = pytest.importorskip("pyinstrument")
+    pyinstrument = require_extra("pyinstrument", "bench")
     from benchmarks.speed.profile import OUTSIDE, stage_tables
 
     def busy(seconds):
