@@ -502,41 +502,6 @@ class CopyNCEViTModel(CopyNCEPreTrainedModel):
                                             hidden_states=states, attentions=attentions)
         return output if return_dict else output.to_tuple()
 
-    def _encode_pair(self, pixel_values: torch.Tensor, reference_pixel_values: torch.Tensor, options: tuple
-                     ) -> tuple[torch.Tensor, torch.Tensor, tuple | None, tuple | None]:
-        """The per-image encoder passes of a forward: ``(query encoded (B, 1 + Lq, C), reference encoded
-        (B, 1 + Lr, C), encoder states, encoder attentions)``, one pass over both sides when their shapes agree
-        (the states and attentions then hold 2B rows, queries first), else one per side (the queries' tuple
-        followed by the references'); ``options`` are ``(interpolate_pos_encoding, output_attentions,
-        output_hidden_states)``."""
-        batch = pixel_values.shape[0]
-        if reference_pixel_values.shape[1:] == pixel_values.shape[1:]:
-            encoded, encoder_states, encoder_attentions = self._encode(
-                torch.cat([pixel_values, reference_pixel_values]), *options
-            )
-            return encoded[:batch], encoded[batch:], encoder_states, encoder_attentions
-        query_encoded, query_states, query_attentions = self._encode(pixel_values, *options)
-        reference_encoded, reference_states, reference_attentions = self._encode(reference_pixel_values, *options)
-        encoder_states = query_states + reference_states if options[2] else None
-        encoder_attentions = query_attentions + reference_attentions if options[1] else None
-        return query_encoded, reference_encoded, encoder_states, encoder_attentions
-
-    def _pair_loss(self, logits, query_patch_tokens, reference_patch_tokens, labels, overlap_qr, overlap_rq,
-                   pair_mask) -> tuple[torch.Tensor | None, ...]:
-        """``(loss, bce, copynce)`` of B pairs (paper eq. "Overall Objective" for the matcher): the (B,) logits
-        against the (B,) labels, CopyNCE on the fused patch tokens (B, Lq, C) / (B, Lr, C) with the priors
-        (B, Lq, Lr) / (B, Lr, Lq); each term None when its inputs are absent (the loss None when both are)."""
-        loss = bce = None
-        if labels is not None:
-            bce = copy_bce_loss(logits, labels.reshape(logits.shape[0]))
-            loss = self.config.bce_weight * bce
-        copynce = _configured_copynce(self.config, query_patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
-                                      pair_mask, labels)
-        if copynce is not None:
-            weighted = self.config.copynce_weight * copynce
-            loss = weighted if loss is None else loss + weighted
-        return loss, bce, copynce
-
 
 class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
     """CopyNCE descriptor: the ViT backbone and a (linear, batch norm, L2) head on the CLS token.
@@ -651,41 +616,6 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             attentions=attentions,
         )
         return output if return_dict else output.to_tuple()
-
-    def _encode_pair(self, pixel_values: torch.Tensor, reference_pixel_values: torch.Tensor, options: tuple
-                     ) -> tuple[torch.Tensor, torch.Tensor, tuple | None, tuple | None]:
-        """The per-image encoder passes of a forward: ``(query encoded (B, 1 + Lq, C), reference encoded
-        (B, 1 + Lr, C), encoder states, encoder attentions)``, one pass over both sides when their shapes agree
-        (the states and attentions then hold 2B rows, queries first), else one per side (the queries' tuple
-        followed by the references'); ``options`` are ``(interpolate_pos_encoding, output_attentions,
-        output_hidden_states)``."""
-        batch = pixel_values.shape[0]
-        if reference_pixel_values.shape[1:] == pixel_values.shape[1:]:
-            encoded, encoder_states, encoder_attentions = self._encode(
-                torch.cat([pixel_values, reference_pixel_values]), *options
-            )
-            return encoded[:batch], encoded[batch:], encoder_states, encoder_attentions
-        query_encoded, query_states, query_attentions = self._encode(pixel_values, *options)
-        reference_encoded, reference_states, reference_attentions = self._encode(reference_pixel_values, *options)
-        encoder_states = query_states + reference_states if options[2] else None
-        encoder_attentions = query_attentions + reference_attentions if options[1] else None
-        return query_encoded, reference_encoded, encoder_states, encoder_attentions
-
-    def _pair_loss(self, logits, query_patch_tokens, reference_patch_tokens, labels, overlap_qr, overlap_rq,
-                   pair_mask) -> tuple[torch.Tensor | None, ...]:
-        """``(loss, bce, copynce)`` of B pairs (paper eq. "Overall Objective" for the matcher): the (B,) logits
-        against the (B,) labels, CopyNCE on the fused patch tokens (B, Lq, C) / (B, Lr, C) with the priors
-        (B, Lq, Lr) / (B, Lr, Lq); each term None when its inputs are absent (the loss None when both are)."""
-        loss = bce = None
-        if labels is not None:
-            bce = copy_bce_loss(logits, labels.reshape(logits.shape[0]))
-            loss = self.config.bce_weight * bce
-        copynce = _configured_copynce(self.config, query_patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
-                                      pair_mask, labels)
-        if copynce is not None:
-            weighted = self.config.copynce_weight * copynce
-            loss = weighted if loss is None else loss + weighted
-        return loss, bce, copynce
 
     def _encode_sides(self, pixel_values: torch.Tensor, reference_pixel_values: torch.Tensor | None, options: tuple
                       ) -> tuple[tuple, tuple]:
