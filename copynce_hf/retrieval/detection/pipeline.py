@@ -176,9 +176,8 @@ def _token_stores(candidates: list[Prediction], matcher: tuple, search: Candidat
     if search.config.matcher_lce != "none":
         return None
     stores = []
-    for role, source in (("queries", search.queries), ("references", search.references)):
-        side = 0 if role == "queries" else 1
-        wanted = {pair[side] for pair in ((p.query_id, p.reference_id) for p in candidates)}
+    for role, source, wanted in (("queries", search.queries, {p.query_id for p in candidates}),
+                                 ("references", search.references, {p.reference_id for p in candidates})):
         stores.append(source_token_store(
             matcher, SourceImages(source), [image_id for image_id in source.ids if image_id in wanted], folder / role,
             batch_size=search.config.batch_size, num_workers=search.config.num_workers,
