@@ -9,7 +9,7 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import Descriptor, DescriptorSet, DetectConfig, ImageFolderSource, detect
-from copynce_hf.retrieval.content.crops import query_crop_pairs, query_neighbours
+from copynce_hf.retrieval.content.queries import query_crop_pairs, query_neighbours
 
 
 def _unit(rows) -> np.ndarray:
@@ -75,9 +75,10 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
 
     def run(crops: bool):
         return detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
-                      config=DetectConfig(candidates=6, k=6, query_crops=crops), progress=False, log=lines.append)
+                      config=DetectConfig(candidates=6, k=6, query_crops=crops, layout_crops=False), progress=False,
+                      log=lines.append)
 
-    whole, cropped = run(False), run(True)
+    whole, cropped = run(False), run(True)  # content crops alone (layout crops: tests/test_layout_crops.py)
     assert not whole.crop_boxes and "query crops" not in whole.seconds
     assert any(line.startswith("query crops: ") for line in lines), "\n".join(lines)
     # only the framed queries are cropped (the plain one shares nothing), each to a box around its photo
