@@ -43,7 +43,8 @@ LAYOUT_CROPS = 3
 #: Rectangles and dense regions proposed per image (cues 1 and 3), before repeated boxes are dropped.
 RECTANGLES, DENSE_REGIONS = 1, 1
 #: A box covers at least this share of the image, and less than :data:`MAX_SHARE` (a larger one is the image).
-MIN_SHARE, MAX_SHARE = 0.03, 0.6
+MIN_SHARE = 0.03
+MAX_SHARE = 0.6
 #: A box's width and height are at least this share of the image's.
 MIN_SIDE = 0.1
 #: A jump of this many levels (0-255, the largest over the channels) between the pixels on either side of a line is
@@ -66,7 +67,8 @@ FRAME_COLOUR_SHARE, FRAME_TOLERANCE = 0.05, 12.0
 #: Cue 2: the longer side, in pixels, at which regions are read (text stays rows of letters), the regions proposed,
 #: and the share of a region's pixels in one colour cube (16 levels a side) at which it is a flat part of the frame
 #: (a button, a banner).
-BLOB_SIDE, BLOBS, ONE_COLOUR = 384, 1, 0.7
+BLOB_SIDE = 384
+BLOBS, ONE_COLOUR = 1, 0.7
 #: Two boxes overlapping by at least this intersection over union are one.
 SAME_BOX = 0.6
 
