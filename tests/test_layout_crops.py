@@ -138,6 +138,26 @@ def test_the_crops_of_a_query_and_the_pairs_each_decides():
     assert len(pairs) == len(set((views[c].query, r) for c, r in pairs))  # each (query, reference) once
 
 
+def test_a_layout_crop_adds_evidence_and_never_takes_it_away():
+    from copynce_hf.retrieval import Prediction
+    from copynce_hf.retrieval.content.queries import QueryCrops, settled, with_crop_scores
+
+    content_box, layout_box, other_box = (0.1, 0.1, 0.5, 0.5), (0.2, 0.2, 0.9, 0.9), (0.0, 0.5, 0.4, 1.0)
+    rescored = [Prediction("q0", "r0", 0.9), Prediction("q0", "r1", 0.2), Prediction("q1", "r0", 0.6),
+                Prediction("q1", "r2", 0.5)]
+    scored = {("q0", "r0"): 0.3, ("q0", "r1"): 0.8, ("q1", "r0"): 0.4, ("q1", "r3"): 0.7, ("q1", "r2"): 0.55}
+    kinds = {("q0", "r0"): "content", ("q0", "r1"): "layout", ("q1", "r0"): "layout", ("q1", "r3"): "layout",
+             ("q1", "r2"): "layout"}
+    boxes = {("q0", "r0"): content_box, ("q0", "r1"): layout_box, ("q1", "r0"): layout_box, ("q1", "r3"): other_box,
+             ("q1", "r2"): layout_box}
+    found = settled(rescored, QueryCrops(boxes={"q0": content_box}, scores=scored, pair_boxes=boxes, kinds=kinds))
+    # the content crop replaces the whole query's 0.9; q1's layout crop scored below its whole query against r0: out
+    assert found.scores == {("q0", "r0"): 0.3, ("q0", "r1"): 0.8, ("q1", "r3"): 0.7, ("q1", "r2"): 0.55}
+    assert found.boxes == {"q0": layout_box, "q1": other_box} and found.layout == ["q0", "q1"]
+    final = {(p.query_id, p.reference_id): p.score for p in with_crop_scores(rescored, found)}
+    assert final == {("q0", "r0"): 0.3, ("q0", "r1"): 0.8, ("q1", "r0"): 0.6, ("q1", "r2"): 0.55, ("q1", "r3"): 0.7}
+
+
 def test_layout_crops_follow_query_crops():
     from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 

@@ -64,6 +64,9 @@ __all__ = ["LonePlan", "photometric_recipe", "lone_photos", "build_lone_task", "
 
 #: The held-out photos of the ``train`` split: its last 40 by name (no shipped model trained on them).
 HELD_OUT = 40
+#: The design of ``--plain`` draws: copies made with the whole mini-DISC query recipe, no frame (what layout crops
+#: must not hurt).
+PLAIN = "plain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,16 +133,21 @@ def _fresh(folder: Path) -> Path:
 
 
 def _frame_query(photo: Path, design: str, rng: np.random.Generator, backdrop: Path | None) -> tuple[Image.Image, dict]:
-    """``photo`` edited by :func:`photometric_recipe` and put into a new frame of ``design``: the query and its
-    record (the edits, the design, the photo's box and its share of the query)."""
+    """``photo`` edited by :func:`photometric_recipe` and put into a new frame of ``design`` (:data:`PLAIN`: edited by
+    the whole mini-DISC query recipe, no frame): the query and its record (the edits, the design, the photo's box and
+    its share of the query)."""
     image = Image.open(photo).convert("RGB")
     table = CoordinateTable.identity(image.height, image.width)
     edits = []
-    for edit in photometric_recipe().draw(rng, (image.height, image.width)):
+    recipe = CopyRecipe.minidisc_queries() if design == PLAIN else photometric_recipe()
+    for edit in recipe.draw(rng, (image.height, image.width)):
         image, table = edit(image, table)
         edits.append(edit.to_dict())
     backdrop_image = Image.open(backdrop).convert("RGB") if backdrop is not None else None
-    framed, box = draw_lone_frame(design, rng, image, backdrop_image)
+    if design == PLAIN:
+        framed, box = image, (0, 0, image.width, image.height)
+    else:
+        framed, box = draw_lone_frame(design, rng, image, backdrop_image)
     share = (box[2] - box[0]) * (box[3] - box[1]) / (framed.width * framed.height)
     return framed, {"photo": photo.stem, "design": design, "box": list(box), "photo_share": round(share, 4),
                     "size": [framed.height, framed.width], "edits": edits,
@@ -251,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="add a `copynce detect` system NAME with these fields (repeatable)")
     parser.add_argument("--copies-per-design", type=int, default=None, help="framed copies per design")
     parser.add_argument("--distractors", type=int, default=None, help="framed distractor queries")
+    parser.add_argument("--plain", action="store_true",
+                        help="plain copies (the mini-DISC query recipe, no frame) instead of framed ones")
     parser.add_argument("--build-only", action="store_true", help="write the draws and stop")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="folder holding imagenet-sample")
     parser.add_argument("--threads", type=int, default=None, help="torch/faiss threads (default: library default)")
@@ -266,11 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     limit_threads(args.threads)
     plan = DEV_PLAN if args.dev else LonePlan()
+    plan = dataclasses.replace(plan, designs=(PLAIN,)) if args.plain else plan
     plan = dataclasses.replace(plan, **{key: value for key, value in (("copies_per_design", args.copies_per_design),
                                                                       ("distractors", args.distractors)) if value is not None})
     systems = [(preset, {"preset": preset}) for preset in args.presets]
     systems += [(name, parse_options(items, "--run")) for name, *items in args.run]
-    record = {"kind": "lone framed queries", "dev": args.dev, "plan": dataclasses.asdict(plan),
+    record = {"kind": "plain copies" if args.plain else "lone framed queries", "dev": args.dev, "plan": dataclasses.asdict(plan),
               "machine": machine_info(), "command": command_line(), "created": now(), "rows": []}
     for seed in args.seeds:
         folder = args.output / f"{'dev' if args.dev else 'draw'}{seed}"

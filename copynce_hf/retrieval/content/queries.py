@@ -18,8 +18,12 @@ Each crop is a view of its query, cut from the query's full-resolution pixels (:
 1. each view's descriptor searches the references, a content crop for its ``candidates`` nearest, a layout crop for
    its :data:`LAYOUT_CANDIDATES` nearest (a layout box is a guess, which the descriptor checks);
 2. a ``(query, reference)`` pair that some view matches better than the whole query does (a higher cosine) is scored
-   by the matcher on the view of the best cosine and the reference, every token kept (:func:`query_crop_pairs`), and
-   that score replaces the whole query's (:func:`with_crop_scores`).
+   by the matcher on the view of the best cosine and the reference, every token kept (:func:`query_crop_pairs`);
+3. a content crop's score replaces the whole query's, a layout crop's only where it is higher (:func:`settled`,
+   :func:`with_crop_scores`): a layout box is a guess, which may add evidence but not take it away. Chosen on
+   development draws of ``train`` photos: on lone framed queries replacing and keeping the higher score did the same,
+   on plain copies of the mini-DISC recipe replacing lost muAP where keeping the higher did not (benchmarks/LOG.md,
+   "Lone framed queries").
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from .stage import QueriesAndReferences, StoredByRole, matcher_content
 logger = logging.getLogger(__name__)
 
 __all__ = ["LAYOUT_CANDIDATES", "QueryView", "QueryCrops", "query_neighbours", "query_layouts", "query_views",
-           "query_crop_pairs", "query_crops", "with_crop_scores"]
+           "query_crop_pairs", "query_crops", "settled", "with_crop_scores"]
 
 #: References a layout crop's descriptor proposes at most (its nearest); on development draws the copied reference
 #: was the nearest to the right box in nearly every case.
@@ -67,17 +71,19 @@ class QueryCrops:
     """What :func:`query_crops` found.
 
     Attributes:
-        boxes: each cropped query's box (fractions of its width and height): the crop whose pair scored best among
-            those scored on its crops, else its content crop.
+        boxes: each cropped query's box (fractions of its width and height): its content crop (:func:`settled`: the
+            crop whose pair scored best among those its crops decide, else its content crop).
         scores: the ``(query, reference)`` pairs scored on a crop, with their scores.
-        pair_boxes: the box each of those pairs was scored on.
-        layout: the queries whose box in ``boxes`` is a layout crop.
+        pair_boxes, kinds: the box each of those pairs was scored on, and where it comes from (``content`` or
+            ``layout``).
+        layout: the queries whose box in ``boxes`` is a layout crop (:func:`settled`).
         cost: the encoder and fusion passes run.
     """
 
     boxes: dict[str, Box] = dataclasses.field(default_factory=dict)
     scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     pair_boxes: dict[tuple[str, str], Box] = dataclasses.field(default_factory=dict)
+    kinds: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     layout: list[str] = dataclasses.field(default_factory=list)
     cost: dict[str, int] = dataclasses.field(default_factory=lambda: {"encoded_views": 0, "fused_pairs": 0})
 
@@ -224,33 +230,48 @@ def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, ma
     layout_views = sum(view.kind == LAYOUT for view in views.values())
     log(f"query crops: {len(content)} of {len(queries)} queries cropped to their own content by content tokens "
         f"(against their nearest references and queries), {len(layout)} have layout crops ({layout_views} boxes); "
-        f"{len(found.scores)} pairs scored on a crop ({len(found.layout)} queries shown with a layout crop; "
-        f"{found.cost['encoded_views']} encoder passes, {found.cost['fused_pairs']} fusion passes)")
+        f"{len(found.scores)} pairs scored on a crop ({found.cost['encoded_views']} encoder passes, "
+        f"{found.cost['fused_pairs']} fusion passes)")
     return found
 
 
 def _decided(found: QueryCrops, views: Mapping[str, QueryView], pairs: list[tuple[str, str]],
              scores: Sequence[float | None]) -> None:
-    """Record in ``found`` the scores of the ``(crop, reference)`` pairs, by ``(query, reference)``, with the box
-    each was scored on; each query's box becomes that of its best-scored pair."""
-    best: dict[str, float] = {}
+    """Record in ``found`` the scores of the ``(crop, reference)`` pairs by ``(query, reference)``, with the box and
+    the kind of the crop each was scored on."""
     for (crop_id, reference_id), score in zip(pairs, scores):
-        if score is None:
+        if score is not None:
+            view = views[crop_id]
+            found.scores[(view.query, reference_id)] = score
+            found.pair_boxes[(view.query, reference_id)] = view.box
+            found.kinds[(view.query, reference_id)] = view.kind
+
+
+def settled(rescored: list[Prediction], crops: QueryCrops) -> QueryCrops:
+    """The crop pairs that decide a score, out of those :func:`query_crops` scored: every content-crop pair (its score
+    replaces the whole query's), and each layout-crop pair whose crop scored above the whole query or that the whole
+    query did not score (a layout box is a guess: it may add evidence, never take it away); each query's box is that of
+    its best deciding pair, else its content crop's. ``rescored``: the whole queries' scores."""
+    whole = {(p.query_id, p.reference_id): p.score for p in rescored}
+    found = QueryCrops(boxes=dict(crops.boxes), cost=dict(crops.cost))
+    best: dict[str, tuple[str, str]] = {}
+    for pair, score in crops.scores.items():
+        kind = crops.kinds[pair]
+        if kind == LAYOUT and pair in whole and score <= whole[pair]:
             continue
-        view = views[crop_id]
-        found.scores[(view.query, reference_id)] = score
-        found.pair_boxes[(view.query, reference_id)] = view.box
-        if score > best.get(view.query, -np.inf):
-            best[view.query] = score
-            found.boxes[view.query] = view.box
-            if view.kind == LAYOUT and view.query not in found.layout:
-                found.layout.append(view.query)
-            elif view.kind != LAYOUT and view.query in found.layout:
-                found.layout.remove(view.query)
+        found.scores[pair], found.pair_boxes[pair], found.kinds[pair] = score, crops.pair_boxes[pair], kind
+        if pair[0] not in best or score > found.scores[best[pair[0]]]:
+            best[pair[0]] = pair
+    for query_id, pair in best.items():
+        found.boxes[query_id] = found.pair_boxes[pair]
+        if found.kinds[pair] == LAYOUT:
+            found.layout.append(query_id)
+    return found
 
 
 def with_crop_scores(rescored: list[Prediction], crops: QueryCrops) -> list[Prediction]:
-    """The matcher's predictions with those of the crop pairs: a pair scored on a crop takes that score."""
+    """The matcher's predictions with those of the crop pairs (:func:`settled` ones): a pair decided on a crop takes
+    that score."""
     scores = {(p.query_id, p.reference_id): p.score for p in rescored}
     scores.update(crops.scores)
     return [Prediction(query_id, reference_id, score) for (query_id, reference_id), score in scores.items()]

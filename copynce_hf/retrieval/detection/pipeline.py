@@ -245,7 +245,7 @@ def _with_query_crops(result: DetectResult, rescored: list[Prediction], descript
     (:func:`~copynce_hf.retrieval.content.queries.query_crops`) scored on the crops; their boxes, time and passes go
     to ``result``. The crops' scored chunks are kept in ``rescoring_folder/query-crops`` (``None``: not kept), so
     that a run cut short resumes them; the images ``stores`` hold are read from them, not encoded again."""
-    from ..content.queries import query_crops, with_crop_scores
+    from ..content.queries import query_crops, settled, with_crop_scores
 
     start, accelerator = time.perf_counter(), search.extract["accelerator"]
     crop_config = dataclasses.replace(search.config, content_tokens=False, query_crops=False)  # a crop: own content
@@ -258,8 +258,9 @@ def _with_query_crops(result: DetectResult, rescored: list[Prediction], descript
                              accelerator, folder, False, "matcher", lambda line: search.log(f"matcher: {line}"))
         return scored.scores, scored.cost
 
-    found = query_crops(SourceImages(search.queries), references, descriptor, matcher, *whole, search.config,
-                        accelerator, search.log, score_crop_pairs, search.progress, stores)
+    found = settled(rescored, query_crops(SourceImages(search.queries), references, descriptor, matcher, *whole,
+                                          search.config, accelerator, search.log, score_crop_pairs, search.progress,
+                                          stores))
     result.crop_boxes, result.crop_pairs, result.layout_cropped = found.boxes, found.pair_boxes, found.layout
     result.matcher_cost = {name: result.matcher_cost[name] + found.cost[name] for name in found.cost}
     result.seconds["query crops"] = time.perf_counter() - start
