@@ -321,6 +321,18 @@ def test_train_split_folder_links_only_train_images(tmp_path):
     assert sorted(p.name for p in folder2.iterdir()) == sorted(p.name for p in ASSETS[11:])
 
 
+def test_train_split_subset_keeps_the_held_out_images_and_nests(tmp_path):
+    splits = _splits(tmp_path, references=2, distractors=1)  # 9 train images: 6 to train on, the last 3 held out
+    train = sorted(p.name for p in ASSETS[3:])
+    small = sorted(p.name for p in prepare_train_split(tmp_path / "a", ASSET_IMAGES, splits, 2, held_out=3).iterdir())
+    large = sorted(p.name for p in prepare_train_split(tmp_path / "b", ASSET_IMAGES, splits, 4, held_out=3).iterdir())
+    assert small[-3:] == large[-3:] == train[-3:]  # the runs' evaluation images, last in name order
+    assert len(small) == 5 and len(large) == 7 and set(small) < set(large)  # a smaller draw is inside a larger one
+    assert set(small[:-3]) != set(train[:2])  # a seeded draw, not the first names
+    with pytest.raises(SystemExit, match="--train-images 7: the split has 6 training images"):
+        prepare_train_split(tmp_path / "c", ASSET_IMAGES, splits, 7, held_out=3)
+
+
 def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path):
     import torch
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -136,11 +137,25 @@ def _relative(part: str) -> str:
         return part
 
 
-def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path) -> Path:
-    """``<output_dir>/train_split/`` holding symbolic links to the ``train`` split's images only."""
-    files = read_splits(splits_csv, image_folder).get("train", [])
+def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path, train_images: int | None = None,
+                        held_out: int = 40, subset_seed: int = 0) -> Path:
+    """``<output_dir>/train_split/`` holding symbolic links to the ``train`` split's images only.
+
+    With ``train_images``, only that many of the images the runs train on (all but the split's last
+    ``held_out``, the runs' periodic evaluation) are linked, drawn with ``subset_seed``; the held-out images
+    stay, last in name order, so every point of an instance-scaling curve is evaluated on the same photos.
+    A smaller draw is a subset of a larger one (one seeded order, cut at ``train_images``).
+    """
+    files = sorted(read_splits(splits_csv, image_folder).get("train", []), key=lambda path: path.name)
     if not files:
         raise SystemExit(f"no train image listed in {splits_csv}")
+    if train_images is not None:
+        training, evaluation = files[:len(files) - held_out], files[len(files) - held_out:]
+        if not 2 <= train_images <= len(training):
+            raise SystemExit(f"--train-images {train_images}: the split has {len(training)} training images "
+                             f"(besides the {held_out} held out); choose 2 to {len(training)}")
+        order = random.Random(subset_seed).sample(training, len(training))
+        files = sorted(order[:train_images], key=lambda path: path.name) + evaluation
     folder = Path(output_dir) / "train_split"
     folder.mkdir(parents=True, exist_ok=True)
     wanted = {path.name for path in files}
@@ -336,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--splits-csv", type=Path, default=SHARED_DATA / "imagenet-sample-splits.csv")
     parser.add_argument("--force", action="store_true", help="retrain runs that already finished")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--train-images", type=int, default=None,
+                        help="train on this many of the split's training photos (a seeded subset; the 40 held "
+                             "out for the runs' evaluation stay): one point of an instance-scaling curve")
+    parser.add_argument("--subset-seed", type=int, default=0, help="the draw of --train-images")
     parser.epilog = "Arguments after -- are passed to every scripts/train.py run (e.g. -- --learning_rate 5e-4)."
     return parser
 
@@ -352,10 +371,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cores = [None] * args.parallel
     output_dir = args.output_dir
     runs_dir = output_dir / "runs"
-    dataset = prepare_train_split(output_dir, args.image_folder, args.splits_csv)
+    dataset = prepare_train_split(output_dir, args.image_folder, args.splits_csv, args.train_images,
+                                  subset_seed=args.subset_seed)
     started = time.perf_counter()
     plan = {"machine": machine_info(), "started": now(), "seeds": args.seeds, "variants": args.variants,
-            "cores": cores, "extra": extra}
+            "cores": cores, "extra": extra, "train_images": args.train_images, "subset_seed": args.subset_seed}
     if args.minutes is not None and not args.dry_run:
         plan["descriptor_calibration"] = calibrate("descriptor", args.minutes, cores, dataset,
                                                    output_dir / "calibration", args.calibration_steps)
