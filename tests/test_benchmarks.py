@@ -24,6 +24,7 @@ from benchmarks.speed import dense_tables
 from benchmarks.speed.parts import bench_faiss, bench_pixtrace, pixtrace_chain
 from benchmarks.training.train import VARIANTS, plan_runs, prepare_train_split
 from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.data.instances import read_manifest
 from copynce_hf.evaluation.systems import HashSystem, SystemOutput, score_predictions
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
 from copynce_hf.pixtrace.edits import Resize
@@ -331,6 +332,29 @@ def test_train_split_subset_keeps_the_held_out_images_and_nests(tmp_path):
     assert set(small[:-3]) != set(train[:2])  # a seeded draw, not the first names
     with pytest.raises(SystemExit, match="--train-images 7: the split has 6 training images"):
         prepare_train_split(tmp_path / "c", ASSET_IMAGES, splits, 7, held_out=3)
+
+
+def test_train_split_instances_come_from_the_training_photos_only_and_keep_the_held_out_last(tmp_path):
+    splits = _splits(tmp_path, references=2, distractors=1)  # 9 train images: 6 to train on, the last 3 held out
+    train = sorted(ASSETS[3:], key=lambda path: path.name)
+    folder = prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3, instances="grid2,procedural3")
+    manifest = read_manifest(folder)
+    names = sorted(p.name for p in folder.iterdir() if p.name != "instances.json")
+    assert names[-3:] == [path.name for path in train[-3:]]  # the runs' evaluation images, whole, last, same names
+    assert all((folder / name).resolve() == path.resolve() for name, path in zip(names[-3:], train[-3:]))
+    sources = {source for record in manifest["instances"] if record["kind"] != "held_out" for source in record["sources"]}
+    drawn = sorted(p.name for p in prepare_train_split(tmp_path / "plain", ASSET_IMAGES, splits, 4, held_out=3).iterdir())
+    assert {Path(source).name for source in sources} == set(drawn[:-3])  # the same 4 photos --train-images 4 draws
+    assert len(names) == 4 * 4 + 3 + 3  # cells (the bundled images are large enough), procedural images, held out
+    made = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3, instances="grid2,procedural3")
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == made  # a second start (--resume) keeps them
+    prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3, instances="grid2,procedural3", instance_seed=1)
+    assert read_manifest(folder)["settings"]["seed"] == 1  # another seed: made again
+    plain = prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3)
+    assert sorted(p.name for p in plain.iterdir()) == drawn  # back to links: no instance left behind
+    with pytest.raises(SystemExit, match="--instances: .*cannot read 'grid'"):
+        prepare_train_split(tmp_path, ASSET_IMAGES, splits, instances="grid")
 
 
 def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path):
