@@ -182,16 +182,18 @@ def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path, 
     return folder
 
 
-def instance_split(folder: Path, training: list[Path], evaluation: list[Path], spec: str, seed: int = 0) -> Path:
+def instance_split(folder: Path, training: list[Path], evaluation: list[Path], spec: str, seed: int = 0,
+                   link: bool = True) -> Path:
     """``folder`` holding the instances ``spec`` makes of the ``training`` photos (never of the ``evaluation``
     photos, linked whole after them in name order: the runs hold out the folder's last ``len(evaluation)``
-    images, as without instances). A folder already made with the same spec, seed and photos is kept."""
+    images, as without instances). A folder already made with the same spec, seed and photos is kept. ``link``:
+    whole photos as symbolic links (``False``: copies, for a folder that travels)."""
     try:
         plan = InstancePlan.parse(spec)
     except ConfigError as error:
         raise SystemExit(f"--instances: {error}") from None
     made = read_manifest(folder) if folder.is_dir() else None
-    settings = {**dataclasses.asdict(plan), "seed": seed, "held_out": len(evaluation), "link": True}
+    settings = {**dataclasses.asdict(plan), "seed": seed, "held_out": len(evaluation), "link": link}
     if (made and made["settings"] == settings and made.get("photos") == [str(path) for path in training]
             and made.get("held_out_photos") == [str(path) for path in evaluation]
             and all((folder / record["file"]).exists() for record in made["instances"])):
@@ -202,7 +204,7 @@ def instance_split(folder: Path, training: list[Path], evaluation: list[Path], s
             if stale.is_file() or stale.is_symlink():
                 stale.unlink()
     try:
-        make_instances(training, folder, plan, seed=seed, held_out=evaluation, link=True, progress=True)
+        make_instances(training, folder, plan, seed=seed, held_out=evaluation, link=link, progress=True)
     except ConfigError as error:
         raise SystemExit(f"--instances {spec}: {error}") from None
     return folder
