@@ -173,11 +173,14 @@ def calibrated_decision(path: str | os.PathLike, precision: float | None, pipeli
 
 def model_identity(path: str | os.PathLike | None, kind: str) -> str:
     """How a calibration names a model: ``embedded:<kind>`` for the package's embedded model, the absolute path
-    of a local folder, or the Hub id as given."""
+    of a local folder (``onnx:`` and the absolute path for an ONNX embedding model), or the Hub id as given."""
+    from ..runtime.embedding_declaration import absolute_embedding_path, is_embedding_path
     from ..runtime.loading import DEFAULTS
 
     if path is None:
         return f"embedded:{kind}"
+    if is_embedding_path(path):
+        return absolute_embedding_path(path)
     local = Path(os.fspath(path)).expanduser()
     if local.exists():
         resolved = local.resolve()

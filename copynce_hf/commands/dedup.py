@@ -8,6 +8,7 @@ import argparse
 from ..configuration.fields import add_options, build, given_options
 from ..retrieval.deduplication.settings import DedupSettings
 from ..runs.dedup import DedupRequest
+from ..runtime.embedding_declaration import OPTION_HELP
 from . import options
 from .console import progress_log
 
@@ -47,7 +48,7 @@ def register(commands) -> argparse.ArgumentParser:
     add_options(p, DedupRequest, ("images",))
     options.add_dataset_input(p, "dataset", "images", settings=DedupRequest)
     add_options(p, DedupRequest, ("output",))
-    p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument("--model", help=f"descriptor model folder or Hub id, {OPTION_HELP} (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)
     add_options(p, DedupRequest, ("threshold",))
     options.add_calibration(p, DedupRequest)

@@ -95,8 +95,11 @@ class DedupRun:
 
     @property
     def heatmap_model(self) -> tuple:
-        """The model whose heatmaps the report draws: the matcher, else the descriptor."""
-        return self.matcher or (self.descriptor.model, self.descriptor.processor)
+        """The model whose heatmaps the report draws: the matcher, else the descriptor (none for an ONNX embedding
+        model, which has no tokens)."""
+        from ..runtime.onnx_embedding import token_heatmap_model
+
+        return self.matcher or token_heatmap_model(self.descriptor.model, self.descriptor.processor)
 
 
 def dedup_threshold(request: DedupRequest, config) -> tuple[float | None, str]:

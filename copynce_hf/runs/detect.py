@@ -96,8 +96,11 @@ class DetectRun:
 
     @property
     def heatmap_model(self) -> tuple:
-        """The model whose heatmaps the report draws: the matcher, else the first descriptor."""
-        return self.matcher or (self.descriptors[0].model, self.descriptors[0].processor)
+        """The model whose heatmaps the report draws: the matcher, else the first descriptor (none for an ONNX
+        embedding model, which has no tokens)."""
+        from ..runtime.onnx_embedding import token_heatmap_model
+
+        return self.matcher or token_heatmap_model(self.descriptors[0].model, self.descriptors[0].processor)
 
     @property
     def gallery_threshold(self) -> float:

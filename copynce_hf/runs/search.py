@@ -16,6 +16,7 @@ from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import OwnFile, StagedFile, check_output_file, first_bytes
 from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from ..retrieval.sources import ImageInput, count_text
+from ..runtime.embedding_declaration import OPTION_HELP
 from ..runtime.loading import check_model_path
 from .shared_options import ModelLoading, SearchKnobs
 
@@ -51,7 +52,7 @@ class SearchRequest:
     queries: str = setting(help="folder of query images", flag="queries")
     index: str = setting(help="index folder written by `copynce index`")
     output: str = setting(help="predictions CSV to write")
-    model: str | None = setting(None, "descriptor model (default: the one the index was built with)")
+    model: str | None = setting(None, f"descriptor model, {OPTION_HELP} (default: the one the index was built with)")
     runtime: str = setting_like(ModelLoading, "runtime")
     k: int = setting(10, "neighbours per query", type=positive_int)
     descriptor_lce: str = setting(
