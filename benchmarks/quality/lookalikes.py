@@ -21,7 +21,8 @@ Per draw ``d`` (``OUTPUT/draw-d/``), everything drawn from seeds ``[20251128, d,
 
 Measured: each score's distribution on copies and on look-alikes, the share of look-alikes at or above each
 threshold a user meets (false-match rate) and of copies (recall): 0.5 (a probability's natural cut, the Space's
-verdict before), the model cards' thresholds at precision 0.9 on mini-DISC, and the draw's calibrated threshold.
+verdict before), the model cards' thresholds at precision 0.9 on mini-DISC, and the draw's calibrated thresholds
+(the matcher stage's for detect, the descriptor stage's, raw cosines, for the descriptor's pairs).
 For ``detect`` a query's score is its best prediction's; a copy counts as found when its own reference is ranked
 first at or above the threshold. Results: ``OUTPUT/draw-d/result.json``, the tables with ``--table``.
 """
@@ -48,8 +49,11 @@ from .lookalike_images import FAMILIES, KINDS, PHOTO_GROUPS, draw_image, family_
 SEED = 20251128
 PER_FAMILY, IN_REFERENCES, PHOTOS, DISTRACTORS = 6, 3, 24, 12
 #: The thresholds a user meets, by system (``card``: the model card's at precision 0.9; ``calibrated``: the draw's
-#: ``copynce calibrate`` threshold at precision 0.9).
-THRESHOLDS = {"descriptor": ("card",), "matcher": ("0.5", "card"), "detect": ("0.5", "card", "calibrated")}
+#: ``copynce calibrate`` threshold at precision 0.9, of its descriptor stage for the descriptor). The matcher's
+#: whole-image pairs have no calibrated threshold: a calibration's matcher stage holds detect's scores (content
+#: tokens, query crops), not these.
+THRESHOLDS = {"descriptor": ("card", "calibrated"), "matcher": ("0.5", "card"),
+              "detect": ("0.5", "card", "calibrated")}
 
 
 def _fresh(folder: Path) -> Path:
@@ -186,8 +190,8 @@ def copynce(*argv, log: Path) -> str:
 
 
 def run_detect(folder: Path) -> dict:
-    """``copynce calibrate`` then ``copynce detect`` with every default (step 3); returns the calibration's matcher
-    row at precision 0.9 and the detect run's seconds."""
+    """``copynce calibrate`` then ``copynce detect`` with every default (step 3); returns the calibration's rows at
+    precision 0.9 (stage -> row) and the commands' seconds."""
     log, seconds = folder / "commands.log", {}
     calibration = folder / "calibration.json"
     if not calibration.is_file():
@@ -200,8 +204,8 @@ def run_detect(folder: Path) -> dict:
                 "--ground-truth", folder / "ground_truth.csv", "--calibration", calibration, "--quiet", log=log)
         seconds["detect"] = time.perf_counter() - start
     stages = json.loads(calibration.read_text(encoding="utf-8"))["stages"]
-    row = next(row for row in stages["matcher"] if abs(row["precision"] - 0.9) < 1e-9)
-    return {"calibrated": row, "seconds": seconds}
+    rows = {stage: next(row for row in stages[stage] if abs(row["precision"] - 0.9) < 1e-9) for stage in stages}
+    return {"calibrated": rows, "seconds": seconds}
 
 
 def detect_scores(folder: Path, truth: dict) -> list[dict]:
@@ -223,13 +227,18 @@ def detect_scores(folder: Path, truth: dict) -> list[dict]:
 
 
 def thresholds_of(calibrated: dict) -> dict[str, dict[str, float]]:
-    """The thresholds of :data:`THRESHOLDS`: the cards' (read as ``copynce`` reads them) and the draw's calibrated."""
+    """The thresholds of :data:`THRESHOLDS`: the cards' (read as ``copynce`` reads them) and the draw's calibrated
+    ones (``calibrated``: stage -> row): the matcher stage's for detect, the descriptor stage's (raw cosines of whole
+    images, what ``detect --matcher none`` decides with) for the descriptor's pairs."""
     from copynce_hf.calibration.meaning import card_threshold
 
-    cards = {kind: card_threshold(None, kind).threshold for kind in ("descriptor", "matcher")}
-    values = {"0.5": 0.5, "calibrated": calibrated["threshold"]}
-    return {system: {name: values.get(name, cards["descriptor" if system == "descriptor" else "matcher"])
-                     for name in names} for system, names in THRESHOLDS.items()}
+    found = {}
+    for system, names in THRESHOLDS.items():
+        kind = "descriptor" if system == "descriptor" else "matcher"
+        values = {"0.5": 0.5, "card": card_threshold(None, kind).threshold,
+                  "calibrated": calibrated[kind]["threshold"]}
+        found[system] = {name: values[name] for name in names}
+    return found
 
 
 def auc(positives: list[float], negatives: list[float]) -> float | None:
