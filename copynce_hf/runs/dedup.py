@@ -194,6 +194,7 @@ def score_meaning(run: DedupRun, threshold: float) -> ScoreMeaning:
     request = run.request
     models = request.pipeline.models
     score = dedup_score(request.settings, models.has_matcher)
+    score += ", of whitened descriptors" if request.whiten_from and not models.has_matcher else ""
     model = models.matcher_label() if models.has_matcher else run.descriptor.source
     decides = "a copy: pairs at or above it form the groups"
     if request.threshold is not None:

@@ -233,8 +233,9 @@ def score_meaning(request: DetectRequest, config, decision: Decision | None) -> 
         model, card = models.matcher_label(), card_threshold(models.matcher, "matcher")
     else:
         model, card = ", ".join(models.descriptor_labels()), None
+        score += ", of whitened descriptors" if request.whiten_from else ""
         raw = (settings.aux is None and not config.normalises_references and config.descriptor_lce == "none"
-               and not config.descriptor_content_tokens)
+               and not config.descriptor_content_tokens and not request.whiten_from)
         if len(models.descriptors) == 1 and raw:
             card = card_threshold(models.descriptors[0], "descriptor")
     if decision is None:
