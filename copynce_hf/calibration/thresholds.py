@@ -14,9 +14,12 @@ The file (JSON, ``"format": "copynce-calibration"``, ``"version": 1``)::
      "stages": {"descriptor": [{"precision": 0.9, "threshold": 0.41, "recall": 0.83}, ...],
                 "matcher": [...]},
      "provenance": {"recipe": {...}, "seed": 0, "sample_ids": [...], "distractor_ids": [...],
-                    "counts": {...}, "runtime": "torch" | "onnx", ...}}
+                    "counts": {...}, "runtime": "torch" | "onnx", "scores": {"matcher": "the matcher's copy
+                    probability ...", ...}, ...}}
 
-``threshold`` is ``null`` where no score reaches the precision (then ``recall`` is 0). The runtime that ran the
+``threshold`` is ``null`` where no score reaches the precision (then ``recall`` is 0). ``provenance["scores"]`` says
+in words what each stage's scores are (:func:`~copynce_hf.calibration.meaning.detect_score`; files written before
+it have none). The runtime that ran the
 models (``copynce calibrate --runtime``) is recorded, not checked: both give the same scores (to about 1e-4).
 Stages: ``descriptor`` scores what ``detect --matcher none`` outputs (the merged descriptor candidates,
 score-normalised when an auxiliary set is used), ``matcher`` what ``detect`` outputs with the matcher.

@@ -20,8 +20,8 @@ DESCRIPTION = (
     "--collection-normalisation), and an image whose own content is a small part of it (a photo in a frame) is "
     "also searched and verified as that part, cut from its pixels (--content-crops). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first,joined_by,"
     "joined_score,rule: each member's score with the group's first image and how it joined), OUTPUT/pairs.csv "
-    "(every verified pair, its decision score, its raw score and the views scored), OUTPUT/content_crops.csv (the "
-    "crops' boxes), "
+    "(every verified pair, its decision score, its raw score and the views scored), OUTPUT/scores.json (what the "
+    "decision score is and where the threshold comes from), OUTPUT/content_crops.csv (the crops' boxes), "
     "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes, OUTPUT/tokens (the matcher's encoder "
     "tokens, each image encoded once) and OUTPUT/rescoring (reused by the next run: a run cut short resumes, from "
     "the last complete chunk of descriptors, tokens or matcher pairs). Under `accelerate launch` the processes "
@@ -96,5 +96,6 @@ def run(args) -> int:
     print(f"wrote {len(result.groups)} groups of copies ({found.rows} images) to {output / 'groups.csv'}, "
           f"{len(result.pairs)} verified pairs to {output / 'pairs.csv'} and the group gallery to {found.report} "
           f"({time.perf_counter() - start:.0f} s)")
+    print(found.meaning.line())
     report_counts("dedup", f"{len(found.source)} images", result.skipped.values(), f"wrote {found.rows} group rows")
     return 0

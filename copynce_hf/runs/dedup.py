@@ -9,7 +9,8 @@ inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
 in ``OUTPUT/self_calibration``) and runs :func:`~copynce_hf.retrieval.deduplication.collection.dedup`
 with its caches in ``OUTPUT/indexes``, ``OUTPUT/tokens`` (the matcher's token store) and ``OUTPUT/rescoring``. The group
 gallery (``report.html``) is drawn from the returned run by
-:func:`copynce_hf.runs.folders.write_dedup_folder`, the one call of the command.
+:func:`copynce_hf.runs.folders.write_dedup_folder`, the one call of the command. ``OUTPUT/scores.json`` says what the
+decision scores are and where the threshold comes from (:func:`score_meaning`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from ..calibration.meaning import ScoreMeaning, dedup_score
 from ..calibration.thresholds import Calibration
 from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import ConfigError
@@ -92,6 +94,7 @@ class DedupRun:
     rows: int = 0
     report: Path | None = None
     self_calibration: object | None = None
+    meaning: ScoreMeaning | None = None
 
     @property
     def heatmap_model(self) -> tuple:
@@ -183,7 +186,31 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     run.rows = write_groups(output / "groups.csv", result.members)
     write_pairs(output / "pairs.csv", result)
     write_crops(output / "content_crops.csv", result)
+    run.meaning = score_meaning(run, threshold)
+    run.meaning.save(output / "scores.json")
     return run
+
+
+def score_meaning(run: DedupRun, threshold: float) -> ScoreMeaning:
+    """What the run's decision scores are (:func:`~copynce_hf.calibration.meaning.dedup_score`) and where its
+    ``threshold`` comes from: ``--threshold``, a calibration file's row, or the self-calibration."""
+    request = run.request
+    models = request.pipeline.models
+    score = dedup_score(request.settings, models.has_matcher)
+    score += ", of whitened descriptors" if request.whiten_from and not models.has_matcher else ""
+    model = models.matcher_label() if models.has_matcher else run.descriptor.source
+    decides = "a copy: pairs at or above it form the groups"
+    if request.threshold is not None:
+        return ScoreMeaning(score, model, threshold, "given with --threshold", decides=decides)
+    if request.calibration is not None:
+        stage = "matcher" if models.has_matcher else "descriptor"
+        point = Calibration.load(request.calibration).point(0.9 if request.precision is None else request.precision,
+                                                            stage)
+        return ScoreMeaning(score, model, threshold, f"{request.calibration} (`copynce calibrate`)", point.precision,
+                            point.recall, decides)
+    choice = run.self_calibration.choice
+    return ScoreMeaning(score, model, threshold, "self-calibrated on copies of this collection's own images",
+                        run.self_calibration.target if choice.reached else choice.precision, choice.recall, decides)
 
 
 def matcher_orders_text(settings, matcher: tuple | None) -> str:
@@ -227,6 +254,7 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
                              if settings.matcher_normalisation and run.matcher is not None else "off")
     return {"images": images, "descriptor": run.descriptor.source,
             "matcher": request.pipeline.models.matcher_label(), "threshold": run.origin, **calibration,
+            "scores": run.meaning.line() if run.meaning else "",
             "candidates per image": config.candidates, "descriptor LCE": config.descriptor_lce,
             "matcher LCE": config.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
             "matcher collection normalisation": matcher_normalisation,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..calibration.meaning import ScoreMeaning, card_threshold, search_score
 from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import OwnFile, StagedFile, check_output_file, first_bytes
@@ -85,12 +86,13 @@ class SearchRequest:
 @dataclasses.dataclass
 class SearchDone:
     """What :func:`search_queries` wrote: predictions (rows), query images listed, queries searched (those read),
-    id -> reason of each image skipped."""
+    id -> reason of each image skipped, and what the scores are (:func:`score_meaning`)."""
 
     count: int
     images: int
     searched: int
     skip_reasons: dict[str, str]
+    meaning: ScoreMeaning | None = None
 
 
 def _open_search(request: SearchRequest):
@@ -165,4 +167,17 @@ def search_queries(request: SearchRequest) -> SearchDone | None:
                                     stretch=bool(request.stretch), alpha=request.alpha, k_start=request.k_start,
                                     k_end=request.k_end, beta=request.beta, stretch_k=request.stretch_k)
     count = write_predictions(request.output, predictions)
-    return SearchDone(count, len(source), len(source) - len(queries.skipped), queries.skip_reasons)
+    return SearchDone(count, len(source), len(source) - len(queries.skipped), queries.skip_reasons,
+                      score_meaning(request, model_path, with_views))
+
+
+def score_meaning(request: SearchRequest, model_path, with_views: bool) -> ScoreMeaning:
+    """What the scores of a search are (:func:`~copynce_hf.calibration.meaning.search_score`); for raw cosines of
+    whole images, with the model card's threshold at precision 0.9."""
+    from ..runtime.loading import DEFAULT_DESCRIPTOR
+
+    raw = not (request.score_norm or request.stretch or with_views)
+    score = search_score(bool(request.score_norm), bool(request.stretch), with_views, request.alpha, request.k_start,
+                         request.k_end)
+    return ScoreMeaning(score, str(model_path or DEFAULT_DESCRIPTOR),
+                        card=card_threshold(model_path, "descriptor") if raw else None)
