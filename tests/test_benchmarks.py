@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import TINY_VIT, require_extra
+from conftest import TINY_VIT, require_extra, require_sscd
 from PIL import Image
 
 from benchmarks.minidisc import MiniDiscConfig, build_minidisc
@@ -169,6 +169,18 @@ def test_hash_systems_find_unedited_copies(tmp_path, system, module):
         if task.ground_truth[query_id] == [reference_id]:
             assert score == 1.0
     assert len(curve["precision"]) == len(predictions)
+
+
+def test_sscd_systems_find_unedited_copies(tmp_path):
+    """SSCD's two graphs as mini-DISC systems (raw cosine k-NN): an unedited copy comes first."""
+    from copynce_hf.evaluation.systems import SSCD_MODELS, DescriptorSystem
+
+    require_sscd()
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    for name in SSCD_MODELS:
+        predictions = DescriptorSystem.sscd(name, batch_size=4).predict(task, k=3).predictions
+        assert len(predictions) == 3 * len(task.queries)
+        assert score_predictions(predictions, task.ground_truth)[0]["recall_at_rank1"] == 1.0
 
 
 def test_hash_score_is_one_minus_normalised_hamming(tmp_path):
@@ -686,3 +698,13 @@ def test_contention_benchmark_measures_a_command_idle_and_beside_busy_processes(
     with pytest.raises(SystemExit, match="exited 3"):
         contention.main(["--repeats", "1", "--busy", "0", "--settle", "0", "--output", str(output), "--",
                          sys.executable, "-c", "raise SystemExit(3)"])
+
+
+def test_descriptor_costs_time_each_model_on_images_it_did_not_warm_up_on(tmp_path, capsys):
+    from benchmarks.speed.descriptor_costs import descriptor_value, image_costs, main
+
+    assert descriptor_value("embedded") is None and descriptor_value("some/folder") == "some/folder"
+    row = image_costs(str(ASSET_IMAGES), "embedded", count=3, warm_up=2, batch_size=2)
+    assert row["images"] == 3 and row["cpu_ms_per_image"] > 0 and row["wall_ms_per_image"] > 0
+    with pytest.raises(SystemExit, match="holds 12 images; --warm-up 10 \\+ --count 100 are needed"):
+        main([str(ASSET_IMAGES), "--models", "embedded"])

