@@ -1,6 +1,6 @@
 """More instances from few photos (copynce_hf.data.instances): grid cells, mixes, procedural images, the folder.
 
-Tiny photos (flat colours and noise, 40-130 pixels) are written into tmp folders; nothing reads ../shared.
+Tiny photos (flat colours and noise, 40-130 pixels) are written into tmp folders; no benchmark data is read.
 """
 
 from __future__ import annotations
