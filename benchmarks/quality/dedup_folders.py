@@ -105,9 +105,9 @@ def pool_photos(pool: str, data: Path = SHARED_DATA) -> list[Path]:
     return [photos[i] for i in np.random.default_rng(20261128).permutation(len(photos))]
 
 
-def draw_photos(pool: str, draw: int, photos: int) -> list[Path]:
+def draw_photos(pool: str, draw: int, photos: int, data: Path = SHARED_DATA) -> list[Path]:
     """The photos of draw ``draw`` (from 1) of ``photos`` photos (see the module)."""
-    found = pool_photos(pool)
+    found = pool_photos(pool, data)
     if pool == "dev":
         if photos > len(found):
             raise SystemExit(f"--pool dev holds {len(found)} photos, not {photos}")
@@ -118,14 +118,14 @@ def draw_photos(pool: str, draw: int, photos: int) -> list[Path]:
     return found[start:start + photos]
 
 
-def build_folder(folder: Path, pool: str, draw: int, photos: int, copies: int) -> dict:
+def build_folder(folder: Path, pool: str, draw: int, photos: int, copies: int, data: Path = SHARED_DATA) -> dict:
     """Write draw ``draw``'s folder into ``folder/collection`` (photos as PNG, ``<photo>_copy.png`` beside each copied
     one) and its ``truth.json``; reused when ``truth.json`` is there. Returns the truth: the groups (a photo and its
     copy), the photos, the edits of each copy."""
     truth_file = folder / "truth.json"
     if truth_file.is_file():
         return read_json(truth_file)
-    chosen = draw_photos(pool, draw, photos)
+    chosen = draw_photos(pool, draw, photos, data)
     if not 0 < copies <= len(chosen):
         raise SystemExit(f"--copies {copies} must be between 1 and --photos {len(chosen)}")
     shutil.rmtree(folder, ignore_errors=True)
@@ -206,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a dedup option for a what-if (e.g. threshold=0.99); the reported runs give none")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
+    parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the folder holding imagenet-sample")
     return parser
 
 
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for draw in args.draws:
         truth = build_folder(work / "folders" / f"{args.pool}-{args.photos}+{args.copies}-d{draw}", args.pool, draw,
-                             args.photos, args.copies)
+                             args.photos, args.copies, args.data)
         rows.append(run_draw(truth, work / "runs" / f"{label}-d{draw}", options))
         print(f"draw {draw}: {rows[-1]['origin']}", flush=True)
         write_json(work / f"{label}.json", {"command": command_line(), "when": now(), "machine": machine_info(),
