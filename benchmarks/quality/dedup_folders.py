@@ -20,7 +20,9 @@ Each folder runs ``copynce dedup FOLDER --output OUT`` (:func:`~copynce_hf.runs.
 models, no option given). Measured: the pair precision and recall of ``groups.csv`` against the planted pairs (every
 two images sharing a group are a pair), the pair AP of ``pairs.csv``'s decision scores over every true pair (one
 never verified counts as missed), the threshold and the line saying where it came from (what the self-calibration
-measured), the seconds of each stage of the report's table and of the whole run. Written to
+measured), the seconds of each stage of the report's table and of the whole run (wall and CPU seconds of the
+process, with the 1-minute load average at its end: on a shared machine the CPU seconds are the figure to compare).
+Written to
 ``<output-dir>/dedup_folders/<pool>-<photos>+<copies>.json`` (one entry per draw) and a Markdown table on stdout
 with the mean and the spread (population standard deviation) of the draws.
 """
@@ -28,6 +30,7 @@ with the mean and the spread (population standard deviation) of the draws.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import time
@@ -163,13 +166,13 @@ def run_draw(truth: dict, output: Path, options: dict | None = None) -> dict:
     lines: list[str] = []
     request = dedup_request(Path(truth["folder"]), output, dict(options or {}))
     request.log = lines.append
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     run = write_dedup_folder(request)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     quality = dedup_quality(output, truth["groups"])
     return {"pool": truth["pool"], "draw": truth["draw"], "images": truth["images"], "true_pairs": truth["true_pairs"],
             **quality, "threshold": float(run.result.threshold), "origin": run.origin, "seconds": seconds,
-            "stage_seconds": run.result.seconds, "log": lines, "options": options or {}}
+            "cpu_seconds": cpu_seconds, "load": os.getloadavg()[0], "stage_seconds": run.result.seconds, "log": lines, "options": options or {}}
 
 
 def summary_rows(rows: list[dict]) -> dict:
