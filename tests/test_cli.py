@@ -219,7 +219,8 @@ def test_detect_stopped_by_ctrl_c_says_that_the_same_command_resumes_and_it_does
 
 
 @pytest.mark.parametrize("command, resumes", [
-    (["dedup", "imgs", "--output", "dups"], "the indexes, matcher tokens and scored chunks kept in dups"),
+    (["dedup", "imgs", "--output", "dups"], "the indexes, matcher tokens and scored chunks kept in dups (the "
+                                            "self-calibration's in its self_calibration folder)"),
     (["index", "refs", "--output", "idx/refs"], "the complete chunks of descriptors kept in idx/.refs.chunks"),
     (["match", "c.csv", "--queries", "q", "--references", "r", "--output", "out/s.csv"],
      "the scored chunks kept in out/.s.csv.rescoring"),

@@ -30,10 +30,14 @@ DESCRIPTION = (
 EPILOG = (
     "Scores are copy probabilities with the matcher, cosines with --matcher none. Without --threshold or "
     "--calibration the threshold is self-calibrated on the collection: the dedup pipeline itself runs on "
-    "--self-calibration-sample of its images and their PixTrace copies (plain, put into templates, copies of "
-    "copies), held in memory; its verified pairs are labelled by where their images came from and the threshold "
-    "is the lowest decision score reaching --precision (default 0.9) over them, unweighted; OUTPUT/self_calibration/ keeps "
-    "the pairs and scores, and report.html says where the threshold came from (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost: a "
+    "--self-calibration-sample of its images, each with one planted PixTrace copy (plain, put into a template shared "
+    "with other images, or two copies without the original); its verified pairs are labelled by where their images "
+    "came from (two images of the collection that score as copies of each other count as neither) and the threshold "
+    "is the lowest decision score reaching --precision (default 0.9) over them, unweighted. One line says the "
+    "precision and recall it measured; where that recall is below 0.25 a warning says so and the run falls back to "
+    "the matcher's threshold at precision 0.9 from its model card. The self-calibration resumes after Ctrl-C as the "
+    "run does; OUTPUT/self_calibration/ keeps its pairs and scores, and report.html says where the threshold came "
+    "from and what it took (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost: a "
     "descriptor pass per image, the matcher's encoder once per image and its fusion blocks per candidate pair (twice "
     "where both orders are scored, --matcher-orders); the time of each pass: docs/detection.md, 'Local crops and what they cost'."
 )
@@ -66,7 +70,8 @@ def register(commands) -> argparse.ArgumentParser:
 
 def kept_work(args) -> str:
     """What a run stopped by Ctrl-C keeps for the next (:func:`~copynce_hf.commands.console.interrupted_line`)."""
-    return f"the indexes, matcher tokens and scored chunks kept in {args.output}"
+    return (f"the indexes, matcher tokens and scored chunks kept in {args.output} (the self-calibration's in its "
+            "self_calibration folder)")
 
 
 def request_of(args):

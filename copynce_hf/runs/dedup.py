@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,26 +161,32 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     :class:`~copynce_hf.retrieval.detection.config.DetectConfig` and :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run)."""
     from ..calibration.collection import FOLDER as SELF_CALIBRATION_FOLDER
     from ..calibration.collection import self_calibrate
+    from ..calibration.self_threshold import card_fallback
     from ..precision import make_accelerator
     from ..retrieval.content.crops import write_crops
     from ..retrieval.deduplication.collection import dedup, write_pairs
     from ..retrieval.deduplication.grouping import write_groups
+    from ..runtime.loading import DEFAULT_MATCHER
 
     (threshold, origin), (config, settings) = decision, configs
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.pipeline.models.matcher_label()}, "
         f"threshold {origin}")
-    calibration = None
+    calibration, started = None, time.perf_counter()
     if threshold is None:
         calibration = self_calibrate(
             source, descriptor, matcher, config, output / SELF_CALIBRATION_FOLDER, request.self_calibration_sample,
             0.9 if request.precision is None else request.precision, request.self_calibration_seed, whiten_from,
-            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log, settings)
+            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log, settings,
+            fallback=matcher and card_fallback(request.pipeline.models.matcher or DEFAULT_MATCHER))
         threshold, origin = calibration.threshold, calibration.origin
+    calibrating = time.perf_counter() - started
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
                    accelerator=accelerator, settings=settings, tokens_folder=output / "tokens")
+    if calibration is not None:  # the report's table of stage times, the self-calibration first (it runs first)
+        result.seconds = {"self-calibration": calibrating, **result.seconds}
     if not accelerator.is_main_process:
         return None
     run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)
@@ -208,9 +215,12 @@ def score_meaning(run: DedupRun, threshold: float) -> ScoreMeaning:
                                                             stage)
         return ScoreMeaning(score, model, threshold, f"{request.calibration} (`copynce calibrate`)", point.precision,
                             point.recall, decides)
-    choice = run.self_calibration.choice
+    calibration = run.self_calibration
+    if calibration.falls_back:  # the self-calibration kept too few copies (its one-line warning says so)
+        return ScoreMeaning(score, model, threshold, calibration.fallback.source, decides=decides)
+    choice = calibration.choice
     return ScoreMeaning(score, model, threshold, "self-calibrated on copies of this collection's own images",
-                        run.self_calibration.target if choice.reached else choice.precision, choice.recall, decides)
+                        calibration.target if choice.reached else choice.precision, choice.recall, decides)
 
 
 def matcher_orders_text(settings, matcher: tuple | None) -> str:
