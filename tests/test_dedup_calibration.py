@@ -428,10 +428,10 @@ def test_a_self_calibration_stopped_by_ctrl_c_resumes_from_its_kept_chunks(colle
 
 
 def test_the_help_and_the_docs_state_the_recall_floor_the_rule_uses():
-    from pathlib import Path
+    from conftest import REPO_ROOT
 
     from copynce_hf.commands.dedup import EPILOG
 
     assert f"where that recall is below {RECALL_FLOOR:g} a warning says so" in EPILOG
-    docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "detection.md").read_text().split())
+    docs = " ".join((REPO_ROOT / "docs/detection.md").read_text().split())
     assert f"Where that recall is below {RECALL_FLOOR:g} (half the share" in docs
