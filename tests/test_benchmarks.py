@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import TINY_VIT, require_extra
+from conftest import TINY_VIT, require_extra, require_sscd
 from PIL import Image
 
 from benchmarks.minidisc import MiniDiscConfig, build_minidisc
@@ -24,6 +24,7 @@ from benchmarks.speed import dense_tables
 from benchmarks.speed.parts import bench_faiss, bench_pixtrace, pixtrace_chain
 from benchmarks.training.train import VARIANTS, plan_runs, prepare_train_split
 from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.data.instances import read_manifest
 from copynce_hf.evaluation.systems import HashSystem, SystemOutput, score_predictions
 from copynce_hf.pixtrace import CoordinateTable, CopyEditor, CopyRecipe, pair_overlaps
 from copynce_hf.pixtrace.edits import Resize
@@ -168,6 +169,18 @@ def test_hash_systems_find_unedited_copies(tmp_path, system, module):
         if task.ground_truth[query_id] == [reference_id]:
             assert score == 1.0
     assert len(curve["precision"]) == len(predictions)
+
+
+def test_sscd_systems_find_unedited_copies(tmp_path):
+    """SSCD's two graphs as mini-DISC systems (raw cosine k-NN): an unedited copy comes first."""
+    from copynce_hf.evaluation.systems import SSCD_MODELS, DescriptorSystem
+
+    require_sscd()
+    task = build_minidisc(_config(tmp_path, recipe=IDENTITY_RECIPE))
+    for name in SSCD_MODELS:
+        predictions = DescriptorSystem.sscd(name, batch_size=4).predict(task, k=3).predictions
+        assert len(predictions) == 3 * len(task.queries)
+        assert score_predictions(predictions, task.ground_truth)[0]["recall_at_rank1"] == 1.0
 
 
 def test_hash_score_is_one_minus_normalised_hamming(tmp_path):
@@ -319,6 +332,41 @@ def test_train_split_folder_links_only_train_images(tmp_path):
     # a changed split definition removes links that are no longer train images
     folder2 = prepare_train_split(tmp_path, ASSET_IMAGES, _splits(tmp_path, references=6, distractors=5))
     assert sorted(p.name for p in folder2.iterdir()) == sorted(p.name for p in ASSETS[11:])
+
+
+def test_train_split_subset_keeps_the_held_out_images_and_nests(tmp_path):
+    splits = _splits(tmp_path, references=2, distractors=1)  # 9 train images: 6 to train on, the last 3 held out
+    train = sorted(p.name for p in ASSETS[3:])
+    small = sorted(p.name for p in prepare_train_split(tmp_path / "a", ASSET_IMAGES, splits, 2, held_out=3).iterdir())
+    large = sorted(p.name for p in prepare_train_split(tmp_path / "b", ASSET_IMAGES, splits, 4, held_out=3).iterdir())
+    assert small[-3:] == large[-3:] == train[-3:]  # the runs' evaluation images, last in name order
+    assert len(small) == 5 and len(large) == 7 and set(small) < set(large)  # a smaller draw is inside a larger one
+    assert set(small[:-3]) != set(train[:2])  # a seeded draw, not the first names
+    with pytest.raises(SystemExit, match="--train-images 7: the split has 6 training images"):
+        prepare_train_split(tmp_path / "c", ASSET_IMAGES, splits, 7, held_out=3)
+
+
+def test_train_split_instances_come_from_the_training_photos_only_and_keep_the_held_out_last(tmp_path):
+    splits = _splits(tmp_path, references=2, distractors=1)  # 9 train images: 6 to train on, the last 3 held out
+    train = sorted(ASSETS[3:], key=lambda path: path.name)
+    folder = prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3, instances="grid2,procedural3")
+    manifest = read_manifest(folder)
+    names = sorted(p.name for p in folder.iterdir() if p.name != "instances.json")
+    assert names[-3:] == [path.name for path in train[-3:]]  # the runs' evaluation images, whole, last, same names
+    assert all((folder / name).resolve() == path.resolve() for name, path in zip(names[-3:], train[-3:]))
+    sources = {source for record in manifest["instances"] if record["kind"] != "held_out" for source in record["sources"]}
+    drawn = sorted(p.name for p in prepare_train_split(tmp_path / "plain", ASSET_IMAGES, splits, 4, held_out=3).iterdir())
+    assert {Path(source).name for source in sources} == set(drawn[:-3])  # the same 4 photos --train-images 4 draws
+    assert len(names) == 4 * 4 + 3 + 3  # cells (the bundled images are large enough), procedural images, held out
+    made = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3, instances="grid2,procedural3")
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == made  # a second start (--resume) keeps them
+    prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3, instances="grid2,procedural3", instance_seed=1)
+    assert read_manifest(folder)["settings"]["seed"] == 1  # another seed: made again
+    plain = prepare_train_split(tmp_path, ASSET_IMAGES, splits, 4, held_out=3)
+    assert sorted(p.name for p in plain.iterdir()) == drawn  # back to links: no instance left behind
+    with pytest.raises(SystemExit, match="--instances: .*cannot read 'grid'"):
+        prepare_train_split(tmp_path, ASSET_IMAGES, splits, instances="grid")
 
 
 def test_trained_run_folders_are_discovered_and_matcher_rescores_top_k(tmp_path):
@@ -650,3 +698,13 @@ def test_contention_benchmark_measures_a_command_idle_and_beside_busy_processes(
     with pytest.raises(SystemExit, match="exited 3"):
         contention.main(["--repeats", "1", "--busy", "0", "--settle", "0", "--output", str(output), "--",
                          sys.executable, "-c", "raise SystemExit(3)"])
+
+
+def test_descriptor_costs_time_each_model_on_images_it_did_not_warm_up_on(tmp_path, capsys):
+    from benchmarks.speed.descriptor_costs import descriptor_value, image_costs, main
+
+    assert descriptor_value("embedded") is None and descriptor_value("some/folder") == "some/folder"
+    row = image_costs(str(ASSET_IMAGES), "embedded", count=3, warm_up=2, batch_size=2)
+    assert row["images"] == 3 and row["cpu_ms_per_image"] > 0 and row["wall_ms_per_image"] > 0
+    with pytest.raises(SystemExit, match="holds 12 images; --warm-up 10 \\+ --count 100 are needed"):
+        main([str(ASSET_IMAGES), "--models", "embedded"])

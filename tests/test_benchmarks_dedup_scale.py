@@ -92,8 +92,10 @@ def test_the_self_calibration_is_a_stage_of_its_own_and_its_lines_end_no_other()
         (25.0, 19.0, 520.0, "matcher (whole images):  50%|#####     | 700/1549 [00:05<00:05, 140pair/s]"),
         (44.0, 38.0, 560.0, "copynce dedup: self-calibration: matcher: 1549 pairs verified (740 encoder passes, "
                             "1549 fusion passes)"),
-        (44.5, 38.5, 560.0, "copynce dedup: self-calibration: 0 groups of copies (0 images) at threshold inf"),
-        (45.0, 39.0, 560.0, "copynce dedup: self-calibrated on 64 images of this collection: threshold 0.99")]
+        (44.5, 38.5, 560.0, "copynce dedup: self-calibration: matcher normalisation: 0 of 128 images have a "
+                            "background above 0"),
+        (45.0, 39.0, 560.0, "copynce dedup: self-calibrated on 64 images of this collection: threshold 0.99, where "
+                            "it measured precision 0.91 and recall 0.52 on 64 planted copy pairs")]
     lines = PROGRESS[:2] + calibration + [(wall + 45.0, cpu + 39.0, peak, line) for wall, cpu, peak, line in PROGRESS[2:]]
     stages = stage_times(lines)
     assert stages["seconds"] == {"load": 10.0, "self-calibration": 35.0, "descriptors": 70.5, "matcher": 329.5,

@@ -254,6 +254,11 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
     assert provenance["counts"]["matcher_pairs"] == 5 * 3  # 5 queries, top 3 each
     # each stage's pooled metrics on the calibration copies; RP90 is the recall kept at precision 0.9
     assert "matcher on the calibration copies: muAP" in out
+    # what each stage's scores are, printed and kept in the file
+    assert provenance["scores"] == {"descriptor": "the descriptor's cosine",
+                                    "matcher": "the matcher's copy probability (sigmoid of its logit), the highest "
+                                               "over the views of a pair scored"}
+    assert "matcher scores: the matcher's copy probability" in out and "a pair scored at or above a row's" in out
     for stage in ("descriptor", "matcher"):
         found = provenance["metrics"][stage]
         assert set(found) == {"micro_ap", "recall_at_p90", "recall_at_rank1"}
@@ -397,12 +402,20 @@ def test_the_default_matcher_decides_with_the_matcher_stage(collection, tmp_path
     decision = json.loads((tmp_path / "found" / "metrics.json").read_text())["decision"]
     assert decision["stage"] == "matcher" and decision["threshold"] == matcher
     assert f"at or above the threshold {matcher:.4f}" in out
+    meaning = json.loads((tmp_path / "found" / "scores.json").read_text())
+    assert (meaning["threshold"], meaning["precision"]) == (matcher, 0.9)
+    assert meaning["source"] == f"{tmp_path / 'calibration.json'} (`copynce calibrate`)"
+    assert meaning["recall"] == calibration.point(0.9, "matcher").recall and meaning["meaning"] in out
+    assert f"threshold {matcher:.4g} ({tmp_path / 'calibration.json'} (`copynce calibrate`): precision 0.9" in out
     assert f"{matcher:.4f} (matcher score at precision 0.9" in (tmp_path / "found" / "report.html").read_text()
     rows = [row.split(",") for row in (tmp_path / "found" / "predictions.csv").read_text().splitlines()[1:]]
     assert rows and all((row[3] == "1") == (float(row[2]) >= matcher) for row in rows)
 
-    code, _, err = run_cli(capsys, "dedup", collection / "refs", "--calibration", tmp_path / "calibration.json",
-                           "--output", tmp_path / "groups")
+    code, out, err = run_cli(capsys, "dedup", collection / "refs", "--calibration", tmp_path / "calibration.json",
+                             "--output", tmp_path / "groups")
     assert code == 0, err
+    meaning = json.loads((tmp_path / "groups" / "scores.json").read_text())
+    assert (meaning["threshold"], meaning["precision"]) == (matcher, 0.9) and meaning["meaning"] in out
+    assert "discounted by the part of each image's background above probability 0.5" in meaning["score"]
     report = (tmp_path / "groups" / "report.html").read_text()
     assert f"matcher score {matcher:.4g} at precision 0.9" in report and "descriptor score" not in report

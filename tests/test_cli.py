@@ -77,14 +77,16 @@ def test_find_copies_session(models, images, tmp_path, capsys):
         ]
         assert p.score == pytest.approx(float(expected), abs=1e-5)
     assert not has_extra("h5py", "bench") or (tmp_path / "disc21.hdf5").stat().st_size > 0
+    assert f"scores: the descriptor's cosine ({models['descriptor']}); uncalibrated, no threshold decides" in out
 
     # score normalisation with an auxiliary index subtracts the same bias from every pair of a query
     aux = tmp_path / "aux_idx"
     assert run_cli(capsys, "index", images / "aux", "--model", models["descriptor"], "--output", aux)[0] == 0
     normalized = tmp_path / "normalized.csv"
-    code, _, err = run_cli(capsys, "search", images / "queries", "--index", idx, "--k", 3, "--score-norm", aux,
-                       "--output", normalized)
+    code, out, err = run_cli(capsys, "search", images / "queries", "--index", idx, "--k", 3, "--score-norm", aux,
+                             "--output", normalized)
     assert code == 0, err
+    assert "less 1 x the query's mean cosine to its auxiliary neighbours of ranks 0-9 (score normalisation)" in out
     raw = {(p.query_id, p.reference_id): p.score for p in predictions}
     aux_set = DescriptorSet.load(aux)
     for p in read_predictions(normalized):
@@ -109,6 +111,7 @@ def test_find_copies_session(models, images, tmp_path, capsys):
         "--matcher", models["matcher"], "--output", scored,
     )
     assert code == 0, err
+    assert f"scores: the matcher's copy probability (sigmoid of its logit) ({models['matcher']}); uncalibrated" in out
     rescored = read_predictions(scored)
     assert {(p.query_id, p.reference_id) for p in rescored} == set(raw)
     assert all(0.0 <= p.score <= 1.0 for p in rescored)
@@ -156,6 +159,12 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert code == 0, err
     predictions = read_predictions(out_dir / "predictions.csv")
     assert sorted({p.query_id for p in predictions}) == ["Q0", "Q1", "Q2"]
+    # what the scores are, where they are written and printed: without --calibration no threshold decides
+    meaning = json.loads((out_dir / "scores.json").read_text())
+    assert meaning["format"] == "copynce-scores" and meaning["model"] == models["matcher"]
+    assert meaning["score"] == "the matcher's copy probability (sigmoid of its logit), the highest over the views of a pair scored"
+    assert meaning["threshold"] is None and meaning["card"] is None  # the tiny matcher has no card
+    assert meaning["meaning"] in out and "uncalibrated, no threshold decides" in meaning["meaning"]
     assert all(len([p for p in predictions if p.query_id == q]) == 2 for q in ("Q0", "Q1", "Q2"))
     assert all(0.0 <= p.score <= 1.0 for p in predictions)  # matcher probabilities
     metrics = json.loads((out_dir / "metrics.json").read_text())
@@ -163,6 +172,7 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
     assert metrics["num_candidates_per_query"] == 3
     html = (out_dir / "report.html").read_text()
     assert "Top matches" in html and "Borderline matches" in html
+    assert "<th>scores</th><td>scores: the matcher&#39;s copy probability" in html
     assert html.count('alt="token affinity heatmap"') == 3  # 2 top + the 1 remaining query
     assert all((out_dir / path).is_file() for path in
                [line.split('src="')[1].split('"')[0] for line in html.splitlines() if 'src="' in line])
@@ -176,9 +186,10 @@ def test_detect_end_to_end(models, images, tmp_path, capsys):
 
     # descriptors only: scores are the merged (best) descriptor similarities
     plain = tmp_path / "plain"
-    code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", plain,
-                       "--models", models["descriptor"], "--matcher", "none", "--k", 1)
+    code, out, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output", plain,
+                             "--models", models["descriptor"], "--matcher", "none", "--k", 1)
     assert code == 0, err
+    assert f"scores: the descriptor's cosine ({models['descriptor']}); uncalibrated" in out
     assert len(read_predictions(plain / "predictions.csv")) == 3 and not (plain / "metrics.json").exists()
     code, _, err = run_cli(capsys, "detect", images / "queries", "--references", tmp_path / "missing", "--output", plain)
     assert_one_line_error(code, err, "does not exist")
@@ -208,7 +219,8 @@ def test_detect_stopped_by_ctrl_c_says_that_the_same_command_resumes_and_it_does
 
 
 @pytest.mark.parametrize("command, resumes", [
-    (["dedup", "imgs", "--output", "dups"], "the indexes, matcher tokens and scored chunks kept in dups"),
+    (["dedup", "imgs", "--output", "dups"], "the indexes, matcher tokens and scored chunks kept in dups (the "
+                                            "self-calibration's in its self_calibration folder)"),
     (["index", "refs", "--output", "idx/refs"], "the complete chunks of descriptors kept in idx/.refs.chunks"),
     (["match", "c.csv", "--queries", "q", "--references", "r", "--output", "out/s.csv"],
      "the scored chunks kept in out/.s.csv.rescoring"),
@@ -369,6 +381,7 @@ def test_visualize_explains_with_the_embedded_matcher_and_prints_its_copy_probab
     image-copy-detection pipeline."""
     from transformers import pipeline
 
+    from copynce_hf.calibration.meaning import card_threshold
     from copynce_hf.runtime.loading import DEFAULT_MATCHER
 
     original = Image.open(ASSETS / "chelsea.jpg")
@@ -380,6 +393,9 @@ def test_visualize_explains_with_the_embedded_matcher_and_prints_its_copy_probab
     expected = detector(str(tmp_path / "copy.png"), str(ASSETS / "chelsea.jpg"))["score"]
     assert f"copy probability {expected:.4f} of the pair (the embedded matcher, on the whole images)" in out
     assert expected > 0.99
+    card = card_threshold(None, "matcher")
+    assert (f"uncalibrated, not the chance that the pair is a copy; look-alike images can score as high as copies; its "
+            f"model card puts precision 0.9 on mini-DISC at {card.threshold:.4f}") in out
 
 
 def assert_one_line_error(code, err, *fragments):

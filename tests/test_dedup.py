@@ -4,6 +4,7 @@ mechanics) and on planted copies with the embedded models (pair precision and re
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 
 import numpy as np
@@ -256,6 +257,10 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
                          "--output", output)
     assert code == 0, err
     assert "wrote 1 groups of copies (3 images)" in out and "dedup: read 10 images, skipped 0" in out
+    meaning = json.loads((output / "scores.json").read_text())
+    assert meaning["score"] == "the descriptor's cosine" and meaning["source"] == "given with --threshold"
+    assert meaning["threshold"] == 0.9999 and meaning["precision"] is None
+    assert meaning["meaning"] in out and "(given with --threshold, not calibrated)" in meaning["meaning"]
     with (output / "groups.csv").open(newline="") as handle:
         rows = list(csv.reader(handle))
     assert rows[0] == ["group_id", "image_id", "score_to_first", "joined_by", "joined_score", "rule"]
@@ -277,9 +282,12 @@ def test_copynce_dedup_writes_groups_pairs_and_gallery(collection, tmp_path, cap
     report = (output / "report.html").read_text()
     assert "Group 0: 3 images" in report and "R1_again" in report
 
-    code, _, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
-                       "--output", tmp_path / "x")
+    code, out, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher", "none",
+                             "--output", tmp_path / "x")
     assert code == 0 and "self-calibrated on 10 images" in (tmp_path / "x" / "report.html").read_text(), err
+    meaning = json.loads((tmp_path / "x" / "scores.json").read_text())
+    assert meaning["source"] == "self-calibrated on copies of this collection's own images" and meaning["meaning"] in out
+    assert "raw_score is the cosine itself" in meaning["score"] and meaning["precision"] is not None
     single = tmp_path / "single"
     single.mkdir()
     shutil.copy(collection / "R0.png", single / "R0.png")

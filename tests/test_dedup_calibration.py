@@ -5,8 +5,9 @@ that override it, determinism, reuse, and collections smaller than the sample.""
 from __future__ import annotations
 
 import csv
+import html
 import json
-import math
+import re
 import shutil
 
 import numpy as np
@@ -14,17 +15,18 @@ import pytest
 from conftest import run_cli, save_tiny_models, tiny_models
 from PIL import Image
 
-from copynce_hf.calibration.collection import (
-    FILE_NAME,
-    FOLDER,
-    choose_threshold,
-    self_calibrate,
-)
+from copynce_hf.calibration.collection import FILE_NAME, FOLDER, self_calibrate
+from copynce_hf.calibration.self_threshold import RECALL_FLOOR, Fallback, choose_threshold, self_threshold
 from copynce_hf.calibration.synthetic import (
     COPY_KINDS,
     NON_COPY_KINDS,
-    TEMPLATE_GROUP,
+    PAIRED,
+    ROLE_CYCLE,
+    SyntheticPair,
+    SyntheticSet,
+    mark_paired,
     pair_kind,
+    roles,
     synthetic_set,
 )
 from copynce_hf.modeling.errors import PredictionsError
@@ -73,39 +75,71 @@ def test_choose_threshold_takes_the_lowest_score_reaching_the_weighted_precision
         choose_threshold([False], [0.3], 1.0, 0.9)
 
 
-def test_the_synthetic_set_holds_copies_templated_copies_and_template_sharing_non_copies(collection):
+def test_the_synthetic_set_plants_one_copy_per_sampled_image_in_three_roles(collection):
+    """Each sampled image's content appears twice, as a copy pair of a collection holds it: with one copy, in a
+    template shared with other sampled images, or as two copies without the original."""
     source = ImageFolderSource(collection)
-    made = synthetic_set(source, 7, seed=0)
-    assert len(made.sample) == 7 and len(set(made.sample)) == 7 and set(made.sample) <= set(source.ids)
+    made = synthetic_set(source, 8, seed=0)
+    assert len(made.sample) == 8 and len(set(made.sample)) == 8 and set(made.sample) <= set(source.ids)
+    given = roles(8, 0)
+    assert sorted(given) == sorted(ROLE_CYCLE * 2)  # the cycle's proportions: 4 copy, 2 template, 2 copies
     kinds = [pair.kind for pair in made.pairs]
-    assert {kind: kinds.count(kind) for kind in COPY_KINDS} == {"copy": 7, "template copy": 7, "copy of copy": 7}
-    groups: dict[int, list[int]] = {}
-    for i in range(7):
-        groups.setdefault(made.records[f"{i:04d}:template"]["template"]["group"], []).append(i)
-    # groups of TEMPLATE_GROUP images (7 = 3 + 4: a last group of one joins the one before)
-    assert sorted(map(len, groups.values())) == [TEMPLATE_GROUP, TEMPLATE_GROUP + 1]
-    shared = [pair for pair in made.pairs if pair.kind == "shared template"]
-    assert len(shared) == sum(math.comb(len(group), 2) for group in groups.values())
-    for pair in shared:  # two different sampled images in the same template
-        a, b = (made.records[image] for image in (pair.query, pair.reference))
-        assert a["of"] != b["of"] and a["template"] == b["template"] and a["edits"] and b["edits"]
+    assert {kind: kinds.count(kind) for kind in COPY_KINDS} == {"copy": 4, "template copy": 2, "copy of copy": 2}
+    for i, role in enumerate(given):
+        images = sorted(image.split(":")[1] for image in made.images if image.startswith(f"{i:04d}:"))
+        assert images == {"copy": ["copy1", "original"], "template": ["original", "template"],
+                          "copies": ["copy1", "copy2"]}[role]
+        assert all(made.records[f"{i:04d}:{image}"] == {**made.records[f"{i:04d}:{image}"], "role": role,
+                                                        "of": made.sample[i]} for image in images)
+    assert len(made.images) == 16 and len(made.pairs) == 8 + sum(kind == "shared template" for kind in kinds)
+    templated = [i for i, role in enumerate(given) if role == "template"]
+    assert [pair.kind for pair in made.pairs if pair.kind == "shared template"] == ["shared template"]
+    a, b = (made.records[f"{i:04d}:template"] for i in templated)  # two images of one group share the template
+    assert a["of"] != b["of"] and a["template"] == b["template"] and a["edits"] and b["edits"]
     for pair in made.pairs:
+        assert pair_kind(made.records, pair.query, pair.reference) == pair.kind
         if pair.kind in COPY_KINDS:  # both sides made from the same sampled image
             assert made.records[pair.query]["of"] == made.records[pair.reference]["of"]
-    assert all(made.records[f"{i:04d}:copy1"]["edits"] for i in range(7))
-    for pair in made.pairs:  # the kind of any two synthetic images comes from their records
-        assert pair_kind(made.records, pair.query, pair.reference) == pair.kind
-    assert pair_kind(made.records, "0002:copy2", "0002:copy1") == "copy of copy"
-    assert pair_kind(made.records, "0002:copy2", "0002:template") == "template copy"
-    assert pair_kind(made.records, "0002:original", "0002:copy2") == "copy"
-    other = next(i for i in range(7) if made.records[f"{i:04d}:template"]["template"]["group"]
-                 != made.records["0000:template"]["template"]["group"])
-    assert pair_kind(made.records, "0000:template", f"{other:04d}:template") == "other image"
-    assert pair_kind(made.records, "0000:copy1", f"{other:04d}:original") == "other image"
-    again = synthetic_set(source, 7, seed=0)
+    copies = given.index("copies")
+    assert made.representatives()[made.sample[copies]] == f"{copies:04d}:copy1"  # its original is left out
+    assert made.representatives()[made.sample[templated[0]]] == f"{templated[0]:04d}:original"
+    other = given.index("copy")
+    assert pair_kind(made.records, f"{other:04d}:copy1", f"{copies:04d}:copy2") == "other image"
+    again = synthetic_set(source, 8, seed=0)
     assert again.sample == made.sample and again.records == made.records
-    assert synthetic_set(source, 7, seed=1).sample != made.sample
+    assert synthetic_set(source, 8, seed=1).sample != made.sample
     assert len(synthetic_set(source, 64, seed=0).sample) == len(source)  # a collection smaller than the sample
+
+
+def _pair(query: str, reference: str, records: dict, score: float) -> SyntheticPair:
+    return SyntheticPair(query, reference, pair_kind(records, query, reference), score)
+
+
+def test_images_of_the_collection_that_score_as_copies_of_each_other_count_as_neither():
+    """Two sampled images whose own pair scores at least as high as one of their planted copies and as half the
+    planted copies may be copies of each other in the collection: every pair made from them is left out of the
+    labels; a pair of two edited images alone (a shared planted frame) links nothing, nor do images whose planted
+    pairs were never verified, nor a pair below the median planted copy."""
+    records = {f"{i:04d}:{image}": {"of": of, "role": role} for i, of, role, images in (
+        (0, "a", "copy", ("original", "copy1")), (1, "b", "copy", ("original", "copy1")),
+        (2, "c", "copies", ("copy1", "copy2")), (3, "d", "copy", ("original", "copy1")),
+        (4, "e", "copy", ("original", "copy1")), (5, "f", "copy", ("original", "copy1"))) for image in images}
+    made = SyntheticSet(["a", "b", "c", "d", "e", "f"], {}, records, [])
+    pairs = [_pair("0000:copy1", "0000:original", records, 0.95), _pair("0001:copy1", "0001:original", records, 0.9),
+             _pair("0002:copy1", "0002:copy2", records, 0.99), _pair("0005:copy1", "0005:original", records, 0.1),
+             _pair("0000:original", "0001:original", records, 0.97),
+             _pair("0000:copy1", "0001:copy1", records, 0.4), _pair("0001:copy1", "0002:copy2", records, 0.999),
+             _pair("0002:copy2", "0003:copy1", records, 0.999), _pair("0003:original", "0004:original", records, 0.99),
+             _pair("0000:original", "0003:original", records, 0.5), _pair("0005:original", "0000:original", records,
+                                                                          0.6)]
+    assert mark_paired(pairs, made) == 1
+    assert [pair.kind for pair in pairs] == ["copy", "copy", "copy of copy", "copy", PAIRED, PAIRED, "other image",
+                                             "other image", "other image", "other image", "other image"]
+    # a and b: 0.97 is at least b's planted 0.9 and the median planted 0.925, so every pair of theirs (0.4 too) is
+    # neither; b and c's 0.999 is two edited images; d and e never had a planted pair verified; a and d at 0.5 are
+    # below a's planted 0.95; f and a at 0.6 reach f's planted 0.1 but not the median
+    chosen = self_threshold(pairs, made.sample, 6, 0.9)
+    assert chosen.counts["paired_in_collection"] == 2 and chosen.counts["copy_pairs"] == 4
 
 
 def _precision(rows: list[dict], threshold: float) -> float:
@@ -115,19 +149,23 @@ def _precision(rows: list[dict], threshold: float) -> float:
 
 def check_saved_choice(saved: dict) -> None:
     """The saved threshold follows the rule, recomputed from the saved pairs alone: the lowest decision score whose
-    verified pairs at or above it reach the target precision (no weighting), else the best precision reached; the
-    recall counts the true pairs never verified too."""
+    labelled verified pairs at or above it reach the target precision (no weighting; pairs of images the collection
+    pairs itself count as neither), else the best precision reached; the recall counts the true pairs never verified
+    too; the threshold used is that one where the recall reaches the floor, else the fallback (where one is
+    offered)."""
     rows, target, counts = saved["pairs"], saved["target_precision"], saved["counts"]
     copies = sum(row["copy"] for row in rows)
-    assert all(row["copy"] == (row["kind"] in COPY_KINDS) and row["kind"] in (*COPY_KINDS, *NON_COPY_KINDS)
+    assert all(row["copy"] == (row["kind"] in COPY_KINDS) and row["kind"] in (*COPY_KINDS, *NON_COPY_KINDS, PAIRED)
                for row in rows)
     assert all(row["copy"] == (saved["images"][row["query"]]["of"] == saved["images"][row["reference"]]["of"])
                for row in rows)  # labelled by provenance
-    assert counts["copy_pairs"] == copies and counts["non_copy_pairs"] == len(rows) - copies
+    labelled = [row for row in rows if row["kind"] != PAIRED]
+    assert counts["copy_pairs"] == copies and counts["non_copy_pairs"] == len(labelled) - copies
+    assert counts["paired_in_collection"] == len(rows) - len(labelled)
     assert counts["missed_true_pairs"] == counts["true_pairs"] - copies >= 0
-    precisions = {score: _precision(rows, score) for score in {row["score"] for row in rows}
-                  if any(r["copy"] and r["score"] >= score for r in rows)}
-    threshold = saved["threshold"]
+    precisions = {score: _precision(labelled, score) for score in {row["score"] for row in labelled}
+                  if any(r["copy"] and r["score"] >= score for r in labelled)}
+    threshold = saved["self_calibrated_threshold"]
     assert threshold in precisions and saved["precision"] == pytest.approx(precisions[threshold])
     assert saved["recall"] == pytest.approx(sum(r["copy"] and r["score"] >= threshold for r in rows)
                                             / counts["true_pairs"])
@@ -137,6 +175,11 @@ def check_saved_choice(saved: dict) -> None:
     else:
         assert all(p < target for p in precisions.values())
         assert precisions[threshold] == max(precisions.values())
+    usable = saved["reached"] and saved["recall"] >= RECALL_FLOOR == saved["recall_floor"]
+    assert saved["used"] == ("self-calibrated" if usable else "fallback" if saved["fallback"] else
+                             "self-calibrated, below the recall floor")
+    assert saved["threshold"] == (saved["fallback"]["threshold"] if saved["used"] == "fallback" else threshold)
+    assert (saved["warning"] is None) == usable
 
 
 @pytest.mark.parametrize("with_matcher", [False, True])
@@ -161,14 +204,15 @@ def test_the_self_calibrated_threshold_follows_its_rule_on_its_saved_pairs(colle
         {(row["query"], row["reference"]): row["score"] for row in saved["pairs"]})
     assert any(row["score"] != row["raw_score"] for row in saved["pairs"])  # normalised, not raw
     counts = saved["counts"]
-    assert counts["images"] == 10 and counts["true_pairs"] == 60  # 4 images per sampled image: 6 pairs each
+    assert counts["images"] == 10 and counts["true_pairs"] == 10  # one planted copy pair per sampled image
     assert counts["shared template"] == sum(row["kind"] == "shared template" for row in saved["pairs"])
-    assert lines[-1].startswith(f"self-calibrated on 10 images of this collection ({counts['copy_pairs']} positive "
-                                f"and {counts['non_copy_pairs']} negative verified pairs, {counts['shared template']} "
-                                "of them template-sharing): ")
-    assert f"threshold {made.threshold:.4g}" in lines[-1]
-    assert f"the candidates missed {counts['missed_true_pairs']} of the 60 true pairs" in lines[-1]
-    assert ("aims at precision 0.9 (measured recall" in lines[-1]) == saved["reached"]
+    assert lines[-1] == made.origin == saved["origin"]
+    assert lines[-1].startswith(f"self-calibrated on 10 images of this collection: threshold {made.threshold:.4g}")
+    assert (f"precision {saved['precision']:.2f} and recall {saved['recall']:.2f} on 10 planted copy pairs and "
+            f"{counts['non_copy_pairs']} non-copy pairs (target precision 0.9; the recall counts the "
+            f"{counts['missed_true_pairs']} copy pairs never verified; {counts['shared template']} non-copies share "
+            f"a template; {counts['linked_images']} pairs of this collection's images") in lines[-1]
+    assert not any("groups of copies" in line for line in lines)  # its run scores pairs, it forms no group
 
 
 def test_the_threshold_reaches_the_precision_when_a_model_tells_copies_apart(tmp_path):
@@ -222,9 +266,11 @@ def test_copynce_dedup_without_a_threshold_self_calibrates_and_says_so(collectio
     saved = json.loads((output / FOLDER / FILE_NAME).read_text())
     check_saved_choice(saved)
     assert f"copynce dedup: {saved['origin']}" in err.splitlines()
-    assert saved["origin"].startswith("self-calibrated on 10 images of this collection (")
-    report = (output / "report.html").read_text()
+    assert saved["origin"].startswith("self-calibrated on 10 images of this collection: threshold ")
+    assert not any("groups of copies" in line for line in err.splitlines() if "self-calibration" in line)
+    report = html.unescape((output / "report.html").read_text())
     assert saved["origin"] in report and str(output / FOLDER / FILE_NAME) in report
+    assert "<tr><td>self-calibration</td><td>" in report  # the report's table of stage times
     with (output / "pairs.csv").open(newline="") as handle:  # the groups are those of the self-calibrated threshold
         edges = [(row["query_id"], row["reference_id"]) for row in csv.DictReader(handle)
                  if float(row["score"]) >= saved["threshold"]]
@@ -274,5 +320,118 @@ def test_a_collection_of_two_images_self_calibrates_with_the_matcher(collection,
                            "--self-calibration-sample", 5, "--output", tmp_path / "found")
     assert code == 0, err
     saved = json.loads((tmp_path / "found" / FOLDER / FILE_NAME).read_text())
-    assert saved["counts"]["images"] == 2 and saved["counts"]["true_pairs"] == 12
+    assert saved["counts"]["images"] == 2 and saved["counts"]["true_pairs"] == 2
     check_saved_choice(saved)
+
+
+def test_a_self_calibration_below_the_recall_floor_warns_in_one_line_and_falls_back():
+    """The rule on pairs scored by hand: a threshold reaching the precision at a recall below the floor is not used;
+    the fallback is, with one warning line; without a fallback the threshold stays, and the line says so."""
+    def pairs(copies: list[float], others: list[float]) -> list[SyntheticPair]:
+        return ([SyntheticPair(f"{i:04d}:copy1", f"{i:04d}:original", "copy", score) for i, score in enumerate(copies)]
+                + [SyntheticPair(f"{i:04d}:copy1", f"{i + 1:04d}:original", "other image", score)
+                   for i, score in enumerate(others)])
+
+    few = pairs([0.99, 0.2, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05], [0.9, 0.8, 0.3])
+    fallback = Fallback(0.75, "the matcher's threshold at precision 0.9 on a task, from its model card")
+    made = self_threshold(few, [str(i) for i in range(10)], 10, 0.9, fallback)
+    assert (made.choice.threshold, made.choice.recall, made.choice.reached) == (0.99, 0.1, True)
+    assert made.choice.recall < RECALL_FLOOR and not made.usable and made.threshold == 0.75
+    assert made.warning == ("self-calibration: recall 0.10 of its planted copies at precision 1.00 is below the floor "
+                            f"{RECALL_FLOOR:g}; this run uses threshold 0.75 instead, the matcher's threshold at "
+                            "precision 0.9 on a task, from its model card; --threshold T sets one")
+    assert "\n" not in made.warning and made.origin.startswith(
+        "self-calibrated on 10 images of this collection: threshold 0.75, the matcher's threshold at precision 0.9")
+    assert "the self-calibrated 0.99 measured precision 1.00 and recall 0.10 on 10 planted copy pairs" in made.origin
+    alone = self_threshold(few, [str(i) for i in range(10)], 10, 0.9)
+    assert alone.threshold == 0.99 and "no stated default for these scores: this run keeps 0.99" in alone.warning
+    unreached = self_threshold(pairs([0.5, 0.4], [0.9, 0.8]), ["0", "1", "2"], 2, 0.9, fallback)
+    assert not unreached.choice.reached and unreached.threshold == 0.75
+    assert unreached.warning.startswith("self-calibration: no threshold reaches precision 0.9 on its planted pairs")
+    kept = self_threshold(pairs([0.99, 0.95, 0.9, 0.2], [0.5, 0.3]), ["0", "1", "2", "3", "4"], 4, 0.9, fallback)
+    assert kept.usable and kept.threshold == 0.9 and kept.warning is None and kept.choice.recall == 0.75
+    assert kept.origin.startswith("self-calibrated on 5 images of this collection: threshold 0.9, where it measured "
+                                  "precision 1.00 and recall 0.75 on 4 planted copy pairs and 2 non-copy pairs")
+
+
+def _matcher_with_card(folder, threshold: float) -> None:
+    """Give a saved matcher folder a model card stating ``threshold`` at precision 0.9, as an exported card does."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    data = ModelCardData(model_name="tiny", eval_results=[EvalResult(
+        task_type="other", dataset_type="tiny", dataset_name="a tiny task (8 copies)", metric_type="copy_detection",
+        metric_name="Score threshold at 90% precision", metric_config="threshold_at_p90", metric_value=threshold)])
+    ModelCard(f"---\n{data.to_yaml()}\n---\n# tiny\n").save(f"{folder}/README.md")
+
+
+def test_copynce_dedup_warns_in_one_line_and_uses_the_matchers_card_below_the_recall_floor(collection, tmp_path,
+                                                                                          capsys, caplog):
+    from copynce_hf.calibration.self_threshold import card_fallback
+
+    models = save_tiny_models(tmp_path / "models", seed=0)
+    assert card_fallback(models["matcher"]) is None  # no card: nothing to fall back to
+    _matcher_with_card(models["matcher"], 0.6125)
+    assert card_fallback(models["matcher"]) == Fallback(
+        0.6125, "the matcher's threshold at precision 0.9 on a tiny task, from its model card")
+    output = tmp_path / "found"
+    code, _, err = run_cli(capsys, "dedup", collection, "--model", models["descriptor"], "--matcher",
+                           models["matcher"], "--candidates", 3, "--precision", 1.0, "--output", output)
+    assert code == 0, err
+    saved = json.loads((output / FOLDER / FILE_NAME).read_text())
+    check_saved_choice(saved)
+    assert saved["recall"] < RECALL_FLOOR  # the random tiny models keep few of their planted copies
+    assert saved["used"] == "fallback" and saved["threshold"] == 0.6125
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings == [saved["warning"]] and "\n" not in saved["warning"]  # one line (copynce: WARNING: ...)
+    assert "this run uses threshold 0.6125 instead, the matcher's threshold at precision 0.9 on a tiny task" in (
+        saved["warning"])
+    assert saved["origin"] in html.unescape((output / "report.html").read_text())
+    with (output / "pairs.csv").open(newline="") as handle:  # the groups are those of the fallback
+        assert all(float(row["score"]) < 0.6125 for row in csv.DictReader(handle)) == (not _groups(output))
+
+
+def test_a_self_calibration_stopped_by_ctrl_c_resumes_from_its_kept_chunks(collection, tmp_path, capsys,
+                                                                          monkeypatch):
+    """The self-calibration keeps its calibration collection's work as the run does: a Ctrl-C in its matcher stage
+    leaves its scored chunks in OUTPUT/self_calibration/rescoring, and the same command goes on from them."""
+    from copynce_hf.retrieval.verify import chunked_scoring
+
+    save = chunked_scoring.ChunkFolder.save
+
+    def saved_then_interrupted(self, index, chunk):  # Ctrl-C once the first chunk of matcher scores is kept
+        save(self, index, chunk)
+        raise KeyboardInterrupt
+
+    models = save_tiny_models(tmp_path / "models", seed=0)
+    output = tmp_path / "found"
+    command = ["dedup", collection, "--model", models["descriptor"], "--matcher", models["matcher"],
+               "--candidates", 3, "--chunk-size", 4, "--output", output]
+    monkeypatch.setattr(chunked_scoring.ChunkFolder, "save", saved_then_interrupted)
+    code, _, err = run_cli(capsys, *command)
+    assert code == 130 and err.strip().splitlines()[-1].endswith("(the self-calibration's in its self_calibration "
+                                                                 "folder)")
+    assert not (output / FOLDER / FILE_NAME).exists() and list((output / FOLDER / "rescoring").rglob("chunk-*"))
+    assert (output / FOLDER / "tokens").is_dir() and (output / FOLDER / "indexes").is_dir()
+    monkeypatch.setattr(chunked_scoring.ChunkFolder, "save", save)
+    from copynce_hf.cli import main
+
+    assert main([*map(str, command)]) == 0  # not quiet: its log lines are read
+    err = capsys.readouterr().err
+    assert re.search(r"copynce dedup: self-calibration: .*resuming: 1 of \d+ chunks", err)
+    assert re.search(r"copynce dedup: self-calibration: .*token store: resuming", err) or "0 encoder passes" in err
+    resumed = json.loads((output / FOLDER / FILE_NAME).read_text())
+    check_saved_choice(resumed)
+    uninterrupted = tmp_path / "once"
+    code, _, err = run_cli(capsys, *command[:-1], uninterrupted)
+    assert code == 0, err
+    assert json.loads((uninterrupted / FOLDER / FILE_NAME).read_text())["pairs"] == pytest.approx(resumed["pairs"])
+
+
+def test_the_help_and_the_docs_state_the_recall_floor_the_rule_uses():
+    from conftest import REPO_ROOT
+
+    from copynce_hf.commands.dedup import EPILOG
+
+    assert f"where that recall is below {RECALL_FLOOR:g} a warning says so" in EPILOG
+    docs = " ".join((REPO_ROOT / "docs/detection.md").read_text().split())
+    assert f"Where that recall is below {RECALL_FLOOR:g} (half the share" in docs

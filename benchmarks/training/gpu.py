@@ -5,6 +5,7 @@ run's own held-out images, so that what comes back is exported only where it is 
 Here, once (everything the GPU machine needs and lacks goes to ``.gpu/``, which git ignores)::
 
     python -m benchmarks.training.gpu prepare          # prints the size that travels and the device call
+    python -m benchmarks.training.gpu prepare --instances grid2   # the photos cut into instances (the CPU curve's data)
 
 On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s: 600``::
 
@@ -69,11 +70,13 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
 from ..common import REPO_ROOT, machine_info, now, write_json
 from ..minidisc import SHARED_DATA
+from .train import instance_split
 
 logger = logging.getLogger("benchmarks.training.gpu")
 
@@ -120,11 +123,16 @@ UNUSED_AUGLY = ("tests", "audio", "video", "text", "assets/audio", "assets/text"
 
 def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample",
             splits_csv: Path = SHARED_DATA / "imagenet-sample-splits.csv", max_side: int = 256, quality: int = 80,
-            packages: bool = True, max_images: int | None = None, throughput: bool = True) -> dict:
+            packages: bool = True, max_images: int | None = None, throughput: bool = True,
+            instances: str | None = None, instance_seed: int = 0, held_out: int = 40) -> dict:
     """Fill ``bundle`` with the train split (shrunk to ``max_side``, JPEG ``quality``: 64 MiB travel in all;
     its first ``max_images`` by name only, if given: a call that only measures throughput), with ``packages``,
     the wheels, the slim AugLy and libmagic, and ``run.sh``; returns what it wrote. Without ``throughput``,
-    ``run.sh`` skips ``benchmarks.scale.gpu_throughput`` and the albumentations wheels stay behind."""
+    ``run.sh`` skips ``benchmarks.scale.gpu_throughput`` and the albumentations wheels stay behind.
+
+    With ``instances`` (a spec of ``benchmarks.training.train --instances``, e.g. ``"grid2"``), the split holds the
+    instances made of the shrunk training photos instead, the last ``held_out`` photos whole and last (the runs'
+    evaluation is unchanged), as the CPU runs of the instance curve train on them."""
     from PIL import Image
 
     from copynce_hf.evaluation.minidisc import read_splits
@@ -137,12 +145,18 @@ def prepare(bundle: Path = BUNDLE, images: Path = SHARED_DATA / "imagenet-sample
     split = bundle / "train_split"
     if split.exists():
         shutil.rmtree(split)
-    split.mkdir(parents=True)
-    for path in files:  # the same file names: the same images are held out (the last 40 by name)
-        image = load_image(path)
-        if max(image.size) > max_side:
-            image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
-        image.save(split / path.name, format="JPEG", quality=quality)
+    with tempfile.TemporaryDirectory() as shrunk_folder:
+        shrunk = Path(shrunk_folder) if instances else split
+        shrunk.mkdir(parents=True, exist_ok=True)
+        for path in files:  # the same file names: the same images are held out (the last 40 by name)
+            image = load_image(path)
+            if max(image.size) > max_side:
+                image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+            image.save(shrunk / path.name, format="JPEG", quality=quality)
+        if instances:
+            photos = [shrunk / path.name for path in files]
+            instance_split(split, photos[:len(photos) - held_out], photos[len(photos) - held_out:], instances,
+                           instance_seed, link=False)
     if packages:
         _bundle_packages(bundle, WHEELS + (THROUGHPUT_WHEELS if throughput else ()))
     script = bundle / "run.sh"
@@ -467,6 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
     ready.add_argument("--bundle", type=Path, default=BUNDLE, help="the folder the device call carries")
     ready.add_argument("--images", type=Path, default=SHARED_DATA / "imagenet-sample")
     ready.add_argument("--splits-csv", type=Path, default=SHARED_DATA / "imagenet-sample-splits.csv")
+    ready.add_argument("--instances", default=None,
+                       help="train on instances made of the photos (benchmarks.training.train --instances: grid2, "
+                            "photos,procedural560, ...); the 40 held-out photos stay whole and last")
+    ready.add_argument("--instance-seed", type=int, default=0)
     ready.add_argument("--max-side", type=int, default=256,
                        help="longer side of the travelling images (2.3x the 112-pixel model input)")
     ready.add_argument("--quality", type=int, default=80, help="their JPEG quality")
@@ -508,9 +526,9 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if args.command == "prepare":
         made = prepare(args.bundle, args.images, args.splits_csv, args.max_side, args.quality, args.packages,
-                       args.max_images, args.throughput)
+                       args.max_images, args.throughput, args.instances, args.instance_seed)
         fits = made["travelling_bytes"] <= TRAVEL_LIMIT
-        print(f"{made['images']} images; .gpu holds {made['bundle_bytes'] / 2**20:.1f} MiB; a device call sends "
+        print(f"{made['images']} photos; .gpu holds {made['bundle_bytes'] / 2**20:.1f} MiB; a device call sends "
               f"{made['travelling_bytes'] / 2**20:.1f} MiB of at most 64" + ("" if fits else ": TOO MUCH"))
         print('device call: run(command="bash .gpu/run.sh", carry=[".gpu"], timeout_s=600)')
         return made

@@ -11,7 +11,7 @@ matcher is judged apart from any candidate search). The numbers are the pair AP 
 and as means.
 
     python -m benchmarks.training.held_out_templates --kind descriptor --seeds 5 \\
-        --model embedded=copynce_hf/pretrained/descriptor --model new=outputs/x/descriptor
+        --model embedded=copynce_hf/pretrained/descriptor --model new=outputs/x/descriptor --model sscd=sscd
 """
 
 from __future__ import annotations
@@ -36,15 +36,25 @@ HELD_OUT_DETECT = DetectPlan(references=4, strangers=2, framed_queries=2, plain_
 TOP = 20
 
 
-def model_argument(text: str) -> tuple[str, Path]:
-    """``NAME=FOLDER`` -> ``(name, folder)``."""
+def model_argument(text: str) -> tuple[str, str]:
+    """``NAME=FOLDER`` -> ``(name, folder)``; a descriptor may also be ``NAME=onnx:PATH`` (an ONNX embedding model)
+    or ``NAME=sscd`` / ``NAME=sscd-distilled`` (SSCD's graphs, :func:`~benchmarks.templates.systems.model_value`)."""
+    from ..templates.systems import model_value
+
     name, sep, folder = text.partition("=")
-    if not sep or not name or not Path(folder).is_dir():
-        raise argparse.ArgumentTypeError(f"--model takes NAME=FOLDER with an existing folder, got {text!r}")
-    return name, Path(folder)
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--model takes NAME=FOLDER, got {text!r}")
+    try:
+        folder = model_value(folder)
+    except ImportError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if not folder.startswith("onnx:") and not Path(folder).is_dir():
+        raise argparse.ArgumentTypeError(f"--model takes NAME=FOLDER with an existing folder (or NAME=onnx:PATH, "
+                                         f"NAME=sscd, NAME=sscd-distilled for a descriptor), got {text!r}")
+    return name, folder
 
 
-def pair_scores(kind: str, folder: Path, source) -> np.ndarray:
+def pair_scores(kind: str, folder: str, source) -> np.ndarray:
     """(N, N) scores of every pair of ``source``'s images by the model in ``folder`` (cosine or copy probability)."""
     import torch
 
@@ -67,7 +77,7 @@ def pair_scores(kind: str, folder: Path, source) -> np.ndarray:
     return scores
 
 
-def score_models(kind: str, models: list[tuple[str, Path]], seeds: int, held_out: int, work: Path) -> dict:
+def score_models(kind: str, models: list[tuple[str, str]], seeds: int, held_out: int, work: Path) -> dict:
     """Per model: pair AP and template-sharing false pairs in the top :data:`TOP`, per seed and averaged."""
     from copynce_hf.retrieval import ImageFolderSource
 

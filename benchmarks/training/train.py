@@ -8,7 +8,9 @@
 What it does (paper Tables "Ablation studies" ask the same question at scale):
 
 1. Makes ``<output-dir>/train_split/``: links to the ``train`` split of
-   ``../shared/data/imagenet-sample`` (never the reference or distractor images).
+   ``../shared/data/imagenet-sample`` (never the reference or distractor images); with
+   ``--train-images N`` a seeded N of them; with ``--instances grid2`` (or ``photos,procedural560``, ...)
+   instances made of them (``copynce_hf.data.instances``), the 40 held-out photos whole and last.
 2. For every seed and variant, runs ``accelerate launch scripts/train.py --config
    configs/bench_descriptor.yaml`` with *the same* steps, batch, recipe and seed; the only
    difference between ``baseline`` and ``copynce`` is ``--model.copynce_weight 0``. Then the
@@ -29,8 +31,10 @@ when the driver is started again (``--force`` retrains).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -40,14 +44,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from copynce_hf.data.instances import InstancePlan, make_instances, read_manifest
 from copynce_hf.evaluation.minidisc import read_splits
+from copynce_hf.modeling.errors import ConfigError
 
 from ..common import DEFAULT_OUTPUT_DIR, REPO_ROOT, machine_info, now, read_json, write_json
 from ..minidisc import SHARED_DATA
 
 logger = logging.getLogger("benchmarks.training.train")
 
-__all__ = ["TrainingRun", "prepare_train_split", "plan_runs", "launch", "run_all", "calibrate", "main"]
+__all__ = ["TrainingRun", "prepare_train_split", "instance_split", "plan_runs", "launch", "run_all", "calibrate", "main"]
 
 #: Variant -> model overrides. Everything else is identical between the variants.
 VARIANTS = {"copynce": {}, "baseline": {"copynce_weight": 0}}
@@ -136,12 +142,34 @@ def _relative(part: str) -> str:
         return part
 
 
-def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path) -> Path:
-    """``<output_dir>/train_split/`` holding symbolic links to the ``train`` split's images only."""
-    files = read_splits(splits_csv, image_folder).get("train", [])
+def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path, train_images: int | None = None,
+                        held_out: int = 40, subset_seed: int = 0, instances: str | None = None,
+                        instance_seed: int = 0) -> Path:
+    """``<output_dir>/train_split/`` holding symbolic links to the ``train`` split's images only.
+
+    With ``train_images``, only that many of the images the runs train on (all but the split's last
+    ``held_out``, the runs' periodic evaluation) are linked, drawn with ``subset_seed``; the held-out images
+    stay, last in name order, so every point of an instance-scaling curve is evaluated on the same photos.
+    A smaller draw is a subset of a larger one (one seeded order, cut at ``train_images``).
+
+    With ``instances`` (an :meth:`InstancePlan.parse <copynce_hf.data.instances.InstancePlan.parse>` spec such as
+    ``"grid2"`` or ``"photos,procedural560"``), the folder holds instead the instances made of those training
+    photos (seeded by ``instance_seed``; see :func:`instance_split`), and the held-out images, whole and last.
+    """
+    files = sorted(read_splits(splits_csv, image_folder).get("train", []), key=lambda path: path.name)
     if not files:
         raise SystemExit(f"no train image listed in {splits_csv}")
+    training, evaluation = files[:len(files) - held_out], files[len(files) - held_out:]
+    if train_images is not None:
+        if not 2 <= train_images <= len(training):
+            raise SystemExit(f"--train-images {train_images}: the split has {len(training)} training images "
+                             f"(besides the {held_out} held out); choose 2 to {len(training)}")
+        order = random.Random(subset_seed).sample(training, len(training))
+        training = sorted(order[:train_images], key=lambda path: path.name)
     folder = Path(output_dir) / "train_split"
+    if instances:
+        return instance_split(folder, training, evaluation, instances, instance_seed)
+    files = training + evaluation
     folder.mkdir(parents=True, exist_ok=True)
     wanted = {path.name for path in files}
     for stale in folder.iterdir():  # an earlier split definition must not leak into training
@@ -151,6 +179,34 @@ def prepare_train_split(output_dir: Path, image_folder: Path, splits_csv: Path) 
         link = folder / path.name
         if not link.exists():
             link.symlink_to(path.resolve())
+    return folder
+
+
+def instance_split(folder: Path, training: list[Path], evaluation: list[Path], spec: str, seed: int = 0,
+                   link: bool = True) -> Path:
+    """``folder`` holding the instances ``spec`` makes of the ``training`` photos (never of the ``evaluation``
+    photos, linked whole after them in name order: the runs hold out the folder's last ``len(evaluation)``
+    images, as without instances). A folder already made with the same spec, seed and photos is kept. ``link``:
+    whole photos as symbolic links (``False``: copies, for a folder that travels)."""
+    try:
+        plan = InstancePlan.parse(spec)
+    except ConfigError as error:
+        raise SystemExit(f"--instances: {error}") from None
+    made = read_manifest(folder) if folder.is_dir() else None
+    settings = {**dataclasses.asdict(plan), "seed": seed, "held_out": len(evaluation), "link": link}
+    if (made and made["settings"] == settings and made.get("photos") == [str(path) for path in training]
+            and made.get("held_out_photos") == [str(path) for path in evaluation]
+            and all((folder / record["file"]).exists() for record in made["instances"])):
+        logger.info("train split: the %d files made before (%s, seed %d) kept", len(made["instances"]), spec, seed)
+        return folder
+    if folder.is_dir():  # links of an earlier split, or instances of another spec
+        for stale in folder.iterdir():
+            if stale.is_file() or stale.is_symlink():
+                stale.unlink()
+    try:
+        make_instances(training, folder, plan, seed=seed, held_out=evaluation, link=link, progress=True)
+    except ConfigError as error:
+        raise SystemExit(f"--instances {spec}: {error}") from None
     return folder
 
 
@@ -336,6 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--splits-csv", type=Path, default=SHARED_DATA / "imagenet-sample-splits.csv")
     parser.add_argument("--force", action="store_true", help="retrain runs that already finished")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--train-images", type=int, default=None,
+                        help="train on this many of the split's training photos (a seeded subset; the 40 held "
+                             "out for the runs' evaluation stay): one point of an instance-scaling curve")
+    parser.add_argument("--subset-seed", type=int, default=0, help="the draw of --train-images")
+    parser.add_argument("--instances", default=None,
+                        help="train on instances made of the training photos instead of the photos: a comma-separated "
+                             "list of photos (the whole photos), grid<N> (N x N cells of each photo; grid2gap0.05: "
+                             "5%% bands left out), collage<N>, cutmix<N>, procedural<N>, e.g. grid2 or "
+                             "photos,procedural560 (copynce_hf.data.instances; the 40 held-out photos stay whole)")
+    parser.add_argument("--instance-seed", type=int, default=0, help="the draws of --instances (mixes, procedural)")
     parser.epilog = "Arguments after -- are passed to every scripts/train.py run (e.g. -- --learning_rate 5e-4)."
     return parser
 
@@ -352,10 +418,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cores = [None] * args.parallel
     output_dir = args.output_dir
     runs_dir = output_dir / "runs"
-    dataset = prepare_train_split(output_dir, args.image_folder, args.splits_csv)
+    dataset = prepare_train_split(output_dir, args.image_folder, args.splits_csv, args.train_images,
+                                  subset_seed=args.subset_seed, instances=args.instances,
+                                  instance_seed=args.instance_seed)
     started = time.perf_counter()
     plan = {"machine": machine_info(), "started": now(), "seeds": args.seeds, "variants": args.variants,
-            "cores": cores, "extra": extra}
+            "cores": cores, "extra": extra, "train_images": args.train_images, "subset_seed": args.subset_seed,
+            "instances": args.instances, "instance_seed": args.instance_seed}
     if args.minutes is not None and not args.dry_run:
         plan["descriptor_calibration"] = calibrate("descriptor", args.minutes, cores, dataset,
                                                    output_dir / "calibration", args.calibration_steps)

@@ -1,22 +1,31 @@
-"""The calibration collection ``copynce dedup`` calibrates its default threshold on: a sample of the collection's
-own images, PixTrace copies of them, copies put into templates, and copies of copies.
+"""The calibration collection ``copynce dedup`` calibrates its default threshold on: the collection's own images, each
+with one planted copy, as a collection of copies holds them.
 
-From a seeded sample of the collection's readable images (:func:`draw_sample`), :func:`synthetic_set` makes, for
-each sampled image ``x``:
+From a seeded sample of the collection's readable images (:func:`draw_sample`), :func:`synthetic_set` gives each
+sampled image ``x`` one of three roles (:data:`ROLES`, in a seeded order, in the proportions of :data:`ROLE_CYCLE`):
 
-* ``copy1`` and ``copy2``: two copies drawn with the evaluation recipe
+* ``copy``: ``x`` and ``copy1``, a copy drawn with the evaluation recipe
   (:meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`, whose edits the
   training recipes never draw);
-* ``template``: ``x`` put into a template (:class:`~copynce_hf.pixtrace.templates.TemplateRecipe`: an app frame,
-  a meme band, a background photo, a text-and-emoji overlay), one template drawn per group of
-  :data:`TEMPLATE_GROUP` sampled images (a background photo is an image of the collection outside the sample).
+* ``template``: ``x`` and ``template``, ``x`` put into a template (:class:`~copynce_hf.pixtrace.templates.
+  TemplateRecipe`: an app frame, a meme band, a background photo, a text-and-emoji overlay), one template drawn per
+  group of :data:`TEMPLATE_GROUP` templated images (a background photo is an image of the collection outside the
+  sample): unrelated images sharing a frame;
+* ``copies``: ``copy1`` and ``copy2``, two copies of ``x`` drawn with the evaluation recipe, ``x`` itself left out
+  (copies of copies, their original absent).
+
+Each sampled image's content thus appears twice, as a copy pair of a collection holds it: the collection
+normalisation of both stages (an image's background from its neighbours of ranks 2-9) and content tokens (tokens
+shared with 2 of 10 neighbours are frame) see a planted copy as they see a copy of the collection. (Three images of
+one content, the original and two copies, would make each image's content "shared with 2 neighbours": its copies
+would be scored as frame, far lower than a pair of the collection is.)
 
 Any two of these images have a known kind (:func:`pair_kind`; :data:`COPY_KINDS` are copies, :data:`NON_COPY_KINDS`
 are not): two images made from the same sampled image are copies (``copy``: a copy and its original, ``copy of
-copy``, ``template copy``: a templated image and another image of its original); two made from different sampled
-images are not (``shared template``: two templated images of one group, sharing the template's pixels and
-nothing else; ``other image`` otherwise). :attr:`SyntheticSet.pairs` lists the copy pairs each sampled image makes
-and the template-sharing pairs of each group.
+copy``, ``template copy``: a templated image and its original); two made from different sampled images are not
+(``shared template``: two templated images of one group, sharing the template's pixels and nothing else; ``other
+image`` otherwise), unless the collection itself pairs them (:mod:`copynce_hf.calibration.collection`).
+:attr:`SyntheticSet.pairs` lists the copy pairs each sampled image makes and the template-sharing pairs of each group.
 
 Images stay in memory (the originals are read again from the collection when needed): nothing is written into the
 collection.
@@ -25,6 +34,8 @@ collection.
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from collections.abc import Callable
 
 import numpy as np
@@ -38,7 +49,15 @@ from ..pixtrace.templates import TemplateRecipe
 COPY_KINDS = ("copy", "template copy", "copy of copy")
 #: Pair kinds that are not.
 NON_COPY_KINDS = ("shared template", "other image")
-#: Sampled images put into one drawn template (a remainder of one joins the last group).
+#: The kind of a pair of images made from two sampled images that the collection itself pairs (:func:`mark_paired`):
+#: neither a copy nor a non-copy.
+PAIRED = "paired in the collection"
+#: The roles of a sampled image (see the module).
+ROLES = ("copy", "template", "copies")
+#: The roles given in turn along the sample's seeded order: half the sampled images copied once, a quarter put
+#: into a template, a quarter copied twice without their original.
+ROLE_CYCLE = ("copy", "template", "copy", "copies")
+#: Templated images put into one drawn template (a remainder of one joins the last group).
 TEMPLATE_GROUP = 3
 #: The copy recipe of the synthetic copies (a :meth:`CopyRecipe.preset` name the training recipes never draw).
 COPY_RECIPE = "minidisc_queries"
@@ -70,11 +89,13 @@ class SyntheticSet:
     """The synthetic images and pairs of one self-calibration.
 
     Attributes:
-        sample: the sampled collection ids; sampled image ``i`` is ``sample[i]``, its synthetic ids are
-            ``{i:04d}:original``, ``{i:04d}:copy1``, ``{i:04d}:copy2``, ``{i:04d}:template``.
+        sample: the sampled collection ids; sampled image ``i`` is ``sample[i]``, its synthetic ids are those of
+            its role: ``{i:04d}:original`` and ``{i:04d}:copy1`` (``copy``), ``{i:04d}:original`` and
+            ``{i:04d}:template`` (``template``), ``{i:04d}:copy1`` and ``{i:04d}:copy2`` (``copies``).
         images: synthetic id -> a PIL image, or a callable reading the original from the collection.
-        records: synthetic id -> how it was made (``of``: the collection id; ``edits``: the ``Edit.to_dict()``
-            records; ``template``: the template's ``group`` number and its ``Template.to_dict()``).
+        records: synthetic id -> how it was made (``of``: the collection id; ``role``: the sampled image's role;
+            ``edits``: the ``Edit.to_dict()`` records; ``template``: the template's ``group`` number and its
+            ``Template.to_dict()``).
         pairs: the :class:`SyntheticPair` rows.
     """
 
@@ -83,9 +104,14 @@ class SyntheticSet:
     records: dict[str, dict]
     pairs: list[SyntheticPair]
 
-    def originals(self) -> list[str]:
-        """The synthetic ids of the sampled originals, in sample order."""
-        return [original_id(i) for i in range(len(self.sample))]
+    def representatives(self) -> dict[str, str]:
+        """Collection id -> the synthetic image standing for that sampled image among the others: itself, or its
+        first copy where it is left out (role ``copies``)."""
+        found: dict[str, str] = {}
+        for image, record in self.records.items():
+            if image.endswith(":original") or (image.endswith(":copy1") and record["role"] == "copies"):
+                found[record["of"]] = image
+        return found
 
 
 def original_id(position: int) -> str:
@@ -100,10 +126,10 @@ def pair_kind(records: dict[str, dict], a: str, b: str) -> str:
         shared = "template" in first and "template" in second and (
             first["template"]["group"] == second["template"]["group"])
         return "shared template" if shared else "other image"
-    roles = {image.rsplit(":", 1)[-1] for image in (a, b)}
-    if "template" in roles:
+    made_as = {image.rsplit(":", 1)[-1] for image in (a, b)}
+    if "template" in made_as:
         return "template copy"
-    return "copy of copy" if roles == {"copy1", "copy2"} else "copy"
+    return "copy of copy" if made_as == {"copy1", "copy2"} else "copy"
 
 
 def _shrunk(image: Image.Image) -> Image.Image:
@@ -158,40 +184,98 @@ def template_groups(count: int, rng: np.random.Generator) -> list[list[int]]:
     return groups
 
 
+def roles(count: int, seed: int) -> list[str]:
+    """The role of each of ``count`` sampled images (:data:`ROLE_CYCLE` along a seeded order)."""
+    order = np.random.default_rng([seed, 2]).permutation(count)
+    found = [""] * count
+    for rank, position in enumerate(order):
+        found[int(position)] = ROLE_CYCLE[rank % len(ROLE_CYCLE)]
+    return found
+
+
 def synthetic_set(source, size: int, seed: int) -> SyntheticSet:
-    """Draw the sample (:func:`draw_sample`) and make its copies, templated images and pairs (see the module's
-    docstring); every draw comes from ``seed``."""
+    """Draw the sample (:func:`draw_sample`), give each sampled image its role (:func:`roles`) and make its images
+    and pairs (see the module's docstring); every draw comes from ``seed``."""
     drawn = draw_sample(source, size, seed)
     if not drawn:
         raise ConfigError("no image of the collection could be read for the self-calibration")
     recipe = CopyRecipe.preset(COPY_RECIPE)
     made = SyntheticSet([source.ids[position] for position, _ in drawn], {}, {}, [])
+    given = roles(len(drawn), seed)
     for i, (position, image) in enumerate(drawn):
-        made.images[original_id(i)] = (lambda where=position: source.load(where))
-        made.records[original_id(i)] = {"of": source.ids[position]}
-        for copy in (1, 2):
+        role, of = given[i], source.ids[position]
+        if role != "copies":
+            made.images[original_id(i)] = (lambda where=position: source.load(where))
+            made.records[original_id(i)] = {"of": of, "role": role}
+        for copy in (1, 2)[:{"copy": 1, "template": 0, "copies": 2}[role]]:
             edited, _, edits = recipe.apply(image, np.random.default_rng([seed, copy, i]))
             made.images[f"{i:04d}:copy{copy}"] = edited
-            made.records[f"{i:04d}:copy{copy}"] = {"of": source.ids[position], "edits": edits}
-        made.pairs += [SyntheticPair(f"{i:04d}:copy1", original_id(i), "copy"),
-                       SyntheticPair(f"{i:04d}:copy1", f"{i:04d}:copy2", "copy of copy")]
-    _put_into_templates(made, drawn, source, seed)
+            made.records[f"{i:04d}:copy{copy}"] = {"of": of, "role": role, "edits": edits}
+        if role == "copy":
+            made.pairs.append(SyntheticPair(f"{i:04d}:copy1", original_id(i), "copy"))
+        elif role == "copies":
+            made.pairs.append(SyntheticPair(f"{i:04d}:copy1", f"{i:04d}:copy2", "copy of copy"))
+    _put_into_templates(made, [(i, drawn[i]) for i in range(len(drawn)) if given[i] == "template"], source, seed)
     return made
 
 
-def _put_into_templates(made: SyntheticSet, drawn: list[tuple[int, Image.Image]], source, seed: int) -> None:
-    """Add each sampled image put into its group's template, its ``template copy`` pair, and the ``shared
-    template`` pairs of each group."""
+def _put_into_templates(made: SyntheticSet, templated: list[tuple[int, tuple[int, Image.Image]]], source,
+                        seed: int) -> None:
+    """Add each templated sampled image (``(i, (position in the source, image))``) put into its group's template,
+    its ``template copy`` pair, and the ``shared template`` pairs of each group."""
     rng = np.random.default_rng([seed, 3])
-    picker = _background_picker(source, {position for position, _ in drawn})
-    for number, group in enumerate(template_groups(len(drawn), rng)):
+    picker = _background_picker(source, set(_sampled_positions(made, source)))
+    for number, group in enumerate(template_groups(len(templated), rng)):
         template = TemplateRecipe().draw(rng, backgrounds=picker)
-        for i in group:
-            image = drawn[i][1]
-            templated, _ = template.apply(image)
-            made.images[f"{i:04d}:template"] = templated
-            made.records[f"{i:04d}:template"] = {"of": made.sample[i], "template": {"group": number, **template.to_dict()},
+        members = [templated[k][0] for k in group]
+        for k in group:
+            i, (_, image) = templated[k]
+            picture, _ = template.apply(image)
+            made.images[f"{i:04d}:template"] = picture
+            made.records[f"{i:04d}:template"] = {"of": made.sample[i], "role": "template",
+                                                 "template": {"group": number, **template.to_dict()},
                                                  "edits": template.edit_dicts((image.height, image.width))}
             made.pairs.append(SyntheticPair(f"{i:04d}:template", original_id(i), "template copy"))
         made.pairs += [SyntheticPair(f"{a:04d}:template", f"{b:04d}:template", "shared template")
-                       for n, a in enumerate(group) for b in group[n + 1:]]
+                       for n, a in enumerate(members) for b in members[n + 1:]]
+
+
+def _sampled_positions(made: SyntheticSet, source) -> list[int]:
+    """The positions in ``source`` of the sampled images."""
+    where = {image_id: position for position, image_id in enumerate(source.ids)}
+    return [where[image_id] for image_id in made.sample]
+
+
+def mark_paired(pairs: list[SyntheticPair], collection: SyntheticSet) -> int:
+    """Give every verified pair of images made from two sampled images ``a`` and ``b`` the kind :data:`PAIRED` where
+    ``a`` and ``b`` themselves score as copies of each other: a verified pair of an image of ``a`` and one of ``b``,
+    one of them a sampled image itself or both standing for theirs (:meth:`SyntheticSet.representatives`), scores at
+    least as high as ``a``'s or ``b``'s own planted pair and as half the planted pairs (their median decision score).
+    A folder may hold copies (a small folder's copy pairs are all sampled together): the self-calibration cannot tell
+    whether two of its images are copies, and counting them as non-copies would set the threshold above every copy
+    pair of the collection. Two edited images alone do not link their originals (they may share a planted frame); a
+    planted pair never verified says nothing, and two images neither of whose planted pairs was verified stay
+    non-copies; the median keeps an image whose planted copy the model missed from linking it to any look-alike.
+    Returns how many pairs of sampled images were linked so."""
+    records = collection.records
+    planted: dict[str, float] = {}
+    for pair in pairs:
+        if pair.is_copy:
+            of = records[pair.query]["of"]
+            planted[of] = max(planted.get(of, -math.inf), pair.score)
+    if not planted:
+        return 0
+    half = statistics.median(planted.values())
+    standing = set(collection.representatives().values())
+    linked = set()
+    for pair in pairs:
+        a, b = records[pair.query]["of"], records[pair.reference]["of"]
+        plain = pair.query.endswith(":original") or pair.reference.endswith(":original") or {
+            pair.query, pair.reference} <= standing
+        known = [planted[of] for of in (a, b) if of in planted]
+        if a != b and plain and known and pair.score >= max(min(known), half):
+            linked.add(frozenset((a, b)))
+    for pair in pairs:
+        if frozenset((records[pair.query]["of"], records[pair.reference]["of"])) in linked:
+            pair.kind = PAIRED
+    return len(linked)

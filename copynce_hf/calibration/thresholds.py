@@ -14,9 +14,12 @@ The file (JSON, ``"format": "copynce-calibration"``, ``"version": 1``)::
      "stages": {"descriptor": [{"precision": 0.9, "threshold": 0.41, "recall": 0.83}, ...],
                 "matcher": [...]},
      "provenance": {"recipe": {...}, "seed": 0, "sample_ids": [...], "distractor_ids": [...],
-                    "counts": {...}, "runtime": "torch" | "onnx", ...}}
+                    "counts": {...}, "runtime": "torch" | "onnx", "scores": {"matcher": "the matcher's copy
+                    probability ...", ...}, ...}}
 
-``threshold`` is ``null`` where no score reaches the precision (then ``recall`` is 0). The runtime that ran the
+``threshold`` is ``null`` where no score reaches the precision (then ``recall`` is 0). ``provenance["scores"]`` says
+in words what each stage's scores are (:func:`~copynce_hf.calibration.meaning.detect_score`; files written before
+it have none). The runtime that ran the
 models (``copynce calibrate --runtime``) is recorded, not checked: both give the same scores (to about 1e-4).
 Stages: ``descriptor`` scores what ``detect --matcher none`` outputs (the merged descriptor candidates,
 score-normalised when an auxiliary set is used), ``matcher`` what ``detect`` outputs with the matcher.
@@ -174,11 +177,14 @@ def calibrated_decision(path: str | os.PathLike, precision: float | None, pipeli
 
 def model_identity(path: str | os.PathLike | None, kind: str) -> str:
     """How a calibration names a model: ``embedded:<kind>`` for the package's embedded model, the absolute path
-    of a local folder, or the Hub id as given."""
+    of a local folder (``onnx:`` and the absolute path for an ONNX embedding model), or the Hub id as given."""
+    from ..runtime.embedding_declaration import absolute_embedding_path, is_embedding_path
     from ..runtime.loading import DEFAULTS
 
     if path is None:
         return f"embedded:{kind}"
+    if is_embedding_path(path):
+        return absolute_embedding_path(path)
     local = Path(os.fspath(path)).expanduser()
     if local.exists():
         resolved = local.resolve()

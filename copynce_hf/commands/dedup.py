@@ -8,6 +8,7 @@ import argparse
 from ..configuration.fields import add_options, build, given_options
 from ..retrieval.deduplication.settings import DedupSettings
 from ..runs.dedup import DedupRequest
+from ..runtime.embedding_declaration import OPTION_HELP
 from . import options
 from .console import progress_log
 
@@ -19,8 +20,8 @@ DESCRIPTION = (
     "--collection-normalisation), and an image whose own content is a small part of it (a photo in a frame) is "
     "also searched and verified as that part, cut from its pixels (--content-crops). Writes OUTPUT/groups.csv (group_id,image_id,score_to_first,joined_by,"
     "joined_score,rule: each member's score with the group's first image and how it joined), OUTPUT/pairs.csv "
-    "(every verified pair, its decision score, its raw score and the views scored), OUTPUT/content_crops.csv (the "
-    "crops' boxes), "
+    "(every verified pair, its decision score, its raw score and the views scored), OUTPUT/scores.json (what the "
+    "decision score is and where the threshold comes from), OUTPUT/content_crops.csv (the crops' boxes), "
     "OUTPUT/report.html (a gallery of the largest groups), OUTPUT/indexes, OUTPUT/tokens (the matcher's encoder "
     "tokens, each image encoded once) and OUTPUT/rescoring (reused by the next run: a run cut short resumes, from "
     "the last complete chunk of descriptors, tokens or matcher pairs). Under `accelerate launch` the processes "
@@ -29,10 +30,14 @@ DESCRIPTION = (
 EPILOG = (
     "Scores are copy probabilities with the matcher, cosines with --matcher none. Without --threshold or "
     "--calibration the threshold is self-calibrated on the collection: the dedup pipeline itself runs on "
-    "--self-calibration-sample of its images and their PixTrace copies (plain, put into templates, copies of "
-    "copies), held in memory; its verified pairs are labelled by where their images came from and the threshold "
-    "is the lowest decision score reaching --precision (default 0.9) over them, unweighted; OUTPUT/self_calibration/ keeps "
-    "the pairs and scores, and report.html says where the threshold came from (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost: a "
+    "--self-calibration-sample of its images, each with one planted PixTrace copy (plain, put into a template shared "
+    "with other images, or two copies without the original); its verified pairs are labelled by where their images "
+    "came from (two images of the collection that score as copies of each other count as neither) and the threshold "
+    "is the lowest decision score reaching --precision (default 0.9) over them, unweighted. One line says the "
+    "precision and recall it measured; where that recall is below 0.25 a warning says so and the run falls back to "
+    "the matcher's threshold at precision 0.9 from its model card. The self-calibration resumes after Ctrl-C as the "
+    "run does; OUTPUT/self_calibration/ keeps its pairs and scores, and report.html says where the threshold came "
+    "from and what it took (with collection normalisation, thresholds apply to the normalised scores; a calibration file holds raw scores and needs --collection-normalisation off). Cost: a "
     "descriptor pass per image, the matcher's encoder once per image and its fusion blocks per candidate pair (twice "
     "where both orders are scored, --matcher-orders); the time of each pass: docs/detection.md, 'Local crops and what they cost'."
 )
@@ -47,7 +52,7 @@ def register(commands) -> argparse.ArgumentParser:
     add_options(p, DedupRequest, ("images",))
     options.add_dataset_input(p, "dataset", "images", settings=DedupRequest)
     add_options(p, DedupRequest, ("output",))
-    p.add_argument("--model", help=f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
+    p.add_argument("--model", help=f"descriptor model folder or Hub id, {OPTION_HELP} (default: {DEFAULT_DESCRIPTOR})")
     options.add_matcher(p)
     add_options(p, DedupRequest, ("threshold",))
     options.add_calibration(p, DedupRequest)
@@ -65,7 +70,8 @@ def register(commands) -> argparse.ArgumentParser:
 
 def kept_work(args) -> str:
     """What a run stopped by Ctrl-C keeps for the next (:func:`~copynce_hf.commands.console.interrupted_line`)."""
-    return f"the indexes, matcher tokens and scored chunks kept in {args.output}"
+    return (f"the indexes, matcher tokens and scored chunks kept in {args.output} (the self-calibration's in its "
+            "self_calibration folder)")
 
 
 def request_of(args):
@@ -95,5 +101,6 @@ def run(args) -> int:
     print(f"wrote {len(result.groups)} groups of copies ({found.rows} images) to {output / 'groups.csv'}, "
           f"{len(result.pairs)} verified pairs to {output / 'pairs.csv'} and the group gallery to {found.report} "
           f"({time.perf_counter() - start:.0f} s)")
+    print(found.meaning.line())
     report_counts("dedup", f"{len(found.source)} images", result.skipped.values(), f"wrote {found.rows} group rows")
     return 0

@@ -17,7 +17,9 @@ DESCRIPTION = (
     "where it is a small part of the query (--query-crops: a copy pasted into a screenshot or a meme) and write "
     "OUTPUT/predictions.csv (query_id,reference_id,score), OUTPUT/report.html (a gallery of the top and borderline "
     "matches with heatmaps), OUTPUT/query_crops.csv (the boxes of the query crops) and, with --ground-truth, "
-    "OUTPUT/metrics.json. Reference indexes are kept in OUTPUT/indexes and reused by the next run, the matcher's "
+    "OUTPUT/metrics.json; OUTPUT/scores.json says what the scores are and which threshold, if any, decides (without "
+    "--calibration none does: the scores rank pairs; `copynce calibrate` makes a threshold for a precision). "
+    "Reference indexes are kept in OUTPUT/indexes and reused by the next run, the matcher's "
     "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes)."
 )
 EPILOG = (
@@ -82,6 +84,7 @@ def run(args) -> int:
     print(f"wrote {found.count} predictions for {queries} queries to {output / 'predictions.csv'}, the match gallery "
           f"to {found.report}" + (f" and {output / 'metrics.json'}" if found.metrics else "")
           + f" ({time.perf_counter() - start:.0f} s)")
+    print(found.meaning.line())
     if decision is not None:
         print(f"{len(found.copies)} pairs at or above the threshold {decision.threshold:.4f} (precision "
               f"{decision.point.precision:g} by {args.calibration}) written to {output / 'copies.csv'}")

@@ -53,6 +53,7 @@ def run(args) -> int:
     if done is None:  # another process of `accelerate launch`: the main one writes
         return 0
     print(f"re-scored {done.count} pairs into {args.output}")
+    print(done.meaning.line())
     top = f" (re-scoring the top {args.top} per query: {done.rescored})" if args.top is not None else ""
     report_counts("match", f"{done.read} candidate pairs{top}", done.skip_reasons, f"wrote {done.count} pairs")
     return 0

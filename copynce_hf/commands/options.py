@@ -20,6 +20,7 @@ from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.detection.config import DetectConfig
 from ..retrieval.presets import DEDUP_PRESETS, DEFAULT_CHUNK_SIZE, DETECT_PRESETS
 from ..runs.shared_options import CalibratedDecision, DatasetInput, ModelLoading, SearchKnobs, Whitening
+from ..runtime.embedding_declaration import OPTION_HELP
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 
 #: The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` settings ``detect`` and ``calibrate`` take over
@@ -130,7 +131,8 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
     """The models and settings of the detection pipeline (``detect``, ``calibrate``): the settings default to their
     ``--preset``'s."""
     p.add_argument("--models", nargs="+", metavar="MODEL",
-                   help=f"descriptor model folder(s) or Hub id(s); several are merged (default: {DEFAULT_DESCRIPTOR})")
+                   help=f"descriptor model folder(s) or Hub id(s), {OPTION_HELP}; several are merged (default: "
+                   f"{DEFAULT_DESCRIPTOR})")
     add_matcher(p)
     p.add_argument("--preset", choices=tuple(DETECT_PRESETS), default="fast",
                    help="whole settings: fast (CPU-sized, default), accurate (local crops on a CPU budget) or paper "

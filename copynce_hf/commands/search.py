@@ -49,5 +49,6 @@ def run(args) -> int:
     if done is None:  # another process of `accelerate launch`: the main one writes
         return 0
     print(f"wrote {done.count} predictions for {done.searched} queries to {args.output}")
+    print(done.meaning.line())
     report_counts("search", f"{done.images} query images", done.skip_reasons.values(), f"wrote {done.count} predictions")
     return 0

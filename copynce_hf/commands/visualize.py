@@ -56,11 +56,23 @@ def run(args) -> int:
 
 def score_line(maps, model: str | None) -> str:
     """The pair's score and the model that gave it, e.g. ``copy probability 0.9995 of the pair (the embedded matcher,
-    on the whole images)``; a descriptor's cosine is said not to be a probability."""
+    on the whole images)``, with what it does not mean (a probability is uncalibrated; a descriptor's cosine is not a
+    probability) and the model card's threshold at precision 0.9 (:func:`~copynce_hf.calibration.meaning.
+    card_threshold`) where the card states one."""
+    from ..calibration.meaning import card_threshold
+
     if maps.score_name == "copy probability":
         source = "the embedded matcher" if model is None else f"the matcher {model}"
-        return f"copy probability {maps.score:.4f} of the pair ({source}, on the whole images)"
+        return (f"copy probability {maps.score:.4f} of the pair ({source}, on the whole images): uncalibrated, not "
+                "the chance that the pair is a copy; look-alike images can score as high as copies"
+                + _card_text(card_threshold(model, "matcher")))
     if maps.score_name == "descriptor cosine":
         return (f"descriptor cosine {maps.score:.4f} of the pair (the descriptor {model}; a cosine, not a probability: "
-                "a matcher, the default --model, gives the copy probability)")
+                "a matcher, the default --model, gives the copy probability)" + _card_text(card_threshold(model,
+                                                                                                    "descriptor")))
     return f"no score for the pair: the model {model or 'given'} gives neither a copy logit nor descriptors"
+
+
+def _card_text(card) -> str:
+    """``; its model card puts precision 0.9 on <task> at <threshold>`` (empty without a card threshold)."""
+    return "" if card is None else f"; its model card puts precision 0.9 on {card.task} at {card.threshold:.4f}"

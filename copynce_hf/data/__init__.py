@@ -19,6 +19,7 @@ from .loading import (
     load_image_dataset,
 )
 from .pairs import (
+    NEGATIVE_ROLES,
     OTHER_IMAGES,
     RECIPES,
     CopyPairDataset,
@@ -33,6 +34,7 @@ __all__ = [
     "ASSET_IMAGES",
     "DISC21_SPLITS",
     "PIXEL_KEYS",
+    "NEGATIVE_ROLES",
     "OTHER_IMAGES",
     "RECIPES",
     "CopyPair",

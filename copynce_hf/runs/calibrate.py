@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from ..calibration.meaning import detect_score
 from ..calibration.thresholds import (
     CALIBRATION_FILE,
     DEFAULT_SEED,
@@ -33,7 +34,8 @@ def skip_reasons(calibration: Calibration) -> list[str]:
 def format_calibration(calibration: Calibration) -> str:
     """The thresholds as a small text table (one line per stage and precision), a line per stage whose sample is too
     small for some precisions (:func:`small_sample_line`), then each stage's muAP, RP90 and recall@1 on the
-    calibration copies (files written before they were recorded have none)."""
+    calibration copies and what its scores are, with what a threshold means (files written before they were recorded
+    have none of these)."""
     lines = [f"{'stage':<11}{'precision':>10}{'threshold':>11}{'recall':>8}"]
     for stage, rows in calibration.stages.items():
         for row in rows:
@@ -47,6 +49,12 @@ def format_calibration(calibration: Calibration) -> str:
         if found:
             lines.append(f"{stage} on the calibration copies: muAP {found['micro_ap']:.3f}, "
                          f"RP90 {found['recall_at_p90']:.3f}, recall@1 {found['recall_at_rank1']:.3f}")
+    for stage, score in (calibration.provenance.get("scores") or {}).items():
+        lines.append(f"{stage} scores: {score}")
+    if calibration.provenance.get("scores"):
+        lines.append("a pair scored at or above a row's threshold is a copy with about that precision where queries "
+                     "hold copies and non-copies as these calibration copies do (`copynce detect --calibration` decides "
+                     "with the matcher row, or the descriptor row with --matcher none)")
     return "\n".join(lines)
 
 
@@ -112,5 +120,8 @@ def calibrate_to_file(request: CalibrateRequest) -> tuple[Calibration, int]:
                             sample=request.sample, num_distractors=request.num_distractors, seed=request.seed,
                             progress=request.progress, log=request.log)
     calibration.provenance["runtime"] = settings.models.runtime
+    calibration.provenance["scores"] = {
+        stage: detect_score(config, len(settings.models.descriptors), stage == "matcher", auxiliary is not None)
+        for stage in calibration.stages}
     calibration.save(request.output)
     return calibration, len(references)

@@ -9,16 +9,19 @@ inputs and the output folder, chooses the threshold (:func:`dedup_threshold`:
 in ``OUTPUT/self_calibration``) and runs :func:`~copynce_hf.retrieval.deduplication.collection.dedup`
 with its caches in ``OUTPUT/indexes``, ``OUTPUT/tokens`` (the matcher's token store) and ``OUTPUT/rescoring``. The group
 gallery (``report.html``) is drawn from the returned run by
-:func:`copynce_hf.runs.folders.write_dedup_folder`, the one call of the command.
+:func:`copynce_hf.runs.folders.write_dedup_folder`, the one call of the command. ``OUTPUT/scores.json`` says what the
+decision scores are and where the threshold comes from (:func:`score_meaning`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..calibration.meaning import ScoreMeaning, dedup_score
 from ..calibration.thresholds import Calibration
 from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import ConfigError
@@ -92,11 +95,15 @@ class DedupRun:
     rows: int = 0
     report: Path | None = None
     self_calibration: object | None = None
+    meaning: ScoreMeaning | None = None
 
     @property
     def heatmap_model(self) -> tuple:
-        """The model whose heatmaps the report draws: the matcher, else the descriptor."""
-        return self.matcher or (self.descriptor.model, self.descriptor.processor)
+        """The model whose heatmaps the report draws: the matcher, else the descriptor (none for an ONNX embedding
+        model, which has no tokens)."""
+        from ..runtime.onnx_embedding import token_heatmap_model
+
+        return self.matcher or token_heatmap_model(self.descriptor.model, self.descriptor.processor)
 
 
 def dedup_threshold(request: DedupRequest, config) -> tuple[float | None, str]:
@@ -154,33 +161,66 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     :class:`~copynce_hf.retrieval.detection.config.DetectConfig` and :class:`~copynce_hf.retrieval.deduplication.collection.DedupSettings` of the run)."""
     from ..calibration.collection import FOLDER as SELF_CALIBRATION_FOLDER
     from ..calibration.collection import self_calibrate
+    from ..calibration.self_threshold import card_fallback
     from ..precision import make_accelerator
     from ..retrieval.content.crops import write_crops
     from ..retrieval.deduplication.collection import dedup, write_pairs
     from ..retrieval.deduplication.grouping import write_groups
+    from ..runtime.loading import DEFAULT_MATCHER
 
     (threshold, origin), (config, settings) = decision, configs
     accelerator = make_accelerator()
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(source)} images, descriptor: {descriptor.name}, matcher: {request.pipeline.models.matcher_label()}, "
         f"threshold {origin}")
-    calibration = None
+    calibration, started = None, time.perf_counter()
     if threshold is None:
         calibration = self_calibrate(
             source, descriptor, matcher, config, output / SELF_CALIBRATION_FOLDER, request.self_calibration_sample,
             0.9 if request.precision is None else request.precision, request.self_calibration_seed, whiten_from,
-            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log, settings)
+            output / "indexes" / descriptor.name / "whitening", accelerator, request.progress, log, settings,
+            fallback=matcher and card_fallback(request.pipeline.models.matcher or DEFAULT_MATCHER))
         threshold, origin = calibration.threshold, calibration.origin
+    calibrating = time.perf_counter() - started
     result = dedup(source, descriptor, matcher, threshold, config, index_folder=output / "indexes",
                    progress=request.progress, log=log, whiten_from=whiten_from, rescoring_folder=output / "rescoring",
                    accelerator=accelerator, settings=settings, tokens_folder=output / "tokens")
+    if calibration is not None:  # the report's table of stage times, the self-calibration first (it runs first)
+        result.seconds = {"self-calibration": calibrating, **result.seconds}
     if not accelerator.is_main_process:
         return None
     run = DedupRun(request, source, descriptor, matcher, result, origin, self_calibration=calibration)
     run.rows = write_groups(output / "groups.csv", result.members)
     write_pairs(output / "pairs.csv", result)
     write_crops(output / "content_crops.csv", result)
+    run.meaning = score_meaning(run, threshold)
+    run.meaning.save(output / "scores.json")
     return run
+
+
+def score_meaning(run: DedupRun, threshold: float) -> ScoreMeaning:
+    """What the run's decision scores are (:func:`~copynce_hf.calibration.meaning.dedup_score`) and where its
+    ``threshold`` comes from: ``--threshold``, a calibration file's row, or the self-calibration."""
+    request = run.request
+    models = request.pipeline.models
+    score = dedup_score(request.settings, models.has_matcher)
+    score += ", of whitened descriptors" if request.whiten_from and not models.has_matcher else ""
+    model = models.matcher_label() if models.has_matcher else run.descriptor.source
+    decides = "a copy: pairs at or above it form the groups"
+    if request.threshold is not None:
+        return ScoreMeaning(score, model, threshold, "given with --threshold", decides=decides)
+    if request.calibration is not None:
+        stage = "matcher" if models.has_matcher else "descriptor"
+        point = Calibration.load(request.calibration).point(0.9 if request.precision is None else request.precision,
+                                                            stage)
+        return ScoreMeaning(score, model, threshold, f"{request.calibration} (`copynce calibrate`)", point.precision,
+                            point.recall, decides)
+    calibration = run.self_calibration
+    if calibration.falls_back:  # the self-calibration kept too few copies (its one-line warning says so)
+        return ScoreMeaning(score, model, threshold, calibration.fallback.source, decides=decides)
+    choice = calibration.choice
+    return ScoreMeaning(score, model, threshold, "self-calibrated on copies of this collection's own images",
+                        calibration.target if choice.reached else choice.precision, choice.recall, decides)
 
 
 def matcher_orders_text(settings, matcher: tuple | None) -> str:
@@ -224,6 +264,7 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
                              if settings.matcher_normalisation and run.matcher is not None else "off")
     return {"images": images, "descriptor": run.descriptor.source,
             "matcher": request.pipeline.models.matcher_label(), "threshold": run.origin, **calibration,
+            "scores": run.meaning.line() if run.meaning else "",
             "candidates per image": config.candidates, "descriptor LCE": config.descriptor_lce,
             "matcher LCE": config.matcher_lce, "descriptor collection normalisation": descriptor_normalisation,
             "matcher collection normalisation": matcher_normalisation,

@@ -4,8 +4,9 @@ data files written and a :class:`DetectRun` out.
 :func:`run_detect` checks every input and the output folder, reads the calibrated decision and the ground truth
 before any model loads, loads the models (:mod:`copynce_hf.runs.settings`), runs :func:`~copynce_hf.retrieval.detection.pipeline.detect` with its caches in
 ``OUTPUT/indexes`` and ``OUTPUT/rescoring``, and writes ``OUTPUT/predictions.csv`` (with the column ``copy`` when a
-calibration decides), ``OUTPUT/copies.csv`` (with a calibration), ``OUTPUT/query_crops.csv`` (with query crops)
-and ``OUTPUT/metrics.json`` (with a ground truth).
+calibration decides), ``OUTPUT/copies.csv`` (with a calibration), ``OUTPUT/query_crops.csv`` (with query crops),
+``OUTPUT/scores.json`` (what the scores are and the threshold in force: :func:`score_meaning`) and
+``OUTPUT/metrics.json`` (with a ground truth).
 The match gallery (``report.html``) is drawn from the returned run by
 :func:`copynce_hf.runs.folders.write_detect_folder`, the one call of the command.
 """
@@ -19,6 +20,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from ..calibration.meaning import ScoreMeaning, card_threshold, detect_score
 from ..calibration.thresholds import Decision, calibrated_decision, decision_report
 from ..configuration.fields import positive_int, setting, setting_like
 from ..metrics.copy_detection.formulas import check_id_overlap
@@ -93,11 +95,15 @@ class DetectRun:
     copies: list[Prediction] = dataclasses.field(default_factory=list)
     metrics: dict | None = None
     report: Path | None = None
+    meaning: ScoreMeaning | None = None
 
     @property
     def heatmap_model(self) -> tuple:
-        """The model whose heatmaps the report draws: the matcher, else the first descriptor."""
-        return self.matcher or (self.descriptors[0].model, self.descriptors[0].processor)
+        """The model whose heatmaps the report draws: the matcher, else the first descriptor (none for an ONNX
+        embedding model, which has no tokens)."""
+        from ..runtime.onnx_embedding import token_heatmap_model
+
+        return self.matcher or token_heatmap_model(self.descriptors[0].model, self.descriptors[0].processor)
 
     @property
     def gallery_threshold(self) -> float:
@@ -191,14 +197,16 @@ def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matc
 
 def write_detect_data(run: DetectRun) -> None:
     """``predictions.csv`` (its column ``copy`` from the decision), ``copies.csv`` (with a decision),
-    ``query_crops.csv`` (the boxes of the query crops, when there are some) and ``metrics.json`` (with a ground truth:
-    the metrics, and how the decision did) into the output folder."""
+    ``query_crops.csv`` (the boxes of the query crops, when there are some), ``scores.json`` (:func:`score_meaning`)
+    and ``metrics.json`` (with a ground truth: the metrics, and how the decision did) into the output folder."""
     from ..retrieval.content.crops import write_crops
 
     output, decision, predictions = Path(run.request.output), run.inputs.decision, run.result.predictions
     decided = None if decision is None else decision.threshold
     run.count = write_predictions(output / "predictions.csv", predictions, decision_threshold=decided)
     write_crops(output / "query_crops.csv", run.result)
+    run.meaning = score_meaning(run.request, run.inputs.config, decision)
+    run.meaning.save(output / "scores.json")
     run.copies = [p for p in predictions if decided is not None and p.score >= decided]
     if decision is not None:
         write_predictions(output / "copies.csv", run.copies)
@@ -215,6 +223,29 @@ def write_detect_data(run: DetectRun) -> None:
                                                   run.metrics["num_ground_truth_pairs"])
     with StagedFile(output / "metrics.json") as temporary:
         temporary.write_text(json.dumps(run.metrics, indent=2) + "\n", encoding="utf-8")
+
+
+def score_meaning(request: DetectRequest, config, decision: Decision | None) -> ScoreMeaning:
+    """What the run's scores are (:func:`~copynce_hf.calibration.meaning.detect_score`), the threshold in force (the
+    calibration's, else none) and, for a score a model card measured (the matcher's probability; one descriptor's
+    raw cosine on whole images), the card's threshold at precision 0.9."""
+    settings = request.pipeline
+    models = settings.models
+    score = detect_score(config, len(models.descriptors), models.has_matcher, settings.aux is not None)
+    if models.has_matcher:
+        model, card = models.matcher_label(), card_threshold(models.matcher, "matcher")
+    else:
+        model, card = ", ".join(models.descriptor_labels()), None
+        score += ", of whitened descriptors" if request.whiten_from else ""
+        raw = (settings.aux is None and not config.normalises_references and config.descriptor_lce == "none"
+               and not config.descriptor_content_tokens and not request.whiten_from)
+        if len(models.descriptors) == 1 and raw:
+            card = card_threshold(models.descriptors[0], "descriptor")
+    if decision is None:
+        return ScoreMeaning(score, model, card=card)
+    point = decision.point
+    return ScoreMeaning(score, model, point.threshold, f"{request.calibration} (`copynce calibrate`)",
+                        point.precision, point.recall, "decided a copy (predictions.csv's copy column, copies.csv)")
 
 
 def collection_text(config) -> str:
@@ -261,6 +292,7 @@ def report_settings(run: DetectRun) -> dict[str, object]:
         "content tokens": content_tokens_text(config),
         "query crops": query_crops_text(run.result, config.crops_queries),
         "whitening": whitening,
+        "scores": run.meaning.line() if run.meaning else "",
     }
     decision = run.inputs.decision
     if decision is not None:

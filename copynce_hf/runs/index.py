@@ -21,6 +21,7 @@ from ..outputs import check_output_folder
 from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from ..retrieval.presets import DEFAULT_INDEX_CHUNK_SIZE
 from ..retrieval.sources import ImageInput, count_text
+from ..runtime.embedding_declaration import OPTION_HELP
 from ..runtime.loading import DEFAULT_DESCRIPTOR, check_model_path
 from .shared_options import DatasetInput, ModelLoading, SearchKnobs, Whitening
 
@@ -48,7 +49,7 @@ class IndexRequest:
     references: str | None = setting(None, "folder of reference images (or --dataset)", flag="references", nargs="?")
     dataset: str | None = setting_like(DatasetInput, "dataset")
     input: ImageInput = dataclasses.field(default_factory=ImageInput)
-    model: str | None = setting(None, f"descriptor model folder or Hub id (default: {DEFAULT_DESCRIPTOR})")
+    model: str | None = setting(None, f"descriptor model folder or Hub id, {OPTION_HELP} (default: {DEFAULT_DESCRIPTOR})")
     runtime: str = setting_like(ModelLoading, "runtime")
     kind: str = setting(
         "flat", "flat: exact inner product (default); hnsw: approximate graph search for millions of references; "
@@ -80,8 +81,12 @@ class IndexRequest:
     def info(self, views: str, whitened: bool) -> dict:
         """What ``index.json`` records: the model (an absolute folder, a Hub id or the embedded one), the views,
         the images, the runtime and the whitening sample."""
+        from ..runtime.embedding_declaration import absolute_embedding_path, is_embedding_path
+
         model = self.model
-        if model and Path(model).exists():
+        if is_embedding_path(model):
+            model = absolute_embedding_path(model)
+        elif model and Path(model).exists():
             model = str(Path(model).resolve())
         info = {"model": model or str(DEFAULT_DESCRIPTOR), "views": views,
                 "source": self.dataset or str(Path(self.references).resolve()), "runtime": self.runtime}

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ..calibration.meaning import ScoreMeaning, card_threshold, match_score
 from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import PredictionsError
 from ..outputs import check_output_file
@@ -82,12 +83,14 @@ class MatchRequest:
 
 @dataclasses.dataclass
 class MatchDone:
-    """What :func:`match_pairs` wrote: pairs (rows), pairs read, pairs re-scored, the reason of each pair left out."""
+    """What :func:`match_pairs` wrote: pairs (rows), pairs read, pairs re-scored, the reason of each pair left out,
+    and what the scores are (:func:`~copynce_hf.calibration.meaning.match_score`)."""
 
     count: int
     read: int
     rescored: int
     skip_reasons: list[str]
+    meaning: ScoreMeaning | None = None
 
 
 def _missing_files(candidates, queries: dict, references: dict, request: MatchRequest) -> list[str]:
@@ -152,4 +155,7 @@ def match_pairs(request: MatchRequest) -> MatchDone | None:
         return None
     count = write_predictions(request.output, result.predictions)
     shutil.rmtree(work, ignore_errors=True)
-    return MatchDone(count, read, len(candidates), [reason.split(":")[0] for *_, reason in result.skipped])
+    kind, views = model_kind(model), request.local_crops or request.matcher_lce != "none"
+    card = card_threshold(request.matcher or DEFAULT_MATCHER, kind) if kind == "matcher" or not views else None
+    meaning = ScoreMeaning(match_score(kind == "matcher", views), str(request.matcher or DEFAULT_MATCHER), card=card)
+    return MatchDone(count, read, len(candidates), [reason.split(":")[0] for *_, reason in result.skipped], meaning)

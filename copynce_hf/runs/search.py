@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..calibration.meaning import ScoreMeaning, card_threshold, search_score
 from ..configuration.fields import positive_int, setting, setting_like
 from ..modeling.errors import ConfigError, PredictionsError
 from ..outputs import OwnFile, StagedFile, check_output_file, first_bytes
 from ..retrieval.descriptors.views import DESCRIPTOR_LCE_MODES
 from ..retrieval.sources import ImageInput, count_text
+from ..runtime.embedding_declaration import OPTION_HELP
 from ..runtime.loading import check_model_path
 from .shared_options import ModelLoading, SearchKnobs
 
@@ -51,7 +53,7 @@ class SearchRequest:
     queries: str = setting(help="folder of query images", flag="queries")
     index: str = setting(help="index folder written by `copynce index`")
     output: str = setting(help="predictions CSV to write")
-    model: str | None = setting(None, "descriptor model (default: the one the index was built with)")
+    model: str | None = setting(None, f"descriptor model, {OPTION_HELP} (default: the one the index was built with)")
     runtime: str = setting_like(ModelLoading, "runtime")
     k: int = setting(10, "neighbours per query", type=positive_int)
     descriptor_lce: str = setting(
@@ -84,12 +86,13 @@ class SearchRequest:
 @dataclasses.dataclass
 class SearchDone:
     """What :func:`search_queries` wrote: predictions (rows), query images listed, queries searched (those read),
-    id -> reason of each image skipped."""
+    id -> reason of each image skipped, and what the scores are (:func:`score_meaning`)."""
 
     count: int
     images: int
     searched: int
     skip_reasons: dict[str, str]
+    meaning: ScoreMeaning | None = None
 
 
 def _open_search(request: SearchRequest):
@@ -164,4 +167,17 @@ def search_queries(request: SearchRequest) -> SearchDone | None:
                                     stretch=bool(request.stretch), alpha=request.alpha, k_start=request.k_start,
                                     k_end=request.k_end, beta=request.beta, stretch_k=request.stretch_k)
     count = write_predictions(request.output, predictions)
-    return SearchDone(count, len(source), len(source) - len(queries.skipped), queries.skip_reasons)
+    return SearchDone(count, len(source), len(source) - len(queries.skipped), queries.skip_reasons,
+                      score_meaning(request, model_path, with_views))
+
+
+def score_meaning(request: SearchRequest, model_path, with_views: bool) -> ScoreMeaning:
+    """What the scores of a search are (:func:`~copynce_hf.calibration.meaning.search_score`); for raw cosines of
+    whole images, with the model card's threshold at precision 0.9."""
+    from ..runtime.loading import DEFAULT_DESCRIPTOR
+
+    raw = not (request.score_norm or request.stretch or with_views)
+    score = search_score(bool(request.score_norm), bool(request.stretch), with_views, request.alpha, request.k_start,
+                         request.k_end)
+    return ScoreMeaning(score, str(model_path or DEFAULT_DESCRIPTOR),
+                        card=card_threshold(model_path, "descriptor") if raw else None)

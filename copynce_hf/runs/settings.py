@@ -17,6 +17,7 @@ from ..configuration.fields import build
 from ..modeling.errors import ConfigError
 from ..retrieval.detection.config import DetectConfig
 from ..retrieval.presets import DEFAULT_CHUNK_SIZE, PIPELINE_PRESETS
+from ..runtime.embedding_declaration import is_embedding_path
 from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER, check_model_path, load_model
 
 #: The ``matcher`` value of a run without matcher (descriptor scores decide).
@@ -58,7 +59,8 @@ class PipelineModels:
     """The models of a run, as named on the command line.
 
     Attributes:
-        descriptors: descriptor model folders or Hub ids (``None``: the embedded descriptor); several are merged.
+        descriptors: descriptor model folders or Hub ids (``None``: the embedded descriptor), or ONNX embedding
+            models (``onnx:PATH``: :mod:`~copynce_hf.runtime.embedding_declaration`); several are merged.
         matcher: the matcher's folder or Hub id (``None``: the embedded matcher; :data:`NO_MATCHER`: none).
         runtime: ``torch`` or ``onnx`` (:func:`~copynce_hf.runtime.loading.load_model`).
         descriptor_option: the option that names the descriptors, for messages (``--models``, ``--model``).
@@ -144,6 +146,10 @@ class PipelineSettings:
         preset = DetectConfig.from_preset(self.preset, batch_size=self.batch_size, num_workers=self.num_workers,
                                           chunk_size=self.chunk_size, whiten_dim=self.whiten_dim)
         config = build(DetectConfig, overrides, preset)
+        embedding = [path for path in self.models.descriptors if is_embedding_path(path)]
+        if config.descriptor_content_tokens and embedding:
+            raise ConfigError(f"descriptor content tokens re-run a CopyNCE descriptor's blocks; {embedding[0]} is an "
+                              "ONNX embedding model without tokens: leave out --descriptor-content-tokens")
         if overrides.get("query_crops") and not config.crops_queries:
             raise ConfigError("query crops are cut from the content tokens of whole images: --query-crops needs "
                               f"content tokens and --descriptor-lce none (this run: content tokens "

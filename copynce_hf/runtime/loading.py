@@ -24,9 +24,16 @@ def check_model_path(path: str | Path | None, option: str = "--model") -> None:
 
     A value is local when it exists, is absolute, starts with ``.`` or ``~``, or has more than one
     path separator (a Hub id is ``name`` or ``org/name``); other values are left to the Hub. Called
-    before any work, so that a mistyped path is reported as such (not as a malformed Hub id).
+    before any work, so that a mistyped path is reported as such (not as a malformed Hub id). An ONNX embedding
+    model (``onnx:PATH``) must name a graph with its declaration
+    (:func:`~copynce_hf.runtime.embedding_declaration.resolve_embedding`).
     """
     if path is None:
+        return
+    from .embedding_declaration import is_embedding_path, resolve_embedding
+
+    if is_embedding_path(path):
+        resolve_embedding(path, option)
         return
     text = os.fspath(path)
     local = Path(text).expanduser()
@@ -94,7 +101,9 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
     """``(model, image_processor)`` of a saved CopyNCE folder or Hub id, in float32, in eval mode.
 
     Args:
-        path: model folder or Hub id; ``None`` means ``default``, else the embedded model of ``kind``.
+        path: model folder or Hub id; ``None`` means ``default``, else the embedded model of ``kind``; ``onnx:PATH``
+            an ONNX embedding model as a descriptor, whatever ``runtime``
+            (:func:`copynce_hf.runtime.onnx_embedding.load_embedding_model`).
         kind: ``descriptor`` or ``matcher`` to insist on that kind of model; ``None`` accepts either.
         option: the command-line option named in error messages.
         default: the folder used when ``path`` is None (default: the embedded model of ``kind``).
@@ -110,10 +119,17 @@ def load_model(path: str | Path | None = None, kind: str | None = None, option: 
             or it is not a CopyNCE model (checked from its configuration, before the weights load) or not a
             ``kind``.
     """
+    from .embedding_declaration import is_embedding_path
+    from .onnx_embedding import load_embedding_model
     from .onnx_export import is_onnx_folder
 
     if kind not in (None, "descriptor", "matcher"):
         raise ConfigError(f"model kind must be 'descriptor' or 'matcher', got {kind!r}")
+    if is_embedding_path(path):
+        if kind == "matcher":
+            raise ConfigError(f"{option} {path}: an ONNX embedding model (onnx:PATH) is a descriptor; a matcher is "
+                              "needed here")
+        return load_embedding_model(path, option=option)
     if runtime not in RUNTIMES:
         raise ConfigError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if runtime == "onnx":

@@ -25,11 +25,14 @@ from ..modeling.modeling_copynce import CopyNCEDescriptorOutput, CopyNCEMatcherO
 from .onnx_export import GRAPHS, read_manifest
 
 
-def _session(file: Path, threads: int | None):
+def inference_session(file: Path, threads: int | None):
+    """An ONNX Runtime CPU session of the graph ``file`` with ``threads`` intra-op threads (default: torch's); a
+    :class:`ConfigError` naming the file when ONNX Runtime cannot load it."""
     try:
         import onnxruntime
     except ImportError as error:
-        raise ImportError("--runtime onnx needs onnxruntime, from the 'onnx' extra: pip install -e '.[onnx]'") from error
+        raise ImportError("--runtime onnx and onnx:PATH descriptors need onnxruntime, from the 'onnx' extra: "
+                          "pip install -e '.[onnx]'") from error
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = int(threads or torch.get_num_threads())
     options.inter_op_num_threads = 1
@@ -50,7 +53,7 @@ class _OnnxModel:
         self.config = AutoConfig.from_pretrained(str(self.folder))
         self.graph_files = {name: self.folder / str(self.manifest["graphs"].get(name, file))
                             for name, file in GRAPHS[self.manifest["kind"]].items()}
-        self.sessions = {name: _session(file, threads) for name, file in self.graph_files.items()}
+        self.sessions = {name: inference_session(file, threads) for name, file in self.graph_files.items()}
         self.device = torch.device("cpu")
 
     def eval(self):

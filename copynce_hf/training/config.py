@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from ..configuration.field_checks import Check, CheckedFields, invalid_value, number, one_of, satisfies
-from ..data.pairs import OTHER_IMAGES, RECIPES
+from ..data.pairs import NEGATIVE_ROLES, OTHER_IMAGES, RECIPES
 from ..modeling.errors import ConfigError
 from ..pixtrace.overlap import REVERSE_PRIORS
 from ..pixtrace.templates import TEMPLATE_KINDS, TemplateRecipe
@@ -291,6 +291,10 @@ class TrainingConfig(CheckedFields):
     negative_query_resize_prob: float = _option(0.0, (
         "The matcher's negative pairs: the probability that the query is only resized to the model input instead of "
         "copy-edited with query_recipe (the authors' code: 0.5; the paper states none: 0.0)."), checks=_FRACTION)
+    negative_roles: str = _option("package", (
+        "The matcher's negative pairs: package (the image a pair is drawn for is the query, its neighbour or a random "
+        "other image the reference) or authors (their copy_dataset.py: the image drawn is the reference, only resized, "
+        "and its neighbour or a random other image the query)."), checks=one_of(NEGATIVE_ROLES))
     knn_graph: str | None = _option(None, "The k-NN graph of the training images (from scripts/build_knn.py).")
     hard_negative_slots: bool = _option(False, (
         "The descriptor's batch structure: false, per_device_train_batch_size pairs per process (half anchors, half "

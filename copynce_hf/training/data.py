@@ -180,7 +180,8 @@ def ground_truth_pairs(config: TrainingConfig, accelerator: Accelerator, collato
 
 def _mix_training_pairs(config: TrainingConfig, accelerator: Accelerator, image_size: int) -> CopyPairDataset:
     """Copy pairs of ``mix_dataset`` for :class:`FinetuneMixDataset`: ``mix_query_recipe`` queries, references only
-    resized (the authors' ``positive_ref_aug_p`` / ``negative_ref_aug_p`` 0), negatives from ``knn_graph``."""
+    resized (the authors' ``positive_ref_aug_p`` / ``negative_ref_aug_p`` 0), negatives from ``knn_graph`` with the
+    roles of ``negative_roles``."""
     images = load_image_dataset(config.mix_dataset, config.dataset_split, image_column=config.image_column,
                                 id_column=config.id_column)
     knn = None
@@ -193,7 +194,7 @@ def _mix_training_pairs(config: TrainingConfig, accelerator: Accelerator, image_
     return CopyPairDataset(images, maker, seed=config.seed, positive_rate=config.mix_positive_rate, knn=knn,
                            hard_negative_k=config.resolved("hard_negative_k"),
                            hard_negative_prob=config.resolved("hard_negative_prob"), decoder=_decoder(config),
-                           other_images=config.other_images)
+                           other_images=config.other_images, negative_roles=config.negative_roles)
 
 
 def indexed_copies(config: TrainingConfig, accelerator: Accelerator, collator: PixTraceCollator,
@@ -216,7 +217,7 @@ def indexed_copies(config: TrainingConfig, accelerator: Accelerator, collator: P
         images, maker, seed=config.seed, positive_rate=config.resolved("positive_rate"),
         knn=knn if mining == "pairs" else None, hard_negative_k=config.resolved("hard_negative_k"),
         hard_negative_prob=config.resolved("hard_negative_prob"), decoder=_decoder(config),
-        other_images=config.other_images, templates=_template_pairs(config))
+        other_images=config.other_images, templates=_template_pairs(config), negative_roles=config.negative_roles)
     return _map_style(config, accelerator, collator, dataset, len(images), knn=knn, eval_rows=eval_rows,
                       template_groups=TemplateGroups(config.template_share, config.template_group_size))
 
@@ -238,7 +239,7 @@ def streamed_copies(config: TrainingConfig, accelerator: Accelerator, collator: 
         process_index=accelerator.process_index, num_processes=processes,
         shuffle_buffer_size=config.shuffle_buffer_size, decoder=_decoder(config), other_images=config.other_images,
         template_groups=TemplateGroups(config.template_share, config.template_group_size),
-        templates=_template_pairs(config))
+        templates=_template_pairs(config), negative_roles=config.negative_roles)
     splits = getattr(getattr(images, "info", None), "splits", None) or {}
     split = splits.get(config.dataset_split) if hasattr(splits, "get") else None
     num_rows = getattr(split, "num_examples", None)

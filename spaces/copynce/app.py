@@ -80,10 +80,6 @@ def _unlabelled_view(label: str, elem_id: str, **layout) -> gr.Image:
     return gr.Image(label=label, show_label=False, type="pil", interactive=False, elem_id=elem_id, **layout)
 
 
-def _verdict(probability: float) -> str:
-    return "likely a copy" if probability >= 0.5 else "likely not a copy"
-
-
 class SpaceApp:
     """The handlers of the three tabs, bound to one :class:`~copynce_hf.demo.interactive.Detector`.
 
@@ -116,7 +112,8 @@ class SpaceApp:
             return _problem(error), "", None, None
         row, col = result.maps.patch
         how = "clicked" if patch is not None else "most confident (lowest entropy)"
-        score = (f"**Copy probability (matcher): {result.copy_probability:.3f}**, {_verdict(result.copy_probability)}"
+        verdict = core.verdict(result.copy_probability, self.detector.matcher_card)
+        score = (f"**Copy probability (matcher): {result.copy_probability:.3f}**, {verdict}"
                  f" · descriptor cosine: {result.cosine:.3f} · probe patch {row},{col} ({how})")
         return "Click the query image above to probe another patch.", score, affinity, entropy
 
@@ -162,7 +159,8 @@ class SpaceApp:
         best = result.hits[0]
         items = [(hit.image, f"{rank}. {hit.reference_id} · {hit.cosine:.3f}") for rank, hit in enumerate(result.hits, 1)]
         text = (f"**Best match {best.reference_id}: copy probability {result.best_copy_probability:.3f}** "
-                f"(matcher), {_verdict(result.best_copy_probability)}; descriptor cosine {best.cosine:.3f}.")
+                f"(matcher), {core.verdict(result.best_copy_probability, self.detector.matcher_card)}; descriptor "
+                f"cosine {best.cosine:.3f}.")
         return f"Searched {self.gallery_text(gallery)}.", items, text
 
     # ------------------------------------------------------------------------------------ make a copy

@@ -165,7 +165,8 @@ def content_descriptor_set(descriptor, images: Mapping, keys: list, raw: Descrip
     model = descriptor.model
     if not hasattr(model, "encode") or not hasattr(model, "vit"):
         raise ConfigError("descriptor content tokens re-run the blocks of a PyTorch CopyNCE descriptor; "
-                          f"{type(model).__name__} is not one (use --runtime torch)")
+                          f"{type(model).__name__} of {descriptor.name} is not one (use --runtime torch and a CopyNCE "
+                          "descriptor, not an ONNX embedding model onnx:PATH)")
     model = model.to(accelerator.device).eval()
     cache = TokenCache(model.encode, descriptor.processor, images, config.cache_size, config.batch_size,
                        getattr(images, "max_pixels", None), accelerator.device)

@@ -59,7 +59,7 @@ class DedupResult:
         pairs: every verified pair ``Prediction(earlier image, later image, decision score)``.
         candidates: the descriptor's pairs that were verified, with their descriptor decision scores (normalised
             when collection normalisation is on).
-        threshold: the decision score at or above which a pair is a copy.
+        threshold: the decision score at or above which a pair is a copy (``None``: no group was formed).
         seconds: wall time per stage (``whitening``, ``index``, ``self-search``, ``matcher``, ``groups``).
         skipped: image id -> plain-words reason of each image left out.
         matcher_cost: encoder and fusion passes the matcher ran (``None`` without matcher).
@@ -76,7 +76,7 @@ class DedupResult:
     members: list[list[GroupMember]]
     pairs: list[Prediction]
     candidates: list[Prediction]
-    threshold: float
+    threshold: float | None
     seconds: dict[str, float]
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     matcher_cost: dict[str, int] | None = None
@@ -92,7 +92,7 @@ class DedupResult:
         return [[(member.image_id, member.score_to_first) for member in group] for group in self.members]
 
 
-def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshold: float = 0.5,
+def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshold: float | None = 0.5,
           config: DetectConfig | None = None, index_folder: str | os.PathLike | None = None, progress: bool = True,
           log: Callable[[str], None] = logger.info, whiten_from=None, rescoring_folder: str | os.PathLike | None = None,
           accelerator=None, settings: DedupSettings | None = None, whitening_folder: str | os.PathLike | None = None,
@@ -104,7 +104,8 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
         descriptor: the descriptor model that proposes candidate pairs.
         matcher: ``(model, image_processor)`` of a CopyNCE matcher verifying the pairs, or ``None``
             (descriptor scores decide).
-        threshold: pairs whose decision score is at or above it are copies.
+        threshold: pairs whose decision score is at or above it are copies; ``None``: the pairs are verified and
+            scored, and no group is formed (``members`` is empty; the self-calibration's run).
         config: the :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (pairs verified per image, views,
             batches; its ``collection``, ``detect``'s reference-side normalisation, is not read).
         index_folder: where the index (and whitening) of ``source`` are kept and reused, as by ``detect``:
@@ -148,13 +149,16 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
                        crops.crops.boxes if crops else {}, crops.pairs if crops else [])
 
 
-def _groups(source, raw: dict[tuple[str, str], float], decide, threshold: float, grouping: str, score_missing,
+def _groups(source, raw: dict[tuple[str, str], float], decide, threshold: float | None, grouping: str, score_missing,
             log: Callable[[str], None], seconds: dict[str, float]
             ) -> tuple[list[list[GroupMember]], dict[tuple[str, str], float]]:
     """Step 3: the groups of the pairs whose decision score (``decide``) is at or above ``threshold``, and every
-    verified pair's decision score; pairs outside ``raw`` that a group needs are scored by ``score_missing``."""
+    verified pair's decision score; pairs outside ``raw`` that a group needs are scored by ``score_missing``. No
+    group (and no line) with ``threshold`` ``None``."""
     start = time.perf_counter()
     decided = {pair: decide(*pair, score) for pair, score in raw.items()}
+    if threshold is None:
+        return [], decided
     members = group_members(source.ids, decided, threshold, grouping, score_missing)
     seconds["groups"] = time.perf_counter() - start
     log(f"{len(members)} groups of copies ({sum(len(group) for group in members)} images) at threshold "

@@ -16,7 +16,7 @@ import logging
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm.auto import tqdm
 
 from ...modeling.errors import SKIP_REASONS, ImageLoadError
@@ -56,6 +56,15 @@ class ProcessedImages(Dataset):
         return {"index": index, "pixel_values": pixel_values, "valid": valid}
 
 
+def collate_images(items: list[dict]) -> dict:
+    """A batch of :class:`ProcessedImages` items: ``index`` and ``valid`` (B,) and ``pixel_values`` (B, ...) stacked;
+    images processed to several sizes (an ONNX embedding model's ``short-side`` resize) as a list of B tensors."""
+    batch = default_collate([{key: value for key, value in item.items() if key != "pixel_values"} for item in items])
+    pixels = [item["pixel_values"] for item in items]
+    batch["pixel_values"] = torch.stack(pixels) if len({p.shape for p in pixels}) == 1 else pixels
+    return batch
+
+
 def extract_descriptors(
     model,
     image_processor,
@@ -88,7 +97,8 @@ def extract_descriptors(
     accelerator = accelerator or make_accelerator()
     dataset = ProcessedImages(source, image_processor)
     loader = accelerator.prepare_data_loader(
-        DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
+        DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False,
+                   collate_fn=collate_images)
     )
     model = model.to(accelerator.device).eval()
     indices, descriptors, valid = [], [], []
