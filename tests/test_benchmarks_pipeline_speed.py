@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -117,36 +116,32 @@ def test_dedup_quality_reads_the_pairs_and_the_groups(tmp_path):
 
 def test_a_profile_is_summed_by_stage_path_and_by_operation(tmp_path):
     """benchmarks.speed.profile: a sample's time goes to the path of the stage functions on its stack and to the
-    innermost operation; a stage called inside another is a path of its own."""
-    pyinstrument = require_extra("pyinstrument", "bench")
+    innermost operation; a stage called inside another is a path of its own. The session is written in pyinstrument's
+    own format with exact sample times (what a profiler records of ``self_calibrate() -> matcher_scores() -> fuse()``,
+    then ``matcher_scores()`` alone, then code outside every stage), so that no machine load moves the sums."""
+    require_extra("pyinstrument", "bench")
+    from pyinstrument.session import Session
+
     from benchmarks.speed.profile import OUTSIDE, stage_tables
 
-    def busy(seconds):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
+    def frame(function, line, owner=None):  # pyinstrument's frame identifier: name, file, line, attributes
+        return f"{function}\x00bench.py\x00{line}" + (f"\x01c{owner}" if owner else "") + f"\x01l{line}"
 
-    def fuse():
-        busy(0.3)
-
-    def matcher_scores():
-        fuse()
-        busy(0.1)
-
-    def self_calibrate():
-        matcher_scores()
-
-    profiler = pyinstrument.Profiler(interval=0.001)
-    with profiler:
-        self_calibrate()
-        matcher_scores()
-        busy(0.1)
+    thread, run = "MainThread\x00<thread>\x001", frame("run", 1)
+    calibrate, scores = frame("self_calibrate", 10), frame("matcher_scores", 20)
+    fuse, busy = frame("fuse", 30), frame("busy", 40)
+    samples = [([thread, run, calibrate, scores, fuse, busy], 0.3), ([thread, run, calibrate, scores, busy], 0.1),
+               ([thread, run, scores, fuse, busy], 0.2), ([thread, run, scores, fuse, busy], 0.1),
+               ([thread, run, scores, busy], 0.1), ([thread, run, busy], 0.1)]
+    session = Session(frame_records=samples, start_time=0.0, duration=sum(s for _, s in samples), min_interval=0.1,
+                      max_interval=0.3, sample_count=len(samples), start_call_stack=[thread, run],
+                      target_description="test", cpu_time=0.9, sys_path=[], sys_prefixes=[])
     path = tmp_path / "run.pyisession"
-    profiler.last_session.save(str(path))
+    session.save(str(path))
     tables = stage_tables(path)
     inner, outer = tables["stages"]["self-calibration > matcher"], tables["stages"]["matcher"]
     for found in (inner, outer):
-        assert found["operations"]["matcher fusion"] == pytest.approx(0.3, abs=0.06)
-        assert found["operations"]["other"] == pytest.approx(0.1, abs=0.05)
-    assert tables["stages"][OUTSIDE]["seconds"] == pytest.approx(0.1, abs=0.05)
-    assert tables["operations"]["matcher fusion"] == pytest.approx(0.6, abs=0.1)
+        assert found["operations"]["matcher fusion"] == pytest.approx(0.3)
+        assert found["operations"]["other"] == pytest.approx(0.1)
+    assert tables["stages"][OUTSIDE]["seconds"] == pytest.approx(0.1)
+    assert tables["operations"]["matcher fusion"] == pytest.approx(0.6)
