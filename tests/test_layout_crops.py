@@ -171,7 +171,7 @@ def test_layout_crops_follow_query_crops():
 
 
 def test_detect_finds_the_photo_of_a_lone_screenshot_on_its_layout_crop(tmp_path):
-    """The issue's case: one screenshot of ``rocket`` as the only query, no other image sharing its frame."""
+    """A user's case: one screenshot of ``rocket`` as the only query, no other image sharing its frame."""
     from copynce_hf.retrieval.verify.scorer import MatcherScorer
     from copynce_hf.runtime.loading import load_model
 
@@ -197,7 +197,7 @@ def test_detect_finds_the_photo_of_a_lone_screenshot_on_its_layout_crop(tmp_path
     best = max(cropped.predictions, key=lambda p: p.score)
     assert best.reference_id == "rocket" and ("screenshot_rocket", "rocket") in cropped.crop_pairs, "\n".join(lines)
     before = max(p.score for p in whole.predictions if p.reference_id == "rocket")
-    assert best.score > before  # the whole screenshot against the photo scored lower (the issue's 0.231)
+    assert best.score > before  # the whole screenshot against the photo scored lower (0.231 before layout crops)
     left, top, right, bottom = cropped.crop_pairs[("screenshot_rocket", "rocket")]
     crop = framed.crop((int(left * framed.width), int(top * framed.height), round(right * framed.width),
                         round(bottom * framed.height)))

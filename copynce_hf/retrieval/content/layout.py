@@ -180,7 +180,8 @@ def rectangle_boxes(pixels: np.ndarray, count: int = RECTANGLES) -> list[tuple[f
         value = float(score[top, bottom, left, right])
         if value <= 0 or len(found) == count:
             break
-        box = (columns[left] / width, rows[top] / height, columns[right] / width, rows[bottom] / height)
+        box = (float(columns[left] / width), float(rows[top] / height), float(columns[right] / width),
+               float(rows[bottom] / height))
         if all(box_iou(box, other) < SAME_BOX for _, other in found):
             found.append((value, box))
     return found
