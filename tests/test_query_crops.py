@@ -9,7 +9,7 @@ from PIL import Image
 
 from copynce_hf.modeling.errors import ConfigError
 from copynce_hf.retrieval import Descriptor, DescriptorSet, DetectConfig, ImageFolderSource, detect
-from copynce_hf.retrieval.content.crops import query_crop_pairs, query_neighbours
+from copynce_hf.retrieval.content.queries import query_crop_pairs, query_neighbours
 
 
 def _unit(rows) -> np.ndarray:
@@ -75,9 +75,10 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
 
     def run(crops: bool):
         return detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
-                      config=DetectConfig(candidates=6, k=6, query_crops=crops), progress=False, log=lines.append)
+                      config=DetectConfig(candidates=6, k=6, query_crops=crops, layout_crops=False), progress=False,
+                      log=lines.append)
 
-    whole, cropped = run(False), run(True)
+    whole, cropped = run(False), run(True)  # content crops alone (layout crops: tests/test_layout_crops.py)
     assert not whole.crop_boxes and "query crops" not in whole.seconds
     assert any(line.startswith("query crops: ") for line in lines), "\n".join(lines)
     # only the framed queries are cropped (the plain one shares nothing), each to a box around its photo
@@ -178,7 +179,8 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
     from copynce_hf.retrieval.predictions import read_predictions
 
     crops = [(tmp_path / run / "query_crops.csv").read_text(encoding="utf-8") for run in ("one", "two")]
-    assert crops[0] == crops[1] and len(crops[0].splitlines()) == 5  # the same four boxes
+    assert crops[0] == crops[1]  # the same boxes: the four framed queries' and any layout crop (shared out too)
+    assert {line.split(",")[0] for line in crops[0].splitlines()[1:]} >= {f"framed{i}" for i in range(4)}
     one, two = (read_predictions(tmp_path / run / "predictions.csv") for run in ("one", "two"))
     assert [p[:2] for p in one] == [p[:2] for p in two]  # the same pairs in the same order, the same scores
     assert [p.score for p in two] == pytest.approx([p.score for p in one], abs=1e-6)

@@ -359,7 +359,8 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     descriptors = [None if m in ("", None) else model_value(str(m)) for m in str(options.pop("models", "")).split(",")]
     models = PipelineModels(descriptors, options.pop("matcher", None), options.pop("runtime", "torch"))
     collection = option_dests(DetectConfig, ("collection", "reference_background"))
-    overrides = {key: options.pop(key) for key in list(options) if key in (*DETECT_PRESET_FIELDS, *collection)}
+    settable = (*DETECT_PRESET_FIELDS, *collection, "layout_crops", "descriptor_content_tokens")
+    overrides = {key: options.pop(key) for key in list(options) if key in settable}
     settings_fields = {f.name for f in dataclasses.fields(PipelineSettings)} - {"models", "overrides"}
     settings = PipelineSettings(models, overrides=overrides,
                                 **{key: options.pop(key) for key in list(options) if key in settings_fields})

@@ -69,8 +69,9 @@ STAGES = ("descriptor", "matcher")
 SCORE_SETTINGS = ("descriptor_lce", "matcher_lce", "alpha", "k_start", "k_end")
 
 #: The content-token settings of a calibration (:func:`~copynce_hf.retrieval.content.stage.content_setting`: ``False`` or the
-#: settings; ``query_crops``: ``True`` or ``False``); a calibration written before they existed was made without them.
-CONTENT_SETTINGS = ("content_tokens", "descriptor_content_tokens", "query_crops")
+#: settings; ``query_crops``, ``layout_crops``: ``True`` or ``False``); a calibration written before they existed was
+#: made without them.
+CONTENT_SETTINGS = ("content_tokens", "descriptor_content_tokens", "query_crops", "layout_crops")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +225,7 @@ def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: s
     settings["content_tokens"] = content_setting(matcher_content(config))
     settings["descriptor_content_tokens"] = content_setting(descriptor_content(config))
     settings["query_crops"] = config.crops_queries
+    settings["layout_crops"] = config.crops_layouts
     return {"descriptors": list(descriptors), "matcher": matcher, "preset": preset, "settings": settings}
 
 
@@ -295,7 +297,7 @@ class Calibration:
             raise ConfigError(f"{self.name} was made with --preset {mine['preset']}, but this run uses --preset "
                               f"{pipeline['preset']}")
         for name in ("score_normalisation", *SCORE_SETTINGS, *CONTENT_SETTINGS):  # on/off first: alpha... apply
-            if pipeline["matcher"] is None and name in ("matcher_lce", "content_tokens", "query_crops"):
+            if pipeline["matcher"] is None and name in ("matcher_lce", "content_tokens", "query_crops", "layout_crops"):
                 continue
             made_with = mine["settings"].get(name, False if name in CONTENT_SETTINGS else None)  # older files: off
             if made_with != pipeline["settings"].get(name):

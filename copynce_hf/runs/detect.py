@@ -265,8 +265,9 @@ def query_crops_text(result, asked: bool) -> str:
         return "off"
     if "query crops" not in result.seconds:
         return "on, not run (they need a matcher)"
-    return (f"{len(result.crop_boxes)} queries cropped to their own content, {len(result.crop_pairs)} pairs scored "
-            "on their crops")
+    layout = f" ({len(result.layout_cropped)} by their own layout)" if result.layout_cropped else ""
+    return (f"{len(result.crop_boxes)} queries cropped to their own content{layout}, {len(result.crop_pairs)} pairs "
+            "scored on their crops")
 
 
 def report_settings(run: DetectRun) -> dict[str, object]:

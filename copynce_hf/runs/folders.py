@@ -23,7 +23,7 @@ def write_detect_folder(request: DetectRequest) -> DetectRun | None:
                                inputs.queries.lookup(), inputs.references.lookup(), *run.heatmap_model,
                                threshold=run.gallery_threshold, count=request.gallery, settings=report_settings(run),
                                stages=run.result.seconds, metrics=run.metrics, ground_truth=inputs.ground_truth,
-                               crops={pair: {pair[0]: run.result.crop_boxes[pair[0]]} for pair in run.result.crop_pairs})
+                               crops={pair: {pair[0]: box} for pair, box in run.result.crop_pairs.items()})
     return run
 
 

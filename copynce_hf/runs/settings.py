@@ -154,6 +154,9 @@ class PipelineSettings:
             raise ConfigError("query crops are cut from the content tokens of whole images: --query-crops needs "
                               f"content tokens and --descriptor-lce none (this run: content tokens "
                               f"{'on' if config.content_tokens else 'off'}, descriptor LCE {config.descriptor_lce})")
+        if overrides.get("layout_crops") and not config.crops_layouts:
+            raise ConfigError("layout crops are query crops read from each query's own layout: --layout-crops needs "
+                              "query crops (this run has none: --no-query-crops, content tokens off or descriptor LCE)")
         return config
 
     def identity(self) -> dict[str, Any]:

@@ -19,17 +19,7 @@ The boxes follow the image processor's resize (the whole image squeezed to the m
 row ``r``, column ``c`` of a ``g x g`` grid covers ``[c / g, (c + 1) / g)`` of the width and ``[r / g, (r + 1) /
 g)`` of the height of the original image.
 
-**Query crops** (``detect``): a query that pastes a reference into a screenshot, a meme band or onto a background
-is cut the same way (:func:`query_crops`), with the references left whole (a reference set is the originals a
-moderation database holds):
-
-1. each query's content tokens: its matcher encoder tokens against its ``content_neighbours`` nearest images by
-   descriptor cosine, among the references *and the other queries* (:func:`query_neighbours`: a queue of uploads
-   holds many screenshots of one app, many posts of one meme template, so the frames recur among the queries too);
-2. its content box, as above, cut from the query's own pixels;
-3. each crop's descriptor searches the references for its ``candidates`` nearest; a pair whose crop cosine is above
-   the whole query's cosine to that reference (:func:`query_crop_pairs`) is scored by the matcher on the crop and
-   the reference (every token kept), and that score replaces the whole query's (:func:`with_crop_scores`).
+**Query crops** (``detect``) cut the queries the same way: :mod:`.queries`.
 """
 
 from __future__ import annotations
@@ -48,17 +38,11 @@ from PIL import Image
 
 from ...modeling.errors import ShapeError
 from ...outputs import StagedFile
-from ...runtime.onnx_runtime import check_content_fusion
-from ..descriptors.extract import extract_descriptors
 from ..descriptors.sets import DescriptorSet
-from ..predictions import Prediction
 from ..work_folder import digest, image_stamps
-from .masks import CollectionMatches, TokenCache, sharded_matches
-from .stage import QueriesAndReferences, StoredByRole, matcher_content
 
 __all__ = ["MAX_AREA", "MARGIN", "MIN_SIDE", "Box", "CropSource", "CropPair", "content_box", "content_boxes",
-           "crop_pairs", "crop_views", "nearest_rows", "write_crops", "CROP_COLUMNS", "VIEW_WHOLE",
-           "VIEW_CROP", "QueryCrops", "query_neighbours", "query_crop_pairs", "query_crops", "with_crop_scores"]
+           "crop_pairs", "crop_views", "nearest_rows", "write_crops", "CROP_COLUMNS", "VIEW_WHOLE", "VIEW_CROP"]
 
 #: A region of kept tokens covering at least this fraction of the image is the whole image: no crop.
 MAX_AREA = 0.6
@@ -134,32 +118,44 @@ def content_boxes(ids, keep_of: Callable[[str], torch.Tensor | None], max_area: 
 
 
 class CropSource:
-    """An image source of content crops: ``ids`` are those of the boxed images, ``load(i)`` cuts its box from the
-    image ``images[id]`` (a path or a PIL image, as :class:`~copynce_hf.retrieval.sources.SourceImages` gives them)."""
+    """An image source of crops: ``ids`` are those of the boxes (``boxes``, id -> box), ``load(i)`` cuts box ``ids[i]``
+    from the image ``images[image_of[id]]`` (a path or a PIL image, as :class:`~copynce_hf.retrieval.sources.SourceImages`
+    gives them); without ``image_of`` a box's id is its image's."""
 
-    def __init__(self, images: Mapping, boxes: Mapping[str, Box], max_pixels: int | None = None):
+    def __init__(self, images: Mapping, boxes: Mapping[str, Box], max_pixels: int | None = None,
+                 image_of: Mapping[str, str] | None = None):
         self.images, self.boxes = images, dict(boxes)
         self.ids = list(self.boxes)
+        self.image_of = dict(image_of) if image_of is not None else {}
         self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    def image_id(self, crop_id: str) -> str:
+        """The id of the image a crop is cut from."""
+        return self.image_of.get(crop_id, crop_id)
+
     @property
     def identity(self) -> dict:
-        """What the crops are, for scores of them kept on disk: the boxes, the image files they are cut from
-        (:func:`~copynce_hf.retrieval.work_folder.image_stamps`) and the identity of those images' source, if it has one."""
+        """What the crops are, for scores of them kept on disk: the boxes (and the image each is cut from), the image
+        files (:func:`~copynce_hf.retrieval.work_folder.image_stamps`) and the identity of those images' source, if it
+        has one."""
         files = getattr(self.images, "files", None) or {}
         source = getattr(getattr(self.images, "source", None), "identity", None)
-        return {"crops of": source, "boxes": digest(self.boxes), "images": image_stamps(files, self.ids)}
+        found = {"crops of": source, "boxes": digest(self.boxes),
+                 "images": image_stamps(files, [self.image_id(crop_id) for crop_id in self.ids])}
+        if self.image_of:
+            found["cut from"] = digest(self.image_of)
+        return found
 
     def load(self, index: int) -> Image.Image:
         from ...images import load_image
 
-        image_id = self.ids[index]
-        image = self.images[image_id]
+        crop_id = self.ids[index]
+        image = self.images[self.image_id(crop_id)]
         image = image.convert("RGB") if isinstance(image, Image.Image) else load_image(image, max_pixels=self.max_pixels)
-        left, top, right, bottom = self.boxes[image_id]
+        left, top, right, bottom = self.boxes[crop_id]
         width, height = image.size
         return image.crop((int(left * width), int(top * height), max(int(left * width) + 1, round(right * width)),
                            max(int(top * height) + 1, round(bottom * height))))
@@ -239,107 +235,6 @@ def crop_views(pairs: list[tuple[str, str]], whole: DescriptorSet, crops: Descri
         best = max(cropped, default=None)
         decided.append(None if best is None or best[0] <= whole_cosine else CropPair(a, b, best[1], best[2], best[0]))
     return decided
-
-
-@dataclasses.dataclass
-class QueryCrops:
-    """What :func:`query_crops` found: each cropped query's box (fractions of its width and height), the
-    ``(query, reference)`` pairs scored on the crop with their scores, and the passes it ran."""
-
-    boxes: dict[str, Box] = dataclasses.field(default_factory=dict)
-    scores: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
-    cost: dict[str, int] = dataclasses.field(default_factory=lambda: {"encoded_views": 0, "fused_pairs": 0})
-
-
-def query_neighbours(queries: DescriptorSet, references: DescriptorSet, k: int) -> dict[tuple, list[tuple]]:
-    """Each query's ``2 k`` nearest images by cosine among the references and the other queries, best first, as
-    keys of :class:`~copynce_hf.retrieval.content.stage.QueriesAndReferences` (``("query", id)``, ``("reference", id)``; the content
-    tokens count the first ``k`` readable ones). Descriptors (N, D) and (M, D), unit rows."""
-    if not len(queries):
-        return {}
-    ref_cosines, ref_rows = nearest_rows(queries.descriptors, references.descriptors, 2 * k)
-    query_cosines, query_rows = nearest_rows(queries.descriptors, queries.descriptors, 2 * k + 1)
-    found: dict[tuple, list[tuple]] = {}
-    for row, query_id in enumerate(queries.ids):
-        scored = [(float(c), ("reference", references.ids[r])) for c, r in zip(ref_cosines[row], ref_rows[row])
-                  if r >= 0]
-        scored += [(float(c), ("query", queries.ids[r])) for c, r in zip(query_cosines[row], query_rows[row])
-                   if r >= 0 and r != row]
-        scored.sort(key=lambda item: (-item[0], item[1]))
-        found[("query", query_id)] = [key for _, key in scored[:2 * k]]
-    return found
-
-
-def query_crop_pairs(queries: DescriptorSet, references: DescriptorSet, crops: DescriptorSet, candidates: int
-                     ) -> list[tuple[str, str]]:
-    """The ``(query, reference)`` pairs a crop decides: each crop's ``candidates`` nearest references, kept where
-    the crop's cosine is above the whole query's (else the whole query decides the pair). Unit descriptors: whole
-    queries (N, D), references (M, D), crops (C, D) with the ids of their queries."""
-    if not len(crops) or not len(references):
-        return []
-    query_rows = {query_id: row for row, query_id in enumerate(queries.ids)}
-    cosines, rows = nearest_rows(crops.descriptors, references.descriptors, candidates)
-    pairs = []
-    for query_id, row_cosines, row_found in zip(crops.ids, cosines, rows):
-        whole = queries.descriptors[query_rows[query_id]]
-        for cosine, row in zip(row_cosines, row_found):
-            if row >= 0 and float(cosine) > float(whole @ references.descriptors[row]):
-                pairs.append((query_id, references.ids[row]))
-    return pairs
-
-
-def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, matcher: tuple,
-                queries: DescriptorSet, references: DescriptorSet, config, accelerator, log: Callable[[str], None],
-                score_pairs, progress: bool = False, stored: StoredByRole | None = None) -> QueryCrops:
-    """``detect``'s query crops (the module's docstring) and the pairs they decide.
-
-    Args:
-        query_images, reference_images: id -> image (a path or a PIL image) of the queries and the references
-            (``detect``'s :class:`~copynce_hf.retrieval.sources.SourceImages`).
-        descriptor: the :class:`~copynce_hf.retrieval.descriptors.cached.Descriptor` whose whole-image descriptors are ``queries`` and
-            ``references`` (raw, unit rows) and which describes the crops.
-        matcher: ``(model, image processor)``; its encoder tokens find the content tokens.
-        config: the :class:`~copynce_hf.retrieval.detection.config.DetectConfig` (content settings, candidates, batch size).
-        score_pairs: ``(pairs, query source) -> (scores, cost)``: the matcher's scores of ``(query, reference)``
-            pairs with the queries read from that source, every token kept (:func:`~copynce_hf.retrieval.verify.pairs.score_pairs`).
-        stored: the encoder tokens of the queries and references already computed (the run's token stores): read, not
-            encoded again, for the content tokens.
-    """
-    settings = matcher_content(config)
-    model, processor = matcher
-    check_content_fusion(model)
-    images = QueriesAndReferences(query_images, reference_images)
-    cache = TokenCache(model.to(accelerator.device).pre_fusion_tokens, processor, images, config.cache_size,
-                       config.batch_size, images.max_pixels, accelerator.device, stored)
-    with accelerator.autocast():
-        matches: CollectionMatches = sharded_matches(
-            [("query", query_id) for query_id in queries.ids],
-            query_neighbours(queries, references, settings.neighbours), cache, settings, accelerator, progress)
-    found = QueryCrops(content_boxes(queries.ids, lambda query_id: matches.keep(("query", query_id))))
-    found.cost["encoded_views"] += matches.encoded
-    if not found.boxes:
-        log("query crops: no query has a region of its own content small enough to crop")
-        return found
-    crops = CropSource(query_images, found.boxes, images.max_pixels)
-    described = extract_descriptors(descriptor.model, descriptor.processor, crops, batch_size=config.batch_size,
-                                    num_workers=config.num_workers, accelerator=accelerator, progress=progress,
-                                    description=f"{descriptor.name}: query crops")
-    pairs = query_crop_pairs(queries, references, described, config.candidates)
-    if pairs:
-        scores, cost = score_pairs(pairs, crops)
-        found.scores = {pair: score for pair, score in zip(pairs, scores) if score is not None}
-        found.cost = {name: found.cost[name] + cost[name] for name in found.cost}
-    log(f"query crops: {len(found.boxes)} of {len(queries)} queries cropped to their own content (content tokens "
-        f"against their nearest references and queries), {len(found.scores)} pairs scored on their crops "
-        f"({found.cost['encoded_views']} encoder passes, {found.cost['fused_pairs']} fusion passes)")
-    return found
-
-
-def with_crop_scores(rescored: list[Prediction], crops: QueryCrops) -> list[Prediction]:
-    """The matcher's predictions with those of the crop pairs: a pair scored on a crop takes that score."""
-    scores = {(p.query_id, p.reference_id): p.score for p in rescored}
-    scores.update(crops.scores)
-    return [Prediction(query_id, reference_id, score) for (query_id, reference_id), score in scores.items()]
 
 
 #: The header of ``content_crops.csv`` and ``query_crops.csv``: each cropped image's box, as fractions of its width

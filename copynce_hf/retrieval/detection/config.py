@@ -71,9 +71,13 @@ class DetectConfig:
             the paper); whole images only (``matcher_lce`` ``none``).
         query_crops: with content tokens and a matcher, each query's own content (the tokens it does not share with
             its nearest references and queries) is cut from its pixels where it is a small part of the query, and
-            searched and verified as a second view of the query (:func:`~copynce_hf.retrieval.content.crops.query_crops`, beyond the
-            paper), with the first descriptor; it applies where content tokens do, to whole images
+            searched and verified as a second view of the query (:func:`~copynce_hf.retrieval.content.queries.query_crops`,
+            beyond the paper), with the first descriptor; it applies where content tokens do, to whole images
             (:attr:`crops_queries`).
+        layout_crops: with query crops, each query is also cut where its own layout shows a frame around a photo
+            (straight-sided rectangles, dense regions: :mod:`copynce_hf.retrieval.content.layout`), so that a frame no
+            other image shares is recognised too; a few more descriptor passes per query, and matcher passes where a
+            crop matches a reference better than the whole query.
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
@@ -122,6 +126,10 @@ class DetectConfig:
         "nearest references and queries) covers less than 60% of it is also searched and verified as that part, cut "
         "from its pixels (a copy pasted into a screenshot or a meme); whole images only"),
         action=argparse.BooleanOptionalAction)
+    layout_crops: bool = setting(True, (
+        "with query crops: each query is also cut where its own layout shows a frame around a photo (a rectangle of "
+        "straight sides, a dense region among flat colours and text), so that a screenshot, poster or print that "
+        "arrives alone is searched and verified as its photo"), action=argparse.BooleanOptionalAction)
     descriptor_content_tokens: bool = setting(False, (
         "search again with descriptors of each image's content tokens (final-layer tokens shared at a cosine above "
         f"{DESCRIPTOR_TAU} with {MIN_IMAGES} of its {NEIGHBOURS} nearest images dropped): two more descriptor passes "
@@ -160,6 +168,11 @@ class DetectConfig:
     def crops_queries(self) -> bool:
         """Whether query crops apply: asked for, with content tokens, on whole images (``descriptor_lce`` ``none``)."""
         return self.query_crops and self.content_tokens and self.descriptor_lce == "none"
+
+    @property
+    def crops_layouts(self) -> bool:
+        """Whether layout crops apply: asked for, with query crops (:attr:`crops_queries`)."""
+        return self.layout_crops and self.crops_queries
 
     @property
     def normalises_references(self) -> bool:

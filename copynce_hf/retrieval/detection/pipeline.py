@@ -61,8 +61,11 @@ class DetectResult:
             were saved with it.
         candidates_per_query: the candidates each query could get: ``candidates``, or fewer when fewer
             references could be read.
-        crop_boxes: query id -> the box of its content crop (``query_crops``; fractions of its width and height).
-        crop_pairs: the ``(query, reference)`` pairs whose score is the matcher's on the query's crop.
+        crop_boxes: query id -> the box of its crop (``query_crops``; fractions of its width and height): the crop
+            whose pair scored best among its pairs scored on a crop, else its content crop.
+        crop_pairs: the ``(query, reference)`` pairs whose score is the matcher's on a crop of the query, each with
+            the box of that crop.
+        layout_cropped: the queries whose box in ``crop_boxes`` is a layout crop (read from the query alone).
     """
 
     predictions: list[Prediction]
@@ -76,7 +79,8 @@ class DetectResult:
     skipped_references: dict[str, str] = dataclasses.field(default_factory=dict)
     candidates_per_query: int = 0
     crop_boxes: dict[str, tuple[float, float, float, float]] = dataclasses.field(default_factory=dict)
-    crop_pairs: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    crop_pairs: dict[tuple[str, str], tuple[float, float, float, float]] = dataclasses.field(default_factory=dict)
+    layout_cropped: list[str] = dataclasses.field(default_factory=list)
 
     def candidate_recall(self, ground_truth: dict[str, list[str]]) -> float | None:
         return candidate_recall(self.candidates, ground_truth)
@@ -238,10 +242,10 @@ def _with_query_crops(result: DetectResult, rescored: list[Prediction], descript
                       search: CandidateSearch, whole: tuple, rescoring_folder, stores: StoredByRole | None
                       ) -> list[Prediction]:
     """``rescored`` with the pairs the queries' content crops decide
-    (:func:`~copynce_hf.retrieval.content.crops.query_crops`) scored on the crops; their boxes, time and passes go
+    (:func:`~copynce_hf.retrieval.content.queries.query_crops`) scored on the crops; their boxes, time and passes go
     to ``result``. The crops' scored chunks are kept in ``rescoring_folder/query-crops`` (``None``: not kept), so
     that a run cut short resumes them; the images ``stores`` hold are read from them, not encoded again."""
-    from ..content.crops import query_crops, with_crop_scores
+    from ..content.queries import query_crops, settled, with_crop_scores
 
     start, accelerator = time.perf_counter(), search.extract["accelerator"]
     crop_config = dataclasses.replace(search.config, content_tokens=False, query_crops=False)  # a crop: own content
@@ -254,9 +258,10 @@ def _with_query_crops(result: DetectResult, rescored: list[Prediction], descript
                              accelerator, folder, False, "matcher", lambda line: search.log(f"matcher: {line}"))
         return scored.scores, scored.cost
 
-    found = query_crops(SourceImages(search.queries), references, descriptor, matcher, *whole, search.config,
-                        accelerator, search.log, score_crop_pairs, search.progress, stores)
-    result.crop_boxes, result.crop_pairs = found.boxes, list(found.scores)
+    found = settled(rescored, query_crops(SourceImages(search.queries), references, descriptor, matcher, *whole,
+                                          search.config, accelerator, search.log, score_crop_pairs, search.progress,
+                                          stores))
+    result.crop_boxes, result.crop_pairs, result.layout_cropped = found.boxes, found.pair_boxes, found.layout
     result.matcher_cost = {name: result.matcher_cost[name] + found.cost[name] for name in found.cost}
     result.seconds["query crops"] = time.perf_counter() - start
     return with_crop_scores(rescored, found)
