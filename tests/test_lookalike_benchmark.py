@@ -3,6 +3,8 @@ from the evaluation splits only, and its rates count what they say."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import SHARED_DATA, SPLITS_CSV
@@ -60,3 +62,43 @@ def test_a_query_scores_its_best_prediction_and_finds_its_reference_only_first(t
     assert rows["Q0"]["score"] == 0.99 and rows["Q0"]["top_family"] == rows["Q0"]["family"] == "grass"
     assert rows["Q1"]["score"] == 0.8 and not rows["Q1"]["correct"]  # photo-b came first
     assert rows["Q2"]["score"] == float("-inf") and rows["Q2"]["top"] is None  # no prediction at all
+
+
+@pytest.mark.shared_data
+def test_descriptors_compared_on_a_draw_score_each_model_once(tmp_path, monkeypatch):
+    """``--descriptors``: a model scores the draw's pairs by cosine, summed per kind of image; a rerun reads the scores
+    back instead of scoring again, and a model given anew under that name is scored again. (A small draw: 4 images
+    per family, 4 photos.)"""
+    if not SPLITS_CSV.exists():
+        pytest.skip(f"{SPLITS_CSV} not found: shared test data is only present in CI and dev sessions")
+    from benchmarks.quality import lookalikes
+
+    monkeypatch.setattr(lookalikes, "PER_FAMILY", 4)
+    monkeypatch.setattr(lookalikes, "PHOTOS", 4)
+    monkeypatch.setattr(lookalikes, "DISTRACTORS", 2)
+    models = {"embedded": "embedded"}
+    result = lookalikes.compare_descriptors(tmp_path, 0, models)
+    summary = result["summary"]
+    pairs = json.loads((tmp_path / "draw-0" / "descriptors.json").read_text())["embedded"]["pairs"]
+    drawings = [p["cosine"] for p in pairs if p["kind"] == "drawing" and p["role"] == "look-alike"]
+    assert len(drawings) == 3 * 6  # three drawing families, 4 images each: 6 pairs
+    assert summary["embedded/drawing"]["negative_median"] == pytest.approx(float(np.median(drawings)))
+    assert summary["embedded/photo"]["auc"] is None and summary["embedded/photo"]["positive_median"] > 0
+    assert 0 <= summary["embedded/procedural texture"]["auc"] <= 1
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(lookalikes, "score_pairs", no_scoring)
+    assert lookalikes.compare_descriptors(tmp_path, 0, models)["summary"] == summary
+    with pytest.raises(AssertionError, match="scored again"):
+        lookalikes.compare_descriptors(tmp_path, 0, {"embedded": "onnx:other.onnx"})
+    table = lookalikes.descriptor_table([result], list(models))
+    assert table.count("| embedded |") == len(KINDS) + 2
+
+
+def test_descriptors_named_wrongly_are_refused():
+    from benchmarks.quality.lookalikes import main
+
+    with pytest.raises(SystemExit, match="'noequals' is not NAME=MODEL"):
+        main(["--descriptors", "noequals"])

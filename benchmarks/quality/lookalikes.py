@@ -3,6 +3,7 @@ the thresholds a user meets?
 
     python -m benchmarks.quality.lookalikes --output outputs/lookalikes --draws 0 1 2   # build, score, measure
     python -m benchmarks.quality.lookalikes --output outputs/lookalikes --table           # the tables of the draws
+    python -m benchmarks.quality.lookalikes --output W --descriptors a=DIR b=DIR         # trained descriptors compared
 
 Per draw ``d`` (``OUTPUT/draw-d/``), everything drawn from seeds ``[20251128, d, ...]``:
 
@@ -25,6 +26,11 @@ verdict before), the model cards' thresholds at precision 0.9 on mini-DISC, and 
 (the matcher stage's for detect, the descriptor stage's, raw cosines, for the descriptor's pairs).
 For ``detect`` a query's score is its best prediction's; a copy counts as found when its own reference is ranked
 first at or above the threshold. Results: ``OUTPUT/draw-d/result.json``, the tables with ``--table``.
+
+``--descriptors NAME=MODEL ...`` compares descriptors (a trained model folder, ``onnx:PATH``, or ``embedded``) on
+the same draws: steps 1-2 only, each pair scored by each model's cosine, and per model and kind the chance that a copy
+outscores a look-alike, with the look-alike and copy medians (``OUTPUT/draw-d/descriptors.json``; no thresholds: a
+trained model has no card or calibration of its own here).
 """
 
 from __future__ import annotations
@@ -146,12 +152,16 @@ def _detect_folders(folder: Path, truth: dict, distractors: list[Path], draw: in
         handle.writelines(f"{q},{record['reference'] or ''}\n" for q, record in sorted(truth["queries"].items()))
 
 
-def score_pairs(folder: Path, truth: dict, batch_size: int = 32) -> list[dict]:
-    """Every pair of step 2 with its descriptor cosine and matcher probability (``copynce match``'s scoring path)."""
+def score_pairs(folder: Path, truth: dict, batch_size: int = 32,
+                models: dict[str, tuple[str | None, str]] | None = None) -> list[dict]:
+    """Every pair of step 2 with a score per model (``copynce match``'s scoring path): ``models`` maps a key to
+    ``(model, kind)`` as :func:`~copynce_hf.runtime.loading.load_model` takes them (default: the embedded descriptor's
+    cosine as ``descriptor``, the embedded matcher's copy probability as ``matcher``)."""
     from copynce_hf.retrieval import Prediction
     from copynce_hf.retrieval.verify.rescoring import rescore_predictions
     from copynce_hf.runtime.loading import load_model
 
+    models = models or {"descriptor": (None, "descriptor"), "matcher": (None, "matcher")}
     pairs = []
     for family in FAMILIES:
         for later in range(1, PER_FAMILY):
@@ -164,8 +174,8 @@ def score_pairs(folder: Path, truth: dict, batch_size: int = 32) -> list[dict]:
     pairs += [(f"copy:{i}", i, "copy", record["family"] or "photo") for i, record in truth["images"].items()]
     candidates = [Prediction(q, r, 0.0) for q, r, *_ in pairs]
     scores = {}
-    for system in ("descriptor", "matcher"):
-        model, processor = load_model(None, system)
+    for system, (name, kind) in models.items():
+        model, processor = load_model(name, kind)
         found = rescore_predictions(candidates, model, processor, queries, files, batch_size=batch_size,
                                     progress=False)
         scores[system] = {(p.query_id, p.reference_id): p.score for p in found.predictions}
@@ -311,6 +321,47 @@ def run_draw(output: Path, draw: int, batch_size: int = 32) -> dict:
     return result
 
 
+def compare_descriptors(output: Path, draw: int, descriptors: dict[str, str], batch_size: int = 32) -> dict:
+    """Steps 1-2 of one draw with each of ``descriptors`` (name -> model folder, ``onnx:PATH`` or ``embedded``): per
+    model and kind of image, the look-alike and copy pairs' median cosines and the chance that a copy outscores a
+    look-alike. Scores already in ``descriptors.json`` are reused."""
+    folder = output / f"draw-{draw}"
+    truth_file = folder / "truth.json"
+    truth = json.loads(truth_file.read_text()) if truth_file.is_file() else build(folder, draw)
+    scores_file = folder / "descriptors.json"
+    scored = json.loads(scores_file.read_text()) if scores_file.is_file() else {}
+    for name, model in descriptors.items():
+        if scored.get(name, {}).get("model") != model:
+            pairs = score_pairs(folder, truth, batch_size, {"cosine": (None if model == "embedded" else model,
+                                                                         "descriptor")})
+            scored[name] = {"model": model, "pairs": pairs}
+            write_json(scores_file, scored)
+    summary = {}
+    for name in descriptors:
+        pairs = scored[name]["pairs"]
+        for kind in (*KINDS, "cross-texture", "photo"):
+            negatives = [p["cosine"] for p in pairs if p["role"] != "copy" and p["kind"] == kind]
+            positives = [p["cosine"] for p in pairs if p["role"] == "copy" and p["kind"] == kind]
+            summary[f"{name}/{kind}"] = {"auc": auc(positives, negatives),
+                                         "negative_median": _spread(negatives, (0.5,))[0],
+                                         "positive_median": _spread(positives, (0.5,))[0]}
+    return {"draw": draw, "summary": summary}
+
+
+def descriptor_table(results: list[dict], names: list[str]) -> str:
+    """The Markdown table of :func:`compare_descriptors` over the draws: per model and kind, P(copy > look-alike) and
+    the medians, mean (min-max) over the draws."""
+    lines = [f"Draws {', '.join(str(r['draw']) for r in results)}; mean over the draws, (min-max) where they differ.",
+             "", "| descriptor | images | P(copy > look-alike) | look-alike median cosine | copy median cosine |",
+             "|---|---|---|---|---|"]
+    for name in names:
+        for kind in (*KINDS, "cross-texture", "photo"):
+            entries = [r["summary"][f"{name}/{kind}"] for r in results]
+            lines.append(f"| {name} | {kind} | " + " | ".join(_mean_range([e[field] for e in entries]) for field in
+                                                             ("auc", "negative_median", "positive_median")) + " |")
+    return "\n".join(lines)
+
+
 #: The rows of the tables: (summary key, label).
 ROWS = [(f"{system}/{kind}", f"{label}, {kind}" + (" (negatives: edited distractor photos)"
                                                      if system == "detect" and kind == "photo" else ""))
@@ -365,6 +416,13 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _named(item: str) -> tuple[str, str]:
+    name, separator, model = item.partition("=")
+    if not separator or not name or not model:
+        raise SystemExit(f"--descriptors: {item!r} is not NAME=MODEL (a model folder, onnx:PATH or embedded)")
+    return name, model
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality.lookalikes",
                                      description=__doc__.splitlines()[0])
@@ -372,12 +430,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, nargs="+", default=[0, 1, 2], help="draws to run (default 0 1 2)")
     parser.add_argument("--table", action="store_true", help="only print the tables of the draws found in --output")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--descriptors", nargs="+", metavar="NAME=MODEL", default=None,
+                        help="compare these descriptors (a model folder, onnx:PATH or embedded) on the draws' pairs "
+                             "only: no detect, no thresholds")
     args = parser.parse_args(argv)
-    if not args.table:
-        if args.threads:
-            import torch
+    if args.threads:
+        import torch
 
-            torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    if args.descriptors:
+        descriptors = dict(_named(item) for item in args.descriptors)
+        results = [compare_descriptors(args.output, draw, descriptors) for draw in args.draws]
+        print(descriptor_table(results, list(descriptors)))
+        return 0
+    if not args.table:
         for draw in args.draws:
             run_draw(args.output, draw)
     results = [json.loads(path.read_text()) for path in sorted(args.output.glob("draw-*/result.json"))]
