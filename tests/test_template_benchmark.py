@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import csv
+import json
 
 import numpy as np
 import pytest
@@ -19,12 +21,18 @@ from benchmarks.templates.systems import (
     template_false_pairs,
 )
 from benchmarks.templates.task import (
+    DEFAULT_DEDUP,
+    DEFAULT_DETECT,
+    DETECT_PLANS,
     DedupPlan,
     DetectPlan,
     build_dedup_collection,
     build_detect_task,
+    draw_photos,
+    pool_photos,
     true_pairs,
 )
+from copynce_hf.data import ASSET_IMAGES
 from copynce_hf.pixtrace import replay
 from copynce_hf.retrieval import Prediction
 
@@ -193,5 +201,81 @@ def test_options_reach_the_requests_and_unknown_ones_are_refused(tmp_path):
 
 
 def test_the_command_skips_without_the_data(tmp_path, capsys):
-    assert main(["--output", str(tmp_path / "out"), "--data", str(tmp_path / "nothing")]) == 0
+    assert main(["--output", str(tmp_path / "out"), "--pool", "evaluation", "--data", str(tmp_path / "nothing")]) == 0
     assert "skipped" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_command_asks_for_a_pool(tmp_path, capsys):
+    """No pool is assumed: a run says whether it is a reported (evaluation) or a development (dev) draw."""
+    with pytest.raises(SystemExit):
+        main(["--output", str(tmp_path / "out"), "--data", str(tmp_path / "nothing")])
+    assert "--pool" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------- the pools
+
+
+@pytest.fixture
+def data(tmp_path):
+    """A data folder laid out as ``../shared/data``: 16 reference, 4 distractor and 20 train names, each a link
+    to one of the bundled images (in turn)."""
+    folder, assets = tmp_path / "data", sorted(ASSET_IMAGES.glob("*.jpg"))
+    (folder / "imagenet-sample").mkdir(parents=True)
+    splits = ["reference"] * 16 + ["distractor"] * 4 + ["train"] * 20
+    with (folder / "imagenet-sample-splits.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["filename", "split"])
+        for number, split in enumerate(splits):
+            name = f"n{number:03d}_{split}.jpg"
+            (folder / "imagenet-sample" / name).symlink_to(assets[number % len(assets)])
+            writer.writerow([name, split])
+    return folder
+
+
+def _split(photo) -> str:
+    return photo.stem.split("_")[1]
+
+
+def test_the_evaluation_pool_never_yields_a_train_photo_nor_the_dev_pool_an_evaluation_one(data):
+    evaluation, dev = pool_photos("evaluation", data), pool_photos("dev", data)
+    assert len(evaluation) == 20 and {_split(p) for p in evaluation} == {"reference", "distractor"}
+    assert len(dev) == 20 and {_split(p) for p in dev} == {"train"}
+    for seed in range(5):
+        for pool, splits in ((evaluation, {"reference", "distractor"}), (dev, {"train"})):
+            drawn = draw_photos(pool, seed, TINY_DEDUP, TINY_DETECT)
+            assert {_split(p) for photos in drawn.values() for p in photos} <= splits
+    with pytest.raises(ValueError, match="'held-out' is none of evaluation, dev"):
+        pool_photos("held-out", data)
+    with pytest.raises(FileNotFoundError, match="imagenet-sample-splits.csv not found"):
+        pool_photos("dev", data / "nothing")
+
+
+def test_a_draw_records_its_pool(tmp_path, data):
+    photos = pool_photos("evaluation", data)
+    dedup = build_dedup_collection(tmp_path / "dedup", photos, 1, TINY_DEDUP, TINY_DETECT, "evaluation")
+    detect = build_detect_task(tmp_path / "detect", photos, 1, TINY_DETECT, TINY_DEDUP, "evaluation")
+    for folder, truth in (("dedup", dedup), ("detect", detect)):
+        assert truth["pool"] == json.loads((tmp_path / folder / "truth.json").read_text())["pool"] == "evaluation"
+    used = [r["photo"] for r in [*dedup["images"].values(), *detect["references"].values(), *detect["queries"].values()]]
+    assert used and {photo.split("_")[1] for photo in used} <= {"reference", "distractor"}
+
+
+@pytest.mark.shared_data
+def test_the_default_tasks_fit_their_pools_and_stay_in_them():
+    """The reported draws (seeds 0-2) take reference and distractor photos only, the dev draws train photos only;
+    the 400 evaluation photos hold the detection task with 237 plain references, not with 300."""
+    if not SPLITS_CSV.exists():
+        pytest.skip(f"{SPLITS_CSV} not found: shared test data is only present in CI and dev sessions")
+    from copynce_hf.evaluation.minidisc import read_splits
+
+    splits = {photo.name: split for split, photos in read_splits(SPLITS_CSV, SHARED_DATA / "imagenet-sample").items()
+              for photo in photos}
+    for pool, allowed in (("evaluation", {"reference", "distractor"}), ("dev", {"train"})):
+        photos = pool_photos(pool, SHARED_DATA)
+        assert {splits[p.name] for p in photos} == allowed
+        for seed in range(4):
+            drawn = draw_photos(photos, seed, DEFAULT_DEDUP, DETECT_PLANS[pool])
+            assert {splits[p.name] for group in drawn.values() for p in group} <= allowed
+    assert DETECT_PLANS["evaluation"].references == 237 and DETECT_PLANS["dev"] == DEFAULT_DETECT
+    with pytest.raises(ValueError, match="the pool has 400 photos"):
+        draw_photos(pool_photos("evaluation", SHARED_DATA), 0, DEFAULT_DEDUP, DEFAULT_DETECT)

@@ -1,12 +1,16 @@
 """Copies of copies, and unrelated photos in the same template: dedup and detection on the template task.
 
-    python -m benchmarks.templates.systems --output outputs/templates                    # both tasks, every system
-    python -m benchmarks.templates.systems --output outputs/templates --task dedup --systems descriptor normalised
-    python -m benchmarks.templates.systems --output outputs/templates --task dedup --systems dedup \\
-        --dedup-run dedup-t07 threshold=0.7                                      # another dedup row
+    python -m benchmarks.templates.systems --output outputs/templates --pool evaluation  # both tasks, every system
+    python -m benchmarks.templates.systems --output outputs/templates --pool dev --seed 1 --task dedup \\
+        --systems descriptor normalised                                          # a development draw
+    python -m benchmarks.templates.systems --output outputs/templates --pool dev --seed 1 --task dedup \\
+        --systems dedup --dedup-run dedup-t07 threshold=0.7                      # another dedup row
 
-The task (:mod:`.task`, templates drawn by :mod:`.designs`) is built from the ``train`` split
-of ``../shared/data/imagenet-sample`` only, with fixed seeds; without that folder the command says so and skips.
+The task (:mod:`.task`, templates drawn by :mod:`.designs`) is built from one pool of
+``../shared/data/imagenet-sample``, with fixed seeds; without that folder the command says so and skips.
+``--pool`` is required: ``evaluation`` (the ``reference`` and ``distractor`` photos, which no model trained on and
+nothing is tuned on: the reported draws) or ``dev`` (the ``train`` split: development draws, what every run before
+29 November used); the two pools share no photo. The pool is recorded in ``truth.json`` and ``templates.json``.
 
 **Dedup** (about 200 images; the truth: groups of images of one photo, and the template of each image). Every
 system scores image pairs; a row reports its **pair AP** over every true pair (all scored pairs sorted by score,
@@ -28,9 +32,9 @@ the 100 best scored whose two images share a template but not a photo). Systems 
   field of its request; ``--dedup-run NAME KEY=VALUE ...`` adds a row with other fields (``model``, ``matcher``
   and ``runtime`` name the models; ``model=sscd`` or ``sscd-distilled`` names SSCD's graph, ``onnx:PATH``).
 
-**Detection** (mini-DISC's shape): ``copynce detect`` (:func:`~copynce_hf.runs.detect.run_detect`,
-default :class:`DetectRequest`), the descriptor alone (the same with ``matcher=none``) and SSCD's graphs alone
-(``sscd``, ``sscd-distilled``: ``models=sscd matcher=none``), each on the
+**Detection** (mini-DISC's shape; 237 plain references on the evaluation pool, 300 on dev): ``copynce detect``
+(:func:`~copynce_hf.runs.detect.run_detect`, default :class:`DetectRequest`), the descriptor alone (the same with
+``matcher=none``) and SSCD's graphs alone (``sscd``, ``sscd-distilled``: ``models=sscd matcher=none``), each on the
 references with the framed strangers and on the plain references only, the same queries: muAP, RP90, recall at
 rank 1, and how many framed queries find a framed stranger first. ``--detect-run NAME KEY=VALUE ...`` adds a
 system (fields of :class:`DetectRequest` or :class:`PipelineSettings`, preset fields, ``models`` (``sscd`` and
@@ -63,15 +67,18 @@ from copynce_hf.metrics.copy_detection.formulas import (
 from copynce_hf.retrieval import Prediction
 
 from ..common import command_line, limit_threads, machine_info, now, write_json
-from ..minidisc import SHARED_DATA, train_split_files
+from ..minidisc import SHARED_DATA
 from .designs import REGULAR, caption_font
 from .task import (
     DEFAULT_DEDUP,
     DEFAULT_DETECT,
+    DETECT_PLANS,
+    POOLS,
     DedupPlan,
     DetectPlan,
     build_dedup_collection,
     build_detect_task,
+    pool_photos,
     template_of,
     true_pairs,
 )
@@ -315,16 +322,16 @@ def system_row(context: DedupContext, name: str, args) -> tuple[dict, list[Predi
     return pair_row(name, scored, context.truth, time.perf_counter() - start, **settings), scored
 
 
-def run_dedup_task(args, train: list[Path], save, plan: DedupPlan = DEFAULT_DEDUP,
+def run_dedup_task(args, photos: list[Path], save, plan: DedupPlan = DEFAULT_DEDUP,
                    detect_plan: DetectPlan = DEFAULT_DETECT) -> dict:
-    """Build the dedup collection (``plan``; ``detect_plan`` decides which photos are left to detection) and
-    score every chosen system (``save(part)`` after each row)."""
+    """Build the dedup collection from ``photos`` (those of ``args.pool``; ``plan``; ``detect_plan`` decides which
+    photos are left to detection) and score every chosen system (``save(part)`` after each row)."""
     from copynce_hf.retrieval import ImageFolderSource
 
     folder = args.output / "dedup"
-    truth = build_dedup_collection(folder, train, args.seed, plan, detect_plan)
+    truth = build_dedup_collection(folder, photos, args.seed, plan, detect_plan, args.pool)
     context = DedupContext(folder, truth, ImageFolderSource(folder / "collection"))
-    task = {"images": len(truth["images"]), "groups": len(truth["groups"]), "true_pairs": len(true_pairs(truth)),
+    task = {"pool": truth["pool"], "images": len(truth["images"]), "groups": len(truth["groups"]), "true_pairs": len(true_pairs(truth)),
             "templates": {tid: len(t["members"]) for tid, t in truth["templates"].items()},
             "absent_originals": sum(all(truth["images"][i]["role"] != "original" for i in g) for g in truth["groups"])}
     rows, scored, runs = [], {}, [(name, None) for name in DEDUP_SYSTEMS
@@ -402,14 +409,14 @@ def detect_row(folder: Path, truth: dict, name: str, options: dict, references: 
             **framed_top1(run.result.predictions, truth), "seconds": time.perf_counter() - start}
 
 
-def run_detect_task(args, train: list[Path], save, plan: DetectPlan = DEFAULT_DETECT,
+def run_detect_task(args, photos: list[Path], save, plan: DetectPlan = DEFAULT_DETECT,
                     dedup_plan: DedupPlan = DEFAULT_DEDUP) -> dict:
-    """Build the detection task (``plan``; ``dedup_plan`` decides which photos the collection takes) and run every
-    chosen system with and without the framed strangers."""
+    """Build the detection task from ``photos`` (those of ``args.pool``; ``plan``; ``dedup_plan`` decides which
+    photos the collection takes) and run every chosen system with and without the framed strangers."""
     folder = args.output / "detect"
-    truth = build_detect_task(folder, train, args.seed, plan, dedup_plan)
+    truth = build_detect_task(folder, photos, args.seed, plan, dedup_plan, args.pool)
     roles = [record["role"] for record in truth["queries"].values()]
-    task = {"references": sum(r["role"] == "reference" for r in truth["references"].values()),
+    task = {"pool": truth["pool"], "references": sum(r["role"] == "reference" for r in truth["references"].values()),
             "framed_strangers": sum(r["role"] == "framed stranger" for r in truth["references"].values()),
             **{f"queries_{role.replace(' ', '_')}": roles.count(role) for role in sorted(set(roles))}}
     systems = [(name, options) for name, options in DETECT_SYSTEMS.items() if name in args.systems and available(name)]
@@ -496,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", choices=("dedup", "detect", "both"), default="both")
     parser.add_argument("--systems", nargs="+", default=list(ALL_SYSTEMS), choices=ALL_SYSTEMS,
                         help="systems to run; a name runs in every task that has it (default: all)")
+    parser.add_argument("--pool", choices=tuple(POOLS), required=True,
+                        help="photos: evaluation (reference and distractor photos: the reported draws) or dev (the "
+                             "train split: development draws, what runs before 29 November used)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the photos, templates and edits")
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="folder holding imagenet-sample")
     parser.add_argument("--dedup-option", action="append", default=[], metavar="KEY=VALUE",
@@ -517,12 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
-        train = train_split_files(args.data)
+        photos = pool_photos(args.pool, args.data)
     except FileNotFoundError as error:
         print(f"skipped: {error}", file=sys.stderr)
         return 0
     limit_threads(args.threads)
-    record = {"kind": "templates", "seed": args.seed, "machine": machine_info(), "command": command_line(),
+    detect_plan = DETECT_PLANS[args.pool]
+    record = {"kind": "templates", "pool": args.pool, "seed": args.seed, "machine": machine_info(), "command": command_line(),
               "created": now()}
     results = args.output / "templates.json"
 
@@ -533,11 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         return write
 
     if args.task in ("dedup", "both"):
-        dedup = run_dedup_task(args, train, save("dedup"))
+        dedup = run_dedup_task(args, photos, save("dedup"), DEFAULT_DEDUP, detect_plan)
         print("\nDedup task:", dedup["task"], "\n\n" + dedup_table(dedup["rows"]))
         _write_gallery(args, dedup)
     if args.task in ("detect", "both"):
-        detect = run_detect_task(args, train, save("detect"))
+        detect = run_detect_task(args, photos, save("detect"), detect_plan)
         print("\nDetection task:", detect["task"], "\n\n" + detect_table(detect["rows"]))
     print(f"\nresults: {results}")
     return 0

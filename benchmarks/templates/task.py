@@ -1,21 +1,31 @@
 """The template task of :mod:`benchmarks.templates.systems`: a dedup collection and a detection task in which unrelated
-photos share a template, built from the ``train`` split of ``../shared/data/imagenet-sample`` only.
+photos share a template, built from one pool of ``../shared/data/imagenet-sample`` (:data:`POOLS`).
 
 **Dedup collection** (:class:`DedupPlan`, about 200 images): photos with one or two copies made with the
 evaluation recipe (``CopyRecipe.minidisc_queries()``), groups whose original is absent (two copies only), copies
 put into a template, originals put into a template, a copy of a copy put into a template, unrelated photos
 ("strangers") put into the same templates, and plain photos. Every template hosts photos of different originals.
-``truth.json`` lists each image's photo, role, template and edits (the recipe's and the template's, as PixTrace
-records them), the groups of copies of one photo, and each template's members.
+``truth.json`` lists the pool, each image's photo, role, template and edits (the recipe's and the template's, as
+PixTrace records them), the groups of copies of one photo, and each template's members.
 
 **Detection task** (:class:`DetectPlan`, mini-DISC's shape): plain reference photos, framed strangers (unrelated
 photos put into the task's own templates) as extra references, and queries: copies of references made with the
 recipe and then put into the templates, plain copies, and edited distractors. The references are written twice:
 with the framed strangers (``references/``) and without them (``references_plain/``), for the same queries.
 
-Photos are drawn from the ``train`` split with fixed seeds: one permutation; the dedup collection takes its
-photos from the front, the detection task from what the collection leaves (then from the collection's own photos,
-only where the split runs short).
+**Pools** (:func:`pool_photos`; the two are disjoint by construction, no photo is in both splits):
+
+* ``evaluation``: the ``reference`` and ``distractor`` splits (400 photos), which no model trained on and on which
+  nothing is tuned: the reported draws. The detection task has 237 plain references there
+  (:data:`EVALUATION_DETECT`: the 400 photos hold its 3 template backgrounds, 60 strangers and 100 distractors
+  besides them), every query as on the dev pool;
+* ``dev``: the ``train`` split (600 photos; the embedded models trained on all but the last 40): the development
+  draws, on which the pipeline's defaults were chosen. Every figure before 29 November (ninth session) was
+  measured on this pool.
+
+Photos are drawn from the pool with fixed seeds: one permutation; the dedup collection takes its photos from the
+front, the detection task from what the collection leaves (then from the collection's own photos, only where the
+pool runs short: the two tasks are measured apart).
 """
 
 from __future__ import annotations
@@ -33,8 +43,12 @@ from copynce_hf.pixtrace import CoordinateTable, CopyRecipe
 
 from .designs import Template, make_templates
 
-__all__ = ["DedupPlan", "DetectPlan", "DEFAULT_DEDUP", "DEFAULT_DETECT", "build_dedup_collection", "build_detect_task", "draw_photos",
-           "GROUP_SHAPES", "true_pairs", "template_of"]
+__all__ = ["DedupPlan", "DetectPlan", "DEFAULT_DEDUP", "DEFAULT_DETECT", "EVALUATION_DETECT", "DETECT_PLANS", "POOLS",
+           "build_dedup_collection", "build_detect_task", "draw_photos", "pool_photos", "GROUP_SHAPES", "true_pairs",
+           "template_of"]
+
+#: The photo pools: name -> the splits of ``imagenet-sample`` they hold (see the module).
+POOLS: dict[str, tuple[str, ...]] = {"evaluation": ("reference", "distractor"), "dev": ("train",)}
 
 #: The groups of the dedup collection: name -> its images as (role, recipe applied, parent, put into a template).
 #: ``parent`` is the index (in the group) of the image whose pixels are edited, ``None`` for the photo itself.
@@ -102,6 +116,11 @@ class DetectPlan:
 #: The default plans (the benchmark's task).
 DEFAULT_DEDUP = DedupPlan()
 DEFAULT_DETECT = DetectPlan()
+#: The detection task on the evaluation pool: 237 plain references, so that the 400 photos hold them with the 3
+#: template backgrounds, 60 strangers and 100 distractors; the queries as in :data:`DEFAULT_DETECT`.
+EVALUATION_DETECT = dataclasses.replace(DEFAULT_DETECT, references=237)
+#: The detection plan of each pool.
+DETECT_PLANS = {"evaluation": EVALUATION_DETECT, "dev": DEFAULT_DETECT}
 
 
 @dataclasses.dataclass
@@ -119,15 +138,31 @@ class _Item:
 # ---------------------------------------------------------------------------------------------- photos
 
 
-def draw_photos(train: list[Path], seed: int, dedup: DedupPlan, detect: DetectPlan) -> dict[str, list[Path]]:
-    """The photos of both tasks from one seeded permutation of ``train``: ``dedup_backgrounds``, ``dedup`` (one
+def pool_photos(pool: str, data: Path) -> list[Path]:
+    """The photos of ``pool`` (:data:`POOLS`) in ``<data>/imagenet-sample``, each split's sorted by name. A missing
+    data folder is a :class:`FileNotFoundError` that says so."""
+    from copynce_hf.evaluation.minidisc import read_splits
+
+    if pool not in POOLS:
+        raise ValueError(f"pool {pool!r} is none of {', '.join(POOLS)}")
+    splits_csv = Path(data) / "imagenet-sample-splits.csv"
+    if not splits_csv.is_file():
+        raise FileNotFoundError(f"{splits_csv} not found: the shared benchmark data (imagenet-sample) is only present "
+                                "in CI and dev sessions")
+    splits = read_splits(splits_csv, Path(data) / "imagenet-sample")
+    return [photo for split in POOLS[pool] for photo in splits.get(split, [])]
+
+
+def draw_photos(pool: list[Path], seed: int, dedup: DedupPlan, detect: DetectPlan) -> dict[str, list[Path]]:
+    """The photos of both tasks from one seeded permutation of ``pool``: ``dedup_backgrounds``, ``dedup`` (one
     per group), then ``detect_backgrounds``, ``references``, ``strangers`` and ``distractors`` from the photos the
-    collection leaves, followed by the collection's own where the split runs short."""
-    order = [train[i] for i in np.random.default_rng(seed).permutation(len(train))]
+    collection leaves, followed by the collection's own where the pool runs short."""
+    order = [pool[i] for i in np.random.default_rng(seed).permutation(len(pool))]
     used = dedup.templates_per_kind + dedup.photos
     needed = detect.templates_per_kind + detect.references + detect.strangers + detect.distractors
-    if used > len(train) or needed > len(train):
-        raise ValueError(f"the train split has {len(train)} photos; the tasks need {used} and {needed}")
+    if used > len(pool) or needed > len(pool):
+        raise ValueError(f"the pool has {len(pool)} photos; the dedup collection needs {used}, the detection task "
+                         f"{needed}")
     rest = order[used:] + order[:used]
     cuts = np.cumsum([0, detect.templates_per_kind, detect.references, detect.strangers, detect.distractors])
     names = ("detect_backgrounds", "references", "strangers", "distractors")
@@ -180,12 +215,13 @@ def _plan_items(plan: DedupPlan, photos: list[Path], templates: list[Template], 
     return items
 
 
-def build_dedup_collection(folder: Path, train: list[Path], seed: int = 0, plan: DedupPlan = DEFAULT_DEDUP,
-                           detect: DetectPlan = DEFAULT_DETECT) -> dict:
-    """Write the collection into ``folder/collection`` (PNG, ids ``img000``, ... in a shuffled order), its
-    templates into ``folder/templates`` and ``folder/truth.json``; returns the truth (see :func:`_dedup_truth`)."""
+def build_dedup_collection(folder: Path, source: list[Path], seed: int = 0, plan: DedupPlan = DEFAULT_DEDUP,
+                           detect: DetectPlan = DEFAULT_DETECT, pool: str | None = None) -> dict:
+    """Write the collection of the photos ``source`` (those of ``pool``, :func:`pool_photos`; the name is recorded)
+    into ``folder/collection`` (PNG, ids ``img000``, ... in a shuffled order), its templates into
+    ``folder/templates`` and ``folder/truth.json``; returns the truth (``pool``, then :func:`_dedup_truth`'s)."""
     plan.check()
-    photos = draw_photos(train, seed, plan, detect)
+    photos = draw_photos(source, seed, plan, detect)
     templates = make_templates(_fresh_folder(folder / "templates"), "", plan.templates_per_kind,
                                photos["dedup_backgrounds"], np.random.default_rng([seed, 10]))
     items = _plan_items(plan, photos["dedup"], templates, np.random.default_rng([seed, 11]))
@@ -204,7 +240,7 @@ def build_dedup_collection(folder: Path, train: list[Path], seed: int = 0, plan:
                                   "derived_from": ids[item.parent] if item.parent is not None else None,
                                   "size": [image.height, image.width], "traced_fraction": table.traced_fraction,
                                   "edits": edits}
-    truth = _dedup_truth(records, templates, plan, seed)
+    truth = {"pool": pool, **_dedup_truth(records, templates, plan, seed)}
     (folder / "truth.json").write_text(json.dumps(truth, indent=1) + "\n", encoding="utf-8")
     return truth
 
@@ -236,14 +272,15 @@ def template_of(truth: dict) -> dict[str, str | None]:
 # ---------------------------------------------------------------------------------------------- detection task
 
 
-def build_detect_task(folder: Path, train: list[Path], seed: int = 0, plan: DetectPlan = DEFAULT_DETECT,
-                      dedup: DedupPlan = DEFAULT_DEDUP) -> dict:
-    """Write the detection task into ``folder``: ``references_plain/`` (the plain references), ``strangers/`` (the
-    framed strangers), ``references/`` (both, hard links), ``queries/``, ``ground_truth.csv`` (``query_id,
-    reference_id``, empty for a distractor, as mini-DISC writes it), ``templates/`` and ``truth.json``; returns the truth (``references``, ``queries``,
-    ``templates``: each image's photo, role, template, edits; a query's ``reference``)."""
+def build_detect_task(folder: Path, source: list[Path], seed: int = 0, plan: DetectPlan = DEFAULT_DETECT,
+                      dedup: DedupPlan = DEFAULT_DEDUP, pool: str | None = None) -> dict:
+    """Write the detection task of the photos ``source`` (those of ``pool``, recorded) into ``folder``:
+    ``references_plain/`` (the plain references), ``strangers/`` (the framed strangers), ``references/`` (both,
+    hard links), ``queries/``, ``ground_truth.csv`` (``query_id,reference_id``, empty for a distractor, as
+    mini-DISC writes it), ``templates/`` and ``truth.json``; returns the truth (``pool``, ``references``,
+    ``queries``, ``templates``: each image's photo, role, template, edits; a query's ``reference``)."""
     plan.check()
-    photos = draw_photos(train, seed, dedup, plan)
+    photos = draw_photos(source, seed, dedup, plan)
     templates = make_templates(_fresh_folder(folder / "templates"), "detect-", plan.templates_per_kind,
                                photos["detect_backgrounds"], np.random.default_rng([seed, 20]))
     rng = np.random.default_rng([seed, 21])
@@ -252,7 +289,7 @@ def build_detect_task(folder: Path, train: list[Path], seed: int = 0, plan: Dete
     with (folder / "ground_truth.csv").open("w", encoding="utf-8") as handle:
         handle.write("query_id,reference_id\n")
         handle.writelines(f"{q},{record['reference'] or ''}\n" for q, record in sorted(queries.items()))
-    truth = {"seed": seed, "plan": dataclasses.asdict(plan), "recipe": "CopyRecipe.minidisc_queries()",
+    truth = {"pool": pool, "seed": seed, "plan": dataclasses.asdict(plan), "recipe": "CopyRecipe.minidisc_queries()",
              "references": references, "queries": queries,
              "templates": {template.id: template.to_dict() for template in templates}}
     (folder / "truth.json").write_text(json.dumps(truth, indent=1) + "\n", encoding="utf-8")

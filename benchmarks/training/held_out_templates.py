@@ -84,7 +84,8 @@ def score_models(kind: str, models: list[tuple[str, str]], seeds: int, held_out:
     photos = train_split_files(SHARED_DATA)[-held_out:]
     results = {name: {"per_seed": []} for name, _ in models}
     for seed in range(seeds):
-        truth = build_dedup_collection(work / f"seed{seed}", photos, seed, HELD_OUT_DEDUP, HELD_OUT_DETECT)
+        truth = build_dedup_collection(work / f"seed{seed}", photos, seed, HELD_OUT_DEDUP, HELD_OUT_DETECT,
+                                       "dev")
         source = ImageFolderSource(work / f"seed{seed}" / "collection")
         truth_pairs = true_pairs(truth)
         for name, folder in models:
