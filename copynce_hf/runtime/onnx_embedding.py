@@ -19,6 +19,7 @@ import torch
 
 from ..modeling.errors import ConfigError, ShapeError
 from .embedding_declaration import PREFIX, EmbeddingDeclaration, resolve_embedding
+from .onnx_runtime import CpuSessionModel, file_tensor, inference_session
 
 
 class EmbeddingImageProcessor:
@@ -111,7 +112,7 @@ def _io_names(session, declaration: EmbeddingDeclaration, graph: Path) -> tuple[
     return node.name, output
 
 
-class OnnxEmbeddingModel:
+class OnnxEmbeddingModel(CpuSessionModel):
     """An ONNX embedding graph as a descriptor model: ``model(pixel_values=...)`` gives ``descriptors`` (B, D)
     (L2-normalised when declared) and no patch tokens.
 
@@ -121,24 +122,14 @@ class OnnxEmbeddingModel:
 
     def __init__(self, graph: str | os.PathLike, declaration: EmbeddingDeclaration, threads: int | None = None,
                  source: str = ""):
-        from .onnx_runtime import inference_session
-
         self.graph, self.declaration, self.source = Path(graph), declaration, source
         self.session = inference_session(self.graph, threads)
         self.input_name, self.output_name = _io_names(self.session, declaration, self.graph)
-        self.device = torch.device("cpu")
-
-    def eval(self):
-        return self
-
-    def to(self, *args, **kwargs):
-        """Kept on the CPU: the session runs on ONNX Runtime's CPU provider whatever device is asked."""
-        return self
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The graph file's bytes and the declaration's (uint8 tensors): what a weight fingerprint reads."""
         text = json.dumps(self.declaration.to_dict(), sort_keys=True).encode()
-        return {self.graph.name: torch.from_numpy(np.fromfile(self.graph, dtype=np.uint8)),
+        return {self.graph.name: file_tensor(self.graph),
                 "declaration": torch.frombuffer(bytearray(text), dtype=torch.uint8)}
 
     def _embed(self, batch: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,27 @@ def inference_session(file: Path, threads: int | None):
         raise ConfigError(f"{file} cannot be loaded by ONNX Runtime: {' '.join(str(error).split())[:300]}") from None
 
 
-class _OnnxModel:
+class CpuSessionModel:
+    """What an ONNX Runtime model shares with a torch module for the retrieval code: its ``device`` (the CPU),
+    ``eval()`` and ``to()`` (both no-ops); :func:`file_tensor` gives its ``state_dict()`` the bytes that hold its
+    weights."""
+
+    device = torch.device("cpu")
+
+    def eval(self):
+        return self
+
+    def to(self, *args, **kwargs):
+        """Kept on the CPU: the sessions run on ONNX Runtime's CPU provider whatever device is asked."""
+        return self
+
+
+def file_tensor(file: Path) -> torch.Tensor:
+    """A file's bytes as a (N,) uint8 tensor (what a weight fingerprint reads of a graph)."""
+    return torch.from_numpy(np.fromfile(file, dtype=np.uint8))
+
+
+class _OnnxModel(CpuSessionModel):
     """What both wrappers share: the folder's config and manifest, the sessions, the size check."""
 
     def __init__(self, folder: str | os.PathLike, threads: int | None = None):
@@ -54,19 +74,11 @@ class _OnnxModel:
         self.graph_files = {name: self.folder / str(self.manifest["graphs"].get(name, file))
                             for name, file in GRAPHS[self.manifest["kind"]].items()}
         self.sessions = {name: inference_session(file, threads) for name, file in self.graph_files.items()}
-        self.device = torch.device("cpu")
-
-    def eval(self):
-        return self
-
-    def to(self, *args, **kwargs):
-        """Kept on the CPU: the sessions run on ONNX Runtime's CPU provider whatever device is asked."""
-        return self
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The graph files' bytes (uint8 tensors by file name), which hold the weights: what a fingerprint of the
         model's weights (:func:`~.work_folder.model_fingerprint`, the identity of saved scores) reads."""
-        return {file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8)) for file in self.graph_files.values()}
+        return {file.name: file_tensor(file) for file in self.graph_files.values()}
 
     def _check_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
         size = tuple(self.manifest["image_size"])
