@@ -35,13 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..modeling.errors import PredictionsError
+from .meaning import card_threshold
 from .synthetic import NON_COPY_KINDS, PAIRED
 
 #: Below this recall of its planted copy pairs, a self-calibrated threshold is not used (see the module).
 RECALL_FLOOR = 0.25
-#: The model card metric a :class:`Fallback` is read from (``model-index`` ``config``).
-CARD_METRIC = "threshold_at_p90"
-
 
 @dataclasses.dataclass(frozen=True)
 class ThresholdChoice:
@@ -93,25 +91,13 @@ def choose_threshold(is_copy: Sequence[bool], scores: Sequence[float], negative_
 
 
 def card_fallback(folder: str | os.PathLike | None) -> Fallback | None:
-    """The :class:`Fallback` of a matcher folder: the score threshold at precision 0.9 its model card states
-    (``README.md``'s ``model-index``, metric ``threshold_at_p90``, as :func:`copynce_hf.hub.build_model_card` writes
-    it), on the dataset the card names; ``None`` where the folder has no card or the card no such result (a Hub id is
-    not looked up)."""
-    card = Path(folder) / "README.md" if folder is not None else None
-    if card is None or not card.is_file():
+    """The :class:`Fallback` of a matcher folder (or Hub id): the score threshold at precision 0.9 its model card
+    states, as :func:`~copynce_hf.calibration.meaning.card_threshold` reads it, on the task the card names; ``None``
+    without a folder, a card or such a result."""
+    card = card_threshold(folder, "matcher") if folder is not None else None
+    if card is None:
         return None
-    from huggingface_hub import ModelCard
-
-    try:
-        results = ModelCard.load(card).data.eval_results or []
-    except (OSError, ValueError):
-        return None
-    for result in results:
-        if result.metric_config == CARD_METRIC and result.metric_value is not None:
-            dataset = (result.dataset_name or "its evaluation").split(" (")[0]
-            return Fallback(float(result.metric_value),
-                            f"the matcher's threshold at precision 0.9 on {dataset}, from its model card")
-    return None
+    return Fallback(card.threshold, f"the matcher's threshold at precision 0.9 on {card.task}, from its model card")
 
 
 @dataclasses.dataclass
