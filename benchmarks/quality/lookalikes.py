@@ -263,16 +263,22 @@ def _spread(scores: list[float], quantiles=(0.5, 0.9, 1.0)) -> list[float | None
     return [float(np.quantile(scores, q)) if scores else None for q in quantiles]
 
 
+def scores_by_role(pairs: list[dict], score: str, kind: str) -> tuple[list[float], list[float]]:
+    """The ``score`` of the pairs of one kind of image: the look-alike (and cross-texture) pairs', the copies'."""
+    negatives = [p[score] for p in pairs if p["role"] != "copy" and p["kind"] == kind]
+    positives = [p[score] for p in pairs if p["role"] == "copy" and p["kind"] == kind]
+    return negatives, positives
+
+
 def summarise(pairs: list[dict], detect: list[dict], thresholds: dict) -> dict:
     """Per system and kind: look-alike scores (median, p90, max), copy scores (median, p10, min), the chance a copy
     outscores a look-alike, and the share of look-alikes (false matches) and copies (found) at each threshold."""
     summary = {}
     for system in ("descriptor", "matcher"):
         for kind in (*KINDS, "cross-texture"):
-            negatives = [p[system] for p in pairs if p["role"] != "copy" and p["kind"] == kind]
-            positives = [p[system] for p in pairs if p["role"] == "copy" and p["kind"] == kind]
+            negatives, positives = scores_by_role(pairs, system, kind)
             summary[f"{system}/{kind}"] = _entry(negatives, positives, positives, thresholds[system])
-        positives = [p[system] for p in pairs if p["role"] == "copy" and p["kind"] == "photo"]
+        positives = scores_by_role(pairs, system, "photo")[1]
         summary[f"{system}/photo"] = _entry([], positives, positives, thresholds[system])
     for kind in (*KINDS, "photo"):
         role = "distractor" if kind == "photo" else "look-alike"
@@ -340,8 +346,7 @@ def compare_descriptors(output: Path, draw: int, descriptors: dict[str, str], ba
     for name in descriptors:
         pairs = scored[name]["pairs"]
         for kind in (*KINDS, "cross-texture", "photo"):
-            negatives = [p["cosine"] for p in pairs if p["role"] != "copy" and p["kind"] == kind]
-            positives = [p["cosine"] for p in pairs if p["role"] == "copy" and p["kind"] == kind]
+            negatives, positives = scores_by_role(pairs, "cosine", kind)
             summary[f"{name}/{kind}"] = {"auc": auc(positives, negatives),
                                          "negative_median": _spread(negatives, (0.5,))[0],
                                          "positive_median": _spread(positives, (0.5,))[0]}
