@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT_DIR = REPO_ROOT / "outputs" / "benchmarks"
 
 __all__ = ["REPO_ROOT", "DEFAULT_OUTPUT_DIR", "machine_info", "command_line", "write_json", "read_json",
-           "limit_threads", "now"]
+           "limit_threads", "now", "fresh_folder"]
 
 
 def machine_info() -> dict[str, Any]:
@@ -96,3 +97,11 @@ def write_json(path: str | os.PathLike, payload: dict) -> Path:
 
 def read_json(path: str | os.PathLike) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def fresh_folder(folder: Path) -> Path:
+    """``folder``, emptied (removed with what it holds, then made again, parents too): a task written anew."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return folder

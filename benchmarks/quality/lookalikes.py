@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import REPO_ROOT, now, write_json
+from benchmarks.common import REPO_ROOT, fresh_folder, now, write_json
 from benchmarks.minidisc import SHARED_DATA
 
 from .lookalike_images import FAMILIES, KINDS, PHOTO_GROUPS, draw_image, family_kind, photo_group_files
@@ -61,11 +61,6 @@ PER_FAMILY, IN_REFERENCES, PHOTOS, DISTRACTORS = 6, 3, 24, 12
 THRESHOLDS = {"descriptor": ("card", "calibrated"), "matcher": ("0.5", "card"),
               "detect": ("0.5", "card", "calibrated")}
 
-
-def _fresh(folder: Path) -> Path:
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
 
 
 def _edited(image, rng: np.random.Generator):
@@ -100,7 +95,7 @@ def build(folder: Path, draw: int, data: Path = SHARED_DATA) -> dict:
     from PIL import Image
 
     chosen = draw_photos(data, draw)
-    images, copies, references, queries = (_fresh(folder / name) for name in ("images", "copies", "references",
+    images, copies, references, queries = (fresh_folder(folder / name) for name in ("images", "copies", "references",
                                                                               "queries"))
     truth = {"draw": draw, "images": {}, "queries": {}}
     for number, family in enumerate(FAMILIES):

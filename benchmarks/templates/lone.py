@@ -53,7 +53,7 @@ from copynce_hf.pixtrace.steps import (
     SomeOf,
 )
 
-from ..common import command_line, limit_threads, machine_info, now, write_json
+from ..common import command_line, fresh_folder, limit_threads, machine_info, now, write_json
 from ..minidisc import SHARED_DATA
 from .lone_designs import DEV_DESIGNS, LONE_DESIGNS, draw_lone_frame
 from .systems import detect_request, parse_options
@@ -125,12 +125,6 @@ def lone_photos(data: Path, seed: int, plan: LonePlan, dev: bool) -> dict[str, l
     return {"references": references, "copied": copied, "distractors": distractors, "backdrops": backdrop_photos}
 
 
-def _fresh(folder: Path) -> Path:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    return folder
-
 
 def _frame_query(photo: Path, design: str, rng: np.random.Generator, backdrop: Path | None) -> tuple[Image.Image, dict]:
     """``photo`` edited by :func:`photometric_recipe` and put into a new frame of ``design`` (:data:`PLAIN`: edited by
@@ -158,7 +152,7 @@ def build_lone_task(folder: Path, data: Path, seed: int, plan: LonePlan, dev: bo
     """Write one draw into ``folder``: ``references/`` (ids ``R000``, ... shuffled), ``queries/`` (``Q000``, ...
     shuffled), ``ground_truth.csv`` and ``truth.json``; returns the truth."""
     photos = lone_photos(data, seed, plan, dev)
-    references_folder, queries_folder = _fresh(folder / "references"), _fresh(folder / "queries")
+    references_folder, queries_folder = fresh_folder(folder / "references"), fresh_folder(folder / "queries")
     order = np.random.default_rng([seed, 54]).permutation(len(photos["references"]))
     reference_of = {}
     for number, position in enumerate(order):

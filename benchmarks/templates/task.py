@@ -41,6 +41,7 @@ from PIL import Image
 
 from copynce_hf.pixtrace import CoordinateTable, CopyRecipe
 
+from ..common import fresh_folder
 from .designs import Template, make_templates
 
 __all__ = ["DedupPlan", "DetectPlan", "DEFAULT_DEDUP", "DEFAULT_DETECT", "EVALUATION_DETECT", "DETECT_PLANS", "POOLS",
@@ -190,12 +191,6 @@ def _edit(image: Image.Image, table: CoordinateTable, recipe: CopyRecipe | None,
     return image, table, done
 
 
-def _fresh_folder(folder: Path) -> Path:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    return folder
-
 
 # ---------------------------------------------------------------------------------------------- dedup collection
 
@@ -222,12 +217,12 @@ def build_dedup_collection(folder: Path, source: list[Path], seed: int = 0, plan
     ``folder/templates`` and ``folder/truth.json``; returns the truth (``pool``, then :func:`_dedup_truth`'s)."""
     plan.check()
     photos = draw_photos(source, seed, plan, detect)
-    templates = make_templates(_fresh_folder(folder / "templates"), "", plan.templates_per_kind,
+    templates = make_templates(fresh_folder(folder / "templates"), "", plan.templates_per_kind,
                                photos["dedup_backgrounds"], np.random.default_rng([seed, 10]))
     items = _plan_items(plan, photos["dedup"], templates, np.random.default_rng([seed, 11]))
     order = np.random.default_rng([seed, 12]).permutation(len(items))
     ids = {items[int(position)].key: f"img{number:03d}" for number, position in enumerate(order)}
-    collection, recipe, made = _fresh_folder(folder / "collection"), CopyRecipe.minidisc_queries(), {}
+    collection, recipe, made = fresh_folder(folder / "collection"), CopyRecipe.minidisc_queries(), {}
     records = {}
     for index, item in enumerate(items):
         image, table, earlier = made[item.parent] if item.parent is not None else (*_open(item.photo), [])
@@ -281,7 +276,7 @@ def build_detect_task(folder: Path, source: list[Path], seed: int = 0, plan: Det
     ``queries``, ``templates``: each image's photo, role, template, edits; a query's ``reference``)."""
     plan.check()
     photos = draw_photos(source, seed, dedup, plan)
-    templates = make_templates(_fresh_folder(folder / "templates"), "detect-", plan.templates_per_kind,
+    templates = make_templates(fresh_folder(folder / "templates"), "detect-", plan.templates_per_kind,
                                photos["detect_backgrounds"], np.random.default_rng([seed, 20]))
     rng = np.random.default_rng([seed, 21])
     references = _write_references(folder, photos, templates, rng)
@@ -300,7 +295,7 @@ def _write_references(folder: Path, photos: dict[str, list[Path]], templates: li
                       rng: np.random.Generator) -> dict[str, dict]:
     """The plain references and the framed strangers (ids ``R000``, ... shuffled over both), strangers dealt to the
     templates in turn; ``references/`` holds both as hard links (copies where links fail)."""
-    plain, strangers, both = (_fresh_folder(folder / name) for name in ("references_plain", "strangers", "references"))
+    plain, strangers, both = (fresh_folder(folder / name) for name in ("references_plain", "strangers", "references"))
     sources = [(photo, None) for photo in photos["references"]]
     sources += [(photo, templates[number % len(templates)]) for number, photo in enumerate(photos["strangers"])]
     records = {}
@@ -331,7 +326,7 @@ def _write_queries(folder: Path, photos: dict[str, list[Path]], references: dict
     sources += [(photo_of[references[i]["photo"]], i, None)
                 for i in chosen[plan.framed_queries:plan.framed_queries + plan.plain_queries]]
     sources += [(photo, None, None) for photo in photos["distractors"]]
-    queries_folder, recipe, records = _fresh_folder(folder / "queries"), CopyRecipe.minidisc_queries(), {}
+    queries_folder, recipe, records = fresh_folder(folder / "queries"), CopyRecipe.minidisc_queries(), {}
     order = np.random.default_rng([seed, 23]).permutation(len(sources))
     for number, position in enumerate(order):
         photo, reference, template = sources[int(position)]
