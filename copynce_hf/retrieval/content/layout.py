@@ -188,7 +188,7 @@ def rectangle_boxes(pixels: np.ndarray, count: int = RECTANGLES) -> list[tuple[f
 
 
 def dense_boxes(pixels: np.ndarray, count: int = DENSE_REGIONS) -> list[Box]:
-    """The boxes of the ``count`` largest dense regions of (H, W, 3) pixels (module docstring, cue 2) that fit the
+    """The boxes of the ``count`` largest dense regions of (H, W, 3) pixels (module docstring, cue 3) that fit the
     size limits, largest first."""
     height, width = pixels.shape[:2]
     textured = (~_flat(pixels)).astype(np.float32)

@@ -10,8 +10,8 @@ references are left whole: a reference set is the originals a moderation databas
   (:func:`query_neighbours`: a queue of uploads holds many screenshots of one app, many posts of one meme template,
   so frames recur among the queries too), and the box of the tokens it keeps (:func:`~.crops.content_box`);
 * **layout crops** (``layout_crops``), where the query alone shows it: at most :data:`~.layout.LAYOUT_CROPS` boxes
-  read from its own pixels (:func:`~.layout.layout_boxes`: a rectangle of straight sides, a dense region), so that a
-  frame met once, in a query that arrives alone, is recognised too.
+  read from its own pixels (:func:`~.layout.layout_boxes`: a region not of the frame's colours, a rectangle of
+  straight sides, a dense region), so that a frame met once, in a query that arrives alone, is recognised too.
 
 Each crop is a view of its query, cut from the query's full-resolution pixels (:class:`~.crops.CropSource`):
 
