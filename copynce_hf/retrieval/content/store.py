@@ -170,6 +170,8 @@ class TokenStore:
                        accelerator)
         chunks = [list(ids[start:start + chunk_size]) for start in range(0, len(ids), chunk_size)]
         todo = [index for index in range(len(chunks)) if not _complete(work.chunk_path(index), work.identity)]
+        if processes > 1:  # every process's list read before any writes: the same list, shared out without gaps
+            accelerator.wait_for_everyone()
         if rank == 0 and len(todo) < len(chunks):
             log(f"token store: resuming {len(chunks) - len(todo)} of {len(chunks)} chunks in {work.folder}")
         encoded = 0
