@@ -83,11 +83,20 @@ def analysis_pixels(image: Image.Image, side: int = ANALYSIS_SIDE) -> np.ndarray
     return cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_AREA).astype(np.float32)
 
 
+def _largest_channel_difference(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """(..., 3) and (..., 3) (or (3,)) -> (...): ``|first - second|`` of the channel where it is largest (as
+    ``np.abs(first - second).max(-1)``, channel by channel: a reduction over three values is slow in numpy)."""
+    largest = np.abs(first[..., 0] - second[..., 0])
+    for channel in (1, 2):
+        np.maximum(largest, np.abs(first[..., channel] - second[..., channel]), out=largest)
+    return largest
+
+
 def _jumps(pixels: np.ndarray) -> np.ndarray:
     """(H, W, 3) -> (H, W): the jump across a horizontal line at each pixel, ``|p[y + 1] - p[y - 1]|`` (largest
     channel; 0 on the first and last rows)."""
     jumps = np.zeros(pixels.shape[:2], np.float32)
-    jumps[1:-1] = np.abs(pixels[2:] - pixels[:-2]).max(-1)
+    jumps[1:-1] = _largest_channel_difference(pixels[2:], pixels[:-2])
     return jumps
 
 
@@ -146,14 +155,16 @@ def _flat(pixels: np.ndarray) -> np.ndarray:
     """(H, W, 3) -> (H, W) bool: no neighbour two pixels away (across or along) differs by more than
     :data:`FLAT_JUMP`; the outermost pixels count as flat."""
     rough = np.zeros(pixels.shape[:2], np.float32)
-    rough[1:-1, 1:-1] = np.maximum(np.abs(pixels[2:, 1:-1] - pixels[:-2, 1:-1]).max(-1),
-                                   np.abs(pixels[1:-1, 2:] - pixels[1:-1, :-2]).max(-1))
+    rough[1:-1, 1:-1] = np.maximum(_largest_channel_difference(pixels[2:, 1:-1], pixels[:-2, 1:-1]),
+                                   _largest_channel_difference(pixels[1:-1, 2:], pixels[1:-1, :-2]))
     return rough <= FLAT_JUMP
 
 
-def rectangle_boxes(pixels: np.ndarray, count: int = RECTANGLES) -> list[tuple[float, Box]]:
+def rectangle_boxes(pixels: np.ndarray, count: int = RECTANGLES, flat: np.ndarray | None = None
+                    ) -> list[tuple[float, Box]]:
     """The best ``count`` rectangles of straight sides in (H, W, 3) pixels (module docstring, cue 1), as ``(score,
-    box)``, best first, none overlapping a better one by :data:`SAME_BOX`."""
+    box)``, best first, none overlapping a better one by :data:`SAME_BOX`; ``flat``: the pixels' (H, W) flat mask
+    where already computed (:func:`_flat`)."""
     height, width = pixels.shape[:2]
     horizontal, vertical = _line_evidence(pixels), _line_evidence(pixels.transpose(1, 0, 2))
     rows, columns = _lines(horizontal), _lines(vertical)
@@ -161,9 +172,9 @@ def rectangle_boxes(pixels: np.ndarray, count: int = RECTANGLES) -> list[tuple[f
     down = _side_strengths(vertical, columns, rows)  # (columns, rows, rows): left and right sides
     sides = np.minimum(np.minimum(across[:, None, :, :], across[None, :, :, :]),  # (top, bottom, left, right)
                        np.minimum(down.transpose(1, 2, 0)[:, :, :, None], down.transpose(1, 2, 0)[:, :, None, :]))
-    flat = np.zeros((height + 1, width + 1))
-    flat[1:, 1:] = _flat(pixels).cumsum(0).cumsum(1)
-    corners = flat[rows][:, columns]  # (rows, columns)
+    flat_sums = np.zeros((height + 1, width + 1))
+    flat_sums[1:, 1:] = (_flat(pixels) if flat is None else flat).cumsum(0).cumsum(1)
+    corners = flat_sums[rows][:, columns]  # (rows, columns)
     flat_sum = (corners[None, :, None, :] - corners[:, None, None, :] - corners[None, :, :, None]
                 + corners[:, None, :, None])
     tall = (rows[None, :] - rows[:, None]).astype(np.float64)[:, :, None, None]
@@ -187,11 +198,11 @@ def rectangle_boxes(pixels: np.ndarray, count: int = RECTANGLES) -> list[tuple[f
     return found
 
 
-def dense_boxes(pixels: np.ndarray, count: int = DENSE_REGIONS) -> list[Box]:
+def dense_boxes(pixels: np.ndarray, count: int = DENSE_REGIONS, flat: np.ndarray | None = None) -> list[Box]:
     """The boxes of the ``count`` largest dense regions of (H, W, 3) pixels (module docstring, cue 3) that fit the
-    size limits, largest first."""
+    size limits, largest first; ``flat`` as in :func:`rectangle_boxes`."""
     height, width = pixels.shape[:2]
-    textured = (~_flat(pixels)).astype(np.float32)
+    textured = (~(_flat(pixels) if flat is None else flat)).astype(np.float32)
     side = 2 * DENSE_RADIUS + 1
     dense = cv2.boxFilter(textured, -1, (side, side), borderType=cv2.BORDER_REPLICATE) >= DENSE_SHARE
     found, _, stats, _ = cv2.connectedComponentsWithStats(dense.astype(np.uint8), connectivity=8)
@@ -230,7 +241,9 @@ def blob_boxes(image: Image.Image, count: int = BLOBS) -> list[Box]:
     colours = _frame_colours(pixels)
     if not len(colours):
         return []
-    frame = (np.abs(pixels[:, :, None, :] - colours[None, None]).max(-1) <= FRAME_TOLERANCE).any(-1)
+    frame = np.zeros(pixels.shape[:2], bool)
+    for colour in colours:
+        frame |= _largest_channel_difference(pixels, colour) <= FRAME_TOLERANCE
     found, labels, stats, _ = cv2.connectedComponentsWithStats((~frame).astype(np.uint8), connectivity=8)
     cubes = (pixels // 16).astype(np.int64) @ np.array([256, 16, 1])
     boxes: list[Box] = []
@@ -254,8 +267,9 @@ def layout_boxes(image: Image.Image, count: int = LAYOUT_CROPS) -> list[Box]:
     then the rectangle of straight sides, then the dense region), none overlapping an earlier one by
     :data:`SAME_BOX`; none for an image whose layout shows no frame."""
     pixels = analysis_pixels(image)
-    found = blob_boxes(image, BLOBS) + [box for _, box in rectangle_boxes(pixels, RECTANGLES)]
-    found += dense_boxes(pixels, DENSE_REGIONS)
+    flat = _flat(pixels)
+    found = blob_boxes(image, BLOBS) + [box for _, box in rectangle_boxes(pixels, RECTANGLES, flat)]
+    found += dense_boxes(pixels, DENSE_REGIONS, flat)
     boxes: list[Box] = []
     for box in found:
         if len(boxes) < count and all(box_iou(box, other) < SAME_BOX for other in boxes):
