@@ -291,11 +291,13 @@ def main() -> None:
         raise SystemExit(2) from error
     app = SpaceApp(detector)
     signal.signal(signal.SIGTERM, _interrupt)  # a stopped server (SIGTERM) closes as after Ctrl-C
+    demo = app.build().queue(default_concurrency_limit=2)
     try:
-        app.build().queue(default_concurrency_limit=2).launch(
-            server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), ssr_mode=False,
-            allowed_paths=[str(app.examples), str(BUNDLED_IMAGES)],
-            max_file_size=max(core.MAX_ZIP_BYTES, core.MAX_IMAGE_BYTES))
+        demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"), ssr_mode=False,
+                    allowed_paths=[str(app.examples), str(BUNDLED_IMAGES)],
+                    max_file_size=max(core.MAX_ZIP_BYTES, core.MAX_IMAGE_BYTES))
+    except KeyboardInterrupt:  # stopped while Gradio was still starting (its own checks of the server): no loop of
+        demo.close()  # its own caught it, so the server it started is closed here, as Gradio closes it after Ctrl-C
     finally:
         app.close()
 
