@@ -125,7 +125,7 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
     descriptor, matcher, processor = _embedded_models()
     source = ImageFolderSource(tmp_path / "images")
     lines: list[str] = []
-    config = DetectConfig(candidates=9)
+    config = DetectConfig(candidates=9, fusion_precision="float32")  # the oracle below scores in float32
 
     def run(crops: bool):
         return dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=1.0,
@@ -142,7 +142,7 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
     decided = {(pair.a, pair.b) for pair in cropped.crop_pairs}
     assert all(cropped.raw_scores[pair] == score for pair, score in whole.raw_scores.items() if pair not in decided)
     files = dict(zip(source.ids, source.files))
-    scorer = MatcherScorer(matcher, processor)
+    scorer = MatcherScorer(matcher, processor, fusion_precision="float32")
     for pair in cropped.crop_pairs:
         views = []
         for image_id, view in ((pair.a, pair.view_a), (pair.b, pair.view_b)):

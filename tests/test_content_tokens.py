@@ -191,7 +191,8 @@ def test_dedup_matcher_scores_content_tokens_and_keeps_them_apart_in_its_cache(f
     def run(content: bool, folder):
         lines: list[str] = []
         result = dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=0.5,
-                       config=DetectConfig(candidates=6, content_tokens=content), progress=False, log=lines.append,
+                       config=DetectConfig(candidates=6, content_tokens=content, fusion_precision="float32"),
+                       progress=False, log=lines.append,
                        rescoring_folder=folder)
         return {(p.query_id, p.reference_id): p.score for p in result.pairs}, lines
 
@@ -229,7 +230,8 @@ def test_detect_masks_each_query_with_its_candidates(framed, tmp_path):
     for content in (False, True):
         lines: list[str] = []
         found = detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
-                       config=DetectConfig(k=7, candidates=7, content_tokens=content, content_neighbours=3),
+                       config=DetectConfig(k=7, candidates=7, content_tokens=content, content_neighbours=3,
+                                           fusion_precision="float32"),  # as the oracle below
                        progress=False, log=lines.append)
         results[content] = {p.reference_id: p.score for p in found.predictions}
     assert any("of the query's 3 best candidates" in line and "pairs dropped" in line for line in lines)

@@ -323,7 +323,7 @@ def test_cached_matcher_scores_equal_uncached_forwards(tiny, lce):
     images = {f"q{i}": noise(60 + 7 * i, 50, 10 + i) for i in range(2)}
     references = {f"r{i}": noise(55, 64 - 5 * i, 20 + i) for i in range(3)}
     pairs = [("q0", "r0"), ("q0", "r1"), ("q1", "r1"), ("q1", "r2"), ("q0", "r2"), ("q1", "r0")]
-    scorer = MatcherScorer(matcher, processor, lce=lce, batch_size=5)
+    scorer = MatcherScorer(matcher, processor, lce=lce, batch_size=5, fusion_precision="float32")
     cached = scorer.score(pairs, images, references, progress=False)
     preset = ViewPreset("matcher-views" if lce == "paper" else "none")
     views_q, views_r = preset.num_query_views, preset.num_reference_views
@@ -341,10 +341,49 @@ def test_cached_matcher_scores_equal_uncached_forwards(tiny, lce):
             expected.append(max(pair_scores))
     np.testing.assert_allclose(cached, expected, atol=1e-5)
     # a tiny cache evicts and re-encodes, with the same scores
-    small = MatcherScorer(matcher, processor, lce=lce, batch_size=3, cache_size=1)
+    small = MatcherScorer(matcher, processor, lce=lce, batch_size=3, cache_size=1, fusion_precision="float32")
     np.testing.assert_allclose(small.score(pairs, images, references, progress=False), expected, atol=1e-5)
     # pairs whose image is missing are None
     assert scorer.score([("q0", "zz"), ("zz", "r0")], images, references, progress=False) == [None, None]
+
+
+
+def test_bfloat16_fusion_scores_near_float32_with_float32_logits(tiny):
+    """Under bfloat16 fusion the matcher's blocks compute in bfloat16 and the logits stay float32: the scores move by
+    rounding only, and the setting is resolved (and recorded) per model."""
+    import torch
+
+    from copynce_hf.retrieval.verify.pairs import PairScoring, score_pairs
+    from copynce_hf.retrieval.verify.scorer import resolve_fusion_precision
+
+    descriptor, matcher, processor = tiny
+    images = {f"q{i}": noise(60 + 7 * i, 50, 10 + i) for i in range(2)}
+    references = {f"r{i}": noise(55, 64 - 5 * i, 20 + i) for i in range(3)}
+    pairs = [(q, r) for q in images for r in references]
+    exact = MatcherScorer(matcher, processor, fusion_precision="float32").score(pairs, images, references, progress=False)
+    rounded = MatcherScorer(matcher, processor, fusion_precision="bfloat16")
+    assert rounded.fusion_precision == "bfloat16"
+    scores = rounded.score(pairs, images, references, progress=False)
+    np.testing.assert_allclose(scores, exact, atol=2e-2)
+    assert scores != exact  # bfloat16 really ran
+    query = matcher.pre_fusion_tokens(processor(images=[images["q0"]], return_tensors="pt")["pixel_values"])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert matcher.fusion_logits(query, query).dtype == torch.float32
+    # resolved per model: a descriptor has no fusion blocks; auto follows the CPU's native bfloat16 kernels
+    from copynce_hf.precision import cpu_has_native_bf16
+
+    assert resolve_fusion_precision("bfloat16", descriptor) == "float32"
+    assert resolve_fusion_precision("auto", matcher) == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    with pytest.raises(ConfigError, match="fusion_precision"):
+        resolve_fusion_precision("half", matcher)
+    with pytest.raises(ConfigError, match="needs a PyTorch matcher"):
+        resolve_fusion_precision("bfloat16", object())
+    assert "fusion_precision" not in PairScoring(fusion_precision="float32").identity()  # as chunks scored before
+    scored = score_pairs(pairs[:2], matcher, processor, images, references, PairScoring(fusion_precision="bfloat16"),
+                         progress=False)
+    np.testing.assert_allclose(scored.scores, scores[:2])
+    with pytest.raises(ConfigError, match="fusion_precision"):
+        DetectConfig(fusion_precision="fp8")
 
 
 # --------------------------------------------------------------------------- detect

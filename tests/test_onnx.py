@@ -112,7 +112,7 @@ def test_matcher_scores_through_the_token_cache_equal_pytorch(onnx_cache):
     scores = {}
     for runtime in ("torch", "onnx"):
         model, processor = load_model(onnx_cache["matcher"] if runtime == "onnx" else None, "matcher", runtime=runtime)
-        scorer = MatcherScorer(model, processor, batch_size=5, cache_size=64)
+        scorer = MatcherScorer(model, processor, batch_size=5, cache_size=64, fusion_precision="float32")
         scores[runtime] = np.array(scorer.score(pairs, files, files, progress=False))
         assert scorer.encoded_views == 3 + len(files)  # each image encoded once, whatever the runtime
     np.testing.assert_allclose(scores["onnx"], scores["torch"], atol=TOLERANCE, rtol=0)
@@ -190,7 +190,7 @@ def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pa
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "detect", str(tmp_path / "queries"), "--references", str(references), "--runtime",
                      runtime, "--candidates", "3", "--k", "3", "--gallery", "1", "--output", str(tmp_path / runtime),
-                     "--no-content-tokens"])  # ONNX fusion takes no content tokens: the same settings on both
+                     "--no-content-tokens", "--fusion-precision", "float32"])  # as ONNX Runtime can, on both
         assert code == 0, capsys.readouterr().err
         predictions[runtime] = {(p.query_id, p.reference_id): p.score
                                 for p in read_predictions(tmp_path / runtime / "predictions.csv")}
@@ -210,7 +210,8 @@ def test_match_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
     scores = {}
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "match", str(tmp_path / "candidates.csv"), "--queries", str(queries), "--references",
-                     str(references), "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.csv")])
+                     str(references), "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.csv"),
+                     "--fusion-precision", "float32"])
         assert code == 0, capsys.readouterr().err
         scores[runtime] = {(p.query_id, p.reference_id): p.score for p in read_predictions(tmp_path / f"{runtime}.csv")}
     assert scores["torch"].keys() == {(p.query_id, p.reference_id) for p in pairs}
@@ -236,7 +237,8 @@ def test_dedup_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pat
         # one given threshold for both: a self-calibrated one is chosen from each runtime's own scores (and the
         # embedded matcher's, about 0.9996, lies above these crops' scores: no group would be compared)
         code = main([*quiet, "dedup", str(collection), "--runtime", runtime, "--candidates", "2", "--gallery", "1",
-                     "--threshold", "0.5", "--output", str(tmp_path / runtime), "--no-content-tokens"])  # as ONNX Runtime can
+                     "--threshold", "0.5", "--output", str(tmp_path / runtime), "--no-content-tokens",
+                     "--fusion-precision", "float32"])  # as ONNX Runtime can
         err = capsys.readouterr().err
         assert code == 0, err
         pairs[runtime] = {(p.query_id, p.reference_id): p.score

@@ -75,8 +75,8 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
 
     def run(crops: bool):
         return detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
-                      config=DetectConfig(candidates=6, k=6, query_crops=crops, layout_crops=False), progress=False,
-                      log=lines.append)
+                      config=DetectConfig(candidates=6, k=6, query_crops=crops, layout_crops=False,
+                                          fusion_precision="float32"), progress=False, log=lines.append)
 
     whole, cropped = run(False), run(True)  # content crops alone (layout crops: tests/test_layout_crops.py)
     assert not whole.crop_boxes and "query crops" not in whole.seconds
@@ -94,7 +94,7 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
     changed = [pair for pair, score in after.items() if before.get(pair) != score]
     assert changed
     files = {**dict(zip(queries.ids, queries.files)), **dict(zip(references.ids, references.files))}
-    scorer = MatcherScorer(matcher, processor)
+    scorer = MatcherScorer(matcher, processor, fusion_precision="float32")  # the oracle, in the detect run's precision
     for query_id, reference_id in changed:
         left, top, right, bottom = cropped.crop_boxes[query_id]
         crop = Image.open(files[query_id]).convert("RGB").crop(

@@ -356,6 +356,7 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     --ground-truth folder/ground_truth.csv --output output`` with ``options`` (fields of the request or of its
     :class:`PipelineSettings`, preset fields, collection normalisation fields, ``models`` (comma-separated),
     ``matcher``, ``runtime``)."""
+    from copynce_hf.commands.options import DETECT_SETTINGS
     from copynce_hf.configuration.fields import option_dests
     from copynce_hf.retrieval import DETECT_PRESET_FIELDS
     from copynce_hf.retrieval.detection.config import DetectConfig
@@ -366,7 +367,7 @@ def detect_request(folder: Path, references: str, output: Path, options: dict):
     descriptors = [None if m in ("", None) else model_value(str(m)) for m in str(options.pop("models", "")).split(",")]
     models = PipelineModels(descriptors, options.pop("matcher", None), options.pop("runtime", "torch"))
     collection = option_dests(DetectConfig, ("collection", "reference_background"))
-    settable = (*DETECT_PRESET_FIELDS, *collection, "layout_crops", "descriptor_content_tokens")
+    settable = (*DETECT_PRESET_FIELDS, *collection, *DETECT_SETTINGS)
     overrides = {key: options.pop(key) for key in list(options) if key in settable}
     settings_fields = {f.name for f in dataclasses.fields(PipelineSettings)} - {"models", "overrides"}
     settings = PipelineSettings(models, overrides=overrides,

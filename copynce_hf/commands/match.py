@@ -28,7 +28,7 @@ def register(commands) -> argparse.ArgumentParser:
     p = commands.add_parser("match", help="re-score candidate pairs with the matcher", description=DESCRIPTION)
     add_options(p, MatchRequest, ("predictions", "queries", "references", "matcher", "output", "top"))
     _add_local_crops(p)
-    add_options(p, MatchRequest, ("chunk_size",))
+    add_options(p, MatchRequest, ("chunk_size", "fusion_precision"))
     options.add_model_loading(p, MatchRequest)
     options.add_runtime(p, MatchRequest)
     options.add_image_input(p)

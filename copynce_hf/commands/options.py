@@ -26,9 +26,10 @@ from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 #: The :class:`~copynce_hf.retrieval.detection.config.DetectConfig` settings ``detect`` and ``calibrate`` take over
 #: their ``--preset`` (the collection normalisation's in a group of their own), and those ``dedup`` takes.
 DETECT_SETTINGS = ("alpha", "k_start", "k_end", "descriptor_lce", "matcher_lce", "candidates", "content_tokens",
-                   "descriptor_content_tokens", "query_crops", "layout_crops", "k")
+                   "descriptor_content_tokens", "query_crops", "layout_crops", "k", "fusion_precision")
 DETECT_COLLECTION_SETTINGS = ("collection", "reference_background")
-DEDUP_SETTINGS = ("candidates", "descriptor_lce", "matcher_lce", "content_tokens", "descriptor_content_tokens")
+DEDUP_SETTINGS = ("candidates", "descriptor_lce", "matcher_lce", "content_tokens", "descriptor_content_tokens",
+                  "fusion_precision")
 
 #: The :class:`~copynce_hf.retrieval.deduplication.settings.DedupSettings` of ``dedup``'s collection normalisation
 #: group, and the others.

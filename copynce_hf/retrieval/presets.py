@@ -51,6 +51,14 @@ NEIGHBOURS = 10
 #: the query once, the mean logit decides) or once (the earlier image as the query).
 MATCHER_ORDERS = ("auto", "both", "one")
 
+#: How the matcher's fusion blocks compute (:func:`~copynce_hf.retrieval.verify.scorer.resolve_fusion_precision`):
+#: ``float32``, ``bfloat16`` (autocast: matrix products in bfloat16, softmax, normalisations and the classifier in
+#: float32) or ``auto`` (bfloat16 where the device multiplies it natively: a CUDA device that supports it, a CPU with
+#: AVX-512 bfloat16 kernels; float32 elsewhere and for ONNX Runtime graphs). The encoder runs in float32 whatever it is.
+FUSION_PRECISIONS = ("auto", "float32", "bfloat16")
+#: The fusion precision every command and scoring call uses unless told otherwise.
+DEFAULT_FUSION_PRECISION = "auto"
+
 #: Where ``copynce detect`` measures each reference's background: among the other references (``collection``)
 #: or among the auxiliary images (``auxiliary``, needs them).
 REFERENCE_BACKGROUNDS = ("collection", "auxiliary")

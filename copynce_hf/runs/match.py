@@ -52,6 +52,7 @@ class MatchRequest:
         local_crops, query_grid, reference_grid, crop_scale, rotations: the grid crops ensembling
             (:class:`~.rescoring.LocalCrops`), when ``local_crops``.
         chunk_size, batch_size, num_workers: pairs per chunk of work, per forward pass; ``DataLoader`` workers.
+        fusion_precision: the matcher's fusion blocks (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`).
         input: how images are read (sub-folders, size limit).
         progress: progress bars.
         log: receives the lines of the chunked work.
@@ -73,6 +74,7 @@ class MatchRequest:
     rotations: tuple[int, ...] = setting((90, 180, 270), "rotations of the whole query, degrees (default 90,180,270; "
                                          "'none' for no rotation)", type=rotations, default_text="")
     chunk_size: int = setting_like(DetectConfig, "chunk_size")
+    fusion_precision: str = setting_like(DetectConfig, "fusion_precision")
     batch_size: int = setting_like(ModelLoading, "batch_size", 32,
                                    "image pairs (view pairs with --local-crops) per forward pass")
     num_workers: int = setting_like(ModelLoading, "num_workers")
@@ -146,6 +148,7 @@ def match_pairs(request: MatchRequest) -> MatchDone | None:
             num_workers=request.num_workers, local_crops=crops, progress=request.progress,
             matcher_lce=request.matcher_lce, max_pixels=request.input.max_pixels, accelerator=accelerator,
             work_folder=work, chunk_size=request.chunk_size, log=request.log,
+            fusion_precision=request.fusion_precision,
         )
     except PredictionsError as error:
         if missing:

@@ -803,14 +803,16 @@ class CopyNCEMatcherModel(CopyNCEPreTrainedModel):
     def fusion_logits(self, query_encoded: torch.Tensor, reference_encoded: torch.Tensor) -> torch.Tensor:
         """The copy logits (B,) of :meth:`fuse` alone, for scoring: the last fusion block computes only the fusion CLS
         token, which the classifier reads (its other positions' queries, attention rows and MLP are not computed; the
-        logits equal :meth:`fuse`'s to float rounding)."""
+        logits equal :meth:`fuse`'s to float rounding). Under autocast the classifier still runs in float32, so that
+        lower-precision fusion blocks do not round the logits themselves."""
         batch = query_encoded.shape[0]
         sequence = torch.cat([self.fusion_cls_token.expand(batch, -1, -1), self._image_tokens(query_encoded, 0),
                               self._image_tokens(reference_encoded, 1)], dim=1)
         last = self.config.num_hidden_layers - 1
         sequence = self.vit.run_blocks(sequence, self.config.num_encoder_layers, last)[0]
         first = self.vit.norm(self.vit.blocks[last].first_position(sequence))
-        return self.classifier(self.classifier_norm(first)).squeeze(-1)
+        with torch.autocast(first.device.type, enabled=False):  # the logit itself in float32 under any autocast
+            return self.classifier(self.classifier_norm(first.float())).squeeze(-1)
 
     def fuse(self, query_encoded: torch.Tensor, reference_encoded: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The per-pair fusion of encoded images (B, 1 + Lq, C) and (B, 1 + Lr, C), each the

@@ -18,7 +18,9 @@ from ..descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, check_m
 from ..presets import (
     DEFAULT_CANDIDATES,
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_FUSION_PRECISION,
     DESCRIPTOR_TAU,
+    FUSION_PRECISIONS,
     MATCHER_TAU,
     MIN_IMAGES,
     NEIGHBOURS,
@@ -78,6 +80,8 @@ class DetectConfig:
             (straight-sided rectangles, dense regions: :mod:`copynce_hf.retrieval.content.layout`), so that a frame no
             other image shares is recognised too; a few more descriptor passes per query, and matcher passes where a
             crop matches a reference better than the whole query.
+        fusion_precision: how the matcher's fusion blocks compute (:data:`~copynce_hf.retrieval.presets.
+            FUSION_PRECISIONS`); the encoder tokens and the logits stay float32.
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
@@ -135,10 +139,15 @@ class DetectConfig:
         f"{DESCRIPTOR_TAU} with {MIN_IMAGES} of its {NEIGHBOURS} nearest images dropped): two more descriptor passes "
         "per image; whole images only (--descriptor-lce none)"), action="store_true")
     descriptor_content_tau: float = DESCRIPTOR_TAU
+    fusion_precision: str = setting(DEFAULT_FUSION_PRECISION, (
+        "the matcher's fusion blocks: float32, bfloat16 (autocast; the encoder and the logits stay float32) or auto "
+        "(bfloat16 where the device multiplies it natively: a CPU with AVX-512 bfloat16, a recent GPU)"),
+        choices=FUSION_PRECISIONS)
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
         check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
+        check_mode(self.fusion_precision, FUSION_PRECISIONS, "fusion_precision")
         from ..content.tokens import check_content_settings  # torch: not for --help
 
         check_content_settings(self.content_tau, self.content_min_images, self.content_neighbours)
@@ -191,7 +200,8 @@ class DetectConfig:
         return PairScoring(lce=self.matcher_lce, batch_size=self.batch_size, cache_size=self.cache_size,
                            num_workers=self.num_workers, max_pixels=max_pixels, chunk_size=self.chunk_size,
                            content=content, matches=matches if content is not None else None,
-                           query_tokens=query_tokens, reference_tokens=reference_tokens)
+                           query_tokens=query_tokens, reference_tokens=reference_tokens,
+                           fusion_precision=self.fusion_precision)
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> DetectConfig:

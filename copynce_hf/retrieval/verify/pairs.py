@@ -22,9 +22,10 @@ from ..content.masks import CollectionMatches
 from ..content.stage import content_identity, log_local_masks
 from ..content.store import TokenStore
 from ..content.tokens import ContentSettings
+from ..presets import DEFAULT_FUSION_PRECISION
 from .chunked_scoring import DEFAULT_CHUNK_SIZE, ChunkScorer, PairScores, score_in_chunks, scoring_identity
 from .local_crops import LocalCrops, PairViews, score_views
-from .scorer import MatcherScorer
+from .scorer import MatcherScorer, resolve_fusion_precision
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class PairScoring:
         query_tokens, reference_tokens: the queries' and the references' encoder tokens, already computed (each a
             :class:`~copynce_hf.retrieval.content.store.TokenStore`): an image a store holds is read from it instead
             of encoded.
+        fusion_precision: the matcher's fusion blocks in ``float32`` or under ``bfloat16`` autocast
+            (:data:`~.scorer.FUSION_PRECISIONS`; ``auto``: bfloat16 where the device multiplies it natively); the
+            encoder tokens stay float32.
     """
 
     lce: str = "none"
@@ -62,12 +66,16 @@ class PairScoring:
     matches: CollectionMatches | None = None
     query_tokens: TokenStore | None = None
     reference_tokens: TokenStore | None = None
+    fusion_precision: str = DEFAULT_FUSION_PRECISION
 
     def identity(self) -> dict:
         """What the scores depend on besides the model, the image processor and the images."""
         crops = dataclasses.asdict(self.local_crops) if self.local_crops is not None else None
-        return {"matcher_lce": self.lce, "local_crops": crops, "max_pixels": self.max_pixels,
-                **content_identity(self.content, self.matches)}
+        found = {"matcher_lce": self.lce, "local_crops": crops, "max_pixels": self.max_pixels,
+                 **content_identity(self.content, self.matches)}
+        if self.fusion_precision != "float32":  # chunks scored before the setting existed were float32
+            found["fusion_precision"] = self.fusion_precision
+        return found
 
 
 @dataclasses.dataclass
@@ -102,6 +110,7 @@ def score_pairs(pairs: Sequence[tuple[str, str]], model, image_processor, query_
     scoring = scoring or PairScoring()
     if accelerator is not None:
         model = model.to(accelerator.device)
+    scoring = dataclasses.replace(scoring, fusion_precision=resolve_fusion_precision(scoring.fusion_precision, model))
     if model_kind(model) == "descriptor":
         score_chunk, passes = _descriptor_chunks(model, image_processor, query_images, reference_images, scoring), None
     else:
@@ -109,7 +118,7 @@ def score_pairs(pairs: Sequence[tuple[str, str]], model, image_processor, query_
                                cache_size=scoring.cache_size, max_pixels=scoring.max_pixels, content=scoring.content,
                                matches=scoring.matches if scoring.content is not None else None,
                                query_tokens=scoring.query_tokens, reference_tokens=scoring.reference_tokens,
-                               **_grid_views(scoring.local_crops))
+                               fusion_precision=scoring.fusion_precision, **_grid_views(scoring.local_crops))
 
         def score_chunk(chunk: list[tuple[str, str]], scored) -> PairScores:
             return PairScores(scorer.score(chunk, query_images, reference_images, num_workers=scoring.num_workers,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ...modeling.errors import SKIP_REASONS, PredictionsError
 from ..predictions import Prediction
+from ..presets import DEFAULT_FUSION_PRECISION
 from .chunked_scoring import DEFAULT_CHUNK_SIZE
 from .local_crops import LocalCrops
 from .pairs import PairScoring, ScoredPairs, score_pairs
@@ -47,6 +48,7 @@ def rescore_predictions(
     work_folder: str | os.PathLike | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     log=logger.info,
+    fusion_precision: str = DEFAULT_FUSION_PRECISION,
 ) -> RescoreResult:
     """Score every candidate pair of ``predictions`` with ``model`` (:func:`~.pairs.score_pairs`, the one scoring
     path); old scores are discarded.
@@ -68,6 +70,7 @@ def rescore_predictions(
         work_folder: where completed chunks are kept and resumed from; ``None``: nowhere.
         chunk_size: pairs per chunk.
         log: receives the line saying how much work is resumed.
+        fusion_precision: the matcher's fusion blocks (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`).
 
     Returns:
         :class:`RescoreResult` (on every process). Pairs whose image id is not in the folders or whose
@@ -76,7 +79,7 @@ def rescore_predictions(
     """
     kept, skipped = _pairs_with_images(predictions, query_files, reference_files)
     scoring = PairScoring(lce=matcher_lce, local_crops=local_crops, batch_size=batch_size, num_workers=num_workers,
-                          max_pixels=max_pixels, chunk_size=chunk_size)
+                          max_pixels=max_pixels, chunk_size=chunk_size, fusion_precision=fusion_precision)
     scored = score_pairs([(p.query_id, p.reference_id) for p in kept], model, image_processor, query_files,
                          reference_files, scoring, accelerator, work_folder, progress, "re-scoring", log)
     return _rescored(kept, scored, skipped, len(predictions))

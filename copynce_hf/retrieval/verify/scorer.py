@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ...images import load_image
 from ...modeling.errors import ConfigError, ImageLoadError
+from ...precision import cpu_has_native_bf16
 from ...runtime.onnx_runtime import check_content_fusion
 from ..content.masks import CollectionMatches, PairMatches
 from ..content.store import TokenStore
@@ -38,10 +39,39 @@ from ..content.tokens import (
     unit_patch_tokens,
 )
 from ..descriptors.views import MATCHER_LCE_MODES, check_mode, matcher_view_pairs, matcher_view_preset
+from ..presets import DEFAULT_FUSION_PRECISION, FUSION_PRECISIONS
 
 logger = logging.getLogger(__name__)
 
 ViewFunction = Callable[[Image.Image], list[Image.Image]]
+
+def resolve_fusion_precision(precision: str, model) -> str:
+    """``float32`` or ``bfloat16``: ``precision`` (:data:`FUSION_PRECISIONS`) for ``model`` on its device (a model
+    without fusion blocks, a descriptor, is ``float32``)."""
+    check_mode(precision, FUSION_PRECISIONS, "fusion_precision")
+    if precision == "bfloat16" and not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"fusion_precision bfloat16 needs a PyTorch matcher; {type(model).__name__} runs its own "
+                          "graph (use float32 or auto)")
+    if precision == "float32" or not hasattr(model, "fusion_logits") or not isinstance(model, torch.nn.Module):
+        return "float32"
+    if precision == "bfloat16":
+        return precision
+    device = model.device
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device.type == "cpu" and cpu_has_native_bf16() else "float32"
+
+
+def _in_precision(fuse: Callable, precision: str, device: torch.device) -> Callable:
+    """``fuse`` computing under ``precision`` (``float32``: itself; ``bfloat16``: autocast on ``device``)."""
+    if precision == "float32":
+        return fuse
+
+    def fused(query: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return fuse(query, reference).float()
+
+    return fused
 
 
 def matcher_stages(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
@@ -106,6 +136,8 @@ class MatcherScorer:
         query_tokens, reference_tokens: the queries' and the references' encoder tokens, already computed
             (:class:`~copynce_hf.retrieval.content.store.TokenStore`, whole images: ``lce`` ``none``): an image a
             store holds is read from it instead of encoded; the others are encoded as without one.
+        fusion_precision: the fusion blocks' precision (:data:`FUSION_PRECISIONS`, resolved on the model's device by
+            :func:`resolve_fusion_precision`); the encoder passes run in float32 whatever it is.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
@@ -113,7 +145,8 @@ class MatcherScorer:
                  view_pairs: Callable[[int, int], list[tuple[int, int]]] | None = None,
                  max_pixels: int | None = None, content: ContentSettings | None = None,
                  matches: CollectionMatches | None = None, query_tokens: TokenStore | None = None,
-                 reference_tokens: TokenStore | None = None):
+                 reference_tokens: TokenStore | None = None,
+                 fusion_precision: str = DEFAULT_FUSION_PRECISION):
         check_mode(lce, MATCHER_LCE_MODES, "matcher_lce")
         for what, given in (("content tokens", content), ("a token store", query_tokens or reference_tokens)):
             if given is not None and lce != "none":
@@ -135,8 +168,10 @@ class MatcherScorer:
         self.query_views = query_views or preset.query_images
         self.reference_views = reference_views or preset.reference_images
         self.view_pairs = view_pairs or (lambda nq, nr: matcher_view_pairs(lce, nq, nr))
-        self.pre_fusion_tokens, self.fuse = matcher_stages(self.model)
+        self.pre_fusion_tokens, fuse = matcher_stages(self.model)
         self.device = self.model.device  # a PreTrainedModel's, or an ONNX Runtime wrapper's (CPU)
+        self.fusion_precision = resolve_fusion_precision(fusion_precision, self.model)
+        self.fuse = _in_precision(fuse, self.fusion_precision, self.device)
         self._references: OrderedDict[str, torch.Tensor | None] = OrderedDict()
         self._cached_views = 0
         self.encoded_views = 0  # encoder passes run (one per view), for cost reports
