@@ -40,9 +40,9 @@ def data(tmp_path):
 def test_the_copies_are_made_with_a_recipe_the_self_calibration_never_plants():
     mine = everyday_recipe().to_dict()["steps"]
     planted = CopyRecipe.preset(COPY_RECIPE).to_dict()["steps"]
-    assert COPY_RECIPE == "minidisc_queries"
-    assert not {"screenshot", "meme_format", "heavy_crop_overlays", "skew", "solarize"} & set(mine)
-    assert mine != planted and everyday_recipe().max_side == 640
+    assert COPY_RECIPE == "calibration_copies"
+    assert not {"screenshot", "meme_format", "heavy_crop_overlays", "skew", "solarize"} & set(mine)  # nor mini-DISC's
+    assert mine != planted and everyday_recipe().max_side == 640 != CopyRecipe.preset(COPY_RECIPE).max_side
 
 
 def test_the_folders_hold_the_photos_of_their_pool_and_one_copy_of_some_of_them(tmp_path, data):

@@ -21,6 +21,7 @@ from copynce_hf.calibration.thresholds import (
     unresolved_precisions,
 )
 from copynce_hf.modeling.errors import ConfigError
+from copynce_hf.pixtrace import CopyRecipe
 from copynce_hf.retrieval.detection.config import DetectConfig
 from copynce_hf.retrieval.presets import CollectionNormalisation
 
@@ -247,7 +248,9 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
     assert [row["precision"] for row in first["stages"]["matcher"]] == [0.9, 0.95, 0.99]
     provenance = first["provenance"]
     assert provenance["seed"] == 4 and provenance["distractor_source"] == "held-out references"
-    assert provenance["recipe_name"] == "minidisc_queries" and provenance["recipe"]
+    # the calibration's own recipe, which no benchmark draws (mini-DISC's queries are minidisc_queries copies)
+    assert provenance["recipe_name"] == "calibration_copies"
+    assert provenance["recipe"] == CopyRecipe.calibration_copies().to_dict() != CopyRecipe.minidisc_queries().to_dict()
     assert len(provenance["sample_ids"]) == 3 and len(provenance["distractor_ids"]) == 2
     assert not set(provenance["sample_ids"]) & set(provenance["distractor_ids"])  # held out: not copies, not indexed
     assert provenance["counts"]["indexed_references"] == 6
@@ -369,6 +372,12 @@ def test_calibration_queries_are_seeded_and_refuse_a_too_small_collection(collec
     first, again = (calibration_queries(references, 3, num_distractors=2, seed=9) for _ in range(2))
     assert [q.edits for q in first.queries] == [q.edits for q in again.queries]
     assert first.sample_ids == again.sample_ids and len(first.indexed_ids) == 6
+    # query k of the sample, then of the distractors, is the calibration recipe's draw k (not mini-DISC's recipe)
+    edits = {q.source_path.stem: list(q.edits) for q in first.queries}
+    for k, image_id in enumerate(first.sample_ids + first.distractor_ids):
+        size = Image.open(collection / "refs" / f"{image_id}.png").size[::-1]
+        drawn = CopyRecipe.calibration_copies().draw(np.random.default_rng([9, k]), size)
+        assert edits[image_id] == [edit.to_dict() for edit in drawn]
     other = calibration_queries(references, 3, num_distractors=2, seed=10)
     assert [q.edits for q in other.queries] != [q.edits for q in first.queries]
     truth = first.ground_truth

@@ -244,6 +244,37 @@ def test_self_calibration_is_deterministic_with_its_seed(collection):
     assert runs[2].sample != runs[0].sample and other != same
 
 
+def test_a_self_calibration_saved_with_another_copy_recipe_is_not_reused(collection, tmp_path):
+    """The saved file's identity holds the copy recipe's name and steps: a file saved when the self-calibration planted
+    mini-DISC's query copies (main's identity had the name only), or one whose recipe of the same name had other steps,
+    is scored again, not reused."""
+    from copynce_hf.calibration.synthetic import COPY_RECIPE
+    from copynce_hf.pixtrace import CopyRecipe
+    from copynce_hf.retrieval.work_folder import digest
+
+    descriptor, _, processor = tiny_models(0)
+
+    def run() -> list[str]:
+        lines: list[str] = []
+        self_calibrate(ImageFolderSource(collection), Descriptor("tiny", descriptor, processor), None,
+                       DetectConfig(candidates=3), folder=tmp_path, sample=6, progress=False, log=lines.append)
+        return lines
+
+    run()
+    file = tmp_path / FILE_NAME
+    saved = json.loads(file.read_text())
+    assert COPY_RECIPE == saved["recipe"] == saved["identity"]["recipe"] == "calibration_copies"
+    assert saved["identity"]["recipe_steps"] == digest(CopyRecipe.calibration_copies().to_dict())
+    assert any("reusing the verified pairs" in line for line in run())
+    old_steps = digest(CopyRecipe.minidisc_queries().to_dict())
+    stale_identities = ({key: value for key, value in saved["identity"].items() if key != "recipe_steps"}
+                        | {"recipe": "minidisc_queries"}, saved["identity"] | {"recipe_steps": old_steps})
+    for stale in stale_identities:
+        file.write_text(json.dumps(saved | {"identity": stale}))
+        assert not any("reusing" in line for line in run())
+        assert json.loads(file.read_text())["identity"] == saved["identity"]
+
+
 def _groups(output) -> list[list[str]]:
     with (output / "groups.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))

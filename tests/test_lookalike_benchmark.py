@@ -102,3 +102,33 @@ def test_descriptors_named_wrongly_are_refused():
 
     with pytest.raises(SystemExit, match="'noequals' is not NAME=MODEL"):
         main(["--descriptors", "noequals"])
+
+
+def test_a_calibration_planted_with_another_recipe_is_made_again(tmp_path, monkeypatch):
+    """A draw folder's ``calibration.json`` is reused only when its copies were planted with the recipe ``copynce
+    calibrate`` plants now (name and steps): one planted with mini-DISC's recipe is calibrated again, and detect run
+    again with it."""
+    from benchmarks.quality import lookalikes
+    from copynce_hf.pixtrace import CopyRecipe
+
+    ran = []
+
+    def copynce(*argv, log):
+        ran.append(argv[0])
+        if argv[0] == "calibrate":
+            provenance = {"recipe_name": "calibration_copies", "recipe": CopyRecipe.calibration_copies().to_dict()}
+            (tmp_path / "calibration.json").write_text(json.dumps({"stages": {"descriptor": [
+                {"precision": 0.9, "threshold": 0.5}]}, "provenance": provenance}))
+        else:
+            (tmp_path / "detect").mkdir(exist_ok=True)
+            (tmp_path / "detect" / "scores.json").write_text("{}")
+
+    monkeypatch.setattr(lookalikes, "copynce", copynce)
+    stale = {"recipe_name": "minidisc_queries", "recipe": CopyRecipe.minidisc_queries().to_dict()}
+    (tmp_path / "calibration.json").write_text(json.dumps({"stages": {}, "provenance": stale}))
+    (tmp_path / "detect").mkdir()
+    (tmp_path / "detect" / "scores.json").write_text("{}")
+    assert lookalikes.run_detect(tmp_path)["calibrated"] == {"descriptor": {"precision": 0.9, "threshold": 0.5}}
+    assert ran == ["calibrate", "detect"]
+    lookalikes.run_detect(tmp_path)  # planted as now: both kept
+    assert ran == ["calibrate", "detect"]

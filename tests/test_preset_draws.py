@@ -45,6 +45,7 @@ def _presets() -> dict:
         "paper_matcher@224": lambda: _editor_draws(CopyRecipe.paper_matcher(), (224, 224)),
         "demo_queries": lambda: _query_draws(CopyRecipe.demo_queries()),
         "minidisc_queries": lambda: _query_draws(CopyRecipe.minidisc_queries()),
+        "calibration_copies": lambda: _query_draws(CopyRecipe.calibration_copies()),
     }
 
 

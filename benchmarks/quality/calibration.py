@@ -10,11 +10,11 @@ queries), ``auxiliary/`` (the first 500 ``train`` images, for score normalisatio
 (the last 100 ``train`` images: calibration's distractor sources; never mini-DISC's distractor images,
 and not in ``auxiliary/``, so that score normalisation does not meet a distractor's own original).
 ``copynce calibrate`` sees no ground truth: it copies a sample of the references and the distractor
-images with the mini-DISC query recipe and its own seed (mini-DISC's queries come from the same recipe
-with other seeds). ``--measure`` runs the same pipeline (embedded models, the calibration's preset) on
-mini-DISC's queries once, and reports per stage, for each calibrated threshold, the precision and recall
-it gives on mini-DISC's ground truth, and the threshold mini-DISC's own ground truth puts at 90 %
-precision (the figure of the model cards). It writes ``<folder>/honesty.json``.
+images with the calibration's own recipe (``CopyRecipe.calibration_copies()``; mini-DISC's queries come from
+another recipe, ``CopyRecipe.minidisc_queries()``). ``--measure`` runs the same pipeline (embedded models, the
+calibration's preset) on mini-DISC's queries once, and reports per stage, for each calibrated threshold, the
+precision and recall it gives on mini-DISC's ground truth, and the threshold mini-DISC's own ground truth puts at
+90 % precision (the figure of the model cards). It writes ``<folder>/honesty.json``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def measure(folder: Path, threads: int = 1) -> dict:
         on_minidisc[stage] = [vars(p) for p in operating_points(is_copy, scores, num_copies)]
     report = {"calibration": str(folder / "calibration.json"), "preset": preset, "rows": rows,
               "minidisc_ground_truth_thresholds": on_minidisc, "seconds": result.seconds,
-              "calibration_counts": calibration.provenance.get("counts"), "calibration_seed": calibration.provenance.get("seed")}
+              "calibration_counts": calibration.provenance.get("counts"), "calibration_seed": calibration.provenance.get("seed"),
+              "calibration_recipe": calibration.provenance.get("recipe_name")}
     (folder / "honesty.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
 

@@ -18,7 +18,8 @@ With ``--self-calibrated`` the library's run takes the threshold ``copynce dedup
 (:func:`copynce_hf.calibration.collection.self_calibrate`, on ``--self-calibration-sample`` images of the
 collection, at ``--precision``) instead of 0.5, and the descriptor alone is self-calibrated too (as ``--matcher none``
 would be): a row each at its threshold, the calibration lines and each pair kind's scores in ``dedup.json``. The
-planted copies come from the same recipe as the self-calibration's copies (``minidisc_queries``).
+planted copies come from another recipe than the self-calibration's copies (``CopyRecipe.calibration_copies()``,
+which no benchmark draws).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 
 A folder (:func:`build_folder`, seeded, reused when its ``truth.json`` is there): ``--photos`` photos (40), of which
 ``--copies`` (15) get one copy each, made with :func:`everyday_recipe`: a recipe of this benchmark only, not the one
-``copynce dedup``'s self-calibration plants (``CopyRecipe.minidisc_queries()`` and its templates), so that the
+``copynce dedup``'s self-calibration plants (``CopyRecipe.calibration_copies()`` and its templates), so that the
 self-calibration is measured on copies it never saw. The photos come from ``../shared/data/imagenet-sample``:
 
 * ``--pool dev``: the last 40 of the ``train`` split, the photos no embedded model trained on (the training runs'
@@ -69,7 +69,7 @@ def everyday_recipe() -> CopyRecipe:
     """The copies of this benchmark: the edits of a photo passed around (one or two of a crop keeping 35-85 % of the
     area, a mirror, a tilt of 3-15 degrees, a border of 3-15 %, a caption, an emoji; then one or two of brightness,
     contrast, saturation, greyscale, JPEG at quality 25-75, a slight blur), at most 640 pixels. Fixed before any draw
-    was measured; ``copynce dedup``'s self-calibration never draws it (it plants ``minidisc_queries`` copies)."""
+    was measured; ``copynce dedup``'s self-calibration never draws it (it plants ``calibration_copies`` copies)."""
     structural = (("crop", 2.0), ("mirror", 1.0), ("tilt", 0.7), ("border", 0.7), ("caption", 1.0), ("emoji", 0.7))
     photometric = (("brightness", 1.0), ("contrast", 1.0), ("saturation", 1.0), ("greyscale", 0.5), ("jpeg", 1.0),
                    ("blur", 0.5))

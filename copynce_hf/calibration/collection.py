@@ -21,8 +21,8 @@ tokens and scored chunks are kept in ``OUTPUT/self_calibration/indexes``, ``toke
 identity: the self-calibration's own, see below), so that a run cut short by Ctrl-C goes on from its last complete
 chunk. Once done, everything is kept in ``OUTPUT/self_calibration/self_calibration.json`` (the verified pairs'
 kinds, decision and raw scores, how each synthetic image was made, the threshold): a rerun with the same
-collection, models, settings, whitening sample, sample and seed reuses its scores and only chooses the threshold
-again (another ``--precision`` included).
+collection, models, settings, whitening sample, sample, seed and copy recipe (its name and its steps) reuses its
+scores and only chooses the threshold again (another ``--precision`` included).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..modeling.errors import ConfigError
 from ..outputs import StagedFile
+from ..pixtrace import CopyRecipe
 from ..retrieval.deduplication.collection import dedup
 from ..retrieval.deduplication.settings import DedupSettings
 from ..retrieval.descriptors.cached import Descriptor
@@ -72,7 +73,8 @@ def _identity(source, descriptor: Descriptor, matcher: tuple | None, config: Det
     decides = {name: value for name, value in dataclasses.asdict(config).items()
                if name not in ("batch_size", "num_workers", "cache_size", "chunk_size", "k", "collection")}
     identity = {"version": VERSION, "collection": source_identity(source), "sample": sample, "seed": seed,
-                "recipe": COPY_RECIPE, "roles": list(ROLE_CYCLE), "descriptor": model_fingerprint(descriptor.model),
+                "recipe": COPY_RECIPE, "recipe_steps": digest(CopyRecipe.preset(COPY_RECIPE).to_dict()),
+                "roles": list(ROLE_CYCLE), "descriptor": model_fingerprint(descriptor.model),
                 "descriptor_processor": digest(descriptor.processor.to_dict()), "config": decides,
                 "settings": {name: value for name, value in dataclasses.asdict(settings).items() if name != "grouping"},
                 "whiten_from": None if whiten_from is None else source_identity(whiten_from), "matcher": None}

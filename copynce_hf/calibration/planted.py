@@ -1,8 +1,9 @@
 """Calibrating score thresholds on the user's own references, without labels (``copynce calibrate``).
 
-PixTrace makes copies whose answer is known: a sample of the references is edited with the mini-DISC
-query recipe (:meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`, whose
-edits the training recipes never draw), and distractor images (a given folder, or references left out of
+PixTrace makes copies whose answer is known: a sample of the references is edited with the calibration's own
+recipe (:data:`COPY_RECIPE`, :meth:`CopyRecipe.calibration_copies <copynce_hf.pixtrace.CopyRecipe.calibration_copies>`:
+everyday edits with ranges of their own, drawn by no benchmark and no training recipe, so that mini-DISC checks the
+thresholds on copies of another recipe), and distractor images (a given folder, or references left out of
 the index) are edited the same way; their originals are not indexed, so they must not match. The
 detection pipeline then runs on these queries against the (remaining) references, and each stage's
 pooled predictions give the thresholds at the target precisions (:mod:`copynce_hf.calibration.thresholds`).
@@ -34,11 +35,10 @@ from ..retrieval.detection.pipeline import detect
 from ..retrieval.predictions import prediction_metrics
 from ..retrieval.search.candidates import top_per_query
 from ..retrieval.sources import ImageFolderSource, ImageListSource
+from .synthetic import COPY_RECIPE  # the recipe of dedup's self-calibration too; the file records it
 from .thresholds import DEFAULT_SEED, PRECISIONS, Calibration, operating_points
 
 __all__ = ["CalibrationQueries", "calibrate", "calibration_queries"]
-
-#: Default seed of the calibration copies (mini-DISC's queries use 20250806: a calibration never redraws them).
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ def calibration_queries(references: ImageFolderSource, sample: int, distractors:
             the index and use them.
         num_distractors: distractor queries (default: ``sample``); held-out references are capped at half
             the collection.
-        seed: draws the sample, the distractors and the edits (of the mini-DISC query recipe).
+        seed: draws the sample, the distractors and the edits (of :data:`COPY_RECIPE`).
     """
     if sample < 1:
         raise ConfigError(f"--sample must be at least 1, got {sample}")
@@ -107,7 +107,7 @@ def calibration_queries(references: ImageFolderSource, sample: int, distractors:
                           "--distractors needs at least 3 (some are held out as distractors)")
     sample_ids = sorted(_readable([i for i in rest if i not in skipped], files, sample, references.max_pixels, skipped))
     sources = [(Path(files[i]), i) for i in sample_ids] + [(Path(path), None) for path, _ in distractor_files]
-    queries = draw_queries(sources, CopyRecipe.minidisc_queries(), seed, "the calibration sample",
+    queries = draw_queries(sources, CopyRecipe.preset(COPY_RECIPE), seed, "the calibration sample",
                            references.max_pixels)
     left_out = set(held_out)
     indexed = [i for i in references.ids if i not in left_out]
@@ -200,7 +200,7 @@ def calibrate(references: ImageFolderSource, descriptors: Sequence[Descriptor], 
         "references": str(Path(references.folder).resolve()),
         "distractors": str(Path(distractors.folder).resolve()) if distractors is not None else None,
         "distractor_source": made.distractor_source, "seed": seed,
-        "recipe": CopyRecipe.minidisc_queries().to_dict(), "recipe_name": "minidisc_queries",
+        "recipe": CopyRecipe.preset(COPY_RECIPE).to_dict(), "recipe_name": COPY_RECIPE,
         "detect_config": dataclasses.asdict(config), "counts": counts, "metrics": metrics,
         "sample_ids": made.sample_ids, "distractor_ids": made.distractor_ids,
     }

@@ -18,13 +18,15 @@ The rule (:func:`self_threshold`):
    :func:`card_fallback`), or keeps the self-calibrated threshold where there is none (a run without matcher: its
    decision scores are collection-normalised cosines, which no card states).
 
-Why the floor is :data:`RECALL_FLOOR`: the planted copies are drawn with the mini-DISC query recipe, on whose copies
-the embedded matcher keeps 0.513 at precision 0.9 (its card's RP90): a self-calibrated threshold keeping fewer than
-half that share is set by a few hard non-copies of the calibration collection (two images in one template, a
-look-alike or a copy pair the collection holds), not by what the model can tell apart, and keeps too few copies to be
-worth its precision. Copies as most users make them (a crop, a caption, a filter) score higher than these planted
-ones: on folders of such copies (``benchmarks/quality/dedup_folders.py``) the planted recall stated was 0.09-0.56 and
-the folders' own 0.87-1.00.
+Why the floor is :data:`RECALL_FLOOR`: it was set when the planted copies were drawn with the mini-DISC query recipe,
+on whose copies the embedded matcher keeps 0.513 at precision 0.9 (its card's RP90): a self-calibrated threshold
+keeping fewer than half that share is set by a few hard non-copies of the calibration collection (two images in one
+template, a look-alike or a copy pair the collection holds), not by what the model can tell apart, and keeps too few
+copies to be worth its precision. The planted copies are now drawn with the calibration's own recipe
+(:data:`~copynce_hf.calibration.synthetic.COPY_RECIPE`, so that no benchmark checks the threshold on copies of the
+recipe it was calibrated on); the floor was kept as it was. With mini-DISC's recipe planted, copies as most users make
+them (a crop, a caption, a filter) scored higher than the planted ones: on folders of such copies
+(``benchmarks/quality/dedup_folders.py``) the planted recall stated was 0.09-0.56 and the folders' own 0.87-1.00.
 """
 
 from __future__ import annotations

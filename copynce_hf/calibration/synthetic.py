@@ -4,14 +4,15 @@ with one planted copy, as a collection of copies holds them.
 From a seeded sample of the collection's readable images (:func:`draw_sample`), :func:`synthetic_set` gives each
 sampled image ``x`` one of three roles (:data:`ROLES`, in a seeded order, in the proportions of :data:`ROLE_CYCLE`):
 
-* ``copy``: ``x`` and ``copy1``, a copy drawn with the evaluation recipe
-  (:meth:`CopyRecipe.minidisc_queries <copynce_hf.pixtrace.CopyRecipe.minidisc_queries>`, whose edits the
-  training recipes never draw);
+* ``copy``: ``x`` and ``copy1``, a copy drawn with the calibration's own recipe
+  (:meth:`CopyRecipe.calibration_copies <copynce_hf.pixtrace.CopyRecipe.calibration_copies>`: everyday edits with
+  ranges of their own, drawn by no benchmark and no training recipe, so that a benchmark measures the calibrated
+  threshold on copies it was not calibrated on);
 * ``template``: ``x`` and ``template``, ``x`` put into a template (:class:`~copynce_hf.pixtrace.templates.
   TemplateRecipe`: an app frame, a meme band, a background photo, a text-and-emoji overlay), one template drawn per
   group of :data:`TEMPLATE_GROUP` templated images (a background photo is an image of the collection outside the
   sample): unrelated images sharing a frame;
-* ``copies``: ``copy1`` and ``copy2``, two copies of ``x`` drawn with the evaluation recipe, ``x`` itself left out
+* ``copies``: ``copy1`` and ``copy2``, two copies of ``x`` drawn with that recipe, ``x`` itself left out
   (copies of copies, their original absent).
 
 Each sampled image's content thus appears twice, as a copy pair of a collection holds it: the collection
@@ -59,11 +60,12 @@ ROLES = ("copy", "template", "copies")
 ROLE_CYCLE = ("copy", "template", "copy", "copies")
 #: Templated images put into one drawn template (a remainder of one joins the last group).
 TEMPLATE_GROUP = 3
-#: The copy recipe of the synthetic copies (a :meth:`CopyRecipe.preset` name the training recipes never draw).
-COPY_RECIPE = "minidisc_queries"
+#: The copy recipe of the synthetic copies (a :meth:`CopyRecipe.preset` name that no benchmark and no training recipe
+#: draws).
+COPY_RECIPE = "calibration_copies"
 #: Sampled images (and background photos) are shrunk to at most this side before they are edited, so that a
-#: sample of large photos stays small in memory (the models see far fewer pixels; the evaluation recipe's copies
-#: are at most 512 pixels).
+#: sample of large photos stays small in memory (the models see far fewer pixels; the calibration recipe's copies
+#: are at most 600 pixels).
 MAX_SIDE = 1024
 
 

@@ -11,8 +11,8 @@ from . import options
 from .console import progress_log
 
 DESCRIPTION = (
-    "Edit a sample of REFERENCES with the mini-DISC query recipe (edits the training recipes never "
-    "draw) and edit distractor images (--distractors, or references held out of the index), run the detect "
+    "Edit a sample of REFERENCES with the calibration's own copy recipe (everyday edits drawn by no benchmark "
+    "and no training recipe) and edit distractor images (--distractors, or references held out of the index), run the detect "
     "pipeline on these copies and write OUTPUT (JSON): per stage (descriptor, matcher), the score threshold "
     "at precision 0.9, 0.95 and 0.99 with the recall expected at each, and what reproduces it (models, "
     "preset, recipe, seed, sample ids, counts). Needs no labels. Use the same models and preset in "

@@ -1,4 +1,4 @@
-"""One copy recipe type; training, paper, demo and mini-DISC recipes are presets of it.
+"""One copy recipe type; training, paper, demo, mini-DISC and calibration recipes are presets of it.
 
 A :class:`CopyRecipe` is data: named steps of the step vocabulary (:mod:`.steps`) and the
 order they are scheduled in,
@@ -50,7 +50,12 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
   queries (paper, section "Experiments" and supplementary "Evaluation Protocols"): one or two
   structural families (applied in the order listed), one or two photometric ones (in the order
   drawn), then a downscale to a web-sized query; all from one generator, so that a task is the
-  same on every machine (the mini-DISC fingerprint pins it).
+  same on every machine (the mini-DISC fingerprint pins it);
+* :meth:`CopyRecipe.calibration_copies`: the copies the calibrations plant (``copynce calibrate``'s and
+  ``copynce dedup``'s self-calibration, :mod:`copynce_hf.calibration`), built like the evaluation queries (one or
+  two structural edits, one or two photometric ones, one generator, a web-sized copy) from everyday edit families
+  with ranges of their own: no benchmark and no training recipe draws it, so that a threshold calibrated on its
+  copies is checked on copies of other recipes.
 """
 
 from __future__ import annotations
@@ -445,6 +450,45 @@ class CopyRecipe:
         return cls(steps=steps, before_resize=("structural", "photometric"), shared_generator=True, max_side=320)
 
     @classmethod
+    def calibration_copies(cls) -> CopyRecipe:
+        """The calibrations' copies (``copynce calibrate`` and ``copynce dedup``'s self-calibration): the edits a
+        picture meets when passed around. One or two of (applied in the order listed) a crop keeping 30-80 % of the
+        area (aspect w/h 0.5-2), a mirror, a rotation of 5-25 degrees either way (cropped to the content), a
+        perspective of up to 25 % of each half side (a random colour outside), an aspect change to w/h 0.65-1.55,
+        a border of 5-25 % of each side in a random colour, the copy pasted onto a background (its height 50-85 % of
+        the background's, a procedural background 1.1-1.5 times its size), a caption of 5-20 characters (5-12 % of the
+        shorter side, opacity 0.7-1), an emoji (12-30 % of the height, opacity 0.8-1); then one or two of (in the
+        order drawn) a colour jitter (brightness and contrast +-30 %, saturation +-40 %, hue +-0.05), greyscale, JPEG
+        at quality 30-80, a blur of 0.1-0.5 % of the shorter side, Gaussian noise of 1-5 % of the range, a
+        pixelisation to 20-50 % of the size; at most 600 pixels. All from one generator, as the evaluation queries.
+        The calibration's own recipe, with ranges fixed before any measurement: no benchmark (mini-DISC, the
+        template, look-alike, dedup and speed tasks) and no training recipe draws it."""
+        structural = (("crop", 1.5), ("mirror", 0.6), ("rotate", 0.8), ("perspective", 0.8), ("aspect_ratio", 0.6),
+                      ("border", 0.6), ("onto_background", 0.6), ("caption", 0.8), ("emoji", 0.6))
+        photometric = (("color_jitter", 1.5), ("grayscale", 0.5), ("jpeg", 1.0), ("blur", 0.6), ("noise", 0.5),
+                       ("pixelization", 0.3))
+        steps = (
+            ("structural", SomeOf(count=(1, 2), weights=structural, in_order=True)),
+            ("photometric", SomeOf(count=(1, 2), weights=photometric)),
+            ("crop", RandomResizedCropStep(p=1.0, scale=(0.3, 0.8), ratio=(0.5, 2.0))),
+            ("mirror", HorizontalFlipStep(p=1.0)),
+            ("rotate", RotateStep(degrees=(5.0, 25.0))),
+            ("perspective", PerspectiveStep(p=1.0, distortion=0.25)),
+            ("aspect_ratio", AspectRatioStep(ratio=(0.65, 1.55))),
+            ("border", PadStep(p=1.0, fraction=(0.05, 0.25))),
+            ("onto_background", OntoBackgroundStep(p=1.0, overlay_size=(0.5, 0.85), background_scale=(1.1, 1.5))),
+            ("caption", OverlayTextStep(p=1.0, length=(5, 20), font_size=(0.05, 0.12), opacity=(0.7, 1.0))),
+            ("emoji", OverlayEmojiStep(p=1.0, size=(0.12, 0.3), opacity=(0.8, 1.0))),
+            ("color_jitter", ColorJitterStep(p=1.0, brightness=0.3, contrast=0.3, saturation=0.4, hue=0.05)),
+            ("grayscale", GrayscaleStep(p=1.0)),
+            ("jpeg", JpegStep(p=1.0, quality=(30, 80))),
+            ("blur", BlurStep(p=1.0, radius=(0.001, 0.005))),
+            ("noise", NoiseStep(p=1.0, std=(0.01, 0.05))),
+            ("pixelization", PixelizationStep(p=1.0, ratio=(0.2, 0.5))),
+        )
+        return cls(steps=steps, before_resize=("structural", "photometric"), shared_generator=True, max_side=600)
+
+    @classmethod
     def preset(cls, name: str) -> CopyRecipe:
         """The preset called ``name`` (one of :data:`PRESETS`)."""
         if name not in PRESETS:
@@ -580,4 +624,5 @@ def _all_nodes(nodes: Sequence[Node]) -> list[Node]:
 
 
 #: The preset names, as recipe options name them (``CopyRecipe.preset(name)``).
-PRESETS = ("training", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries")
+PRESETS = ("training", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries",
+           "calibration_copies")
