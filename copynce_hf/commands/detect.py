@@ -23,7 +23,7 @@ DESCRIPTION = (
     "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes)."
 )
 EPILOG = (
-    "Presets (explicit options override them): fast (the default; whole-image descriptors, 50 "
+    "Presets (explicit options override them): fast (the default; whole-image descriptors, 20 "
     "candidates, 1 matcher pass per candidate, content tokens, query crops, auxiliary ranks 0-9) suits a CPU. "
     "accurate (--descriptor-lce matcher-views --candidates 2 "
     "--matcher-lce paper, auxiliary ranks 0-9) scores more views of fewer candidates. paper (the authors' inference: "

@@ -6,7 +6,7 @@ Candidates List for Matcher"): descriptor LCE with their 45 query / 9 reference 
 top-k (up to 390 candidates per query and descriptor), score normalisation over the auxiliary
 neighbours of ranks 1-4 (their ``score_normalization.py --start 1 --end 5``, end exclusive), 400
 merged candidates, matcher LCE (35 view pairs per candidate), top 10 per query. ``fast`` is sized
-for a CPU: whole-image descriptors, 50 candidates, one matcher pass per candidate, ranks 0-9.
+for a CPU: whole-image descriptors, 20 candidates, one matcher pass per candidate, ranks 0-9.
 ``accurate`` spends a few more seconds per query on a CPU: descriptor LCE with the matcher's 26 query / 10
 reference views, matcher LCE (35 view pairs) on the top 2, ranks 0-9; chosen over ``fast`` on held-out
 training images (BENCHMARKS.md, "A third preset, chosen on held-out images"). ``dedup`` is what ``copynce dedup``
@@ -23,8 +23,11 @@ import dataclasses
 from ..configuration.fields import non_negative_int, on_off, setting
 from ..modeling.errors import ConfigError
 
-#: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs).
-DEFAULT_CANDIDATES = 50
+#: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs). Chosen on
+#: development draws of ``train`` photos (plain copies, lone framed queries, the template detection task): the fewest of
+#: 50, 30, 20 and 10 within 0.005 muAP of 50 on each, 10 too, kept at 20 so that a stronger descriptor's candidates
+#: have room (benchmarks/LOG.md, "Fewer candidates and bfloat16 fusion").
+DEFAULT_CANDIDATES = 20
 
 #: Candidate pairs per chunk of re-scoring work (:mod:`.chunked_scoring`): a few seconds of GPU work, a small file.
 DEFAULT_CHUNK_SIZE = 10_000
