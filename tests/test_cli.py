@@ -304,7 +304,7 @@ def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, c
     assert code == 0, err
     html = (tmp_path / "fast" / "report.html").read_text()
     for key, value in (("preset", "fast (k given)"), ("descriptor LCE", "none"), ("matcher LCE", "none"),
-                       ("score normalisation", "off"), ("candidates per query", "50")):
+                       ("score normalisation", "off"), ("candidates per query", "20")):
         assert f"<tr><th>{key}</th><td>{value}</td></tr>" in html
     code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
                        tmp_path / "bad", "--models", models["descriptor"], "--matcher", "none", "--k-start", 5,

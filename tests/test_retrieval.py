@@ -382,7 +382,8 @@ def test_rescoring_matcher_and_descriptor(tiny, tmp_path):
     references = ImageFolderSource(tmp_path / "r").lookup()
     candidates = [Prediction("q0", "r0", 0.1), Prediction("q1", "r1", 0.2), Prediction("q1", "rX", 0.3)]
 
-    result = rescore_predictions(candidates, matcher, processor, queries, references, batch_size=4, progress=False)
+    result = rescore_predictions(candidates, matcher, processor, queries, references, batch_size=4, progress=False,
+                                 fusion_precision="float32")  # as the forward passes it is compared with
     assert [(p.query_id, p.reference_id) for p in result.predictions] == [("q0", "r0"), ("q1", "r1")]
     assert result.skipped == [("q1", "rX", "missing: no image file for reference 'rX'")]
     from copynce_hf.images import load_image
@@ -403,10 +404,11 @@ def test_rescoring_matcher_and_descriptor(tiny, tmp_path):
     # rotation is exactly the whole-image score
     crops = LocalCrops(query_grid=2, reference_grid=2, query_rotations=(180,))
     lce = rescore_predictions(candidates[:2], matcher, processor, queries, references, batch_size=7,
-                              local_crops=crops, progress=False)
+                              local_crops=crops, progress=False, fusion_precision="float32")
     assert all(c.score >= e - 1e-6 for c, e in zip(lce.predictions, expected))
     identity = rescore_predictions(candidates[:2], matcher, processor, queries, references,
-                                   local_crops=LocalCrops(1, 1, query_rotations=()), progress=False)
+                                   local_crops=LocalCrops(1, 1, query_rotations=()), progress=False,
+                                   fusion_precision="float32")
     assert [p.score for p in identity.predictions] == pytest.approx(expected, abs=1e-5)
     with pytest.raises(PredictionsError, match="none of the"):
         rescore_predictions([Prediction("zz", "r0", 0.0)], matcher, processor, queries, references, progress=False)

@@ -259,13 +259,17 @@ class MatcherRescoring:
         model: a ``CopyNCEMatcherModel`` (score: sigmoid of its logit).
         image_processor: its image processor.
         batch_size: pairs per forward pass.
+        fusion_precision: the fusion blocks' precision (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`);
+            ``float32`` by default here, so that a model's measurement (training's held-out score, the benchmarks'
+            matcher rows) does not depend on the machine's bfloat16 kernels or on how pairs fall into batches.
     """
 
-    def __init__(self, name: str, model, image_processor, batch_size: int = 32):
+    def __init__(self, name: str, model, image_processor, batch_size: int = 32, fusion_precision: str = "float32"):
         self.name = name
         self.model = model.eval()
         self.image_processor = image_processor
         self.batch_size = batch_size
+        self.fusion_precision = fusion_precision
 
     @classmethod
     def from_folder(cls, name: str, folder: str | Path, batch_size: int = 32) -> MatcherRescoring:
@@ -278,8 +282,9 @@ class MatcherRescoring:
     def rescore(self, candidates: list[Prediction], query_files: dict, reference_files: dict) -> SystemOutput:
         """Re-score ``candidates`` with images looked up by id (path or PIL image) in the two mappings."""
         start = time.perf_counter()
-        result = rescore_predictions(candidates, self.model, self.image_processor, query_files,
-                                     reference_files, batch_size=self.batch_size, progress=False)
+        result = rescore_predictions(candidates, self.model, self.image_processor, query_files, reference_files,
+                                     batch_size=self.batch_size, progress=False,
+                                     fusion_precision=self.fusion_precision)
         if result.skipped:
             raise ConfigError(f"{self.name}: {len(result.skipped)} candidate pairs could not be scored, "
                               f"e.g. {result.skipped[0]}")
