@@ -51,8 +51,8 @@ class PairScoring:
             :class:`~copynce_hf.retrieval.content.store.TokenStore`): an image a store holds is read from it instead
             of encoded.
         fusion_precision: the matcher's fusion blocks in ``float32`` or under ``bfloat16`` autocast
-            (:data:`~.scorer.FUSION_PRECISIONS`; ``auto``: bfloat16 where the device multiplies it natively); the
-            encoder tokens stay float32.
+            (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`; ``auto``: bfloat16 where the device multiplies
+            it natively), resolved on the model's device by :func:`score_pairs`; the encoder tokens stay float32.
     """
 
     lce: str = "none"

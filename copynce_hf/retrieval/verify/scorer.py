@@ -45,9 +45,10 @@ logger = logging.getLogger(__name__)
 
 ViewFunction = Callable[[Image.Image], list[Image.Image]]
 
+
 def resolve_fusion_precision(precision: str, model) -> str:
-    """``float32`` or ``bfloat16``: ``precision`` (:data:`FUSION_PRECISIONS`) for ``model`` on its device (a model
-    without fusion blocks, a descriptor, is ``float32``)."""
+    """``float32`` or ``bfloat16``: ``precision`` (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`) for
+    ``model`` on its device (a model without fusion blocks, a descriptor, is ``float32``)."""
     check_mode(precision, FUSION_PRECISIONS, "fusion_precision")
     if precision == "bfloat16" and not isinstance(model, torch.nn.Module):
         raise ConfigError(f"fusion_precision bfloat16 needs a PyTorch matcher; {type(model).__name__} runs its own "
@@ -136,8 +137,9 @@ class MatcherScorer:
         query_tokens, reference_tokens: the queries' and the references' encoder tokens, already computed
             (:class:`~copynce_hf.retrieval.content.store.TokenStore`, whole images: ``lce`` ``none``): an image a
             store holds is read from it instead of encoded; the others are encoded as without one.
-        fusion_precision: the fusion blocks' precision (:data:`FUSION_PRECISIONS`, resolved on the model's device by
-            :func:`resolve_fusion_precision`); the encoder passes run in float32 whatever it is.
+        fusion_precision: the fusion blocks' precision (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`,
+            resolved on the model's device by :func:`resolve_fusion_precision`); the encoder passes run in float32
+            whatever it is.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
