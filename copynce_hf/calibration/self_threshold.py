@@ -43,6 +43,7 @@ from .synthetic import NON_COPY_KINDS, PAIRED
 #: Below this recall of its planted copy pairs, a self-calibrated threshold is not used (see the module).
 RECALL_FLOOR = 0.25
 
+
 @dataclasses.dataclass(frozen=True)
 class ThresholdChoice:
     """The chosen ``threshold``, the ``precision`` and the ``recall`` of the pairs scored at or above it, and whether

@@ -26,7 +26,7 @@ from ..modeling.errors import ConfigError
 #: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs). Chosen on
 #: development draws of ``train`` photos (plain copies, lone framed queries, the template detection task): the fewest of
 #: 50, 30, 20 and 10 within 0.005 muAP of 50 on each, 10 too, kept at 20 so that a stronger descriptor's candidates
-#: have room (benchmarks/LOG.md, "Fewer candidates and bfloat16 fusion").
+#: have room (benchmarks/LOG.md, "Fewer candidates, bfloat16 fusion and the speed of detect").
 DEFAULT_CANDIDATES = 20
 
 #: Candidate pairs per chunk of re-scoring work (:mod:`.chunked_scoring`): a few seconds of GPU work, a small file.

@@ -70,7 +70,7 @@ def _in_precision(fuse: Callable, precision: str, device: torch.device) -> Calla
 
     def fused(query: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            return fuse(query, reference).float()
+            return fuse(query, reference)  # fusion_logits: float32 logits under autocast
 
     return fused
 
