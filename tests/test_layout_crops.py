@@ -21,7 +21,7 @@ from copynce_hf.retrieval.content.layout import (
     layout_boxes,
     rectangle_boxes,
 )
-from copynce_hf.retrieval.content.queries import LAYOUT_CANDIDATES, QueryView, query_crop_pairs, query_views
+from copynce_hf.retrieval.content.queries import QueryView, query_crop_pairs, query_views
 
 
 def _photo(name: str) -> Image.Image:
@@ -127,14 +127,18 @@ def test_the_crops_of_a_query_and_the_pairs_each_decides():
         [0.9, 1, 0.8, 0, 0, 0, 0, 0],  # q0's content crop: r1 best, r0 below the whole query's cosine
         [0, 0.5, 0, 1, 0.9, 0.8, 0.7, 0.6],  # q0's layout crop: r3 ... r7, r1 lower than the content crop's
         [0, 0, 1, 0.9, 0.8, 0.7, 0.6, 0.5]]))  # q1's layout crop: its nearest five only
-    pairs = query_crop_pairs(queries, references, crops, candidates=8, views=views)
+    pairs = query_crop_pairs(queries, references, crops, candidates=8, views=views, layout_candidates=5)
     by_query = {}
     for crop_id, reference_id in pairs:
         by_query.setdefault(views[crop_id].query, {})[reference_id] = crop_id
     assert by_query["q0"]["r1"] == "content:q0" and by_query["q0"]["r2"] == "content:q0"
     assert "r0" not in by_query["q0"]  # the whole query matches r0 better than every crop
     assert {by_query["q0"][r] for r in ("r3", "r4", "r5")} == {"layout1:q0"}
-    assert len(by_query["q1"]) == LAYOUT_CANDIDATES and "r7" not in by_query["q1"]  # r7: its whole query's
+    assert len(by_query["q1"]) == 5 and "r7" not in by_query["q1"]  # r7: its whole query's
+    fewer = query_crop_pairs(queries, references, crops, candidates=8, views=views, layout_candidates=2)
+    assert sorted(r for c, r in fewer if views[c].query == "q1") == ["r2", "r3"]  # its nearest two
+    assert {r for c, r in fewer if c == "layout1:q0"} == {"r3", "r4"}
+    assert {"r1", "r2"} <= {r for c, r in fewer if c == "content:q0"}  # a content crop keeps its --candidates
     assert len(pairs) == len(set((views[c].query, r) for c, r in pairs))  # each (query, reference) once
 
 

@@ -29,6 +29,11 @@ from ..modeling.errors import ConfigError
 #: have room (benchmarks/LOG.md, "Fewer candidates, bfloat16 fusion and the speed of detect").
 DEFAULT_CANDIDATES = 20
 
+#: References a layout crop's descriptor proposes at most (its nearest) in ``detect``'s query crops: a layout box is a
+#: guess, which the descriptor checks; on development draws the copied reference was the nearest to the right box in
+#: nearly every case.
+DEFAULT_LAYOUT_CANDIDATES = 5
+
 #: Candidate pairs per chunk of re-scoring work (:mod:`.chunked_scoring`): a few seconds of GPU work, a small file.
 DEFAULT_CHUNK_SIZE = 10_000
 

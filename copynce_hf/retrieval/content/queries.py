@@ -16,7 +16,7 @@ references are left whole: a reference set is the originals a moderation databas
 Each crop is a view of its query, cut from the query's full-resolution pixels (:class:`~.crops.CropSource`):
 
 1. each view's descriptor searches the references, a content crop for its ``candidates`` nearest, a layout crop for
-   its :data:`LAYOUT_CANDIDATES` nearest (a layout box is a guess, which the descriptor checks);
+   its ``layout_candidates`` nearest (a layout box is a guess, which the descriptor checks);
 2. a ``(query, reference)`` pair that some view matches better than the whole query does (a higher cosine) is scored
    by the matcher on the view of the best cosine and the reference, every token kept (:func:`query_crop_pairs`);
 3. a content crop's score replaces the whole query's, a layout crop's only where it is higher (:func:`settled`,
@@ -40,6 +40,7 @@ from ...runtime.onnx_runtime import check_content_fusion
 from ..descriptors.extract import extract_descriptors
 from ..descriptors.sets import DescriptorSet
 from ..predictions import Prediction
+from ..presets import DEFAULT_LAYOUT_CANDIDATES
 from .crops import Box, CropSource, content_boxes, nearest_rows
 from .layout import SAME_BOX, box_iou, layout_boxes
 from .masks import CollectionMatches, TokenCache, sharded_matches
@@ -47,12 +48,9 @@ from .stage import QueriesAndReferences, StoredByRole, matcher_content
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LAYOUT_CANDIDATES", "QueryView", "QueryCrops", "query_neighbours", "query_layouts", "query_views",
+__all__ = ["QueryView", "QueryCrops", "query_neighbours", "query_layouts", "query_views",
            "query_crop_pairs", "query_crops", "settled", "with_crop_scores"]
 
-#: References a layout crop's descriptor proposes at most (its nearest); on development draws the copied reference
-#: was the nearest to the right box in nearly every case.
-LAYOUT_CANDIDATES = 5
 #: The kinds of query crop.
 CONTENT, LAYOUT = "content", "layout"
 
@@ -146,9 +144,10 @@ def query_views(content: Mapping[str, Box], layout: Mapping[str, list[Box]]) -> 
 
 
 def query_crop_pairs(queries: DescriptorSet, references: DescriptorSet, crops: DescriptorSet, candidates: int,
-                     views: Mapping[str, QueryView] | None = None) -> list[tuple[str, str]]:
+                     views: Mapping[str, QueryView] | None = None,
+                     layout_candidates: int = DEFAULT_LAYOUT_CANDIDATES) -> list[tuple[str, str]]:
     """The ``(crop, reference)`` pairs the crops decide: each crop's nearest references (``candidates`` of them; a
-    layout crop's :data:`LAYOUT_CANDIDATES` at most), kept where the crop's cosine is above its whole query's (else
+    layout crop's ``layout_candidates`` at most), kept where the crop's cosine is above its whole query's (else
     the whole query decides the pair); a query's pair with one reference once, on the crop of the best cosine. Unit
     descriptors: whole queries (N, D), references (M, D), crops (C, D); ``views`` says each crop's query and kind
     (``None``: the crops' ids are their queries' ids, every crop a content crop)."""
@@ -157,7 +156,7 @@ def query_crop_pairs(queries: DescriptorSet, references: DescriptorSet, crops: D
     query_rows = {query_id: row for row, query_id in enumerate(queries.ids)}
     views = views if views is not None else {crop_id: QueryView(crop_id, CONTENT, (0, 0, 1, 1)) for crop_id in crops.ids}
     best: dict[tuple[str, str], tuple[float, str]] = {}
-    for kind, count in ((CONTENT, candidates), (LAYOUT, min(candidates, LAYOUT_CANDIDATES))):
+    for kind, count in ((CONTENT, candidates), (LAYOUT, min(candidates, layout_candidates))):
         rows = [row for row, crop_id in enumerate(crops.ids) if views[crop_id].kind == kind]
         if not rows:
             continue
@@ -222,7 +221,7 @@ def query_crops(query_images: Mapping, reference_images: Mapping, descriptor, ma
     described = extract_descriptors(descriptor.model, descriptor.processor, crops, batch_size=config.batch_size,
                                     num_workers=config.num_workers, accelerator=accelerator, progress=progress,
                                     description=f"{descriptor.name}: query crops")
-    pairs = query_crop_pairs(queries, references, described, config.candidates, views)
+    pairs = query_crop_pairs(queries, references, described, config.candidates, views, config.layout_candidates)
     if pairs:
         scores, cost = score_pairs(pairs, crops)
         _decided(found, views, pairs, scores)

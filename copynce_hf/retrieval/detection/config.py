@@ -19,6 +19,7 @@ from ..presets import (
     DEFAULT_CANDIDATES,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_FUSION_PRECISION,
+    DEFAULT_LAYOUT_CANDIDATES,
     DESCRIPTOR_TAU,
     FUSION_PRECISIONS,
     MATCHER_TAU,
@@ -80,6 +81,8 @@ class DetectConfig:
             (straight-sided rectangles, dense regions: :mod:`copynce_hf.retrieval.content.layout`), so that a frame no
             other image shares is recognised too; a few more descriptor passes per query, and matcher passes where a
             crop matches a reference better than the whole query.
+        layout_candidates: the references each layout crop proposes to the matcher, its nearest by descriptor
+            cosine (at most ``candidates``).
         fusion_precision: how the matcher's fusion blocks compute (:data:`~copynce_hf.retrieval.presets.
             FUSION_PRECISIONS`); the encoder tokens and the logits stay float32.
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
@@ -134,6 +137,9 @@ class DetectConfig:
         "with query crops: each query is also cut where its own layout shows a frame around a photo (a rectangle of "
         "straight sides, a dense region among flat colours and text), so that a screenshot, poster or print that "
         "arrives alone is searched and verified as its photo"), action=argparse.BooleanOptionalAction)
+    layout_candidates: int = setting(DEFAULT_LAYOUT_CANDIDATES, (
+        "references each layout crop proposes for the matcher to verify: its nearest by descriptor cosine (at most "
+        "--candidates)"), type=positive_int)
     descriptor_content_tokens: bool = setting(False, (
         "search again with descriptors of each image's content tokens (final-layer tokens shared at a cosine above "
         f"{DESCRIPTOR_TAU} with {MIN_IMAGES} of its {NEIGHBOURS} nearest images dropped): two more descriptor passes "
