@@ -192,9 +192,14 @@ def save_affinity_figures(maps: AffinityMaps, folder: str | os.PathLike, title: 
     entropy_path = folder / "affinity_entropy.png"
     save_figure(entropy_figure, entropy_path, bbox_inches="tight")
 
-    arrays_path = folder / "maps.npz"
-    np.savez(arrays_path, affinity=maps.affinity, entropy=maps.entropy, patch=np.array(maps.patch))
-    return {"token_affinity": affinity_path, "affinity_entropy": entropy_path, "maps": arrays_path}
+    return {"token_affinity": affinity_path, "affinity_entropy": entropy_path, "maps": save_map_arrays(maps, folder)}
+
+
+def save_map_arrays(maps: AffinityMaps, folder: Path) -> Path:
+    """Write ``maps.npz`` into ``folder``: the raw ``affinity`` and ``entropy`` arrays and the probe ``patch``."""
+    path = folder / "maps.npz"
+    np.savez(path, affinity=maps.affinity, entropy=maps.entropy, patch=np.array(maps.patch))
+    return path
 
 
 def visualize_pair(query: str | os.PathLike, reference: str | os.PathLike, output: str | os.PathLike,

@@ -23,7 +23,8 @@ from PIL import Image, ImageDraw
 
 from ..images import load_image
 from ..retrieval.predictions import Prediction
-from .affinity import affinity_maps, save_affinity_figures
+from .affinity import affinity_maps
+from .affinity_panels import save_affinity_panels
 
 THUMBNAIL_SIDE = 160
 #: Characters of each id kept in a pair's gallery folder name (file names stop at 255 bytes).
@@ -142,7 +143,7 @@ def match_card(prediction: Prediction, queries, references, model, processor, fo
     if model is not None:
         # probe=None: the most confidently matched query patch, of lowest affinity entropy
         maps = affinity_maps(model, processor, query_image, reference_image)
-        written = save_affinity_figures(maps, pair, title=f"{prediction.query_id} / {prediction.reference_id}")
+        written = save_affinity_panels(maps, pair)
         card.affinity = written["token_affinity"].relative_to(root).as_posix()
         card.entropy = written["affinity_entropy"].relative_to(root).as_posix()
     return card
