@@ -8,7 +8,9 @@ no``. :func:`make_accelerator` builds the ``Accelerator`` and says so in the log
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 
 import torch
@@ -16,7 +18,7 @@ from accelerate import Accelerator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_has_native_bf16", "make_accelerator", "slow_precision_warning"]
+__all__ = ["CommandAccelerator", "accelerate_precision", "cpu_has_native_bf16", "make_accelerator", "slow_precision_warning"]
 
 
 def cpu_has_native_bf16() -> bool:
@@ -33,9 +35,57 @@ def slow_precision_warning(accelerator: Accelerator) -> str | None:
             "use --mixed_precision no (or `accelerate launch --mixed_precision no`) on this machine")
 
 
-def make_accelerator(**kwargs) -> Accelerator:
-    """``Accelerator(**kwargs)``, with a logged warning where its precision is slow on its device."""
-    accelerator = Accelerator(**kwargs)
+def accelerate_precision(precision: str) -> str | None:
+    """Accelerate's ``mixed_precision`` for a command's ``precision`` (``float32``, ``bfloat16`` or ``auto``): ``no``,
+    ``bf16``, or for ``auto`` ``None`` where ``accelerate launch`` or ``ACCELERATE_MIXED_PRECISION`` chose one (it
+    stands), else ``bf16`` where the device the run will use multiplies bfloat16 natively (a CUDA device that
+    supports it; a CPU with AVX-512 bfloat16 kernels) and ``no`` elsewhere."""
+    if precision not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"precision must be auto, float32 or bfloat16, got {precision!r}")
+    if precision != "auto":
+        return {"float32": "no", "bfloat16": "bf16"}[precision]
+    if os.environ.get("ACCELERATE_MIXED_PRECISION"):
+        return None
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    return "bf16" if cpu_has_native_bf16() else "no"
+
+
+class CommandAccelerator(Accelerator):
+    """An ``Accelerator`` whose :meth:`autocast` and :attr:`mixed_precision` are its command's own: ``no`` (autocast
+    off) or ``bf16`` (bfloat16 autocast on its device); ``None``: accelerate's (``accelerate launch``'s).
+
+    Accelerate keeps its mixed precision process-wide and refuses another once set, so that one process could not run
+    a command in float32 after one in bfloat16 (a benchmark's runs, a test's, a notebook's); this keeps the choice per
+    accelerator and leaves accelerate's state as ``accelerate launch`` made it.
+    """
+
+    def __init__(self, mixed: str | None, **kwargs):
+        super().__init__(**kwargs)
+        self._mixed = mixed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._mixed or super().mixed_precision
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler=None):
+        if self._mixed is None:
+            with super().autocast(autocast_handler):
+                yield
+        else:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._mixed == "bf16"):
+                yield
+
+
+def make_accelerator(precision: str | None = None, **kwargs) -> Accelerator:
+    """``Accelerator(**kwargs)``, with a logged warning where its precision is slow on its device; with
+    ``precision`` (``float32``, ``bfloat16`` or ``auto``, :func:`accelerate_precision`) a :class:`CommandAccelerator`
+    computing in it."""
+    if precision is not None:
+        accelerator = CommandAccelerator(accelerate_precision(precision), **kwargs)
+    else:
+        accelerator = Accelerator(**kwargs)
     warning = slow_precision_warning(accelerator)
     if warning and accelerator.is_main_process:
         logger.warning(warning)

@@ -8,9 +8,13 @@ point before torch is imported:
 * the thread count is the number of cores this process may run on (its CPU affinity) less the cores other
   processes keep busy when it starts (the runnable processes Linux counts, read for a tenth of a second), at
   least one;
-* idle threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): they sleep instead of spinning.
+* idle threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): they sleep instead of spinning, after a short spin
+  (``GOMP_SPINCOUNT``, :data:`SPIN_COUNT`): a thread that sleeps at once is woken for each of the many small
+  operations of a matcher's fusion passes (one pair each), which made ``copynce detect`` a fifth slower on an idle
+  machine (benchmarks/LOG.md, "Detect within 35 seconds").
 
-What a user set wins: an ``OMP_NUM_THREADS`` or ``OMP_WAIT_POLICY`` in the environment is kept, and
+What a user set wins: an ``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the environment is kept (a
+wait policy of the user's gets no spin count of ours), and
 ``COPYNCE_THREADS`` names a count for the commands alone.
 """
 
@@ -25,10 +29,14 @@ import time
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ThreadPolicy", "apply_thread_policy", "busy_cores", "choose_threads", "usable_cores"]
+__all__ = ["SPIN_COUNT", "ThreadPolicy", "apply_thread_policy", "busy_cores", "choose_threads", "usable_cores"]
 
 #: Environment variables read by the OpenMP, MKL and OpenBLAS runtimes when they start.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: Spins (GNU OpenMP's ``GOMP_SPINCOUNT``) an idle thread waits for more work before it sleeps: tens of microseconds,
+#: the gap between two small operations. On the speed task, 2 threads idle: 36.0 s with none, 29.9 s with 10,000 (41.5
+#: CPU s against 37.9), 32.2 s with 1,000, 30.5 s with 100,000 (44.0 CPU s), 30.2 s spinning always (52.8 CPU s).
+SPIN_COUNT = 10_000
 
 
 def usable_cores() -> int:
@@ -75,10 +83,12 @@ class ThreadPolicy:
     threads: int
     source: str
     wait_policy: str
+    spin_count: str | None = None
 
     def describe(self) -> str:
-        """One log line: ``threads: 1 (2 usable cores, 1.6 busy); OpenMP wait policy PASSIVE``."""
-        return f"threads: {self.threads} ({self.source}); OpenMP wait policy {self.wait_policy}"
+        """One log line: ``threads: 1 (2 usable cores, 1.6 busy); OpenMP wait policy PASSIVE after 10000 spins``."""
+        spin = f" after {self.spin_count} spins" if self.spin_count is not None else ""
+        return f"threads: {self.threads} ({self.source}); OpenMP wait policy {self.wait_policy}{spin}"
 
 
 def _requested_threads(environ) -> tuple[int, str] | None:
@@ -115,10 +125,12 @@ def apply_thread_policy(environ=None) -> ThreadPolicy:
         threads, source = requested
     for name in THREAD_VARIABLES:
         environ[name] = str(threads)
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in environ:
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
     if environ is os.environ:
         _set_loaded_runtimes(threads)
-    policy = ThreadPolicy(threads, source, environ["OMP_WAIT_POLICY"])
+    policy = ThreadPolicy(threads, source, environ["OMP_WAIT_POLICY"], environ.get("GOMP_SPINCOUNT"))
     logger.info(policy.describe())
     return policy
 

@@ -144,7 +144,8 @@ def _environment() -> dict:
 def _detect_options(root, models, output) -> list[str]:
     return ["detect", str(root / "queries"), "--references", str(root / "refs"), "--output", str(output),
             "--models", models["descriptor"], "--matcher", models["matcher"], "--candidates", "4", "--k", "3",
-            "--matcher-lce", "paper", "--chunk-size", "5", "--gallery", "1"]
+            "--matcher-lce", "paper", "--chunk-size", "5", "--gallery", "1",
+            "--encoder-precision", "float32"]  # as the launcher's processes (--mixed_precision no), in one process too
 
 
 @pytest.mark.slow

@@ -231,7 +231,7 @@ def test_detect_masks_each_query_with_its_candidates(framed, tmp_path):
         lines: list[str] = []
         found = detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
                        config=DetectConfig(k=7, candidates=7, content_tokens=content, content_neighbours=3,
-                                           fusion_precision="float32"),  # as the oracle below
+                                           fusion_precision="float32", encoder_precision="float32"),  # as the oracle
                        progress=False, log=lines.append)
         results[content] = {p.reference_id: p.score for p in found.predictions}
     assert any("of the query's 3 best candidates" in line and "pairs dropped" in line for line in lines)

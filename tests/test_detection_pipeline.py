@@ -389,6 +389,39 @@ def test_bfloat16_fusion_scores_near_float32_with_float32_logits(tiny):
 # --------------------------------------------------------------------------- detect
 
 
+def test_encoder_precision_runs_the_descriptors_in_bfloat16_or_exactly(tiny, tmp_path):
+    """encoder_precision float32 gives the float32 model's cosines; bfloat16 moves them by rounding only; both run in
+    one process (accelerate's own mixed precision could not change within it)."""
+    import torch
+
+    descriptor, _, processor = tiny
+    for folder, seeds in (("refs", range(4)), ("queries", range(40, 42))):
+        (tmp_path / folder).mkdir()
+        for seed in seeds:
+            noise(64, 48, seed).save(tmp_path / folder / f"{folder[0]}{seed}.png")
+    queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
+    found = {}
+    for precision in ("float32", "bfloat16", "float32"):
+        config = DetectConfig(k=4, candidates=4, encoder_precision=precision)
+        result = detect(queries, references, [Descriptor("one", descriptor, processor)], None, None, config,
+                        progress=False)
+        found.setdefault(precision, []).append({(p.query_id, p.reference_id): p.score for p in result.predictions})
+    with torch.no_grad():
+        def describe(source):
+            pixels = processor(images=[source.load(i) for i in range(len(source))], return_tensors="pt")
+            return dict(zip(source.ids, descriptor.get_image_features(pixels["pixel_values"])))
+
+        query_rows, reference_rows = describe(queries), describe(references)
+    exact = {(q, r): float(query_rows[q] @ reference_rows[r]) for q in query_rows for r in reference_rows}
+    assert found["float32"][0] == found["float32"][1] and len(exact) == 8
+    for pair, cosine in exact.items():
+        assert found["float32"][0][pair] == pytest.approx(cosine, abs=1e-5)
+        assert found["bfloat16"][0][pair] == pytest.approx(cosine, abs=3e-2)
+    assert found["bfloat16"][0] != found["float32"][0]  # bfloat16 really ran
+    with pytest.raises(ConfigError, match="encoder_precision"):
+        DetectConfig(encoder_precision="fp16")
+
+
 def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     import torch
 
@@ -446,11 +479,12 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
     # the mean cosine of the reference to the other references of ranks 2..9 (here 2..3: 4 others)
     from copynce_hf.retrieval import reference_background
 
+    exact = {"k": 5, "candidates": 5, "encoder_precision": "float32"}  # as the index built below
     cosines = detect(queries, references, descriptors[:1], None, None,
-                     DetectConfig(k=5, candidates=5, collection=CollectionNormalisation(on=False)), progress=False)
+                     DetectConfig(**exact, collection=CollectionNormalisation(on=False)), progress=False)
     assert not DetectConfig().collection.on
     every = detect(queries, references, descriptors[:1], None, None,
-                   DetectConfig(k=5, candidates=5, collection=CollectionNormalisation(on=True)), progress=False)
+                   DetectConfig(**exact, collection=CollectionNormalisation(on=True)), progress=False)
     index = view_index(descriptors[0], references, ViewPreset("none"), progress=False)
     reference_backgrounds = reference_background(index, 2, 9)
     assert len(reference_backgrounds) == 5 and len(every.predictions) == len(cosines.predictions) == 10

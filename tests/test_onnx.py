@@ -190,7 +190,8 @@ def test_detect_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp_pa
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "detect", str(tmp_path / "queries"), "--references", str(references), "--runtime",
                      runtime, "--candidates", "3", "--k", "3", "--gallery", "1", "--output", str(tmp_path / runtime),
-                     "--no-content-tokens", "--fusion-precision", "float32"])  # as ONNX Runtime can, on both
+                     "--no-content-tokens", "--fusion-precision", "float32",
+                     "--encoder-precision", "float32"])  # as ONNX Runtime can, on both
         assert code == 0, capsys.readouterr().err
         predictions[runtime] = {(p.query_id, p.reference_id): p.score
                                 for p in read_predictions(tmp_path / runtime / "predictions.csv")}
@@ -264,7 +265,7 @@ def test_calibrate_with_the_onnx_runtime_equals_the_torch_runtime(use_cache, tmp
     for runtime in ("torch", "onnx"):
         code = main(["--quiet", "calibrate", str(references), "--sample", "3", "--num-distractors", "2", "--k", "3",
                      "--candidates", "3", "--runtime", runtime, "--output", str(tmp_path / f"{runtime}.json"),
-                     "--no-content-tokens"])  # as ONNX Runtime can
+                     "--no-content-tokens", "--encoder-precision", "float32"])  # as ONNX Runtime can
         assert code == 0, capsys.readouterr().err
         calibrations[runtime] = json.loads((tmp_path / f"{runtime}.json").read_text())
     torch_file, onnx_file = calibrations["torch"], calibrations["onnx"]

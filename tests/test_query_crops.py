@@ -76,7 +76,8 @@ def test_detect_scores_the_pairs_a_query_crop_decides_on_the_crop_itself(tmp_pat
     def run(crops: bool):
         return detect(queries, references, [Descriptor("tiny", descriptor, processor)], (matcher, processor),
                       config=DetectConfig(candidates=6, k=6, query_crops=crops, layout_crops=False,
-                                          fusion_precision="float32"), progress=False, log=lines.append)
+                                          fusion_precision="float32", encoder_precision="float32"), progress=False,
+                   log=lines.append)
 
     whole, cropped = run(False), run(True)  # content crops alone (layout crops: tests/test_layout_crops.py)
     assert not whole.crop_boxes and "query crops" not in whole.seconds
@@ -168,7 +169,7 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
 
     _framed_queries(tmp_path)
     options = [str(tmp_path / "queries"), "--references", str(tmp_path / "references"), "--candidates", "6", "--k",
-               "6", "--gallery", "1", "--quiet"]
+               "6", "--gallery", "1", "--quiet", "--encoder-precision", "float32"]  # as launched: --mixed_precision no
     assert main(["detect", *options, "--output", str(tmp_path / "one")]) == 0
     repo = Path(__file__).resolve().parents[1]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",

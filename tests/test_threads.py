@@ -1,4 +1,5 @@
-"""The thread policy: free cores from the affinity and the load average, a passive wait, what a user set wins."""
+"""The thread policy: free cores from the affinity and the load average, a passive wait after a short spin, what a
+user set wins."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from copynce_hf.modeling.errors import ConfigError
-from copynce_hf.threads import apply_thread_policy, choose_threads, usable_cores
+from copynce_hf.threads import SPIN_COUNT, apply_thread_policy, choose_threads, usable_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,12 +34,16 @@ def test_the_policy_sets_the_runtimes_variables_and_a_passive_wait():
     assert 1 <= policy.threads <= usable_cores()
     assert environ["OMP_NUM_THREADS"] == environ["MKL_NUM_THREADS"] == str(policy.threads)
     assert environ["OMP_WAIT_POLICY"] == "PASSIVE" and "usable cores" in policy.describe()
+    assert environ["GOMP_SPINCOUNT"] == str(SPIN_COUNT) and policy.describe().endswith(f"after {SPIN_COUNT} spins")
 
 
 def test_what_the_user_set_wins():
     environ = {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE"}
     policy = apply_thread_policy(environ)
     assert (policy.threads, policy.wait_policy, environ["OMP_NUM_THREADS"]) == (3, "ACTIVE", "3")
+    assert "GOMP_SPINCOUNT" not in environ  # a spin count would override the user's wait policy
+    environ = {"GOMP_SPINCOUNT": "500"}
+    assert apply_thread_policy(environ).spin_count == "500" and environ["OMP_WAIT_POLICY"] == "PASSIVE"
     environ = {"COPYNCE_THREADS": "1", "OMP_NUM_THREADS": "4"}
     assert apply_thread_policy(environ).threads == 1 and environ["OMP_NUM_THREADS"] == "1"
 
@@ -55,7 +60,7 @@ def test_torch_started_after_the_policy_runs_with_its_threads():
             "policy = apply_thread_policy()\nimport torch\n"
             "print(policy.threads, torch.get_num_threads(), os.environ['OMP_WAIT_POLICY'])\n")
     env = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "COPYNCE_THREADS",
-                                                                          "OMP_WAIT_POLICY")}
+                                                                          "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -178,8 +178,9 @@ def code_environment(code_root: Path, threads: int, extra: dict | None = None) -
                                                             if p])
     for name in THREAD_VARIABLES:
         env[name] = str(threads)
-    if "OMP_WAIT_POLICY" not in (extra or {}):
-        env.pop("OMP_WAIT_POLICY", None)  # the package's own policy (passive)
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        if name not in (extra or {}):
+            env.pop(name, None)  # the package's own policy (a passive wait after a short spin)
     return env
 
 

@@ -24,15 +24,15 @@ from ..configuration.fields import non_negative_int, on_off, setting
 from ..modeling.errors import ConfigError
 
 #: Merged candidates per query handed to the matcher by default: practical on a CPU (the paper: 400 on GPUs). Chosen on
-#: development draws of ``train`` photos (plain copies, lone framed queries, the template detection task): the fewest of
-#: 50, 30, 20 and 10 within 0.005 muAP of 50 on each, 10 too, kept at 20 so that a stronger descriptor's candidates
-#: have room (benchmarks/LOG.md, "Fewer candidates, bfloat16 fusion and the speed of detect").
-DEFAULT_CANDIDATES = 20
+#: development draws of ``train`` photos (plain copies, lone framed queries, the template detection task) by the rule
+#: written before them: the fewest of 50, 30, 20 and 10 within 0.005 muAP of 50 on each (benchmarks/LOG.md, "Fewer
+#: candidates, bfloat16 fusion and the speed of detect", and "Detect within 35 seconds", which applies it as written).
+DEFAULT_CANDIDATES = 10
 
 #: References a layout crop's descriptor proposes at most (its nearest) in ``detect``'s query crops: a layout box is a
-#: guess, which the descriptor checks; on development draws the copied reference was the nearest to the right box in
-#: nearly every case.
-DEFAULT_LAYOUT_CANDIDATES = 5
+#: guess, which the descriptor checks. Chosen on the same development draws: the fewest of 5, 3, 2 and 1 within 0.005
+#: muAP of 5 on each; 1 was above 5 on all four (benchmarks/LOG.md, "Detect within 35 seconds").
+DEFAULT_LAYOUT_CANDIDATES = 1
 
 #: Candidate pairs per chunk of re-scoring work (:mod:`.chunked_scoring`): a few seconds of GPU work, a small file.
 DEFAULT_CHUNK_SIZE = 10_000
@@ -62,10 +62,18 @@ MATCHER_ORDERS = ("auto", "both", "one")
 #: How the matcher's fusion blocks compute (:func:`~copynce_hf.retrieval.verify.scorer.resolve_fusion_precision`):
 #: ``float32``, ``bfloat16`` (autocast: matrix products in bfloat16, softmax, normalisations and the classifier in
 #: float32) or ``auto`` (bfloat16 where the device multiplies it natively: a CUDA device that supports it, a CPU with
-#: AVX-512 bfloat16 kernels; float32 elsewhere and for ONNX Runtime graphs). The encoder runs in float32 whatever it is.
+#: AVX-512 bfloat16 kernels; float32 elsewhere and for ONNX Runtime graphs). The encoder follows :data:`ENCODER_PRECISIONS`.
 FUSION_PRECISIONS = ("auto", "float32", "bfloat16")
 #: The fusion precision every command and scoring call uses unless told otherwise.
 DEFAULT_FUSION_PRECISION = "auto"
+
+#: How ``copynce detect``'s descriptors and the matcher's encoder compute (:func:`~copynce_hf.precision.
+#: accelerate_precision`, accelerate's mixed precision): ``float32``, ``bfloat16`` (autocast) or ``auto`` (what
+#: ``accelerate launch --mixed_precision`` or ``ACCELERATE_MIXED_PRECISION`` chose, else bfloat16 where the device
+#: multiplies it natively); the fusion blocks follow :data:`FUSION_PRECISIONS` whatever it is. ``auto`` was chosen on
+#: development draws: within 0.005 muAP of float32 on each (benchmarks/LOG.md, "Detect within 35 seconds").
+ENCODER_PRECISIONS = FUSION_PRECISIONS
+DEFAULT_ENCODER_PRECISION = "auto"
 
 #: Where ``copynce detect`` measures each reference's background: among the other references (``collection``)
 #: or among the auxiliary images (``auxiliary``, needs them).

@@ -174,7 +174,7 @@ def _detect_into(request: DetectRequest, inputs: DetectInputs, descriptors, matc
     from ..retrieval.detection.pipeline import detect
 
     settings, config = request.pipeline, inputs.config
-    accelerator = make_accelerator()
+    accelerator = make_accelerator(config.encoder_precision)
     log = request.log if accelerator.is_main_process else (lambda line: None)
     log(f"{len(inputs.queries)} queries, {len(inputs.references)} references, descriptors: "
         f"{', '.join(d.name for d in descriptors)}, matcher: {settings.models.matcher_label()}")

@@ -18,9 +18,11 @@ from ..descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, check_m
 from ..presets import (
     DEFAULT_CANDIDATES,
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_ENCODER_PRECISION,
     DEFAULT_FUSION_PRECISION,
     DEFAULT_LAYOUT_CANDIDATES,
     DESCRIPTOR_TAU,
+    ENCODER_PRECISIONS,
     FUSION_PRECISIONS,
     MATCHER_TAU,
     MIN_IMAGES,
@@ -85,6 +87,9 @@ class DetectConfig:
             cosine (at most ``candidates``).
         fusion_precision: how the matcher's fusion blocks compute (:data:`~copynce_hf.retrieval.presets.
             FUSION_PRECISIONS`); the encoder tokens and the logits stay float32.
+        encoder_precision: how the descriptors and the matcher's encoder compute (:data:`~copynce_hf.retrieval.
+            presets.ENCODER_PRECISIONS`): the mixed precision of the ``Accelerator`` that ``copynce detect`` and
+            :func:`~copynce_hf.retrieval.detection.pipeline.detect` make (one given to it keeps its own).
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
@@ -146,14 +151,19 @@ class DetectConfig:
         "per image; whole images only (--descriptor-lce none)"), action="store_true")
     descriptor_content_tau: float = DESCRIPTOR_TAU
     fusion_precision: str = setting(DEFAULT_FUSION_PRECISION, (
-        "the matcher's fusion blocks: float32, bfloat16 (autocast; the encoder and the logits stay float32) or auto "
+        "the matcher's fusion blocks: float32, bfloat16 (autocast; the logits stay float32) or auto "
         "(bfloat16 where the device multiplies it natively: a CPU with AVX-512 bfloat16, a recent GPU)"),
         choices=FUSION_PRECISIONS)
+    encoder_precision: str = setting(DEFAULT_ENCODER_PRECISION, (
+        "the descriptors' and the matcher encoder's passes: float32, bfloat16 (autocast, accelerate's mixed precision "
+        "bf16) or auto (what accelerate launch --mixed_precision chose, else bfloat16 where the device multiplies it "
+        "natively)"), choices=ENCODER_PRECISIONS)
 
     def __post_init__(self) -> None:
         check_mode(self.descriptor_lce, DESCRIPTOR_LCE_MODES, "descriptor_lce")
         check_mode(self.matcher_lce, MATCHER_LCE_MODES, "matcher_lce")
         check_mode(self.fusion_precision, FUSION_PRECISIONS, "fusion_precision")
+        check_mode(self.encoder_precision, ENCODER_PRECISIONS, "encoder_precision")
         from ..content.tokens import check_content_settings  # torch: not for --help
 
         check_content_settings(self.content_tau, self.content_min_images, self.content_neighbours)

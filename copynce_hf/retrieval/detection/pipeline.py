@@ -136,7 +136,7 @@ def detect(
     _check_inputs(descriptors, auxiliary, config)
     from ...precision import make_accelerator
 
-    accelerator = accelerator or make_accelerator()
+    accelerator = accelerator or make_accelerator(config.encoder_precision)
     search = CandidateSearch(queries, references, auxiliary, whiten_from, config, ViewPreset(config.descriptor_lce),
                              {"batch_size": config.batch_size, "num_workers": config.num_workers,
                               "accelerator": accelerator}, progress, log)

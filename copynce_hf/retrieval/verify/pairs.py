@@ -52,7 +52,7 @@ class PairScoring:
             of encoded.
         fusion_precision: the matcher's fusion blocks in ``float32`` or under ``bfloat16`` autocast
             (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`; ``auto``: bfloat16 where the device multiplies
-            it natively), resolved on the model's device by :func:`score_pairs`; the encoder tokens stay float32.
+            it natively), resolved on the model's device by :func:`score_pairs`, whatever the accelerator's autocast (the encoder's).
     """
 
     lce: str = "none"
@@ -129,6 +129,9 @@ def score_pairs(pairs: Sequence[tuple[str, str]], model, image_processor, query_
     if folder is not None:
         settings = {**scoring.identity(), "sources": [getattr(images, "identity", None)
                                                       for images in (query_images, reference_images)]}
+        mixed = getattr(accelerator, "mixed_precision", "no")
+        if mixed != "no":  # the encoder's autocast (chunks scored before it was recorded ran without one)
+            settings["mixed_precision"] = mixed
         identity = scoring_identity(model, image_processor, settings, _files(query_images), _files(reference_images),
                                     pairs)
     scored = score_in_chunks(pairs, score_chunk, scoring.chunk_size, folder, identity, accelerator, progress,

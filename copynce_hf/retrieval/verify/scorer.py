@@ -64,11 +64,12 @@ def resolve_fusion_precision(precision: str, model) -> str:
 
 
 def _in_precision(fuse: Callable, precision: str, device: torch.device) -> Callable:
-    """``fuse`` computing under ``precision`` (``float32``: itself; ``bfloat16``: autocast on ``device``)."""
-    if precision == "float32":
-        return fuse
-
+    """``fuse`` computing under ``precision`` whatever autocast surrounds it (an accelerator's mixed precision for the
+    encoder): ``float32`` with autocast off, ``bfloat16`` under bfloat16 autocast on ``device``."""
     def fused(query: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+        if precision == "float32":
+            with torch.autocast(device.type, enabled=False):
+                return fuse(query.float(), reference.float())
         with torch.autocast(device.type, dtype=torch.bfloat16):
             return fuse(query, reference)  # fusion_logits: float32 logits under autocast
 
@@ -138,8 +139,8 @@ class MatcherScorer:
             (:class:`~copynce_hf.retrieval.content.store.TokenStore`, whole images: ``lce`` ``none``): an image a
             store holds is read from it instead of encoded; the others are encoded as without one.
         fusion_precision: the fusion blocks' precision (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`,
-            resolved on the model's device by :func:`resolve_fusion_precision`); the encoder passes run in float32
-            whatever it is.
+            resolved on the model's device by :func:`resolve_fusion_precision`); the encoder passes run in the
+            autocast around them (an accelerator's mixed precision), float32 without one.
     """
 
     def __init__(self, model, image_processor, lce: str = "none", batch_size: int = 64, cache_size: int = 4096,
