@@ -16,6 +16,7 @@ from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.retrieval import DescriptorIndex, DescriptorSet, read_predictions
+from copynce_hf.retrieval.presets import DEFAULT_CANDIDATES
 
 ASSETS = Path(__file__).resolve().parents[1] / "copynce_hf" / "assets" / "images"
 
@@ -304,7 +305,7 @@ def test_detect_paper_preset_with_explicit_overrides(models, images, tmp_path, c
     assert code == 0, err
     html = (tmp_path / "fast" / "report.html").read_text()
     for key, value in (("preset", "fast (k given)"), ("descriptor LCE", "none"), ("matcher LCE", "none"),
-                       ("score normalisation", "off"), ("candidates per query", "20")):
+                       ("score normalisation", "off"), ("candidates per query", str(DEFAULT_CANDIDATES))):
         assert f"<tr><th>{key}</th><td>{value}</td></tr>" in html
     code, _, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
                        tmp_path / "bad", "--models", models["descriptor"], "--matcher", "none", "--k-start", 5,

@@ -169,7 +169,8 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
 
     _framed_queries(tmp_path)
     options = [str(tmp_path / "queries"), "--references", str(tmp_path / "references"), "--candidates", "6", "--k",
-               "6", "--gallery", "1", "--quiet", "--encoder-precision", "float32"]  # as launched: --mixed_precision no
+               "6", "--gallery", "1", "--quiet", "--encoder-precision", "float32",  # as launched: --mixed_precision no
+               "--layout-candidates", "5"]  # a layout crop's nearest five: the plain query's decides a pair too
     assert main(["detect", *options, "--output", str(tmp_path / "one")]) == 0
     repo = Path(__file__).resolve().parents[1]
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
