@@ -9,9 +9,8 @@ point before torch is imported:
   processes keep busy when it starts (the runnable processes Linux counts, read for a tenth of a second), at
   least one;
 * idle threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): they sleep instead of spinning, after a short spin
-  (``GOMP_SPINCOUNT``, :data:`SPIN_COUNT`): a thread that sleeps at once is woken for each of the many small
-  operations of a matcher's fusion passes (one pair each), which made ``copynce detect`` a fifth slower on an idle
-  machine (benchmarks/LOG.md, "Detect within 35 seconds").
+  (``GOMP_SPINCOUNT``, :data:`SPIN_COUNT`): a thread that slept at once would be woken for each of the many small
+  operations of a matcher's fusion passes (one pair each).
 
 What a user set wins: an ``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the environment is kept (a
 wait policy of the user's gets no spin count of ours), and
@@ -34,8 +33,7 @@ __all__ = ["SPIN_COUNT", "ThreadPolicy", "apply_thread_policy", "busy_cores", "c
 #: Environment variables read by the OpenMP, MKL and OpenBLAS runtimes when they start.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 #: Spins (GNU OpenMP's ``GOMP_SPINCOUNT``) an idle thread waits for more work before it sleeps: tens of microseconds,
-#: the gap between two small operations. On the speed task, 2 threads idle: 36.0 s with none, 29.9 s with 10,000 (41.5
-#: CPU s against 37.9), 32.2 s with 1,000, 30.5 s with 100,000 (44.0 CPU s), 30.2 s spinning always (52.8 CPU s).
+#: about the gap between two small operations; chosen on the speed task (benchmarks/LOG.md, "Detect within 35 seconds").
 SPIN_COUNT = 10_000
 
 
