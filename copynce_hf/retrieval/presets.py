@@ -6,7 +6,7 @@ Candidates List for Matcher"): descriptor LCE with their 45 query / 9 reference 
 top-k (up to 390 candidates per query and descriptor), score normalisation over the auxiliary
 neighbours of ranks 1-4 (their ``score_normalization.py --start 1 --end 5``, end exclusive), 400
 merged candidates, matcher LCE (35 view pairs per candidate), top 10 per query. ``fast`` is sized
-for a CPU: whole-image descriptors, 20 candidates, one matcher pass per candidate, ranks 0-9.
+for a CPU: whole-image descriptors, 10 candidates, one matcher pass per candidate, ranks 0-9.
 ``accurate`` spends a few more seconds per query on a CPU: descriptor LCE with the matcher's 26 query / 10
 reference views, matcher LCE (35 view pairs) on the top 2, ranks 0-9; chosen over ``fast`` on held-out
 training images (BENCHMARKS.md, "A third preset, chosen on held-out images"). ``dedup`` is what ``copynce dedup``
