@@ -18,12 +18,21 @@ from accelerate import Accelerator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CommandAccelerator", "accelerate_precision", "cpu_has_native_bf16", "make_accelerator", "slow_precision_warning"]
+__all__ = ["CommandAccelerator", "accelerate_precision", "cpu_has_native_bf16", "make_accelerator", "native_bf16",
+           "slow_precision_warning"]
 
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU runs bf16 matrix products in oneDNN's fast kernels (AVX-512 and later)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether a device of ``device_type`` multiplies bfloat16 natively: a CUDA device that supports it, a CPU with
+    :func:`cpu_has_native_bf16`; no other kind."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and cpu_has_native_bf16()
 
 
 def slow_precision_warning(accelerator: Accelerator) -> str | None:
@@ -46,9 +55,7 @@ def accelerate_precision(precision: str) -> str | None:
         return {"float32": "no", "bfloat16": "bf16"}[precision]
     if os.environ.get("ACCELERATE_MIXED_PRECISION"):
         return None
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    return "bf16" if cpu_has_native_bf16() else "no"
+    return "bf16" if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else "no"
 
 
 class CommandAccelerator(Accelerator):

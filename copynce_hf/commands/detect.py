@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..configuration.fields import add_options, build, given_options
+from ..retrieval.presets import DEFAULT_CANDIDATES
 from ..runs.detect import DetectRequest
 from . import options
 from .console import progress_log
@@ -23,7 +24,7 @@ DESCRIPTION = (
     "scores in OUTPUT/rescoring (chunks of --chunk-size pairs: a run cut short resumes)."
 )
 EPILOG = (
-    "Presets (explicit options override them): fast (the default; whole-image descriptors, 20 "
+    f"Presets (explicit options override them): fast (the default; whole-image descriptors, {DEFAULT_CANDIDATES} "
     "candidates, 1 matcher pass per candidate, content tokens, query crops, auxiliary ranks 0-9) suits a CPU. "
     "accurate (--descriptor-lce matcher-views --candidates 2 "
     "--matcher-lce paper, auxiliary ranks 0-9) scores more views of fewer candidates. paper (the authors' inference: "

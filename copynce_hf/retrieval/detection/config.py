@@ -86,7 +86,7 @@ class DetectConfig:
         layout_candidates: the references each layout crop proposes to the matcher, its nearest by descriptor
             cosine (at most ``candidates``).
         fusion_precision: how the matcher's fusion blocks compute (:data:`~copynce_hf.retrieval.presets.
-            FUSION_PRECISIONS`); the encoder tokens and the logits stay float32.
+            FUSION_PRECISIONS`); the logits stay float32.
         encoder_precision: how the descriptors and the matcher's encoder compute (:data:`~copynce_hf.retrieval.
             presets.ENCODER_PRECISIONS`): the mixed precision of the ``Accelerator`` that ``copynce detect`` and
             :func:`~copynce_hf.retrieval.detection.pipeline.detect` make (one given to it keeps its own).

@@ -52,7 +52,8 @@ class PairScoring:
             of encoded.
         fusion_precision: the matcher's fusion blocks in ``float32`` or under ``bfloat16`` autocast
             (:data:`~copynce_hf.retrieval.presets.FUSION_PRECISIONS`; ``auto``: bfloat16 where the device multiplies
-            it natively), resolved on the model's device by :func:`score_pairs`, whatever the accelerator's autocast (the encoder's).
+            it natively), resolved on the model's device by :func:`score_pairs`, whatever the accelerator's autocast
+            (the encoder's).
     """
 
     lce: str = "none"

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ...images import load_image
 from ...modeling.errors import ConfigError, ImageLoadError
-from ...precision import cpu_has_native_bf16
+from ...precision import native_bf16
 from ...runtime.onnx_runtime import check_content_fusion
 from ..content.masks import CollectionMatches, PairMatches
 from ..content.store import TokenStore
@@ -57,10 +57,7 @@ def resolve_fusion_precision(precision: str, model) -> str:
         return "float32"
     if precision == "bfloat16":
         return precision
-    device = model.device
-    if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    return "bfloat16" if device.type == "cpu" and cpu_has_native_bf16() else "float32"
+    return "bfloat16" if native_bf16(model.device.type) else "float32"
 
 
 def _in_precision(fuse: Callable, precision: str, device: torch.device) -> Callable:
