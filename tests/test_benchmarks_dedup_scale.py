@@ -168,14 +168,20 @@ def test_a_whole_run_with_tiny_models_records_its_stages_groups_and_memory(tmp_p
     entry = record["runs"]["40:tiny"]
     run, found, stages = entry["run"], entry["found"], entry["run"]["stages"]
     assert run["returncode"] == 0 and not run["killed_in_matcher_stage"]
-    assert set(stages["seconds"]) == set(stages["cpu_seconds"]) == {"load", "descriptors", "matcher", "groups", "write"}
+    assert set(stages["seconds"]) == set(stages["cpu_seconds"]) == {"load", "descriptors", "matcher", "layout crops",
+                                                                     "groups", "write"}
     assert stages["numbers"]["load"] == [40] and stages["numbers"]["descriptors"][1] == 38  # 2 corrupt rows
-    assert found["pairs_verified"] == stages["numbers"]["matcher"][0] > 0
-    assert found == found_groups(tmp_path / "work" / "dedup-40", json.loads(
+    # pairs.csv: the candidates the matcher verified, and the pairs only a layout crop proposed
+    layouts = stages["numbers"]["layout crops"]
+    assert layouts[1] == 38 and layouts[4] <= layouts[3]
+    assert 0 < stages["numbers"]["matcher"][0] <= found["pairs_verified"] <= stages["numbers"]["matcher"][0] + layouts[3]
+    assert found == found_groups(tmp_path / "work" / "dedup-40-tiny", json.loads(
         (tmp_path / "work" / "collection-40" / "manifest.json").read_text())["truth"])  # the run's own output, read
     assert set(found["report_stage_seconds"]) >= {"index", "matcher"}
     peaks = [peak for peak in stages["peak_rss_mib"].values() if peak is not None]
-    assert peaks and run["peak_rss_mib"] >= max(peaks) > 100
+    # the whole run's peak (getrusage, at its end) is at least every stage's (VmHWM, read from /proc meanwhile); the
+    # two counters are kept apart by the kernel and were seen to differ by 0.1 MiB
+    assert peaks and run["peak_rss_mib"] >= max(peaks) - 1 and max(peaks) > 100
     assert 0 < sum(stages["cpu_seconds"].values()) <= run["cpu_seconds"]
     assert "skipping image" in (tmp_path / "work" / "dedup-40-tiny.log").read_text()
     assert json.loads((tmp_path / "out" / "dedup_scale.json").read_text())["runs"]["40:tiny"]["images"] == 40

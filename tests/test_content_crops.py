@@ -129,8 +129,8 @@ def test_dedup_verifies_crop_pairs_on_the_crops_themselves(tmp_path):
 
     def run(crops: bool):
         return dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=1.0,
-                     config=config, settings=DedupSettings(content_crops=crops, matcher_orders="one"), progress=False,
-                     log=lines.append)
+                     config=config, settings=DedupSettings(content_crops=crops, matcher_orders="one", layout_crops=False),
+                     progress=False, log=lines.append)  # content crops alone (layout crops: test_dedup_layouts.py)
 
     whole, cropped = run(False), run(True)
     assert "content crops" not in whole.seconds and not whole.crop_boxes and not whole.crop_pairs
@@ -210,7 +210,8 @@ def test_a_rerun_reuses_the_crop_scores_kept_in_the_rescoring_folder_until_a_cro
 
     def run():
         return dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=1.0,
-                     config=DetectConfig(candidates=9), settings=DedupSettings(matcher_orders="both"),
+                     config=DetectConfig(candidates=9),
+                     settings=DedupSettings(matcher_orders="both", layout_crops=False),
                      progress=False, log=lines.append, rescoring_folder=tmp_path / "rescoring")
 
     first = run()

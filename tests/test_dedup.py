@@ -220,7 +220,8 @@ def test_the_matcher_scores_each_pair_in_both_orders_and_the_mean_logit_decides(
         # every pair a candidate (10 images, 9 each: the identical files tie, no tie decides which pairs are verified);
         # threshold 1: no group, so no member is scored against its group's first outside the candidates
         result = dedup(source, Descriptor("tiny", descriptor, processor), (model, processor), threshold=1.0,
-                       config=DetectConfig(candidates=9), settings=DedupSettings(matcher_orders=orders),
+                       config=DetectConfig(candidates=9),
+                       settings=DedupSettings(matcher_orders=orders, layout_crops=False),  # whole images only
                        progress=False)
         return result.raw_scores, result.matcher_cost["fused_pairs"]
 

@@ -14,6 +14,7 @@ from PIL import Image
 
 from copynce_hf.retrieval import Descriptor, DetectConfig, ImageFolderSource, dedup
 from copynce_hf.retrieval.content.store import TokenStore, token_folder, token_identity
+from copynce_hf.retrieval.deduplication.settings import DedupSettings
 from copynce_hf.retrieval.verify.scorer import MatcherScorer
 
 
@@ -135,7 +136,8 @@ def test_dedup_encodes_each_image_once_and_scores_as_without_a_store(tmp_path):
 
     def run(tokens_folder):
         return dedup(source, Descriptor("tiny", descriptor, processor), (matcher, processor), threshold=0.5,
-                     config=config, progress=False, tokens_folder=tokens_folder)
+                     config=config, settings=DedupSettings(layout_crops=False), progress=False,
+                     tokens_folder=tokens_folder)  # the whole images' store (layout crops': test_dedup_layouts.py)
 
     kept = run(tmp_path / "tokens")
     in_pairs = {image for pair in kept.raw_scores for image in pair}

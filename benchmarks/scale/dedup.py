@@ -75,6 +75,8 @@ STAGE_LINES = (("load", re.compile(r"^copynce dedup: (\d+) images, descriptor: "
                                           r"(\d+) images")),
                ("matcher", re.compile(r"^copynce dedup: matcher: (\d+) pairs verified.*\((\d+) encoder passes, "
                                       r"(\d+) fusion passes\)")),
+               ("layout crops", re.compile(r"^copynce dedup: layout crops: (\d+) of (\d+) images have layout boxes "
+                                           r"\((\d+) crops\), (\d+) pairs verified on a crop, (\d+) of them")),
                ("groups", re.compile(r"^copynce dedup: (\d+) groups of copies \((\d+) images\)")),
                ("write", re.compile(r"^wrote \d+ groups of copies")))
 #: An update of the matcher's progress bar: pairs scored and pairs in all.
@@ -401,9 +403,9 @@ def _stage_cell(stages: dict, stage: str) -> str:
 
 def markdown_table(record: dict) -> str:
     """The runs of ``dedup_scale.json`` as a Markdown table (seconds: wall, CPU in parentheses)."""
-    lines = ["| images | run | load s | self-calibration s | descriptors s | matcher s | groups s | write s | whole run s "
-             "| peak RSS MiB | load average | candidate pairs | pairs verified | groups (pair P / R) |",
-             "|" + " --- |" * 14]
+    lines = ["| images | run | load s | self-calibration s | descriptors s | matcher s | layout crops s | groups s | write s "
+             "| whole run s | peak RSS MiB | load average | candidate pairs | pairs verified | groups (pair P / R) |",
+             "|" + " --- |" * 15]
     for _, entry in sorted(record.get("runs", {}).items(), key=lambda item: (item[1]["images"], item[0])):
         run, found, rate = entry["run"], entry.get("found") or {}, entry.get("matcher_rate") or {}
         stages = run["stages"]
@@ -418,7 +420,8 @@ def markdown_table(record: dict) -> str:
         load = run.get("load_average_1min") or {}
         lines.append(f"| {entry['images']} | {entry['label']} | {cells['load']} | {cells['self-calibration']} | "
                      f"{cells['descriptors']} | "
-                     f"{cells['matcher']} | {cells['groups']} | {cells['write']} | {run['wall_seconds']:.0f} "
+                     f"{cells['matcher']} | {cells['layout crops']} | {cells['groups']} | {cells['write']} | "
+                     f"{run['wall_seconds']:.0f} "
                      f"({run['cpu_seconds']:.0f}) | {run['peak_rss_mib']:.0f} | {load.get('mean', '')} | "
                      f"{stages['numbers'].get('descriptors', [''])[0]} | {verified} | {groups} |")
     return "\n".join(lines)
@@ -438,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--matcher-minutes", type=float,
                         help="kill the run once its matcher stage has run this long, and extrapolate the stage")
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_OUTPUT_DIR / "dedup_scale",
-                        help="where the collections and the dedup output folders go")
+                        help="where the collections and the dedup output folders go (dedup-N-LABEL, emptied "
+                        "before each run)")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR)
     parser.add_argument("--table", action="store_true", help="print the Markdown table of the results and stop")
     parser.add_argument("dedup_options", nargs="*", help="after --: more copynce dedup options")
@@ -458,7 +462,8 @@ def main(argv: list[str] | None = None) -> dict:
     logger.info("collection %s: %d images (%d planted copies, %d corrupt), %.0f MB, built in %.0f s", collection,
                 args.images, len(manifest["truth"]), len(manifest["corrupt"]), manifest["bytes"] / 1e6,
                 manifest["build_seconds"])
-    output = args.work_dir / f"dedup-{args.images}"
+    output = args.work_dir / f"dedup-{args.images}-{args.label}"
+    shutil.rmtree(output, ignore_errors=True)  # a whole run, timed: nothing resumed from an earlier run
     log = args.work_dir / f"dedup-{args.images}-{args.label}.log"
     run = run_dedup(collection, output, args.dedup_options, log, args.matcher_minutes)
     entry = {"images": args.images, "label": args.label, "when": now(), "benchmark": command_line(),

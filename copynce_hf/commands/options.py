@@ -36,7 +36,7 @@ DEDUP_SETTINGS = ("candidates", "descriptor_lce", "matcher_lce", "content_tokens
 #: group, and the others.
 DEDUP_COLLECTION_SETTINGS = ("collection", "matcher_normalisation", "matcher_alpha", "matcher_k_start",
                              "matcher_k_end", "matcher_anchor")
-DEDUP_OTHER_SETTINGS = ("matcher_orders", "content_crops", "grouping")
+DEDUP_OTHER_SETTINGS = ("matcher_orders", "content_crops", "layout_crops", "grouping")
 
 COLLECTION_GROUP = ("collection normalisation (discount what many images of the collection share: a screenshot "
                     "frame, a meme band, a background)")

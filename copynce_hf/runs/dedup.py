@@ -164,7 +164,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     from ..calibration.self_threshold import card_fallback
     from ..precision import make_accelerator
     from ..retrieval.content.crops import write_crops
-    from ..retrieval.deduplication.collection import dedup, write_pairs
+    from ..retrieval.deduplication.collection import dedup, write_layout_crops, write_pairs
     from ..retrieval.deduplication.grouping import write_groups
     from ..runtime.loading import DEFAULT_MATCHER
 
@@ -193,6 +193,7 @@ def _dedup_into(request: DedupRequest, source, descriptor, matcher, decision: tu
     run.rows = write_groups(output / "groups.csv", result.members)
     write_pairs(output / "pairs.csv", result)
     write_crops(output / "content_crops.csv", result)
+    write_layout_crops(output / "layout_crops.csv", result)
     run.meaning = score_meaning(run, threshold)
     run.meaning.save(output / "scores.json")
     return run
@@ -241,8 +242,20 @@ def content_crops_text(result, asked: bool) -> str:
         return "off"
     if "content crops" not in result.seconds:
         return "on, not run (they need content tokens, whole-image views and a matcher)"
-    return (f"{len(result.crop_boxes)} images cropped to their own content, {len(result.crop_pairs)} pairs verified "
-            "on their crops")
+    from ..retrieval.content.crops import VIEW_CROP
+
+    on_crops = sum(VIEW_CROP in (pair.view_a, pair.view_b) for pair in result.crop_pairs)
+    return f"{len(result.crop_boxes)} images cropped to their own content, {on_crops} pairs verified on their crops"
+
+
+def layout_crops_text(result, asked: bool) -> str:
+    """What layout crops did in a :class:`~copynce_hf.retrieval.deduplication.collection.DedupResult`, in words
+    (``report.html``)."""
+    if not asked:
+        return "off"
+    if "layout crops" not in result.seconds:
+        return "on, not run (they need whole-image views and a matcher)"
+    return f"{len(result.layout_boxes)} pairs scored higher on a layout crop of one image than on the whole images"
 
 
 def dedup_report_settings(run: DedupRun) -> dict[str, object]:
@@ -272,6 +285,7 @@ def dedup_report_settings(run: DedupRun) -> dict[str, object]:
             "grouping": settings.grouping,
             "content tokens": content_tokens_text(config),
             "content crops": content_crops_text(run.result, settings.content_crops),
+            "layout crops": layout_crops_text(run.result, settings.layout_crops),
             "whitening": f"learned from {request.whiten_from}" if request.whiten_from else "off",
             "groups": len(run.result.groups), "images in groups": run.rows,
             "images skipped": count_text(skipped.values()) if skipped else "none"}

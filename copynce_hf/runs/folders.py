@@ -40,9 +40,13 @@ def write_dedup_folder(request: DedupRequest) -> DedupRun | None:
 
 
 def crop_boxes_of_pairs(result) -> dict[tuple[str, str], dict[str, tuple[float, float, float, float]]]:
-    """``(a, b)`` -> ``{image id: box}`` of the content crops each crop-scored pair of a dedup result was scored on."""
-    from ..retrieval.content.crops import VIEW_CROP
+    """``(a, b)`` -> ``{image id: box}`` of the content or layout crops each crop-scored pair of a dedup result was
+    scored on (a layout crop's where it decided the pair)."""
+    from ..retrieval.content.crops import VIEW_CROP, VIEW_LAYOUT
 
-    return {(pair.a, pair.b): {image_id: result.crop_boxes[image_id] for image_id, view in
-                               ((pair.a, pair.view_a), (pair.b, pair.view_b)) if view == VIEW_CROP}
+    def box(pair, image_id: str, view: str):
+        return result.crop_boxes[image_id] if view == VIEW_CROP else result.layout_boxes[(pair.a, pair.b)]
+
+    return {(pair.a, pair.b): {image_id: box(pair, image_id, view) for image_id, view in
+                               ((pair.a, pair.view_a), (pair.b, pair.view_b)) if view in (VIEW_CROP, VIEW_LAYOUT)}
             for pair in result.crop_pairs}

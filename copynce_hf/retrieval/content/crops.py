@@ -42,7 +42,8 @@ from ..descriptors.sets import DescriptorSet
 from ..work_folder import digest, image_stamps
 
 __all__ = ["MAX_AREA", "MARGIN", "MIN_SIDE", "Box", "CropSource", "CropPair", "content_box", "content_boxes",
-           "crop_pairs", "crop_views", "nearest_rows", "write_crops", "CROP_COLUMNS", "VIEW_WHOLE", "VIEW_CROP"]
+           "crop_pairs", "crop_views", "nearest_rows", "write_crops", "write_box_rows", "CROP_COLUMNS", "VIEW_WHOLE", "VIEW_CROP",
+           "VIEW_LAYOUT"]
 
 #: A region of kept tokens covering at least this fraction of the image is the whole image: no crop.
 MAX_AREA = 0.6
@@ -50,9 +51,11 @@ MAX_AREA = 0.6
 MARGIN = 1
 #: The narrowest region cut, in patches (margin included).
 MIN_SIDE = 2
-#: The two views of an image: the whole image, and its content crop.
+#: The views of an image: the whole image, its content crop, and (``dedup``) one of its layout crops
+#: (:mod:`copynce_hf.retrieval.deduplication.layouts`).
 VIEW_WHOLE = "whole"
 VIEW_CROP = "crop"
+VIEW_LAYOUT = "layout"
 
 #: ``(left, top, right, bottom)`` as fractions of the image's width and height.
 Box = tuple[float, float, float, float]
@@ -246,12 +249,18 @@ def write_crops(path: str | os.PathLike, result) -> int:
     """Write ``content_crops.csv`` (``dedup``) or ``query_crops.csv`` (``detect``) (:data:`CROP_COLUMNS`): the box of
     each image's content crop (``result.crop_boxes``), in their order; returns the rows written (none: no file, an
     earlier run's removed)."""
-    if not result.crop_boxes:
+    return write_box_rows(path, CROP_COLUMNS, [((image_id,), box) for image_id, box in result.crop_boxes.items()])
+
+
+def write_box_rows(path: str | os.PathLike, columns: tuple[str, ...], rows: list[tuple[tuple, Box]]) -> int:
+    """Write a CSV of boxes: ``columns``, then each row's leading cells and its box (``left, top, right, bottom``,
+    fractions, 6 significant digits); returns the rows written. No rows: no file (an earlier run's removed)."""
+    if not rows:
         Path(path).unlink(missing_ok=True)
         return 0
     with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(CROP_COLUMNS)
-        for image_id, box in result.crop_boxes.items():
-            writer.writerow((image_id, *(f"{value:.6g}" for value in box)))
-    return len(result.crop_boxes)
+        writer.writerow(columns)
+        for cells, box in rows:
+            writer.writerow((*cells, *(f"{value:.6g}" for value in box)))
+    return len(rows)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ...modeling.errors import ConfigError, PredictionsError
 from ...outputs import StagedFile
-from ..content.crops import VIEW_WHOLE, Box, CropPair
+from ..content.crops import VIEW_LAYOUT, VIEW_WHOLE, Box, CropPair, write_box_rows
 from ..content.stage import dedup_content_index
 from ..content.store import token_folder
 from ..descriptors.cached import Descriptor
@@ -41,6 +41,7 @@ from ..search.index import DescriptorIndex
 from ..sources import SourceImages
 from .crops import score_missing, verify_on_crops
 from .grouping import GroupMember, group_members
+from .layouts import verify_on_layouts
 from .self_search import candidate_pairs, collection_descriptors, collection_order
 from .settings import DedupSettings
 from .verification import CollectionMatcher, pair_decision, verify_candidates
@@ -69,8 +70,11 @@ class DedupResult:
         backgrounds: ``descriptor`` / ``matcher`` -> image id -> its background (cosine, logit); empty without
             normalisation.
         crop_boxes: image id -> the box of its content crop (:mod:`copynce_hf.retrieval.content.crops`), for the images that have one.
-        crop_pairs: the pairs verified on their best views, one of them a content crop
-            (:class:`~copynce_hf.retrieval.content.crops.CropPair`); their raw scores are those of those views.
+        crop_pairs: the pairs verified on their best views, one of them a content crop or a layout crop
+            (:class:`~copynce_hf.retrieval.content.crops.CropPair`; a layout crop's after a content crop's of the same
+            pair, which it decided); their raw scores are those of those views.
+        layout_boxes: ``(earlier, later)`` -> the box of the layout crop that decided the pair
+            (:mod:`.layouts`).
     """
 
     members: list[list[GroupMember]]
@@ -85,6 +89,7 @@ class DedupResult:
     backgrounds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     crop_boxes: dict[str, Box] = dataclasses.field(default_factory=dict)
     crop_pairs: list[CropPair] = dataclasses.field(default_factory=list)
+    layout_boxes: dict[tuple[str, str], Box] = dataclasses.field(default_factory=dict)
 
     @property
     def groups(self) -> list[list[tuple[str, float | None]]]:
@@ -139,6 +144,8 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
         raw, crops = (dict(candidates.raw), None) if scorer is None else verify_on_crops(
             scorer, descriptor, index, verify_candidates(scorer, candidates, rescoring_folder, kept_tokens, seconds),
             rescoring_folder, seconds, kept_tokens)
+        raw, layouts = (raw, None) if scorer is None else verify_on_layouts(
+            scorer, descriptor, index, raw, crops.crops.boxes if crops else {}, rescoring_folder, seconds, kept_tokens)
         decide = pair_decision(candidates, raw, scorer is not None, settings, log)
         members, decided = _groups(source, raw, decide, threshold, settings.grouping, lambda missing: score_missing(
             scorer, missing, decide, index, queries, ViewPreset(config.descriptor_lce), crops), log, seconds)
@@ -146,7 +153,8 @@ def dedup(source, descriptor: Descriptor, matcher: tuple | None = None, threshol
     return DedupResult(members, [Prediction(a, b, score) for (a, b), score in decided.items()], candidates.pairs,
                        threshold, seconds, skipped, scorer and scorer.cost, raw, candidates.raw,
                        {stage: found for stage, found in backgrounds.items() if found},
-                       crops.crops.boxes if crops else {}, crops.pairs if crops else [])
+                       crops.crops.boxes if crops else {}, (crops.pairs if crops else []) + (layouts.pairs if layouts else []),
+                       layouts.boxes if layouts else {})
 
 
 def _groups(source, raw: dict[tuple[str, str], float], decide, threshold: float | None, grouping: str, score_missing,
@@ -183,8 +191,22 @@ def _descriptor_stage(source, descriptor: Descriptor, config: DetectConfig, acce
     return index, queries, skipped
 
 
+#: The header of ``layout_crops.csv``: each pair decided on a layout crop (:mod:`.layouts`), the image cut and its box
+#: as fractions of its width and height.
+LAYOUT_COLUMNS = ("query_id", "reference_id", "image_id", "left", "top", "right", "bottom")
+
+
+def write_layout_crops(path: str | os.PathLike, result: DedupResult) -> int:
+    """Write ``layout_crops.csv`` (:data:`LAYOUT_COLUMNS`), the pairs in the collection's order; returns the rows
+    written (none: no file, an earlier run's removed)."""
+    views = {(pair.a, pair.b): pair for pair in result.crop_pairs}
+    return write_box_rows(path, LAYOUT_COLUMNS, [((a, b, a if views[(a, b)].view_a == VIEW_LAYOUT else b), box)
+                                                 for (a, b), box in result.layout_boxes.items()])
+
+
 #: The header of ``pairs.csv``: the decision score (``score``, the one the threshold applies to), the raw one, and
-#: the views the matcher compared (``whole/whole``, or a content crop on either side: ``crop/whole``, ...).
+#: the views the matcher compared (``whole/whole``, or a content crop or a layout crop on either side: ``crop/whole``,
+#: ``whole/layout``, ...).
 PAIR_COLUMNS = ("query_id", "reference_id", "score", "raw_score", "views")
 
 

@@ -46,6 +46,10 @@ class DedupSettings:
             the same score.
         content_crops: with content tokens, each image's own content cut from its pixels as a second view, which
             proposes pairs and verifies those its descriptor matches best (:mod:`copynce_hf.retrieval.content.crops`).
+        layout_crops: with a token store (whole images), each image is also cut where its own layout shows a frame
+            around a photo (:mod:`copynce_hf.retrieval.deduplication.layouts`); a layout crop's score counts where it
+            is higher. On by default since it raised the template task's development draws (benchmarks/LOG.md, "Layout
+            crops in dedup").
         grouping: ``representative`` (a pair joins a group only if it clears the threshold against the group's
             representative) or ``connected`` (connected components; :mod:`.grouping`).
     """
@@ -75,6 +79,11 @@ class DedupSettings:
         "less than 60% of it gets a second view, that region cut from its pixels; the crops propose candidate pairs, "
         "and a pair whose best descriptor match involves a crop is verified on those views (--no-content-crops: whole "
         "images only)"), action=argparse.BooleanOptionalAction)
+    layout_crops: bool = setting(True, (
+        "each image is also cut where its own layout shows a frame around a photo (a rectangle of straight sides, a "
+        "dense region among flat colours and text); a crop verifies its nearest other image where it matches it "
+        "better than the whole image does, and its score counts where it is higher (a screenshot or poster met once "
+        "in the collection); whole images only"), action=argparse.BooleanOptionalAction)
     grouping: str = setting("representative", (
         "representative: a pair joins a group only if it clears the threshold against the group's first member, two "
         "groups merge only if their first members' pair does; connected: connected components (two images join "
