@@ -203,6 +203,11 @@ def test_the_self_calibrated_threshold_follows_its_rule_on_its_saved_pairs(colle
     assert {(p.query_id, p.reference_id): p.score for p in found.pairs} == pytest.approx(
         {(row["query"], row["reference"]): row["score"] for row in saved["pairs"]})
     assert any(row["score"] != row["raw_score"] for row in saved["pairs"])  # normalised, not raw
+    # each pair names the views that decided it, as the run's pairs.csv does
+    decided = {(pair.a, pair.b): f"{pair.view_a}/{pair.view_b}" for pair in found.crop_pairs}
+    assert {(row["query"], row["reference"]): row["views"] for row in saved["pairs"]} == {
+        (p.query_id, p.reference_id): decided.get((p.query_id, p.reference_id), "whole/whole") for p in found.pairs}
+    assert not with_matcher or any(row["views"] != "whole/whole" for row in saved["pairs"])  # layout crops decided some
     counts = saved["counts"]
     assert counts["images"] == 10 and counts["true_pairs"] == 10  # one planted copy pair per sampled image
     assert counts["shared template"] == sum(row["kind"] == "shared template" for row in saved["pairs"])

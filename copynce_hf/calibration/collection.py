@@ -110,7 +110,7 @@ def _saved(made: SelfCalibration, identity: dict, records: dict[str, dict]) -> d
             "score": "the dedup run's decision score (pairs.csv's score)", **made.to_dict(), "recipe": COPY_RECIPE,
             "roles": list(ROLE_CYCLE), "template_group": TEMPLATE_GROUP, "sample": made.sample, "images": records,
             "pairs": [{"query": p.query, "reference": p.reference, "kind": p.kind, "copy": p.is_copy,
-                       "score": p.score, "raw_score": p.raw} for p in made.pairs]}
+                       "score": p.score, "raw_score": p.raw, "views": p.views} for p in made.pairs]}
 
 
 def self_calibrate(source, descriptor: Descriptor, matcher: tuple | None, config: DetectConfig,
@@ -146,8 +146,8 @@ def self_calibrate(source, descriptor: Descriptor, matcher: tuple | None, config
     saved = _reused(file, identity)
     if saved is not None:
         log(f"self-calibration: reusing the verified pairs of {file}")
-        pairs = [SyntheticPair(row["query"], row["reference"], row["kind"], row["score"], row["raw_score"])
-                 for row in saved["pairs"]]
+        pairs = [SyntheticPair(row["query"], row["reference"], row["kind"], row["score"], row["raw_score"],
+                               row.get("views", "whole/whole")) for row in saved["pairs"]]
         made = self_threshold(pairs, saved["sample"], saved["counts"]["true_pairs"], precision, fallback,
                               saved["counts"]["linked_images"])
         made.reused, records = True, saved["images"]
@@ -189,8 +189,10 @@ def _verified(collection: SyntheticSet, descriptor: Descriptor, matcher: tuple |
                    accelerator=accelerator, settings=settings, whitening_folder=work["whitening"],
                    index_folder=kept and kept / "indexes", rescoring_folder=kept and kept / "rescoring",
                    tokens_folder=kept and kept / "tokens")
+    views = {(pair.a, pair.b): f"{pair.view_a}/{pair.view_b}" for pair in result.crop_pairs}  # the deciding views
     pairs = [SyntheticPair(p.query_id, p.reference_id, pair_kind(collection.records, p.query_id, p.reference_id),
-                           float(p.score), float(result.raw_scores[(p.query_id, p.reference_id)]))
+                           float(p.score), float(result.raw_scores[(p.query_id, p.reference_id)]),
+                           views.get((p.query_id, p.reference_id), "whole/whole"))
              for p in result.pairs]
     linked = mark_paired(pairs, collection)
     per_image: dict[str, int] = {}

@@ -73,13 +73,15 @@ MAX_SIDE = 1024
 class SyntheticPair:
     """One pair of synthetic images: the ``query`` and ``reference`` synthetic ids (the earlier one first), its
     ``kind`` (:data:`COPY_KINDS` or :data:`NON_COPY_KINDS`), and once a dedup run verified it, its decision
-    ``score`` and its ``raw`` score (``None`` until then)."""
+    ``score``, its ``raw`` score (``None`` until then) and the ``views`` it was scored on (``pairs.csv``'s:
+    ``whole/whole``, ``crop/whole``, ``whole/layout``, ...)."""
 
     query: str
     reference: str
     kind: str
     score: float | None = None
     raw: float | None = None
+    views: str = "whole/whole"
 
     @property
     def is_copy(self) -> bool:
