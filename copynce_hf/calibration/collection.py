@@ -189,10 +189,10 @@ def _verified(collection: SyntheticSet, descriptor: Descriptor, matcher: tuple |
                    accelerator=accelerator, settings=settings, whitening_folder=work["whitening"],
                    index_folder=kept and kept / "indexes", rescoring_folder=kept and kept / "rescoring",
                    tokens_folder=kept and kept / "tokens")
-    views = {(pair.a, pair.b): f"{pair.view_a}/{pair.view_b}" for pair in result.crop_pairs}  # the deciding views
+    views = result.pair_views
     pairs = [SyntheticPair(p.query_id, p.reference_id, pair_kind(collection.records, p.query_id, p.reference_id),
                            float(p.score), float(result.raw_scores[(p.query_id, p.reference_id)]),
-                           views.get((p.query_id, p.reference_id), "whole/whole"))
+                           views[(p.query_id, p.reference_id)])
              for p in result.pairs]
     linked = mark_paired(pairs, collection)
     per_image: dict[str, int] = {}

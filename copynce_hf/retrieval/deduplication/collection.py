@@ -92,6 +92,15 @@ class DedupResult:
     layout_boxes: dict[tuple[str, str], Box] = dataclasses.field(default_factory=dict)
 
     @property
+    def pair_views(self) -> dict[tuple[str, str], str]:
+        """``(earlier, later)`` -> the views the matcher compared for each verified pair (``pairs.csv``'s ``views``:
+        ``whole/whole``, or the views of its entry in :attr:`crop_pairs`, the last one where a layout crop decided a
+        pair after a content crop)."""
+        views = {pair: f"{VIEW_WHOLE}/{VIEW_WHOLE}" for pair in self.raw_scores}
+        views.update({(pair.a, pair.b): f"{pair.view_a}/{pair.view_b}" for pair in self.crop_pairs})
+        return views
+
+    @property
     def groups(self) -> list[list[tuple[str, float | None]]]:
         """Each group as ``[(image id, score to the first member), ...]``, the first member first (score ``None``)."""
         return [[(member.image_id, member.score_to_first) for member in group] for group in self.members]
@@ -214,7 +223,7 @@ def write_pairs(path: str | os.PathLike, result: DedupResult) -> int:
     """Write ``pairs.csv``: every verified pair (:data:`PAIR_COLUMNS`: the earlier image as ``query_id``, its
     decision score, its raw score and the views scored), by decreasing decision score; returns the rows written."""
     rows = sorted(result.pairs, key=lambda p: (-p.score, p.query_id, p.reference_id))
-    views = {(pair.a, pair.b): f"{pair.view_a}/{pair.view_b}" for pair in result.crop_pairs}
+    views = result.pair_views
     with StagedFile(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(PAIR_COLUMNS)
@@ -222,6 +231,5 @@ def write_pairs(path: str | os.PathLike, result: DedupResult) -> int:
             if not math.isfinite(p.score):
                 raise PredictionsError(f"score {p.score} of pair ({p.query_id!r}, {p.reference_id!r}) is not finite")
             key = (p.query_id, p.reference_id)
-            writer.writerow((*key, repr(p.score), repr(float(result.raw_scores[key])),
-                             views.get(key, f"{VIEW_WHOLE}/{VIEW_WHOLE}")))
+            writer.writerow((*key, repr(p.score), repr(float(result.raw_scores[key])), views[key]))
     return len(rows)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..content.crops import VIEW_CROP, VIEW_WHOLE, CropPair, CropSource, content_boxes, crop_pairs, crop_views
-from ..content.store import TokenStore, source_token_store
+from ..content.store import TokenStore
 from ..descriptors.cached import Descriptor
 from ..descriptors.extract import extract_descriptors
 from ..descriptors.sets import DescriptorSet
@@ -21,7 +21,7 @@ from ..descriptors.views import ViewPreset
 from ..search.index import DescriptorIndex
 from ..sources import SourceImages
 from .self_search import collection_order, descriptor_pair_scores
-from .verification import CollectionMatcher, PairDecision, mean_of_orders
+from .verification import CollectionMatcher, PairDecision
 
 
 @dataclasses.dataclass
@@ -64,11 +64,7 @@ def verify_on_crops(scorer: CollectionMatcher, descriptor: Descriptor, index: De
                                             accelerator=scorer.accelerator)
     pairs = crop_pairs(index.references, found.descriptors, config.candidates, collection_order(source))
     if tokens_folder is not None and scorer.tokens is not None and pairs:
-        found.tokens = source_token_store(scorer.matcher, SourceImages(found.crops), list(found.crops.ids),
-                                          tokens_folder / "crops", batch_size=config.batch_size,
-                                          num_workers=config.num_workers, accelerator=scorer.accelerator,
-                                          progress=scorer.progress, log=lambda line: scorer.log(f"crops: {line}"))
-        scorer.add_cost({"encoded_views": found.tokens.encoded, "fused_pairs": 0})
+        found.tokens = scorer.crop_tokens(found.crops, list(found.crops.ids), tokens_folder / "crops", "crops")
     scores = view_scores(scorer, pairs, found, folder)
     scored = {(pair.a, pair.b): (pair, score) for pair, score in zip(pairs, scores) if score is not None}
     found.pairs = [pair for pair, _ in scored.values()]
@@ -85,7 +81,6 @@ def view_scores(scorer: CollectionMatcher, pairs: list[CropPair], crops: CropVie
     kept (a crop is its image's own content), in both orders where the collection's matcher scores them so. The
     scored chunks of each kind of view pair and order are kept in ``folder/crops-<view>-<view>[-reversed]``
     (``None``: not kept); the whole images' and the crops' encoder tokens are read from the run's stores."""
-    config = dataclasses.replace(scorer.config, content_tokens=False)
     sources = {VIEW_WHOLE: (scorer.source, scorer.tokens),
                VIEW_CROP: (crops.crops, crops.tokens) if crops is not None else (None, None)}
     scores: dict[int, float | None] = {}
@@ -94,13 +89,8 @@ def view_scores(scorer: CollectionMatcher, pairs: list[CropPair], crops: CropVie
         forward = [(pairs[i].a, pairs[i].b) for i in rows]
         kept = Path(folder) / f"crops-{views[0]}-{views[1]}" if folder is not None else None
         (queries, query_tokens), (references, reference_tokens) = sources[views[0]], sources[views[1]]
-        found = scorer.score(forward, queries, references, config, kept, tokens=(query_tokens, reference_tokens))
-        if scorer.both_orders:
-            backward = scorer.score([(b, a) for a, b in forward], references, queries, config,
-                                    kept and kept.with_name(f"{kept.name}-reversed"),
-                                    tokens=(reference_tokens, query_tokens))
-            found = mean_of_orders(found, backward)
-        scores.update(zip(rows, found))
+        scores.update(zip(rows, scorer.view_scores(forward, queries, references, kept,
+                                                   (query_tokens, reference_tokens))))
     return [scores[i] for i in range(len(pairs))]
 
 

@@ -26,14 +26,13 @@ from pathlib import Path
 
 from ..content.crops import VIEW_LAYOUT, VIEW_WHOLE, Box, CropPair, CropSource, nearest_rows
 from ..content.queries import LAYOUT, query_layouts, query_views
-from ..content.store import TokenStore, source_token_store
 from ..descriptors.cached import Descriptor
 from ..descriptors.extract import extract_descriptors
 from ..descriptors.sets import DescriptorSet
 from ..search.index import DescriptorIndex
 from ..sources import SourceImages
 from .self_search import collection_order
-from .verification import CollectionMatcher, mean_of_orders
+from .verification import CollectionMatcher
 
 
 @dataclasses.dataclass
@@ -116,23 +115,11 @@ def verify_on_layouts(scorer: CollectionMatcher, descriptor: Descriptor, index: 
 def _layout_scores(scorer: CollectionMatcher, crops: CropSource, pairs: list[tuple[str, str]], folder,
                    tokens_folder: Path | None) -> list[float | None]:
     """The matcher's score of each ``(crop, other image)`` pair, every token kept, in both orders where the
-    collection's matcher scores them so (:func:`~.verification.mean_of_orders`)."""
-    config = dataclasses.replace(scorer.config, content_tokens=False)
-    crop_images = SourceImages(crops)
-    tokens: TokenStore | None = None
-    if tokens_folder is not None:
-        tokens = source_token_store(scorer.matcher, crop_images, list(dict.fromkeys(crop for crop, _ in pairs)),
-                                    tokens_folder / "layouts", batch_size=config.batch_size,
-                                    num_workers=config.num_workers, accelerator=scorer.accelerator,
-                                    progress=scorer.progress, log=lambda line: scorer.log(f"layout crops: {line}"))
-        scorer.add_cost({"encoded_views": tokens.encoded, "fused_pairs": 0})
-    kept = Path(folder) / "layouts" if folder is not None else None
-    scores = scorer.score(pairs, crops, scorer.source, config, kept, tokens=(tokens, scorer.tokens))
-    if scorer.both_orders:
-        backward = scorer.score([(other, crop) for crop, other in pairs], scorer.source, crops, config,
-                                kept and kept.with_name("layouts-reversed"), tokens=(scorer.tokens, tokens))
-        scores = mean_of_orders(scores, backward)
-    return scores
+    collection's matcher scores them so (:meth:`~.verification.CollectionMatcher.view_scores`)."""
+    tokens = None if tokens_folder is None else scorer.crop_tokens(
+        crops, list(dict.fromkeys(crop for crop, _ in pairs)), tokens_folder / "layouts", "layout crops")
+    return scorer.view_scores(pairs, crops, scorer.source, Path(folder) / "layouts" if folder is not None else None,
+                              (tokens, scorer.tokens))
 
 
 def _settled(raw: dict[tuple[str, str], float], found: LayoutViews, proposed: dict, scores: list[float | None],

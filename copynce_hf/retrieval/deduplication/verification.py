@@ -83,6 +83,29 @@ class CollectionMatcher:
                             (self.tokens, self.tokens))
         return mean_of_orders(scores[:len(pairs)], scores[len(pairs):]) if self.both_orders else scores
 
+    def view_scores(self, pairs: list[tuple[str, str]], queries, references, folder: Path | None = None,
+                    tokens: tuple = (None, None)) -> list[float | None]:
+        """The matcher's scores of ``pairs`` read from two sources of views (crops and whole images), every token kept
+        (a crop is its image's own content): in both orders where :attr:`both_orders` says so, the reversed pairs' chunks
+        kept beside ``folder`` in ``<folder>-reversed``, then :func:`mean_of_orders`; ``tokens``: the two sides'
+        token stores."""
+        config = dataclasses.replace(self.config, content_tokens=False)
+        scores = self.score(pairs, queries, references, config, folder, tokens=tokens)
+        if not self.both_orders:
+            return scores
+        backward = self.score([(b, a) for a, b in pairs], references, queries, config,
+                              folder and folder.with_name(f"{folder.name}-reversed"), tokens=tokens[::-1])
+        return mean_of_orders(scores, backward)
+
+    def crop_tokens(self, crops, ids: list[str], folder: Path, label: str) -> TokenStore:
+        """The matcher's encoder tokens of the crops ``ids`` of a crop source, each encoded once into ``folder``
+        (resumed from it); the passes add to :attr:`cost`, the log lines start with ``label``."""
+        store = source_token_store(self.matcher, SourceImages(crops), ids, folder, batch_size=self.config.batch_size,
+                                   num_workers=self.config.num_workers, accelerator=self.accelerator,
+                                   progress=self.progress, log=lambda line: self.log(f"{label}: {line}"))
+        self.add_cost({"encoded_views": store.encoded, "fused_pairs": 0})
+        return store
+
     def add_cost(self, cost: dict[str, int]) -> None:
         """Add a scoring's encoder and fusion passes to :attr:`cost`."""
         self.cost = cost if self.cost is None else {name: self.cost[name] + cost[name] for name in cost}
