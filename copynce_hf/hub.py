@@ -123,6 +123,11 @@ def _architecture_rows(config, kind: str) -> list[tuple[str, str]]:
             "the last block's output (no final LayerNorm)")
         rows.append(("Head", f"linear (no bias) -> batch norm -> L2 normalisation on the CLS token ({final_norm}), "
                              f"{config.descriptor_dim}-d descriptor"))
+        sides = getattr(config, "inference_sizes", None)
+        if sides:
+            rows.append(("Multi-size descriptors", f"at inference the L2-normalised sum of the descriptors at "
+                         f"{', '.join(f'{side}x{side}' for side in sides)} (the image processor gives the largest, "
+                         f"the model resizes it to the others)"))
     else:
         encoder = config.num_hidden_layers - config.num_fusion_layers
         kept = getattr(config, "keep_image_cls_tokens", False)

@@ -48,6 +48,30 @@ def images(tmp_path_factory):
     return root
 
 
+def test_a_multi_size_descriptor_folder_indexes_at_each_of_its_sizes(images, tmp_path, capsys):
+    """A descriptor saved with ``inference_sizes`` and its processor at the largest size: ``copynce index`` stores the
+    normalised sum of its descriptors at each size, the smaller read from the processed image."""
+    from conftest import TINY_VIT
+
+    from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel, CopyNCEImageProcessor
+
+    torch.manual_seed(0)
+    model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, inference_sizes=[32, 48], **TINY_VIT))
+    processor = CopyNCEImageProcessor(size={"height": 48, "width": 48})
+    model.save_pretrained(tmp_path / "multi")
+    processor.save_pretrained(tmp_path / "multi")
+    code, _, err = run_cli(capsys, "index", images / "refs", "--model", tmp_path / "multi", "--output", tmp_path / "idx")
+    assert code == 0, err
+    pixels = processor(images=[Image.open(images / "refs" / f"R{i}.png").convert("RGB") for i in range(5)],
+                       return_tensors="pt")["pixel_values"]
+    model.eval().config.inference_sizes = None
+    with torch.no_grad():
+        at_48 = model(pixels).descriptors
+        at_32 = model(torch.nn.functional.interpolate(pixels, size=(32, 32), mode="bicubic", antialias=True)).descriptors
+    expected = torch.nn.functional.normalize(at_48 + at_32, dim=-1).numpy()
+    np.testing.assert_allclose(DescriptorIndex.load(tmp_path / "idx").references.descriptors, expected, atol=1e-5)
+
+
 def test_find_copies_session(models, images, tmp_path, capsys):
     idx = tmp_path / "idx"
     code, out, err = run_cli(capsys, "index", images / "refs", "--model", models["descriptor"], "--output", idx)

@@ -5,6 +5,7 @@ that override it, determinism, reuse, and collections smaller than the sample.""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import html
 import json
 import re
@@ -140,6 +141,36 @@ def test_images_of_the_collection_that_score_as_copies_of_each_other_count_as_ne
     # below a's planted 0.95; f and a at 0.6 reach f's planted 0.1 but not the median
     chosen = self_threshold(pairs, made.sample, 6, 0.9)
     assert chosen.counts["paired_in_collection"] == 2 and chosen.counts["copy_pairs"] == 4
+
+
+def test_the_median_a_pair_of_the_collection_must_reach_is_that_of_planted_pairs_scored_on_its_views():
+    """A layout crop lifts the planted template copies it decides: two whole images of the collection are held to the
+    median of the planted pairs scored on whole images, not to the crops' higher scores; views no planted pair was
+    scored on are held to every planted pair's median."""
+    records = {f"{i:04d}:{image}": {"of": of, "role": role} for i, of, role, images in (
+        (0, "a", "copy", ("original", "copy1")), (1, "b", "copy", ("original", "copy1")),
+        (2, "c", "template", ("original", "template")), (3, "d", "template", ("original", "template")),
+        (4, "e", "template", ("original", "template"))) for image in images}
+    made = SyntheticSet(["a", "b", "c", "d", "e"], {}, records, [])
+
+    def scored(whole_whole: float, crop_whole: float) -> list[SyntheticPair]:
+        pairs = [_pair("0000:copy1", "0000:original", records, 0.990), _pair("0001:copy1", "0001:original", records,
+                                                                             0.991)]
+        pairs += [dataclasses.replace(_pair(f"{i:04d}:original", f"{i:04d}:template", records, 0.999),
+                                      views="whole/layout") for i in (2, 3, 4)]
+        pairs += [_pair("0000:original", "0001:original", records, whole_whole),
+                  dataclasses.replace(_pair("0002:original", "0003:original", records, crop_whole), views="crop/whole")]
+        return pairs
+
+    # a and b at 0.995: above both their planted pairs and the median of the whole-image planted pairs (0.9905),
+    # below the median of every planted pair (0.999, the layout crops'); c and d on views no planted pair had: the
+    # median of all (0.999) holds, and 0.995 is below it
+    pairs = scored(0.995, 0.995)
+    assert mark_paired(pairs, made) == 1
+    assert [pair.kind for pair in pairs][-2:] == [PAIRED, "other image"]
+    pairs = scored(0.9901, 0.9995)
+    assert mark_paired(pairs, made) == 1  # 0.9901 is below b's own planted 0.991; c and d's 0.9995 reaches 0.999
+    assert [pair.kind for pair in pairs][-2:] == ["other image", PAIRED]
 
 
 def _precision(rows: list[dict], threshold: float) -> float:

@@ -213,6 +213,14 @@ def test_card_sections_carry_config_settings_results_and_citation(descriptor_car
     assert "Lu, Yichen and Nie, Siwei and Lu, Minlong and Yang, Xudong and Zhang, Xiaobo and Zhang, Peng" in citation
 
 
+def test_a_multi_size_descriptor_card_says_at_which_sizes_it_describes():
+    card = build_model_card(descriptor_config(inference_sizes=[32, 48]), model_id="m")
+    description = section(card.text, "Model description")
+    assert "| Multi-size descriptors | at inference the L2-normalised sum of the descriptors at 32x32, 48x48" in (
+        description)
+    assert "Multi-size" not in section(build_model_card(descriptor_config(), model_id="m").text, "Model description")
+
+
 def test_matcher_card_describes_pairs_and_fusion():
     card = build_model_card(matcher_config(copynce_gamma=float("inf")), model_id="m", base_model=["a/b", "c/d"])
     assert metadata_of(card)["base_model"] == ["a/b", "c/d"]

@@ -130,6 +130,10 @@ def test_configs_saved_before_the_options_keep_their_form(tmp_path):
         (CopyNCEDescriptorConfig, {"copynce_layer": 13}, "copynce_layer"),
         (CopyNCEDescriptorConfig, {"descriptor_dim": 0}, "descriptor_dim"),
         (CopyNCEDescriptorConfig, {"copynce_weighting": "mean"}, "copynce_weighting"),
+        (CopyNCEDescriptorConfig, {"inference_sizes": [32, 40]}, "inference_sizes"),
+        (CopyNCEDescriptorConfig, {"inference_sizes": []}, "inference_sizes"),
+        (CopyNCEDescriptorConfig, {"inference_sizes": [32, 32]}, "inference_sizes"),
+        (CopyNCEDescriptorConfig, {"inference_sizes": 32}, "inference_sizes"),
         (CopyNCEMatcherConfig, {"num_fusion_layers": 13}, "num_fusion_layers"),
         (CopyNCEMatcherConfig, {"bce_weight": -0.5}, "bce_weight"),
         (CopyNCEMatcherConfig, {"copynce_gamma": -1}, "copynce_gamma"),
@@ -276,6 +280,41 @@ def test_position_embeddings_interpolate_to_other_sizes_and_refuse_bad_ones():
     with torch.no_grad():
         native = model(torch.randn(1, 3, 48, 48), interpolate_pos_encoding=False)
     assert native.patch_tokens.shape == (1, 9, 32)
+
+
+def test_multi_size_descriptors_are_the_normalised_sum_over_sizes_in_eval_only(tmp_path):
+    model = descriptor(inference_sizes=[32, 48]).eval()
+    pixels = torch.randn(3, 3, 48, 48)
+    smaller = torch.nn.functional.interpolate(pixels, size=(32, 32), mode="bicubic", align_corners=False,
+                                              antialias=True)
+    with torch.no_grad():
+        output = model(pixels)
+        features = model.get_image_features(pixels)
+        model.config.inference_sizes = None
+        at_48, at_32 = model(pixels).descriptors, model(smaller).descriptors
+        model.config.inference_sizes = [32, 48]
+    expected = torch.nn.functional.normalize(at_48 + at_32, dim=-1)
+    torch.testing.assert_close(output.descriptors, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(features, expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(expected, at_48, atol=1e-3)  # the smaller size changes the descriptor
+    assert output.patch_tokens.shape == (3, 9, 32)  # the other outputs are those of the input's own size
+    # Training (and the training loss) describes at the input's size only.
+    model.train()
+    pairs = model(pixels, reference_pixel_values=pixels.flip(0))
+    model.eval()
+    assert pairs.loss is not None
+    with torch.no_grad():
+        model.train()
+        trained_mode = model(pixels).descriptors
+        model.config.inference_sizes = None
+        one_size = model(pixels).descriptors
+        model.config.inference_sizes = [32, 48]
+        model.eval()
+    torch.testing.assert_close(trained_mode, one_size, atol=0, rtol=0)
+    # The option survives saving; a folder saved before it describes at one size.
+    model.save_pretrained(tmp_path / "multi")
+    assert CopyNCEDescriptorConfig.from_pretrained(tmp_path / "multi").inference_sizes == [32, 48]
+    assert CopyNCEDescriptorConfig(**TINY).inference_sizes is None
 
 
 # ----------------------------------------------------------------------------- matcher

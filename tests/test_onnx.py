@@ -19,6 +19,7 @@ from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.data import ASSET_IMAGES
+from copynce_hf.modeling.configuration_copynce import input_side
 from copynce_hf.modeling.errors import ConfigError, ShapeError
 from copynce_hf.retrieval import (
     DescriptorIndex,
@@ -80,7 +81,7 @@ def test_descriptor_graph_equals_pytorch_on_bundled_images(onnx_cache):
         assert_close(got.patch_tokens, expected.patch_tokens[: len(batch)])
     manifest = read_manifest(onnx_cache["descriptor"])
     assert manifest["kind"] == "descriptor" and manifest["opset"] == 18
-    assert manifest["image_size"] == [model.config.image_size] * 2
+    assert manifest["image_size"] == [input_side(model.config)] * 2
 
 
 def compare_matchers(model, onnx_model, pixels: torch.Tensor) -> None:
@@ -118,6 +119,26 @@ def test_matcher_scores_through_the_token_cache_equal_pytorch(onnx_cache):
     np.testing.assert_allclose(scores["onnx"], scores["torch"], atol=TOLERANCE, rtol=0)
     with pytest.raises(ConfigError, match="the ONNX fusion graph does not take: use --runtime torch"):
         MatcherScorer(model, processor, content=ContentSettings(0.8))  # the last model loaded: ONNX
+
+
+def test_a_multi_size_descriptor_exports_with_its_resizes_and_takes_its_largest_size(tmp_path, capsys):
+    from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel, CopyNCEImageProcessor
+
+    torch.manual_seed(0)
+    model = CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, inference_sizes=[32, 48],
+                                                           **TINY_VIT)).eval()
+    model.save_pretrained(tmp_path / "tiny")
+    CopyNCEImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "tiny")
+    assert main(["--quiet", "export-onnx", str(tmp_path / "tiny"), str(tmp_path / "small")]) == 2
+    assert "makes 32x32 inputs but the model's largest inference size is 48" in capsys.readouterr().err
+    CopyNCEImageProcessor(size={"height": 48, "width": 48}).save_pretrained(tmp_path / "tiny")
+    assert main(["--quiet", "export-onnx", str(tmp_path / "tiny"), str(tmp_path / "exported")]) == 0
+    onnx_model, processor = load_model(tmp_path / "exported", "descriptor", runtime="onnx")
+    pixels = bundled_pixels(processor)
+    assert pixels.shape[-2:] == (48, 48) and read_manifest(tmp_path / "exported")["image_size"] == [48, 48]
+    with torch.inference_mode():
+        expected = model(pixel_values=pixels)
+    assert_close(onnx_model(pixel_values=pixels).descriptors, expected.descriptors)
 
 
 def test_export_onnx_command_on_a_tiny_matcher_of_the_old_form(tmp_path, capsys):

@@ -55,7 +55,19 @@ def test_a_run_from_a_shipped_model_starts_from_every_one_of_its_weights(kind):
     shipped = json.loads((EMBEDDED / kind / "config.json").read_text())
     assert {key: getattr(model.config, key) for key in ARCHITECTURE if key in shipped} == {
         key: shipped[key] for key in ARCHITECTURE if key in shipped}
-    assert processor.size == {"height": 112, "width": 112}
+    assert processor.size == json.loads((EMBEDDED / kind / "preprocessor_config.json").read_text())["size"]
+
+
+def test_a_run_from_a_multi_size_descriptor_evaluates_and_saves_its_largest_size(tmp_path):
+    from conftest import TINY_VIT
+
+    from copynce_hf import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
+
+    CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=16, inference_sizes=[32, 48], **TINY_VIT)
+                           ).save_pretrained(tmp_path / "multi")
+    model, processor = build_model(parse_args(["--model_name_or_path", str(tmp_path / "multi")]))
+    assert model.config.inference_sizes == [32, 48] and model.config.image_size == 32  # pairs are made at 32
+    assert processor.size == {"height": 48, "width": 48}
 
 
 @pytest.mark.parametrize("kind", ["descriptor", "matcher"])

@@ -254,7 +254,9 @@ def mark_paired(pairs: list[SyntheticPair], collection: SyntheticSet) -> int:
     """Give every verified pair of images made from two sampled images ``a`` and ``b`` the kind :data:`PAIRED` where
     ``a`` and ``b`` themselves score as copies of each other: a verified pair of an image of ``a`` and one of ``b``,
     one of them a sampled image itself or both standing for theirs (:meth:`SyntheticSet.representatives`), scores at
-    least as high as ``a``'s or ``b``'s own planted pair and as half the planted pairs (their median decision score).
+    least as high as ``a``'s or ``b``'s own planted pair and as half the planted pairs scored on the same views as it
+    (their median decision score; all planted pairs where none was scored on those views: a crop lifts the scores of
+    the planted copies it decides, which are no measure of two whole images).
     A folder may hold copies (a small folder's copy pairs are all sampled together): the self-calibration cannot tell
     whether two of its images are copies, and counting them as non-copies would set the threshold above every copy
     pair of the collection. Two edited images alone do not link their originals (they may share a planted frame); a
@@ -263,13 +265,16 @@ def mark_paired(pairs: list[SyntheticPair], collection: SyntheticSet) -> int:
     Returns how many pairs of sampled images were linked so."""
     records = collection.records
     planted: dict[str, float] = {}
+    planted_on: dict[str, dict[str, float]] = {}  # views -> sampled image -> its best planted pair on those views
     for pair in pairs:
         if pair.is_copy:
             of = records[pair.query]["of"]
             planted[of] = max(planted.get(of, -math.inf), pair.score)
+            on_views = planted_on.setdefault(pair.views, {})
+            on_views[of] = max(on_views.get(of, -math.inf), pair.score)
     if not planted:
         return 0
-    half = statistics.median(planted.values())
+    half_of_all = statistics.median(planted.values())
     standing = set(collection.representatives().values())
     linked = set()
     for pair in pairs:
@@ -277,6 +282,8 @@ def mark_paired(pairs: list[SyntheticPair], collection: SyntheticSet) -> int:
         plain = pair.query.endswith(":original") or pair.reference.endswith(":original") or {
             pair.query, pair.reference} <= standing
         known = [planted[of] for of in (a, b) if of in planted]
+        same_views = planted_on.get(pair.views)
+        half = statistics.median(same_views.values()) if same_views else half_of_all
         if a != b and plain and known and pair.score >= max(min(known), half):
             linked.add(frozenset((a, b)))
     for pair in pairs:

@@ -232,11 +232,13 @@ class DescriptorSystem:
                 of ``configs/bench_descriptor.yaml``).
         """
         from copynce_hf.modeling import CopyNCEDescriptorConfig, CopyNCEDescriptorModel, CopyNCEImageProcessor
+        from copynce_hf.modeling.configuration_copynce import input_side
 
         config = CopyNCEDescriptorConfig(**model_config)
         torch.manual_seed(seed)
         model = CopyNCEDescriptorModel(config)
-        processor = CopyNCEImageProcessor(size={"height": config.image_size, "width": config.image_size})
+        side = input_side(config)
+        processor = CopyNCEImageProcessor(size={"height": side, "width": side})
         return cls(name, model, processor, batch_size)
 
     def embed(self, source, description: str):

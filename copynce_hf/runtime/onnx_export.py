@@ -89,9 +89,9 @@ def _graph_modules(model):
     """The graphs of ``model`` as ``{name: (module, example inputs, input names, output names, dynamic axes)}``."""
     import torch
 
-    from ..modeling.configuration_copynce import model_kind
+    from ..modeling.configuration_copynce import input_side, model_kind
 
-    size = model.config.image_size
+    size = input_side(model.config)
     pixels = torch.zeros(2, model.config.num_channels, size, size)  # batch 2: a batch of 1 would be specialised
 
     class Descriptor(torch.nn.Module):
@@ -139,14 +139,15 @@ def export_onnx(model, processor, output: str | os.PathLike, source: str = "") -
     Returns:
         ``output``, written atomically (a failed export leaves no half folder behind).
     """
-    from ..modeling.configuration_copynce import model_kind
+    from ..modeling.configuration_copynce import input_side, model_kind
 
     kind = model_kind(model)
-    size = model.config.image_size
+    size = input_side(model.config)
     processed = processor.size.get("height"), processor.size.get("width")
     if processed != (size, size):
+        named = "largest inference size" if getattr(model.config, "inference_sizes", None) else "image_size"
         raise ConfigError(f"{source or 'the model'}: the image processor makes {processed[0]}x{processed[1]} inputs "
-                          f"but the model's image_size is {size}; the ONNX graphs take the model's size only")
+                          f"but the model's {named} is {size}; the ONNX graphs take that size only")
     model.eval()
     quiet = _QuietRegistry()
     logging.getLogger(_EXPORTER_REGISTRY_LOGGER).addFilter(quiet)
@@ -161,6 +162,7 @@ def _export_graphs(model, processor, kind: str, source: str, output: str | os.Pa
     import torch
 
     from .. import __version__
+    from ..modeling.configuration_copynce import input_side
 
     with StagedFolder(output) as staging:
         for name, (module, inputs, input_names, output_names, dynamic) in _graph_modules(model).items():
@@ -174,7 +176,7 @@ def _export_graphs(model, processor, kind: str, source: str, output: str | os.Pa
             program.save(str(staging / GRAPHS[kind][name]))
         model.config.save_pretrained(staging)
         processor.save_pretrained(staging)
-        size = model.config.image_size
+        size = input_side(model.config)
         manifest = {"kind": kind, "graphs": GRAPHS[kind], "opset": ONNX_OPSET, "image_size": [size, size],
                     "source": source, "exporter": "torch.onnx.export (dynamo)", "torch": torch.__version__,
                     "copynce_hf": __version__}

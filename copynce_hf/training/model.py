@@ -21,6 +21,7 @@ from ..modeling import (
     CopyNCEMatcherConfig,
     CopyNCEMatcherModel,
 )
+from ..modeling.configuration_copynce import input_side
 from ..modeling.errors import ConfigError
 from ..runtime.loading import saved_model_kind
 from .config import TrainingConfig
@@ -64,7 +65,8 @@ def build_model(config: TrainingConfig):
     if config.max_source_side and config.max_source_side < size:
         raise ConfigError(f"invalid configuration value max_source_side={config.max_source_side}: must be 0 (off) "
                           f"or at least the model's image_size={size}")
-    processor = CopyNCEImageProcessor(size={"height": size, "width": size})
+    side = input_side(model.config)  # the evaluation's and the saved folder's inputs
+    processor = CopyNCEImageProcessor(size={"height": side, "width": side})
     return model, processor
 
 

@@ -88,6 +88,13 @@ def _check_positive_int(key: str, value) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, key, value, "must be an integer > 0")
 
 
+def input_side(config) -> int:
+    """The side of the square images a model takes from its image processor: the largest of a descriptor's
+    ``inference_sizes`` (its multi-size descriptors read every other size from it), else ``image_size``."""
+    sides = getattr(config, "inference_sizes", None)
+    return max(sides) if sides else config.image_size
+
+
 def model_kind(model) -> str:
     """``"matcher"`` or ``"descriptor"``, from the ``model_type`` of a model's config (or of a config)."""
     model_type = getattr(getattr(model, "config", model), "model_type", "") or ""
@@ -284,6 +291,11 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
             over the processes (the authors' ``SyncBatchNorm``).
         final_layer_norm, freeze_patch_embeddings: see :class:`CopyNCEViTConfig` (False and True
             for the authors' descriptor).
+        inference_sizes: beyond the paper, multi-size descriptors: input sides (multiples of ``patch_size``) at
+            which an image is described when the model describes without references in eval mode; the descriptor
+            is the L2-normalised sum of the unit descriptors at each side, the input resized (bicubic,
+            antialiased) to each side it is not already at. ``None`` (default): the input's own size only. The
+            image processor should give the largest side, so that no size is read from an enlarged image.
     """
 
     model_type = "copynce-descriptor"
@@ -308,6 +320,7 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         sync_batch_norm: bool | None = None,
         final_layer_norm: bool | None = None,
         freeze_patch_embeddings: bool | None = None,
+        inference_sizes: list[int] | None = None,
         **kwargs,
     ):
         before = EARLIER_DESCRIPTOR_ARCHITECTURE
@@ -331,6 +344,7 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         self.gather_gradients = gather_gradients
         self.infonce_weight = infonce_weight
         self.koleo_weight = koleo_weight
+        self.inference_sizes = list(inference_sizes) if isinstance(inference_sizes, (list, tuple)) else inference_sizes
         super().__init__(**kwargs)
         self._validate_descriptor()
 
@@ -357,6 +371,11 @@ class CopyNCEDescriptorConfig(CopyNCEViTConfig):
         _check(self.head_batch_norm in HEAD_BATCH_NORMS, "head_batch_norm", self.head_batch_norm,
                f"must be one of {HEAD_BATCH_NORMS}")
         _check(isinstance(self.sync_batch_norm, bool), "sync_batch_norm", self.sync_batch_norm, "must be true or false")
+        sizes = self.inference_sizes
+        _check(sizes is None or (isinstance(sizes, list) and len(sizes) > 0 and all(
+            isinstance(side, int) and not isinstance(side, bool) and side > 0 and side % self.patch_size == 0
+            for side in sizes) and len(set(sizes)) == len(sizes)), "inference_sizes", sizes,
+            f"must be null or a list of distinct positive multiples of patch_size ({self.patch_size})")
 
 
 class CopyNCEMatcherConfig(CopyNCEViTConfig):

@@ -550,8 +550,28 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
 
     def get_image_features(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool | None = None
                            ) -> torch.Tensor:
-        """(B, 3, H, W) -> (B, D) unit-norm descriptors."""
-        return self.head(self.encode(pixel_values, interpolate_pos_encoding)[:, 0])
+        """(B, 3, H, W) -> (B, D) unit-norm descriptors (over ``config.inference_sizes`` in eval mode)."""
+        descriptors = self.head(self.encode(pixel_values, interpolate_pos_encoding)[:, 0])
+        return self._over_sizes(pixel_values, descriptors, interpolate_pos_encoding)
+
+    def _over_sizes(self, pixel_values: torch.Tensor, descriptors: torch.Tensor,
+                    interpolate_pos_encoding: bool | None) -> torch.Tensor:
+        """Multi-size descriptors (``config.inference_sizes``, beyond the paper): images (B, 3, H, W) and their
+        descriptors at their own size (B, D) -> the L2-normalised sum of the unit descriptors (B, D) at each side of
+        ``inference_sizes``, the images resized (bicubic, antialiased) to each side they are not at. The descriptors
+        as given in training mode or without ``inference_sizes``."""
+        sides = getattr(self.config, "inference_sizes", None)  # configs saved before the option
+        if self.training or not sides:
+            return descriptors
+        total = torch.zeros_like(descriptors)
+        for side in sides:
+            if tuple(pixel_values.shape[-2:]) == (side, side):
+                total = total + descriptors
+                continue
+            resized = F.interpolate(pixel_values, size=(side, side), mode="bicubic", align_corners=False,
+                                    antialias=True)
+            total = total + self.head(self.encode(resized, interpolate_pos_encoding)[:, 0])
+        return F.normalize(total, dim=-1)
 
     def _backbone(self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states):
         """``(last_hidden_state, copynce patch tokens (B, L, C), states, attentions)`` of one backbone pass."""
@@ -578,6 +598,9 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
     ) -> CopyNCEDescriptorOutput | tuple:
         """Describe images; with reference images, also compute the training loss.
 
+        Without reference images and in eval mode, ``descriptors`` are over ``config.inference_sizes`` when it is
+        set (:class:`CopyNCEDescriptorConfig`); the other outputs are those of ``pixel_values``' own size.
+
         Args:
             pixel_values: (B, 3, H, W) queries, normalised as :class:`CopyNCEImageProcessor` does.
             reference_pixel_values: (B, 3, H', W') references; row ``b`` is a copy pair of query ``b``.
@@ -598,7 +621,9 @@ class CopyNCEDescriptorModel(CopyNCEPreTrainedModel):
             self._encode_sides(pixel_values, reference_pixel_values, options))
         descriptors, reference_descriptors = self._describe(last_hidden_state, reference_last)
         loss = infonce = koleo = copynce = None
-        if reference_pixel_values is not None:
+        if reference_pixel_values is None:
+            descriptors = self._over_sizes(pixel_values, descriptors, interpolate_pos_encoding)
+        else:
             loss, infonce, koleo, copynce = self._pair_loss(
                 descriptors, reference_descriptors, patch_tokens, reference_patch_tokens, overlap_qr, overlap_rq,
                 labels, pair_mask)
