@@ -133,6 +133,21 @@ def test_check_pipeline_names_both_sides():
         calibration.check_pipeline(_pipeline(descriptor_lce="authors"))
 
 
+def test_a_descriptor_weight_ties_the_matcher_stage_and_older_files_were_made_without_one():
+    calibration = _calibration(descriptor_weight=20.0)
+    assert calibration.pipeline["settings"]["descriptor_weight"] == 20.0
+    calibration.check_pipeline(_pipeline(descriptor_weight=20.0))
+    calibration.check_pipeline(_pipeline(matcher=None))  # the descriptor stage's cosines hold without the matcher
+    with pytest.raises(ConfigError, match="descriptor_weight=20, but this run uses descriptor_weight=0; calibrate "
+                                          "again with --descriptor-weight 0"):
+        calibration.check_pipeline(_pipeline())
+    older = _calibration()
+    del older.pipeline["settings"]["descriptor_weight"]
+    older.check_pipeline(_pipeline())
+    with pytest.raises(ConfigError, match="made with descriptor_weight=0, but this run uses descriptor_weight=5"):
+        older.check_pipeline(_pipeline(descriptor_weight=5.0))
+
+
 def test_reference_normalisation_ties_only_the_descriptor_stage():
     """Collection normalisation of the references changes descriptor scores, not the matcher's: a run with a
     matcher may change it, a run without one (the descriptor stage decides) may not; a file written before it

@@ -497,3 +497,55 @@ def test_detect_end_to_end_with_two_descriptors_and_index_reuse(tiny, tmp_path):
                DetectConfig(reference_background="auxiliary", collection=CollectionNormalisation(on=True)), progress=False)
     with pytest.raises(ConfigError, match="descriptor_lce"):
         DetectConfig(descriptor_lce="all")
+
+
+# --------------------------------------------------------------------------- descriptor evidence
+
+
+def test_descriptor_evidence_is_the_matchers_logit_plus_the_weighted_mean_cosine():
+    from copynce_hf.retrieval.detection.evidence import matcher_logits, with_descriptor_evidence
+
+    unit = np.eye(3, dtype=np.float32)
+    first = (DescriptorSet(["q1", "q2"], unit[:2]), DescriptorSet(["r1", "r2"], np.array([[1, 0, 0], [0.6, 0.8, 0]])))
+    second = (DescriptorSet(["q1"], unit[1:2]), DescriptorSet(["r1", "r2"], unit[1:3]))  # q2 unread by this one
+    pairs = [Prediction("q1", "r1", 0.5), Prediction("q2", "r2", 0.9), Prediction("q9", "r1", 1.0)]
+    scored = with_descriptor_evidence(pairs, [first, second], 3.0)
+    # q1/r1: cosines 1 and 1, mean 1; q2/r2: 0.8 from the first only; q9: no descriptor holds it, cosine 0
+    assert [p[:2] for p in scored] == [p[:2] for p in pairs]
+    np.testing.assert_allclose([p.score for p in scored], [0.0 + 3.0, math.log(9) + 3 * 0.8, 16.118095], atol=1e-5)
+    np.testing.assert_allclose(matcher_logits(np.array([0.0, 1.0])), [-16.118095, 16.118095], atol=1e-5)  # clipped
+    assert with_descriptor_evidence([], [first], 3.0) == []
+
+
+def test_detect_with_a_descriptor_weight_scores_pairs_with_both_models(tiny, tmp_path):
+    import torch
+
+    from copynce_hf.retrieval.detection.evidence import matcher_logits
+
+    descriptor, matcher, processor = tiny
+    (tmp_path / "refs").mkdir()
+    (tmp_path / "queries").mkdir()
+    for seed in range(4):
+        noise(64, 48, seed).save(tmp_path / "refs" / f"r{seed}.png")
+    Image.open(tmp_path / "refs" / "r1.png").crop((8, 4, 60, 44)).save(tmp_path / "queries" / "qa.png")
+    noise(48, 48, 77).save(tmp_path / "queries" / "qb.png")
+    queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
+    exact = {"k": 3, "candidates": 3, "content_tokens": False, "encoder_precision": "float32",
+             "fusion_precision": "float32"}
+    models = ([Descriptor("tiny", descriptor, processor)], (matcher, processor), None)
+    alone = detect(queries, references, *models, DetectConfig(**exact), progress=False)
+    weighed = detect(queries, references, *models, DetectConfig(**exact, descriptor_weight=2.5), progress=False)
+    probability = {p[:2]: p.score for p in alone.predictions}
+    assert sorted(p[:2] for p in weighed.predictions) == sorted(probability)
+    def described(folder, name):
+        pixels = processor(images=Image.open(tmp_path / folder / f"{name}.png").convert("RGB"), return_tensors="pt")
+        with torch.no_grad():
+            return descriptor(pixels["pixel_values"]).descriptors[0].numpy()
+    for p in weighed.predictions:
+        cosine = float(described("queries", p.query_id) @ described("refs", p.reference_id))
+        expected = matcher_logits(np.array([probability[p[:2]]]))[0] + 2.5 * cosine
+        assert p.score == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(ConfigError, match="descriptor_weight"):
+        DetectConfig(descriptor_weight=1.0, descriptor_lce="matcher-views")
+    with pytest.raises(ConfigError, match="descriptor_weight"):
+        DetectConfig(descriptor_weight=-1.0)

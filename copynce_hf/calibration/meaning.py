@@ -133,7 +133,12 @@ def detect_score(config, descriptors: int, has_matcher: bool, auxiliary: bool) -
     ``descriptors`` descriptor models, a matcher or not, and an auxiliary set (score normalisation) or not."""
     if has_matcher:
         views = config.matcher_lce != "none" or config.crops_queries
-        return MATCHER_SCORE + (", the highest over the views of a pair scored" if views else "")
+        best = ", the highest over the views of a pair scored" if views else ""
+        if not getattr(config, "descriptor_weight", 0):
+            return MATCHER_SCORE + best
+        cosine = "the descriptor's cosine" if descriptors == 1 else "the descriptors' mean cosine"
+        return (f"the matcher's logit (of its copy probability{best}) plus {config.descriptor_weight:g} x {cosine} "
+                "of the two whole images (--descriptor-weight: a score in logits, not a probability)")
     parts = ["the descriptor's cosine" if descriptors == 1 else "the best cosine of the descriptors"]
     if config.descriptor_lce != "none":
         parts.append("the best over view pairs")

@@ -226,6 +226,7 @@ def pipeline_identity(descriptors: Sequence[str], matcher: str | None, preset: s
     settings["descriptor_content_tokens"] = content_setting(descriptor_content(config))
     settings["query_crops"] = config.crops_queries
     settings["layout_crops"] = config.crops_layouts
+    settings["descriptor_weight"] = float(config.descriptor_weight)
     return {"descriptors": list(descriptors), "matcher": matcher, "preset": preset, "settings": settings}
 
 
@@ -303,6 +304,11 @@ class Calibration:
             if made_with != pipeline["settings"].get(name):
                 raise ConfigError(f"{self.name} was made with {name}={made_with!r}, but this run "
                                   f"uses {name}={pipeline['settings'].get(name)!r}")
+        weighed, weighs = float(mine["settings"].get("descriptor_weight", 0.0)), float(  # older files: 0
+            pipeline["settings"].get("descriptor_weight", 0.0))
+        if pipeline["matcher"] is not None and weighed != weighs:
+            raise ConfigError(f"{self.name} was made with descriptor_weight={weighed:g}, but this run uses "
+                              f"descriptor_weight={weighs:g}; calibrate again with --descriptor-weight {weighs:g}")
         # a file written before reference normalisation existed was made without it
         made_with, used = mine["settings"].get("reference_normalisation"), pipeline["settings"].get(
             "reference_normalisation")

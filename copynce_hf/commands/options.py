@@ -27,7 +27,7 @@ from ..runtime.loading import DEFAULT_DESCRIPTOR, DEFAULT_MATCHER
 #: their ``--preset`` (the collection normalisation's in a group of their own), and those ``dedup`` takes.
 DETECT_SETTINGS = ("alpha", "k_start", "k_end", "descriptor_lce", "matcher_lce", "candidates", "content_tokens",
                    "descriptor_content_tokens", "query_crops", "layout_crops", "layout_candidates", "k",
-                   "fusion_precision", "encoder_precision")
+                   "fusion_precision", "encoder_precision", "descriptor_weight")
 DETECT_COLLECTION_SETTINGS = ("collection", "reference_background")
 DEDUP_SETTINGS = ("candidates", "descriptor_lce", "matcher_lce", "content_tokens", "descriptor_content_tokens",
                   "fusion_precision")

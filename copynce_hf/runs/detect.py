@@ -232,8 +232,9 @@ def score_meaning(request: DetectRequest, config, decision: Decision | None) -> 
     settings = request.pipeline
     models = settings.models
     score = detect_score(config, len(models.descriptors), models.has_matcher, settings.aux is not None)
-    if models.has_matcher:
-        model, card = models.matcher_label(), card_threshold(models.matcher, "matcher")
+    if models.has_matcher:  # the card's threshold is of the matcher's probability, not of a weighted sum of logits
+        model = models.matcher_label()
+        card = None if config.descriptor_weight else card_threshold(models.matcher, "matcher")
     else:
         model, card = ", ".join(models.descriptor_labels()), None
         score += ", of whitened descriptors" if request.whiten_from else ""

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
-from ...configuration.fields import nested, non_negative_int, positive_int, setting
+from ...configuration.fields import nested, non_negative_float, non_negative_int, positive_int, setting
 from ...modeling.errors import ConfigError
 from ..descriptors.views import DESCRIPTOR_LCE_MODES, MATCHER_LCE_MODES, check_mode
 from ..presets import (
@@ -93,6 +94,10 @@ class DetectConfig:
         descriptor_content_tokens: the descriptor search runs again on content descriptors (final-layer patch
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
+        descriptor_weight: beyond the paper, with a matcher: each final pair's score is the matcher's logit plus
+            ``descriptor_weight`` times the pair's descriptor cosine (whole images, averaged over the descriptors;
+            :func:`~copynce_hf.retrieval.detection.evidence.with_descriptor_evidence`), a score in logits rather than a
+            probability; 0 (default): the matcher's probability alone.
     """
 
     k: int = setting(10, "predictions kept per query", type=positive_int)
@@ -154,6 +159,11 @@ class DetectConfig:
         "the matcher's fusion blocks: float32, bfloat16 (autocast; the logits stay float32) or auto "
         "(bfloat16 where the device multiplies it natively: a CPU with AVX-512 bfloat16, a recent GPU)"),
         choices=FUSION_PRECISIONS)
+    descriptor_weight: float = setting(0.0, (
+        "with a matcher: each pair's score is the matcher's logit plus this weight times the descriptors' cosine of the "
+        "two whole images (a score in logits, not a probability: calibrate for a threshold); the descriptor's evidence "
+        "beside the matcher's, worth it where the descriptor is strong (e.g. 20 with SSCD's candidates, "
+        "onnx:sscd.onnx); 0: the matcher's probability alone"), type=non_negative_float, metavar="W")
     encoder_precision: str = setting(DEFAULT_ENCODER_PRECISION, (
         "the descriptors' and the matcher encoder's passes: float32, bfloat16 (autocast, accelerate's mixed precision "
         "bf16) or auto (what accelerate launch --mixed_precision chose, else bfloat16 where the device multiplies it "
@@ -175,6 +185,11 @@ class DetectConfig:
         if self.descriptor_content_tokens and self.descriptor_lce != "none":
             raise ConfigError(f"descriptor content tokens apply to whole images only: descriptor_lce "
                               f"{self.descriptor_lce!r} needs descriptor_content_tokens=False")
+        if not (math.isfinite(float(self.descriptor_weight)) and float(self.descriptor_weight) >= 0):
+            raise ConfigError(f"descriptor_weight must be a finite number of at least 0, got {self.descriptor_weight}")
+        if self.descriptor_weight and self.descriptor_lce != "none":
+            raise ConfigError(f"descriptor_weight weighs the cosine of whole images: descriptor_lce "
+                              f"{self.descriptor_lce!r} needs descriptor_weight 0")
         for name in ("k", "candidates", "batch_size", "chunk_size"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -10,7 +10,8 @@ Stages (supplementary "More about Candidates List for Matcher"):
 2. merge the models' lists per query: union, best score, top ``candidates`` (:func:`~copynce_hf.retrieval.search.candidates.merge_candidates`);
 3. re-score the merged candidates with the matcher (encoder-token cache, LCE view pairs,
    :mod:`copynce_hf.retrieval.verify.scorer`) and keep the top ``k`` per query; without a matcher the top ``k`` merged
-   candidates are the answer.
+   candidates are the answer. With ``descriptor_weight``, the matcher's scores take the descriptors' cosines in
+   (:mod:`copynce_hf.retrieval.detection.evidence`, beyond the paper) before the top ``k`` are kept.
 
 :data:`~copynce_hf.retrieval.presets.DETECT_PRESETS` names three whole settings: ``paper`` (the authors' inference), ``fast``
 (the CPU-sized defaults of :class:`DetectConfig`) and ``accurate`` (local crops on a CPU budget).
@@ -38,6 +39,7 @@ from ..sources import SourceImages
 from ..verify.pairs import score_pairs
 from .candidates import CandidateSearch, DescriptorCandidates, descriptor_candidates
 from .config import MATCHER_VIEW_NAMES, DetectConfig
+from .evidence import with_descriptor_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -140,17 +142,21 @@ def detect(
     search = CandidateSearch(queries, references, auxiliary, whiten_from, config, ViewPreset(config.descriptor_lce),
                              {"batch_size": config.batch_size, "num_workers": config.num_workers,
                               "accelerator": accelerator}, progress, log)
-    result, whole = DetectResult([], [], {}, {}), None
+    result, wholes = DetectResult([], [], {}, {}), []
     for descriptor in descriptors:
         found = descriptor_candidates(search, descriptor, Path(index_folder) / descriptor.name if index_folder else None)
         _add_descriptor(result, descriptor.name, found)
-        whole = whole or (found.whole if config.crops_queries else None)  # the first descriptor's, for query crops
+        wholes.append(found.whole)
+    whole = wholes[0] if config.crops_queries else None  # the first descriptor's, for query crops
     result.candidates = merge_candidates(result.per_model.values(), config.candidates)
     result.candidates_per_query = min(config.candidates, len(references) - len(result.skipped_references))
     if len(descriptors) > 1:
         log(f"merged: {len(result.candidates)} candidate pairs (top {result.candidates_per_query} per query)")
     verified = result.candidates if matcher is None else _matcher_stage(
         result, matcher, search, descriptors[0], whole, rescoring_folder, tokens_folder)
+    if matcher is not None and config.descriptor_weight:
+        verified = with_descriptor_evidence(verified, wholes, config.descriptor_weight)
+        log(f"scores: the matcher's logit + {config.descriptor_weight:g} x the descriptor cosine of the whole images")
     result.predictions = top_per_query(verified, config.k)
     return result
 
