@@ -174,6 +174,20 @@ def test_find_copies_session(models, images, tmp_path, capsys):
     assert "micro_ap" in out and "recall_at_p90" in out
 
 
+def test_detect_with_a_descriptor_weight_says_its_scores_are_logits_and_drops_the_cards_threshold(images, tmp_path,
+                                                                                                   capsys):
+    """The embedded matcher's card holds a threshold of its probability: a weighted sum of logits is not one."""
+    code, out, err = run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
+                             tmp_path / "found", "--candidates", 2, "--descriptor-weight", 4)
+    assert code == 0, err
+    meaning = json.loads((tmp_path / "found" / "scores.json").read_text())
+    assert meaning["score"].startswith("the matcher's logit (of its copy probability")
+    assert "plus 4 x the descriptor's cosine of the two whole images" in meaning["score"]
+    assert meaning["card"] is None and meaning["threshold"] is None
+    assert run_cli(capsys, "detect", images / "queries", "--references", images / "refs", "--output",
+                   tmp_path / "again", "--descriptor-weight", "-1")[0] == 2
+
+
 def test_detect_end_to_end(models, images, tmp_path, capsys):
     out_dir = tmp_path / "found"
     args = ["detect", images / "queries", "--references", images / "refs", "--output", out_dir,
