@@ -182,7 +182,8 @@ def test_detect_with_a_descriptor_weight_says_its_scores_are_logits_and_drops_th
     assert code == 0, err
     meaning = json.loads((tmp_path / "found" / "scores.json").read_text())
     assert meaning["score"].startswith("the matcher's logit (of its copy probability")
-    assert "plus 4 x the descriptor's cosine of the two whole images" in meaning["score"]
+    assert "plus 4 x the descriptor's cosine of the two whole images less the reference's background" in (
+        meaning["score"])
     assert meaning["card"] is None and meaning["threshold"] is None
 
 

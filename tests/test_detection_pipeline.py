@@ -513,6 +513,11 @@ def test_descriptor_evidence_is_the_matchers_logit_plus_the_weighted_mean_cosine
     # q1/r1: cosines 1 and 1, mean 1; q2/r2: 0.8 from the first only; q9: no descriptor holds it, cosine 0
     assert [p[:2] for p in scored] == [p[:2] for p in pairs]
     np.testing.assert_allclose([p.score for p in scored], [0.0 + 3.0, math.log(9) + 3 * 0.8, 16.118095], atol=1e-5)
+    # each descriptor's cosine less the reference's background in it (a reference without one: 0)
+    backgrounds = [{"r1": 0.5, "r2": 0.3}, {"r2": 0.9}]
+    less = with_descriptor_evidence(pairs, [first, second], 3.0, backgrounds)
+    np.testing.assert_allclose([p.score for p in less], [3 * (0.5 + 1.0) / 2, math.log(9) + 3 * 0.5, 16.118095],
+                               atol=1e-5)
     np.testing.assert_allclose(matcher_logits(np.array([0.0, 1.0])), [-16.118095, 16.118095], atol=1e-5)  # clipped
     assert with_descriptor_evidence([], [first], 3.0) == []
 
@@ -531,7 +536,7 @@ def test_detect_with_a_descriptor_weight_scores_pairs_with_both_models(tiny, tmp
     noise(48, 48, 77).save(tmp_path / "queries" / "qb.png")
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
     exact = {"k": 3, "candidates": 3, "content_tokens": False, "encoder_precision": "float32",
-             "fusion_precision": "float32"}
+             "fusion_precision": "float32", "collection": CollectionNormalisation(k_start=0, k_end=1)}
     models = ([Descriptor("tiny", descriptor, processor)], (matcher, processor), None)
     alone = detect(queries, references, *models, DetectConfig(**exact), progress=False)
     weighed = detect(queries, references, *models, DetectConfig(**exact, descriptor_weight=2.5), progress=False)
@@ -541,9 +546,13 @@ def test_detect_with_a_descriptor_weight_scores_pairs_with_both_models(tiny, tmp
         pixels = processor(images=Image.open(tmp_path / folder / f"{name}.png").convert("RGB"), return_tensors="pt")
         with torch.no_grad():
             return descriptor(pixels["pixel_values"]).descriptors[0].numpy()
+    refs = {f"r{seed}": described("refs", f"r{seed}") for seed in range(4)}
     for p in weighed.predictions:
-        cosine = float(described("queries", p.query_id) @ described("refs", p.reference_id))
-        expected = matcher_logits(np.array([probability[p[:2]]]))[0] + 2.5 * cosine
+        cosine = float(described("queries", p.query_id) @ refs[p.reference_id])
+        others = sorted((float(refs[p.reference_id] @ vector) for name, vector in refs.items()
+                         if name != p.reference_id), reverse=True)
+        background = (others[0] + others[1]) / 2  # its 2 nearest other references (ranks 0-1)
+        expected = matcher_logits(np.array([probability[p[:2]]]))[0] + 2.5 * (cosine - background)
         assert p.score == pytest.approx(expected, abs=1e-4)
     with pytest.raises(ConfigError, match="descriptor_weight"):
         DetectConfig(descriptor_weight=1.0, descriptor_lce="matcher-views")

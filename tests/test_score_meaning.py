@@ -80,7 +80,8 @@ def test_each_pipeline_names_its_score():
     weighed = DetectConfig.from_preset("fast", descriptor_weight=20.0)
     assert detect_score(weighed, 2, True, False) == (
         "the matcher's logit (of its copy probability, the highest over the views of a pair scored) plus 20 x the "
-        "descriptors' mean cosine of the two whole images (--descriptor-weight: a score in logits, not a probability)")
+        "descriptors' mean cosine of the two whole images less the reference's background (--descriptor-weight: a "
+        "score in logits, not a probability)")
     assert detect_score(weighed, 1, False, False) == "the descriptor's cosine"  # no matcher: the weight has no say
     assert detect_score(plain, 2, False, True) == ("the best cosine of the descriptors, less 1 x the query's mean "
                                                    "cosine to its auxiliary neighbours of ranks 0-9 (score "

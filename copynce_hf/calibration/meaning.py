@@ -138,7 +138,8 @@ def detect_score(config, descriptors: int, has_matcher: bool, auxiliary: bool) -
             return MATCHER_SCORE + best
         cosine = "the descriptor's cosine" if descriptors == 1 else "the descriptors' mean cosine"
         return (f"the matcher's logit (of its copy probability{best}) plus {config.descriptor_weight:g} x {cosine} "
-                "of the two whole images (--descriptor-weight: a score in logits, not a probability)")
+                "of the two whole images less the reference's background (--descriptor-weight: a score in logits, not "
+                "a probability)")
     parts = ["the descriptor's cosine" if descriptors == 1 else "the best cosine of the descriptors"]
     if config.descriptor_lce != "none":
         parts.append("the best over view pairs")

@@ -62,6 +62,8 @@ class DescriptorCandidates:
         skipped_queries, skipped_references: id -> reason of each image left out.
         whole: the query views' and the references' descriptors of whole images, before content tokens (what query
             crops compare).
+        backgrounds: with ``descriptor_weight``, each reference's background among the whole images (as collection
+            normalisation measures it), which the descriptor's evidence subtracts; ``None`` otherwise.
     """
 
     found: list[Prediction]
@@ -70,6 +72,7 @@ class DescriptorCandidates:
     skipped_queries: dict[str, str]
     skipped_references: dict[str, str]
     whole: tuple[DescriptorSet, DescriptorSet]
+    backgrounds: dict[str, float] | None = None
 
 
 def descriptor_candidates(search: CandidateSearch, descriptor: Descriptor, folder: Path | None
@@ -89,6 +92,10 @@ def descriptor_candidates(search: CandidateSearch, descriptor: Descriptor, folde
         raise PredictionsError(f"none of the {len(search.queries)} query images could be read")
     whole = (query_views, index.references)
     config = search.config
+    backgrounds = None
+    if config.descriptor_weight:  # of the whole images' index; its cache is collection normalisation's unless content
+        backgrounds = reference_backgrounds(search, descriptor, index, auxiliary_index,  # tokens change that index
+                                            None if config.descriptor_content_tokens else folder)
     index, auxiliary_index, query_views = detect_content_search(
         descriptor, (SourceImages(search.queries), SourceImages(search.references),
                      SourceImages(search.auxiliary) if search.auxiliary is not None else None),
@@ -103,7 +110,7 @@ def descriptor_candidates(search: CandidateSearch, descriptor: Descriptor, folde
     search.log(f"{descriptor.name}: {len(found)} candidate pairs ({DESCRIPTOR_VIEW_NAMES[config.descriptor_lce]}"
                f"{normalised})")
     return DescriptorCandidates(found, seconds, [f"query views:{descriptor.name}"] if reused else [],
-                                skipped_queries, skipped_references, whole)
+                                skipped_queries, skipped_references, whole, backgrounds)
 
 
 def _indexes(search: CandidateSearch, descriptor: Descriptor, folder: Path | None, seconds: dict[str, float]

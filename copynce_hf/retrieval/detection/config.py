@@ -95,9 +95,10 @@ class DetectConfig:
             tokens shared at a cosine above ``descriptor_content_tau`` dropped from the input; whole images only,
             ``descriptor_lce`` ``none``); costs two more descriptor passes per image.
         descriptor_weight: beyond the paper, with a matcher: each final pair's score is the matcher's logit plus
-            ``descriptor_weight`` times the pair's descriptor cosine (whole images, averaged over the descriptors;
-            :func:`~copynce_hf.retrieval.detection.evidence.with_descriptor_evidence`), a score in logits rather than a
-            probability; 0 (default): the matcher's probability alone.
+            ``descriptor_weight`` times the pair's descriptor cosine (whole images) less the reference's background
+            (as ``collection`` measures it, on or off), averaged over the descriptors
+            (:mod:`~copynce_hf.retrieval.detection.evidence`): a score in logits rather than a probability; 0
+            (default): the matcher's probability alone.
     """
 
     k: int = setting(10, "predictions kept per query", type=positive_int)
@@ -161,9 +162,10 @@ class DetectConfig:
         choices=FUSION_PRECISIONS)
     descriptor_weight: float = setting(0.0, (
         "with a matcher: each pair's score is the matcher's logit plus this weight times the descriptors' cosine of the "
-        "two whole images (a score in logits, not a probability: calibrate for a threshold); the descriptor's evidence "
-        "beside the matcher's, worth it where the descriptor is strong (e.g. 20 with SSCD's candidates, "
-        "onnx:sscd.onnx); 0: the matcher's probability alone"), type=non_negative_float, metavar="W")
+        "two whole images less the reference's background (its mean cosine to its neighbours of ranks "
+        "--collection-k-start..--collection-k-end, which a shared frame raises); a score in logits, not a "
+        "probability: calibrate for a threshold. The descriptor's evidence beside the matcher's, worth it where the "
+        "descriptor is strong; 0: the matcher's probability alone"), type=non_negative_float, metavar="W")
     encoder_precision: str = setting(DEFAULT_ENCODER_PRECISION, (
         "the descriptors' and the matcher encoder's passes: float32, bfloat16 (autocast, accelerate's mixed precision "
         "bf16) or auto (what accelerate launch --mixed_precision chose, else bfloat16 where the device multiplies it "

@@ -4,15 +4,18 @@ The matcher decides a copy from the two images' tokens, the descriptors from the
 descriptor is strong the two see different copies (a strong descriptor ranks copies the matcher doubts, the matcher
 vetoes look-alikes the descriptor ranks high). A final pair's score becomes
 
-    score(q, r) = logit(p(q, r)) + w * cos(q, r)
+    score(q, r) = logit(p(q, r)) + w * (cos(q, r) - bg(r))
 
 with ``p`` the matcher's probability (its best view, as the pipeline keeps it), ``cos`` the cosine of the two whole
-images' descriptors averaged over the run's descriptors, and ``w`` the weight: a score in logits, not a probability.
+images' descriptors, ``bg(r)`` the reference's background (its mean cosine to its neighbours among the other
+references, as collection normalisation measures it: high for a reference in a frame others share, whose cosine to a
+query in that frame says nothing of their content), both averaged over the run's descriptors, and ``w`` the weight:
+a score in logits, not a probability.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -30,11 +33,14 @@ def matcher_logits(probabilities: np.ndarray) -> np.ndarray:
     return np.log(clipped) - np.log1p(-clipped)
 
 
-def pair_cosines(pairs: Sequence[Prediction], wholes: Sequence[tuple[DescriptorSet, DescriptorSet]]) -> np.ndarray:
-    """(P,) cosine of each pair's query and reference descriptors (whole images), averaged over the descriptors
-    ``wholes`` (each ``(queries, references)``) that hold both images; 0 for a pair none holds."""
+def pair_cosines(pairs: Sequence[Prediction], wholes: Sequence[tuple[DescriptorSet, DescriptorSet]],
+                 backgrounds: Sequence[Mapping[str, float] | None] | None = None) -> np.ndarray:
+    """(P,) cosine of each pair's query and reference descriptors (whole images) less the reference's background in
+    ``backgrounds`` (one mapping per descriptor, a reference missing from it or ``None``: 0), averaged over the
+    descriptors ``wholes`` (each ``(queries, references)``) that hold both images; 0 for a pair none holds."""
     total, counted = np.zeros(len(pairs)), np.zeros(len(pairs))
-    for queries, references in wholes:
+    backgrounds = list(backgrounds) if backgrounds is not None else [None] * len(wholes)
+    for (queries, references), background in zip(wholes, backgrounds, strict=True):
         query_rows = {image_id: row for row, image_id in enumerate(queries.ids)}
         reference_rows = {image_id: row for row, image_id in enumerate(references.ids)}
         held = np.array([p.query_id in query_rows and p.reference_id in reference_rows for p in pairs], dtype=bool)
@@ -43,17 +49,21 @@ def pair_cosines(pairs: Sequence[Prediction], wholes: Sequence[tuple[DescriptorS
         kept = [p for p, h in zip(pairs, held) if h]
         left = _unit(queries.descriptors[[query_rows[p.query_id] for p in kept]])
         right = _unit(references.descriptors[[reference_rows[p.reference_id] for p in kept]])
-        total[held] += np.einsum("pd,pd->p", left, right, dtype=np.float64)
+        less = np.array([(background or {}).get(p.reference_id, 0.0) for p in kept])
+        total[held] += np.einsum("pd,pd->p", left, right, dtype=np.float64) - less
         counted[held] += 1
     return np.divide(total, counted, out=np.zeros_like(total), where=counted > 0)
 
 
 def with_descriptor_evidence(pairs: Sequence[Prediction], wholes: Sequence[tuple[DescriptorSet, DescriptorSet]],
-                             weight: float) -> list[Prediction]:
-    """``pairs`` scored by the matcher (probabilities) rescored ``logit(p) + weight * cos`` (module docstring)."""
+                             weight: float, backgrounds: Sequence[Mapping[str, float] | None] | None = None
+                             ) -> list[Prediction]:
+    """``pairs`` scored by the matcher (probabilities) rescored ``logit(p) + weight * (cos - bg)`` (module
+    docstring; :func:`pair_cosines`)."""
     if not pairs:
         return []
-    scores = matcher_logits(np.array([p.score for p in pairs])) + float(weight) * pair_cosines(pairs, wholes)
+    evidence = pair_cosines(pairs, wholes, backgrounds)
+    scores = matcher_logits(np.array([p.score for p in pairs])) + float(weight) * evidence
     return [Prediction(p.query_id, p.reference_id, float(score)) for p, score in zip(pairs, scores)]
 
 

@@ -142,11 +142,12 @@ def detect(
     search = CandidateSearch(queries, references, auxiliary, whiten_from, config, ViewPreset(config.descriptor_lce),
                              {"batch_size": config.batch_size, "num_workers": config.num_workers,
                               "accelerator": accelerator}, progress, log)
-    result, wholes = DetectResult([], [], {}, {}), []
+    result, wholes, backgrounds = DetectResult([], [], {}, {}), [], []
     for descriptor in descriptors:
         found = descriptor_candidates(search, descriptor, Path(index_folder) / descriptor.name if index_folder else None)
         _add_descriptor(result, descriptor.name, found)
         wholes.append(found.whole)
+        backgrounds.append(found.backgrounds)
     whole = wholes[0] if config.crops_queries else None  # the first descriptor's, for query crops
     result.candidates = merge_candidates(result.per_model.values(), config.candidates)
     result.candidates_per_query = min(config.candidates, len(references) - len(result.skipped_references))
@@ -155,8 +156,9 @@ def detect(
     verified = result.candidates if matcher is None else _matcher_stage(
         result, matcher, search, descriptors[0], whole, rescoring_folder, tokens_folder)
     if matcher is not None and config.descriptor_weight:
-        verified = with_descriptor_evidence(verified, wholes, config.descriptor_weight)
-        log(f"scores: the matcher's logit + {config.descriptor_weight:g} x the descriptor cosine of the whole images")
+        verified = with_descriptor_evidence(verified, wholes, config.descriptor_weight, backgrounds)
+        log(f"scores: the matcher's logit + {config.descriptor_weight:g} x (the descriptor cosine of the whole images "
+            "less the reference's background)")
     result.predictions = top_per_query(verified, config.k)
     return result
 
