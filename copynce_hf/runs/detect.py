@@ -108,10 +108,10 @@ class DetectRun:
     @property
     def gallery_threshold(self) -> float:
         """The score the report's borderline matches are nearest to: the decision's threshold, else 0.5 with a
-        matcher, else the median score."""
+        matcher's probabilities, else (descriptor scores, the matcher's logits weighed with them) the median score."""
         if self.inputs.decision is not None:
             return self.inputs.decision.threshold
-        if self.matcher is not None:
+        if self.matcher is not None and not self.inputs.config.descriptor_weight:
             return 0.5
         return float(sorted(p.score for p in self.result.predictions)[len(self.result.predictions) // 2])
 

@@ -33,7 +33,7 @@ def matcher_logits(probabilities: np.ndarray) -> np.ndarray:
     return np.log(clipped) - np.log1p(-clipped)
 
 
-def pair_cosines(pairs: Sequence[Prediction], wholes: Sequence[tuple[DescriptorSet, DescriptorSet]],
+def pair_evidence(pairs: Sequence[Prediction], wholes: Sequence[tuple[DescriptorSet, DescriptorSet]],
                  backgrounds: Sequence[Mapping[str, float] | None] | None = None) -> np.ndarray:
     """(P,) cosine of each pair's query and reference descriptors (whole images) less the reference's background in
     ``backgrounds`` (one mapping per descriptor, a reference missing from it or ``None``: 0), averaged over the
@@ -59,10 +59,10 @@ def with_descriptor_evidence(pairs: Sequence[Prediction], wholes: Sequence[tuple
                              weight: float, backgrounds: Sequence[Mapping[str, float] | None] | None = None
                              ) -> list[Prediction]:
     """``pairs`` scored by the matcher (probabilities) rescored ``logit(p) + weight * (cos - bg)`` (module
-    docstring; :func:`pair_cosines`)."""
+    docstring; :func:`pair_evidence`)."""
     if not pairs:
         return []
-    evidence = pair_cosines(pairs, wholes, backgrounds)
+    evidence = pair_evidence(pairs, wholes, backgrounds)
     scores = matcher_logits(np.array([p.score for p in pairs])) + float(weight) * evidence
     return [Prediction(p.query_id, p.reference_id, float(score)) for p, score in zip(pairs, scores)]
 
