@@ -142,32 +142,36 @@ def detect(
     search = CandidateSearch(queries, references, auxiliary, whiten_from, config, ViewPreset(config.descriptor_lce),
                              {"batch_size": config.batch_size, "num_workers": config.num_workers,
                               "accelerator": accelerator}, progress, log)
-    result, wholes, backgrounds = DetectResult([], [], {}, {}), [], []
-    for descriptor in descriptors:
-        found = descriptor_candidates(search, descriptor, Path(index_folder) / descriptor.name if index_folder else None)
-        _add_descriptor(result, descriptor.name, found)
-        wholes.append(found.whole)
-        backgrounds.append(found.backgrounds)
-    whole = wholes[0] if config.crops_queries else None  # the first descriptor's, for query crops
+    result = DetectResult([], [], {}, {})
+    found = [descriptor_candidates(search, descriptor, Path(index_folder) / descriptor.name if index_folder else None)
+             for descriptor in descriptors]
+    for descriptor, candidates in zip(descriptors, found):
+        _add_descriptor(result, descriptor.name, candidates)
     result.candidates = merge_candidates(result.per_model.values(), config.candidates)
     result.candidates_per_query = min(config.candidates, len(references) - len(result.skipped_references))
     if len(descriptors) > 1:
         log(f"merged: {len(result.candidates)} candidate pairs (top {result.candidates_per_query} per query)")
     verified = result.candidates if matcher is None else _matcher_stage(
-        result, matcher, search, descriptors[0], whole, rescoring_folder, tokens_folder)
-    if matcher is not None and config.descriptor_weight:
-        verified = with_descriptor_evidence(verified, wholes, config.descriptor_weight, backgrounds)
-        log(f"scores: the matcher's logit + {config.descriptor_weight:g} x (the descriptor cosine of the whole images "
-            "less the reference's background)")
+        result, matcher, search, descriptors[0], found, rescoring_folder, tokens_folder)
     result.predictions = top_per_query(verified, config.k)
     return result
 
 
+def _with_evidence(verified: list[Prediction], found: Sequence[DescriptorCandidates], weight: float,
+                   log: Callable[[str], None]) -> list[Prediction]:
+    """The matcher's ``verified`` pairs with the descriptors' evidence weighed in (``descriptor_weight``)."""
+    log(f"scores: the matcher's logit + {weight:g} x (the descriptor cosine of the whole images less the reference's "
+        "background)")
+    return with_descriptor_evidence(verified, [f.whole for f in found], weight, [f.backgrounds for f in found])
+
+
 def _matcher_stage(result: DetectResult, matcher: tuple, search: CandidateSearch, descriptor: Descriptor,
-                   whole: tuple | None, rescoring_folder, tokens_folder) -> list[Prediction]:
+                   found: Sequence[DescriptorCandidates], rescoring_folder, tokens_folder) -> list[Prediction]:
     """Stage 3: the merged candidates re-scored by the matcher, every image of theirs encoded once into the token
-    stores in ``tokens_folder`` (a temporary folder when ``None``), then the query crops (with ``whole``, the first
-    descriptor's whole-image descriptors; ``None``: no crops)."""
+    stores in ``tokens_folder`` (a temporary folder when ``None``), then the query crops (with the first descriptor,
+    ``descriptor``, and its whole-image descriptors in ``found``, each descriptor's candidates), then the descriptors'
+    evidence where ``descriptor_weight`` asks for it."""
+    whole = found[0].whole if search.config.crops_queries else None
     with token_folder(tokens_folder, search.extract["accelerator"]) as kept_tokens:
         start = time.perf_counter()
         stores = _token_stores(result.candidates, matcher, search, kept_tokens)
@@ -176,6 +180,8 @@ def _matcher_stage(result: DetectResult, matcher: tuple, search: CandidateSearch
         if whole is not None:
             rescored = _with_query_crops(result, rescored, descriptor, matcher, search, whole, rescoring_folder,
                                          stores)
+    if search.config.descriptor_weight:
+        rescored = _with_evidence(rescored, found, search.config.descriptor_weight, search.log)
     return rescored
 
 
