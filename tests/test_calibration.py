@@ -296,6 +296,14 @@ def test_calibrate_command_writes_a_reproducible_file(models, collection, tmp_pa
     distractor_ids = third["provenance"]["distractor_ids"]
     assert len(set(distractor_ids)) == 2 and set(distractor_ids) <= {"D0", "D1", "D2"}  # --sample 2: 2 of the 3
     assert third["provenance"]["counts"]["indexed_references"] == 8
+    # the matcher's scores with the descriptor's evidence weighed in: the file records the weight and what they are
+    code, _, err = run_cli(capsys, *args, "--descriptor-weight", 3, "--output", tmp_path / "d.json")
+    assert code == 0, err
+    weighed = json.loads((tmp_path / "d.json").read_text())
+    assert weighed["pipeline"]["settings"]["descriptor_weight"] == 3.0 and first["pipeline"]["settings"][
+        "descriptor_weight"] == 0.0
+    assert weighed["provenance"]["scores"]["matcher"].startswith("the matcher's logit (of its copy probability")
+    assert weighed["stages"]["descriptor"] == first["stages"]["descriptor"]  # the descriptor stage is the same
 
 
 def test_calibration_finds_planted_copies_with_the_embedded_models(collection):
