@@ -536,7 +536,8 @@ def test_detect_with_a_descriptor_weight_scores_pairs_with_both_models(tiny, tmp
     noise(48, 48, 77).save(tmp_path / "queries" / "qb.png")
     queries, references = ImageFolderSource(tmp_path / "queries"), ImageFolderSource(tmp_path / "refs")
     exact = {"k": 3, "candidates": 3, "content_tokens": False, "encoder_precision": "float32",
-             "fusion_precision": "float32", "collection": CollectionNormalisation(k_start=0, k_end=1)}
+             "fusion_precision": "float32", "collection": CollectionNormalisation(on=True, k_start=0, k_end=1)}
+    # collection normalisation on: the candidates' search and the evidence share one measure of the backgrounds
     models = ([Descriptor("tiny", descriptor, processor)], (matcher, processor), None)
     alone = detect(queries, references, *models, DetectConfig(**exact), progress=False)
     weighed = detect(queries, references, *models, DetectConfig(**exact, descriptor_weight=2.5), progress=False)

@@ -19,7 +19,6 @@ from PIL import Image
 
 from copynce_hf.cli import main
 from copynce_hf.data import ASSET_IMAGES
-from copynce_hf.modeling.configuration_copynce import input_side
 from copynce_hf.modeling.errors import ConfigError, ShapeError
 from copynce_hf.retrieval import (
     DescriptorIndex,
@@ -81,7 +80,7 @@ def test_descriptor_graph_equals_pytorch_on_bundled_images(onnx_cache):
         assert_close(got.patch_tokens, expected.patch_tokens[: len(batch)])
     manifest = read_manifest(onnx_cache["descriptor"])
     assert manifest["kind"] == "descriptor" and manifest["opset"] == 18
-    assert manifest["image_size"] == [input_side(model.config)] * 2
+    assert manifest["image_size"] == [model.config.image_size] * 2
 
 
 def compare_matchers(model, onnx_model, pixels: torch.Tensor) -> None:

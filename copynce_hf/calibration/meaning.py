@@ -134,7 +134,7 @@ def detect_score(config, descriptors: int, has_matcher: bool, auxiliary: bool) -
     if has_matcher:
         views = config.matcher_lce != "none" or config.crops_queries
         best = ", the highest over the views of a pair scored" if views else ""
-        if not getattr(config, "descriptor_weight", 0):
+        if not config.descriptor_weight:
             return MATCHER_SCORE + best
         cosine = "the descriptor's cosine" if descriptors == 1 else "the descriptors' mean cosine"
         return (f"the matcher's logit (of its copy probability{best}) plus {config.descriptor_weight:g} x {cosine} "

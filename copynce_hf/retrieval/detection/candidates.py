@@ -92,7 +92,7 @@ def descriptor_candidates(search: CandidateSearch, descriptor: Descriptor, folde
         raise PredictionsError(f"none of the {len(search.queries)} query images could be read")
     whole = (query_views, index.references)
     config = search.config
-    backgrounds = None
+    backgrounds, whole_index = None, index
     if config.descriptor_weight:  # of the whole images' index; its cache is collection normalisation's unless content
         backgrounds = reference_backgrounds(search, descriptor, index, auxiliary_index,  # tokens change that index
                                             None if config.descriptor_content_tokens else folder)
@@ -104,8 +104,9 @@ def descriptor_candidates(search: CandidateSearch, descriptor: Descriptor, folde
     found = search_references(index, query_views, pool, query_views=search.preset, auxiliary=auxiliary_index,
                               alpha=config.alpha, k_start=config.k_start, k_end=config.k_end)
     normalised = ", score-normalised" if search.auxiliary is not None else ""
-    if config.normalises_references:
-        found, normalised = _less_backgrounds(search, descriptor, found, (index, auxiliary_index), folder, normalised)
+    if config.normalises_references:  # the backgrounds above where the search ran on that same index
+        found, normalised = _less_backgrounds(search, descriptor, found, (index, auxiliary_index), folder, normalised,
+                                              backgrounds if index is whole_index else None)
     seconds[f"search:{descriptor.name}"] = time.perf_counter() - start
     search.log(f"{descriptor.name}: {len(found)} candidate pairs ({DESCRIPTOR_VIEW_NAMES[config.descriptor_lce]}"
                f"{normalised})")
@@ -145,11 +146,13 @@ def descriptor_whitening(search: CandidateSearch, descriptor: Descriptor, folder
 
 
 def _less_backgrounds(search: CandidateSearch, descriptor: Descriptor, found: list[Prediction], indexes: tuple,
-                      folder: Path | None, normalised: str) -> tuple[list[Prediction], str]:
-    """``found`` less each reference's background (collection normalisation), its top ``candidates`` per query, and
-    the log's description of the scores with it."""
+                      folder: Path | None, normalised: str, background: dict[str, float] | None = None
+                      ) -> tuple[list[Prediction], str]:
+    """``found`` less each reference's background (collection normalisation; ``background`` where already measured
+    on ``indexes``), its top ``candidates`` per query, and the log's description of the scores with it."""
     config = search.config
-    background = reference_backgrounds(search, descriptor, *indexes, folder)
+    if background is None:
+        background = reference_backgrounds(search, descriptor, *indexes, folder)
     found = normalised_reference_scores(found, background, config.collection.alpha, config.candidates)
     among = "other references" if config.reference_background == "collection" else "auxiliary images"
     normalised += (f", less each reference's background: its mean cosine to the {among} of ranks "
