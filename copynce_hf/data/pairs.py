@@ -41,12 +41,13 @@ __all__ = ["NEGATIVE_ROLES", "OTHER_IMAGES", "RECIPES", "CopyPairMaker", "CopyPa
            "GroundTruthPairDataset", "StreamingCopyPairDataset"]
 
 #: Names of the copy recipes a pair side can use: ``training`` (this package's heavy augmentation,
-#: ``CopyRecipe.training()``), ``light_copy`` (a few mild edits, ``CopyRecipe.light_copy()``: the second copy
+#: ``CopyRecipe.training()``), ``training_everyday`` (it widened with the edit families users meet,
+#: ``CopyRecipe.training_everyday()``), ``light_copy`` (a few mild edits, ``CopyRecipe.light_copy()``: the second copy
 #: of a copy-to-copy pair), ``paper_descriptor`` / ``paper_matcher`` (the authors' recipes,
 #: ``CopyRecipe.paper_descriptor()`` / ``paper_matcher()``), ``off`` (no random edit, ``CopyRecipe.off()``:
 #: the reference resized to the model input),
 #: ``resize`` (no edit; finetuning), see :class:`CopyPairMaker`.
-RECIPES = ("training", "light_copy", "paper_descriptor", "paper_matcher", "off", "resize")
+RECIPES = ("training", "training_everyday", "light_copy", "paper_descriptor", "paper_matcher", "off", "resize")
 
 #: Where the crop group's "another image" comes from (``TrainingConfig.other_images``): ``training_images``
 #: (another image of the training data, as the authors' ``background_paths``; recorded in the copy's edits

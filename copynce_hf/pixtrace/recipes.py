@@ -75,6 +75,7 @@ from .steps import (
     ALL_FONTS,
     DEMO_WORDS,
     STEP_TYPES,
+    TRAINING_MEME_WORDS,
     AffineStep,
     AlbumentationsStep,
     AspectRatioStep,
@@ -300,6 +301,33 @@ class CopyRecipe:
             ("noise", NoiseStep()),
         )
         return cls(steps=steps, before_resize=tuple(name for name, _ in steps))
+
+    @classmethod
+    def training_everyday(cls) -> CopyRecipe:
+        """:meth:`training` widened with the edit families users meet that it lacks, each on a minority of the
+        copies and with ranges of its own (no evaluation or calibration recipe draws one of these steps): a
+        rotation of 3-45 degrees either way cropped to the content (p 0.15), a skew of 0.05-0.4 (p 0.1) and an
+        aspect change to w/h 0.6-1.7 (p 0.15) after the perspective; solarisation above 128-200 (p 0.08),
+        posterisation to 3-5 bits (p 0.08), edge enhancement (p 0.08) and sharpening by 1.5-4 (p 0.08) after
+        greyscale; the copy pasted small onto another image, 20-50 % of its height (p 0.2: a photo inside a
+        screenshot or a page), after the training recipe's own paste; a meme band of 10-30 % of the height with
+        words of its own (p 0.1) after the padding. Rendered fused, as :meth:`training`."""
+        added = {
+            "perspective": (("rotate", RotateStep(p=0.15, degrees=(3.0, 45.0))),
+                            ("skew", SkewStep(p=0.1, factor=(0.05, 0.4))),
+                            ("aspect_ratio", AspectRatioStep(p=0.15, ratio=(0.6, 1.7)))),
+            "grayscale": (("solarize", SolarizeStep(p=0.08, threshold=(128, 200))),
+                          ("posterize", PosterizeStep(p=0.08, bits=(3, 5))),
+                          ("edge_enhance", EdgeEnhanceStep(p=0.08)),
+                          ("sharpen", SharpenStep(p=0.08, factor=(1.5, 4.0)))),
+            "onto_background": (("small_paste", OntoBackgroundStep(p=0.2, overlay_size=(0.2, 0.5),
+                                                                   background_scale=(1.2, 2.0))),),
+            "pad": (("meme_format", MemeFormatStep(p=0.1, caption=(0.1, 0.3), words=TRAINING_MEME_WORDS)),),
+        }
+        steps = []
+        for name, step in cls.training().steps:
+            steps += [(name, step), *added.get(name, ())]
+        return cls(steps=tuple(steps), before_resize=tuple(name for name, _ in steps))
 
     @classmethod
     def off(cls) -> CopyRecipe:
@@ -624,5 +652,5 @@ def _all_nodes(nodes: Sequence[Node]) -> list[Node]:
 
 
 #: The preset names, as recipe options name them (``CopyRecipe.preset(name)``).
-PRESETS = ("training", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries",
+PRESETS = ("training", "training_everyday", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries",
            "calibration_copies")

@@ -616,6 +616,8 @@ CAPTION_FONTS = ("Chunkfive.ttf", "CaviarDreams.ttf", "Elsie-Black.ttf", "GrandH
 MINIDISC_WORDS = ("LOL", "WHEN YOU SEE IT", "ME IRL", "NOPE", "SO TRUE", "MONDAY MOOD", "WAIT FOR IT", "OK")
 #: Caption words of the demo queries.
 DEMO_WORDS = ("LOL", "ME IRL", "NOPE", "SO TRUE", "WAIT FOR IT", "OK", "MONDAY", "FOUND IT")
+#: Meme band words of the training recipe ``training_everyday`` (none of the evaluation recipes' words).
+TRAINING_MEME_WORDS = ("TFW", "SAME", "BIG IF TRUE", "TOO REAL", "RELATABLE", "THIS IS FINE", "GUESS WHAT", "WOW")
 
 
 @register_step
