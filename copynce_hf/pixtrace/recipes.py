@@ -26,6 +26,10 @@ Presets, as SSCD's ``settings.py`` names presets of one pipeline (:data:`PRESETS
   "All detailed settings in our training pipeline": colour jitter, greyscale, blur, text, emoji,
   flips, affine, perspective, random resized crop, overlay image, random erasing, "etc."; plus
   pasting onto another image, padding, stripes, JPEG, pixelisation, pixel shuffling and noise);
+* :meth:`CopyRecipe.training_everyday`: the training augmentation widened with the edit families users meet
+  that it lacks (rotation, skew, aspect change, solarisation, posterisation, edge enhancement, sharpening, a small
+  paste, a meme band), each on a minority of the copies, with ranges and words no evaluation or calibration recipe
+  uses;
 * :meth:`CopyRecipe.off`: no random edit (with the editor's output size only the resize remains:
   the paper's references and fine-tuning input), a bicubic resize as the image processor's and the
   authors' ``basic_transform``;
