@@ -140,6 +140,19 @@ def test_content_over_frame_pairs_and_the_next_descriptor_size_come_from_their_c
         gpu_training.RunPlan(ASSET_IMAGES, tmp_path, descriptor_size="next").check()
 
 
+def test_a_query_recipe_given_reaches_both_models_and_the_command_line_refuses_an_unknown_one(tmp_path):
+    plan = gpu_training.RunPlan(ASSET_IMAGES, tmp_path, query_recipe="training_everyday")
+    for kind in ("descriptor", "matcher"):
+        assert plan.config(kind, plan.overrides(kind, tmp_path / kind)).query_recipe == "training_everyday"
+    plain = gpu_training.RunPlan(ASSET_IMAGES, tmp_path)
+    assert plain.config("descriptor", plain.overrides("descriptor", tmp_path / "d")).query_recipe == "training"
+    parser = gpu_training.build_parser()
+    assert parser.parse_args(["run", "--dataset", "d", "--output-dir", "o", "--query-recipe",
+                              "training_everyday"]).query_recipe == "training_everyday"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--dataset", "d", "--output-dir", "o", "--query-recipe", "minidisc_queries"])
+
+
 def test_the_bundle_keeps_every_font_the_new_pairs_draw():
     from copynce_hf.pixtrace.edits.frames import FRAME_FONTS
     from copynce_hf.pixtrace.templates import TEMPLATE_FONTS

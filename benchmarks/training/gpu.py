@@ -12,6 +12,7 @@ On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s
     bash .gpu/run.sh                                   # packages into /tmp/site, then ``run --output-dir $OUT``
     bash .gpu/run.sh --pairs content-over-frame        # the same on copy-to-copy and shared-template pairs
     bash .gpu/run.sh --pairs content-over-frame --descriptor-init scratch --descriptor-size next
+    bash .gpu/run.sh --query-recipe training_everyday  # both models' queries with the everyday families added
 
 On the CPU (``tests/test_gpu_training.py`` runs this with tiny numbers)::
 
@@ -92,6 +93,9 @@ PAIR_CONFIGS = {
     "content-over-frame": {"descriptor": REPO_ROOT / "configs" / "content_over_frame_descriptor.yaml",
                            "matcher": REPO_ROOT / "configs" / "content_over_frame_matcher.yaml"},
 }
+#: ``--query-recipe``: the package's own training recipes (the paper presets draw from all of AugLy's fonts, which
+#: the bundle does not carry).
+QUERY_RECIPES = ("training", "training_everyday")
 #: ``--descriptor-size``: the model fields of each descriptor size over ``bench_descriptor.yaml``'s (``embedded``:
 #: 6 blocks, 192 wide, 112 pixels, 8-pixel patches). ``next``: ViT-S's width and depth at the same input, trained
 #: from scratch (``--descriptor-init scratch``): the embedded size stopped improving with more pairs.
@@ -196,7 +200,7 @@ def _bundle_packages(bundle: Path, names: tuple[str, ...]) -> None:
 
 def _training_fonts() -> set[str]:
     """The AugLy fonts (``"<name>.ttf"``) that the runs of every ``--pairs`` may draw: the text steps of their
-    configs' recipes, the queries' captions, and the templates' frames and meme bands."""
+    configs' recipes and of :data:`QUERY_RECIPES`, the queries' captions, and the templates' frames and meme bands."""
     from augly.utils import MEME_DEFAULT_FONT
 
     from copynce_hf.pixtrace import CopyRecipe
@@ -207,6 +211,7 @@ def _training_fonts() -> set[str]:
 
     recipes = {name for configs in PAIR_CONFIGS.values() for path in configs.values() for config in [load_config(path)]
                for name in (config.query_recipe, config.reference_recipe, config.reference_copy_recipe)}
+    recipes |= set(QUERY_RECIPES)
     fonts = {font for name in recipes if name != "off" for _, step in CopyRecipe.preset(name).steps
              if hasattr(step, "font_choices") for font in step.font_choices()}
     return fonts | {*CAPTION_FONTS, *TEMPLATE_FONTS, *FRAME_FONTS, Path(MEME_DEFAULT_FONT).name}
@@ -281,6 +286,7 @@ class RunPlan:
     knn_k: int = 8
     seed: int = 0
     work_dir: Path | None = None
+    query_recipe: str | None = None
 
     def overrides(self, kind: str, folder: Path) -> dict:
         """The training options of a ``kind`` run writing to ``folder`` (the config file gives the rest)."""
@@ -288,6 +294,8 @@ class RunPlan:
                   "per_device_train_batch_size": self.batch_size, "dataloader_num_workers": self.workers,
                   "mixed_precision": self.precision, "num_eval_images": self.held_out, "checkpointing_steps": None,
                   "logging_steps": 10, "report_to": "none", "eval_steps": None}
+        if self.query_recipe is not None:  # both models' queries (the config's recipe otherwise)
+            values["query_recipe"] = self.query_recipe
         if kind == "matcher":
             values.update(model_name_or_path=str(EMBEDDED / "matcher"), init_from_dino=None, learning_rate=2.5e-4)
         elif self.descriptor_init == "embedded":
@@ -516,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="steps (default: --matcher-seconds at the descriptor run's pairs per second)")
     go.add_argument("--knn-k", type=int, default=defaults.knn_k)
     go.add_argument("--seed", type=int, default=defaults.seed)
+    go.add_argument("--query-recipe", choices=QUERY_RECIPES, default=None,
+                    help="both models' query recipe (default: the --pairs configs'; e.g. training_everyday)")
     go.add_argument("--work-dir", type=Path, default=None,
                     help="the runs' folders (default: <output-dir>/work; run.sh: /tmp/gpu-work, outside $OUT)")
     return parser
