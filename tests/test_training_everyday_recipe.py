@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from PIL import Image
+from _oracles import ramp_check
+from conftest import ramp_image
 
 from copynce_hf.data.pairs import RECIPES, CopyPairMaker
 from copynce_hf.modeling.errors import ConfigError
@@ -20,13 +20,9 @@ from copynce_hf.training.config import TrainingConfig
 ADDED = {"rotate", "skew", "aspect_ratio", "solarize", "posterize", "edge_enhance", "sharpen", "small_paste",
          "meme_format"}
 EVALUATION_AND_CALIBRATION = ("minidisc_queries", "demo_queries", "calibration_copies")
-
-
-def _coordinate_image(width=120, height=90) -> Image.Image:
-    """Red encodes the column, green the row: a traced pixel's colour says where it came from."""
-    x = np.broadcast_to(np.linspace(0, 255, width), (height, width))
-    y = np.broadcast_to(np.linspace(0, 255, height)[:, None], (height, width))
-    return Image.fromarray(np.stack([x, y, np.full_like(x, 128)], axis=-1).round().astype(np.uint8), "RGB")
+#: Edits that change a pixel's colour: a copy holding one cannot be judged by the ramp's colours.
+COLOUR_EDITS = {"color_jitter", "grayscale", "solarize", "posterize", "edge_enhance", "sharpen", "blur", "jpeg_quality",
+                "noise", "pixelization", "shuffle_pixels"}
 
 
 def test_it_is_the_training_recipe_with_the_everyday_families_added():
@@ -53,31 +49,32 @@ def test_no_evaluation_or_calibration_recipe_draws_one_of_its_added_steps():
 
 
 def test_every_added_family_is_drawn_and_copies_trace_to_the_pixel():
-    source = _coordinate_image()
+    """The ramp oracle (``_oracles.ramp_check``) on the copies whose colours no edit changed: each traced pixel
+    shows the ramp's colour at the source position its table names."""
     editor = CopyEditor(seed=0, recipe=CopyRecipe.training_everyday(), output_size=(64, 64))
-    drawn, errors = set(), []
-    for seed in range(240):
-        result = editor(source, seed=seed)
-        drawn |= {edit["name"] for edit in result.edits}
-        image = np.asarray(result.image, dtype=np.float32)
-        types = {edit["name"] for edit in result.edits}
-        if types & {"color_jitter", "grayscale", "solarize", "posterize", "edge_enhance", "sharpen", "blur", "jpeg_quality",
-                    "noise", "pixelization", "shuffle_pixels"}:
-            continue  # colours changed: only the geometry-only copies check the trace by colour
-        rows, cols, valid = result.table.positions()
-        inside = valid & (rows > 2) & (rows < 87) & (cols > 2) & (cols < 117)
-        if inside.sum() < 50:
+    drawn, traced, checked = set(), set(), []
+    for seed in range(320):
+        result = editor(ramp_image(90, 120), seed=seed)
+        names = {edit["name"] for edit in result.edits}
+        drawn |= names
+        if names & COLOUR_EDITS:
             continue
-        expected_red = cols[inside] / 119 * 255
-        errors.append(np.median(np.abs(image[..., 0][inside] - expected_red)))
+        check = ramp_check(result.image, result.table)
+        if check.interior < 50:
+            continue
+        assert check.agreement >= 0.99 and check.max_abs_bias <= 0.6, (seed, sorted(names), check)
+        checked.append(seed)
+        traced |= names
     assert {"rotate", "skew", "change_aspect_ratio", "solarize", "posterize", "edge_enhance", "sharpen", "meme_format",
             "overlay_onto_background"} <= drawn
-    assert len(errors) >= 12 and max(errors) < 4.0  # a traced pixel shows the column it came from
+    assert len(checked) >= 12
+    # the added geometric families among the copies the oracle judged
+    assert {"rotate", "skew", "change_aspect_ratio", "meme_format", "overlay_onto_background"} <= traced
 
 
 def test_the_training_takes_it_by_name_and_refuses_a_misspelt_one():
     maker = CopyPairMaker(32, query_recipe="training_everyday")
-    image, table, log = maker.copy(_coordinate_image(), "training_everyday", 3)
+    image, table, log = maker.copy(ramp_image(90, 120), "training_everyday", 3)
     assert image.size == (32, 32) and table.size == (32, 32) and log
     assert TrainingConfig(query_recipe="training_everyday").query_recipe == "training_everyday"
     with pytest.raises(ConfigError, match="training_everyday"):

@@ -656,5 +656,5 @@ def _all_nodes(nodes: Sequence[Node]) -> list[Node]:
 
 
 #: The preset names, as recipe options name them (``CopyRecipe.preset(name)``).
-PRESETS = ("training", "training_everyday", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries", "minidisc_queries",
-           "calibration_copies")
+PRESETS = ("training", "training_everyday", "off", "light_copy", "paper_descriptor", "paper_matcher", "demo_queries",
+           "minidisc_queries", "calibration_copies")
