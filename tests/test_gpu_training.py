@@ -39,11 +39,12 @@ def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp
     assert report["knn_graph"] == {"images": 12, "skipped": 0, "k": 3, "from": descriptor["chosen"]}
     assert (out / "knn_graph.safetensors").is_file()
     # The current models' scores come from the run's own held-out task: the trained matcher, scored the same
-    # way, gives exactly the number its run logged.
+    # way, gives the numbers its run logged (to float rounding: the run and this process may sum in another order,
+    # with other thread counts, which moves a threshold in its seventh digit).
     plan = gpu_training.RunPlan(ASSET_IMAGES, out, device="cpu", batch_size=4, workers=0, precision="no", held_out=4)
     overrides = {**plan.overrides("matcher", work / "rescored"), "knn_graph": str(out / "knn_graph.safetensors"),
                  "model_name_or_path": str(work / "matcher")}
-    assert held_out_score(plan.config("matcher", overrides)) == report["matcher"]["new"]["eval"]
+    assert held_out_score(plan.config("matcher", overrides)) == pytest.approx(report["matcher"]["new"]["eval"], rel=1e-6)
 
 
 def test_steps_come_from_the_measured_pairs_per_second():
