@@ -40,8 +40,10 @@ def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp
     assert (out / "knn_graph.safetensors").is_file()
     # The current models' scores come from the run's own held-out task: the trained matcher, scored the same
     # way, gives the numbers its run logged, to float rounding: the run scores its model in memory, this the folder
-    # it saved, and with the current embedded descriptor a threshold differs by two float32 steps (0.93621927
-    # against 0.93621916, at one thread too; which operation rounds differently was not traced).
+    # it saved, whose weights from_pretrained leaves in the safetensors buffer at addresses that are not 64-byte
+    # aligned; the CPU kernels then sum in another order (in a tiny matcher the first output that differs is the
+    # classifier's; the same weights cloned into aligned memory give bit-identical logits), and a threshold differs
+    # by two float32 steps (0.93621927 against 0.93621916, at one thread too).
     plan = gpu_training.RunPlan(ASSET_IMAGES, out, device="cpu", batch_size=4, workers=0, precision="no", held_out=4)
     overrides = {**plan.overrides("matcher", work / "rescored"), "knn_graph": str(out / "knn_graph.safetensors"),
                  "model_name_or_path": str(work / "matcher")}
