@@ -202,8 +202,22 @@ def launch_two_cpu_processes(target: list[str], environment: dict, timeout: int 
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                str(free_port()), *target]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**environment, "ACCELERATE_USE_CPU": "true"}, cwd=REPO_ROOT)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**environment, "ACCELERATE_USE_CPU": "true"}, cwd=REPO_ROOT) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM, not SIGKILL: the launcher's torchrun agent then stops both ranks (each in a session of its
+            # own), so no rank is left waiting in gloo; the failure shows what the two ranks wrote
+            launcher.terminate()
+            try:
+                stdout, stderr = launcher.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                stdout, stderr = launcher.communicate()
+            pytest.fail(f"two CPU processes still running after {timeout} s, stopped; their output:\n"
+                        f"{stdout[-3000:]}\n{stderr[-8000:]}")
+    return subprocess.CompletedProcess(command, launcher.returncode, stdout, stderr)
 
 
 def shared_split(split: str) -> list[Path]:
