@@ -448,6 +448,31 @@ def test_knn_graph_matches_brute_force_and_round_trips(tmp_path):
         KNNGraph.load(tmp_path / "missing.safetensors")
 
 
+def test_knn_graph_per_group_searches_each_group_apart():
+    """``groups``: every image's neighbours are the brute-force nearest among its own group's readable images
+    only; an image alone in its group (or unreadable) gets none."""
+    rng = np.random.default_rng(2)
+    vectors = rng.normal(size=(25, 8)).astype(np.float32)
+    groups = ["photo"] * 12 + ["procedural"] * 12 + ["alone"]
+    valid = np.ones(25, dtype=bool)
+    valid[3] = False
+    graph = build_knn_graph(vectors, [f"I{i:02d}" for i in range(25)], k=4, valid=valid, groups=groups)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    similarity[:, 3] = -np.inf
+    similarity[np.array(groups)[:, None] != np.array(groups)[None, :]] = -np.inf
+    for row in range(25):
+        if row in (3, 24):
+            assert (graph.neighbors[row] == -1).all()
+            continue
+        assert graph.neighbors[row].tolist() == np.argsort(-similarity[row])[:4].tolist()
+        assert {groups[n] for n in graph.neighbors[row]} == {groups[row]}
+        np.testing.assert_allclose(graph.similarities[row], np.sort(similarity[row])[::-1][:4], rtol=1e-5)
+    with pytest.raises(ValueError, match="one label per image"):
+        build_knn_graph(vectors, [f"I{i:02d}" for i in range(25)], k=4, groups=groups[:-1])
+
+
 def test_ghnm_sampler_algorithm_1_sharding_and_resume():
     rng = np.random.default_rng(2)
     ids = [str(i) for i in range(40)]

@@ -36,7 +36,7 @@ def test_the_run_trains_both_models_and_scores_them_beside_the_embedded_ones(tmp
     assert descriptor["chosen"] in ("ema", "trained") and descriptor["new"]["eval_without_ema"] is not None
     assert descriptor["chosen_score"]["micro_ap"] == max(descriptor["new"]["eval"]["micro_ap"],
                                                          descriptor["new"]["eval_without_ema"]["micro_ap"])
-    assert report["knn_graph"] == {"images": 12, "skipped": 0, "k": 3, "from": descriptor["chosen"]}
+    assert report["knn_graph"] == {"images": 12, "skipped": 0, "k": 3, "group_by": None, "from": descriptor["chosen"]}
     assert (out / "knn_graph.safetensors").is_file()
     # The current models' scores come from the run's own held-out task: the trained matcher, scored the same
     # way, gives the numbers its run logged, to float rounding: the run scores its model in memory, this the folder
@@ -107,6 +107,31 @@ def test_prepare_with_instances_cuts_the_shrunk_training_photos_and_keeps_the_he
     assert images_written[-1].name == "c_held.JPEG" and not any(path.is_symlink() for path in files)  # copies travel
     assert max(Image.open(images_written[-1]).size) == 160
     assert all(max(Image.open(path).size) <= 80 for path in images_written[:-1])  # cells of the shrunk photos
+
+
+def test_knn_group_by_kind_keeps_the_photos_hard_negatives_among_photos(tmp_path):
+    """``--knn-group-by kind`` on an instance folder: the matcher's graph per kind, as the shipped matcher's."""
+    from conftest import TINY_VIT_3_BLOCKS
+
+    from copynce_hf.data import KNNGraph
+    from copynce_hf.data.instances import InstancePlan, make_instances
+    from copynce_hf.modeling import CopyNCEDescriptorConfig, CopyNCEDescriptorModel
+
+    folder = tmp_path / "instances"
+    records = make_instances(sorted(ASSET_IMAGES.glob("*.jpg"))[:6], folder,
+                             InstancePlan(photos=True, procedural=6, side=48), seed=0)
+    kinds = {Path(record["file"]).stem: record["kind"] for record in records}
+    CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=8, **TINY_VIT_3_BLOCKS)).save_pretrained(tmp_path / "d")
+    plan = gpu_training.RunPlan(folder, tmp_path, device="cpu", workers=0, knn_k=3,
+                                                    knn_group_by="kind")
+    report = {"descriptor": {"chosen": "ema"}}
+    path = gpu_training._build_knn_graph(plan, tmp_path / "d", tmp_path, report, lambda stage: None)
+    graph = KNNGraph.load(path)
+    assert report["knn_graph"]["group_by"] == "kind" and (graph.neighbors >= 0).all()
+    for row, image_id in enumerate(graph.ids):
+        assert {kinds[graph.ids[n]] for n in graph.neighbors[row]} == {kinds[image_id]}
+    assert gpu_training.build_parser().parse_args(["run", "--dataset", "x", "--output-dir", "y", "--knn-group-by",
+                                                   "kind"]).knn_group_by == "kind"
 
 
 def test_chosen_trained_weights_travel_in_the_run_layout_so_the_card_names_them(tmp_path):

@@ -23,6 +23,7 @@ from test_dino import dino_state_dict
 from transformers import ViTConfig, ViTModel
 
 from copynce_hf.data import KNNGraph, load_image_dataset
+from copynce_hf.data.instances import InstancePlan, make_instances
 from copynce_hf.data.knn_features import extract_knn_features, load_feature_model
 from copynce_hf.modeling.errors import ConfigError
 
@@ -122,3 +123,29 @@ def test_build_knn_script_writes_the_authors_form(dino, images, tmp_path):
 
     with safe_open(str(path), framework="numpy") as handle:
         assert handle.metadata()["form"] == "authors"
+
+
+def test_build_knn_script_builds_a_graph_per_kind_of_an_instance_folder(dino, images, tmp_path):
+    """``--group_by kind`` on an instance folder: the photos' neighbours are photos and the procedural images'
+    are procedural, from the manifest's kinds; a field the folder does not have, or a plain folder, is an error
+    that names it."""
+    spec = importlib.util.spec_from_file_location("build_knn_script", Path(REPO_ROOT) / "scripts" / "build_knn.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    _, _, pth = dino
+    photos = sorted(Path(images[0]["image"]["path"]).parent.iterdir())
+    folder = tmp_path / "instances"
+    records = make_instances(photos, folder, InstancePlan(photos=True, procedural=5, side=32), seed=0)
+    kinds = {Path(record["file"]).stem: record["kind"] for record in records}
+    common = ["--model", str(pth), "--image_size", str(SIZE), "--k", "3", "--num_workers", "0", "--device", "cpu"]
+    path = script.main(["--dataset", str(folder), "--group_by", "kind", *common, "--output",
+                        str(tmp_path / "knn.safetensors")])
+    graph = KNNGraph.load(path)
+    assert sorted(graph.ids) == sorted(kinds) and (graph.neighbors >= 0).all()
+    for row, image_id in enumerate(graph.ids):
+        assert {kinds[graph.ids[n]] for n in graph.neighbors[row]} == {kinds[image_id]}
+    with pytest.raises(ConfigError, match="'style'.*no field 'style'"):
+        script.main(["--dataset", str(folder), "--group_by", "style", *common, "--output", str(tmp_path / "s.st")])
+    with pytest.raises(ConfigError, match="no such column.*not an instance folder"):
+        script.main(["--dataset", str(photos[0].parent), "--group_by", "kind", *common, "--output",
+                     str(tmp_path / "p.st")])

@@ -13,6 +13,8 @@ On the lent machine, in one device call with ``carry: [".gpu"]`` and ``timeout_s
     bash .gpu/run.sh --pairs content-over-frame        # the same on copy-to-copy and shared-template pairs
     bash .gpu/run.sh --pairs content-over-frame --descriptor-init scratch --descriptor-size next
     bash .gpu/run.sh --query-recipe training_everyday  # both models' queries with the everyday families added
+    bash .gpu/run.sh --query-recipe training_everyday --knn-group-by kind   # after prepare --instances
+                                                       # photos,procedural280: hard negatives within each kind
 
 On the CPU (``tests/test_gpu_training.py`` runs this with tiny numbers)::
 
@@ -36,7 +38,9 @@ What ``run`` does, each step in this process, in this order:
    width and depth at 112 pixels, :data:`DESCRIPTOR_SIZES`) at ``bench_descriptor.yaml``'s learning rate;
 4. of its EMA and trained weights, the one with the better held-out muAP (the run's own evaluation);
 5. the k-NN graph (k = 8) of the training images under that descriptor
-   (:func:`copynce_hf.data.knn_features.knn_graph_of_images`, ``scripts/build_knn.py``'s work);
+   (:func:`copynce_hf.data.knn_features.knn_graph_of_images`, ``scripts/build_knn.py``'s work); with
+   ``--knn-group-by kind`` on an instance folder, a graph per kind (photos' neighbours among photos, procedural
+   images' among procedural ones: the matcher that ships was trained so; both models train on the folder);
 6. the current embedded matcher's held-out score, then the matcher continued from it:
    ``configs/bench_matcher.yaml`` with hard negatives from that graph, ``--batch-size`` pairs per step,
    learning rate 2.5e-4 (the embedded matcher's last continuation), steps that fill ``--matcher-seconds``
@@ -284,6 +288,7 @@ class RunPlan:
     descriptor_steps: int | None = None
     matcher_steps: int | None = None
     knn_k: int = 8
+    knn_group_by: str | None = None
     seed: int = 0
     work_dir: Path | None = None
     query_recipe: str | None = None
@@ -447,14 +452,16 @@ def _build_knn_graph(plan: RunPlan, folder: Path, out: Path, report: dict, save)
     """The hard-negative k-NN graph of the training images from the new descriptor ``folder``, saved as
     ``knn_graph.safetensors``; returns its path."""
     from copynce_hf.data import load_image_dataset
-    from copynce_hf.data.knn_features import knn_graph_of_images
+    from copynce_hf.data.knn_features import image_groups, knn_graph_of_images
 
     images = load_image_dataset(str(plan.dataset), "train")
+    groups = image_groups(images, plan.knn_group_by, plan.dataset) if plan.knn_group_by else None
     graph, kind, skipped = knn_graph_of_images(images, str(folder), plan.knn_k, batch_size=256,
-                                               num_workers=plan.workers, device=plan.device)
-    graph_path = graph.save(out / "knn_graph.safetensors", model=str(folder), features=kind, k=str(plan.knn_k))
+                                               num_workers=plan.workers, device=plan.device, groups=groups)
+    graph_path = graph.save(out / "knn_graph.safetensors", model=str(folder), features=kind, k=str(plan.knn_k),
+                            **({"group_by": plan.knn_group_by} if groups else {}))
     report["knn_graph"] = {"images": len(images), "skipped": skipped, "k": plan.knn_k,
-                           "from": report["descriptor"]["chosen"]}
+                           "group_by": plan.knn_group_by, "from": report["descriptor"]["chosen"]}
     save("k-NN graph built")
     return graph_path
 
@@ -523,6 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
     go.add_argument("--matcher-steps", type=int, default=None,
                     help="steps (default: --matcher-seconds at the descriptor run's pairs per second)")
     go.add_argument("--knn-k", type=int, default=defaults.knn_k)
+    go.add_argument("--knn-group-by", default=None,
+                    help="a k-NN graph per group: a dataset column, or an instance folder's manifest field (kind)")
     go.add_argument("--seed", type=int, default=defaults.seed)
     go.add_argument("--query-recipe", choices=QUERY_RECIPES, default=None,
                     help="both models' query recipe (default: the --pairs configs'; e.g. training_everyday)")

@@ -118,7 +118,8 @@ class KNNGraph:
         return KNNGraph(list(ids), neighbors, similarities)
 
 
-def build_knn_graph(descriptors: np.ndarray, ids: Sequence[str], k: int, valid: np.ndarray | None = None) -> KNNGraph:
+def build_knn_graph(descriptors: np.ndarray, ids: Sequence[str], k: int, valid: np.ndarray | None = None,
+                    groups: Sequence[str] | None = None) -> KNNGraph:
     """Exact k-NN graph by inner product (faiss ``IndexFlatIP``) of L2-normalised descriptors.
 
     Args:
@@ -126,32 +127,45 @@ def build_knn_graph(descriptors: np.ndarray, ids: Sequence[str], k: int, valid: 
         ids: N image ids.
         k: neighbours per image (the image itself excluded).
         valid: optional bool (N,): rows to index; invalid rows get no neighbours and are nobody's.
+        groups: optional N labels: each image's neighbours come from the images of its own group only
+            (a graph per kind of image, e.g. photos among photos and procedural images among procedural ones,
+            so that one kind's hard negatives are not spent on another); an image alone in its group gets none.
     """
-    import faiss
-
     vectors = np.ascontiguousarray(descriptors, dtype=np.float32)
     if vectors.ndim != 2 or len(vectors) != len(ids):
         raise ValueError(f"descriptors must be (N, D) with N = len(ids) = {len(ids)}, got {vectors.shape}")
     if k < 1:
         raise ConfigError(f"k={k} must be >= 1")
     valid = np.ones(len(vectors), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-    rows = np.flatnonzero(valid)
-    if len(rows) < 2:
-        raise ConfigError(f"need at least two readable images to build a k-NN graph, got {len(rows)}")
+    if int(valid.sum()) < 2:
+        raise ConfigError(f"need at least two readable images to build a k-NN graph, got {int(valid.sum())}")
+    if groups is not None and len(groups) != len(ids):
+        raise ValueError(f"groups must give one label per image ({len(ids)}), got {len(groups)}")
     vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    index = faiss.IndexFlatIP(vectors.shape[1])
-    index.add(vectors[rows])
-    search_k = min(k + 1, len(rows))
-    scores, found = index.search(vectors[rows], search_k)
-    found = np.where(found >= 0, rows[np.maximum(found, 0)], -1)
     neighbors = np.full((len(vectors), k), -1, dtype=np.int64)
     similarities = np.zeros((len(vectors), k), dtype=np.float32)
+    labels = np.zeros(len(ids), dtype=np.int64) if groups is None else np.unique(list(groups), return_inverse=True)[1]
+    for label in np.unique(labels):
+        rows = np.flatnonzero(valid & (labels == label))
+        if len(rows) > 1:
+            _search_rows(vectors, rows, k, neighbors, similarities)
+    return KNNGraph(list(ids), neighbors, similarities)
+
+
+def _search_rows(vectors: np.ndarray, rows: np.ndarray, k: int, neighbors: np.ndarray,
+                 similarities: np.ndarray) -> None:
+    """Fill ``neighbors`` / ``similarities`` (N, k) for ``rows`` with their nearest others among ``rows``."""
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors[rows])
+    scores, found = index.search(vectors[rows], min(k + 1, len(rows)))
+    found = np.where(found >= 0, rows[np.maximum(found, 0)], -1)
     for position, row in enumerate(rows):
         keep = found[position] != row  # drop the image itself (and exact duplicates stay as neighbours)
         hits, values = found[position][keep][:k], scores[position][keep][:k]
         neighbors[row, : len(hits)] = hits
         similarities[row, : len(hits)] = values
-    return KNNGraph(list(ids), neighbors, similarities)
 
 
 class CopyPairBatchSampler:

@@ -24,27 +24,53 @@ from tqdm.auto import tqdm
 
 from ..modeling.errors import ConfigError
 from .hard_negatives import KNNGraph, build_knn_graph
+from .instances.folder import read_manifest
 from .loading import ImageDecoder
 
-__all__ = ["KNN_FEATURES", "extract_knn_features", "knn_graph_of_images", "load_feature_model"]
+__all__ = ["KNN_FEATURES", "extract_knn_features", "image_groups", "knn_graph_of_images", "load_feature_model"]
 
 #: The forms of the features (``scripts/build_knn.py --features``), see the module docstring.
 KNN_FEATURES = ("package", "authors")
 
 
 def knn_graph_of_images(images, model: str, k: int, image_size: int = 224, batch_size: int = 64,
-                        num_workers: int = 2, device: str = "cpu", features: str = "package") -> tuple[KNNGraph, str, int]:
+                        num_workers: int = 2, device: str = "cpu", features: str = "package",
+                        groups: list[str] | None = None) -> tuple[KNNGraph, str, int]:
     """``(graph, feature kind, unreadable images skipped)``: the k nearest neighbours of every image of ``images`` (a dataset
     with ``image`` and ``image_id`` columns) under the features of ``model`` (a CopyNCE descriptor or
     ``transformers`` ViT folder or Hub id, or a DINO ``.pth``; ``image_size`` when it has no processor, and always
     with ``features="authors"``). The feature kind is ``descriptors`` or ``cls`` (:func:`load_feature_model`);
-    unreadable images get no neighbours."""
+    unreadable images get no neighbours. ``groups`` (one label per row, :func:`image_groups`): neighbours only
+    within an image's own group."""
     if k < 1:
         raise ConfigError(f"k (--k) must be >= 1, got {k}")
     feature_model, processor, kind = load_feature_model(model, image_size, features)
     vectors, valid, skipped = extract_knn_features(feature_model, processor, kind, images, batch_size, num_workers,
                                                    device)
-    return build_knn_graph(vectors, images["image_id"], k, valid=valid), kind, skipped
+    return build_knn_graph(vectors, images["image_id"], k, valid=valid, groups=groups), kind, skipped
+
+
+def image_groups(images, group_by: str, dataset: str | Path | None = None) -> list[str]:
+    """The group of every row of ``images`` for a graph per group (``scripts/build_knn.py --group_by``): the
+    values of its column ``group_by``, or, for an instance folder ``dataset`` (:mod:`copynce_hf.data.instances`),
+    the field ``group_by`` of each image's record in the folder's manifest (``kind``: ``photo``, ``procedural``,
+    ``grid``, ...)."""
+    if group_by in images.column_names:
+        return [str(value) for value in images[group_by]]
+    manifest = read_manifest(dataset) if dataset is not None and Path(dataset).is_dir() else None
+    if manifest is None:
+        raise ConfigError(f"--group_by {group_by!r}: the dataset has no such column (its columns: "
+                          f"{', '.join(images.column_names)}) and is not an instance folder with a manifest")
+    records = {Path(record["file"]).stem: record for record in manifest["instances"]}
+    groups = []
+    for image_id in images["image_id"]:
+        record = records.get(image_id)
+        if record is None or group_by not in record:
+            raise ConfigError(f"--group_by {group_by!r}: image {image_id!r} of {str(dataset)!r} has "
+                              + ("no record in the folder's manifest" if record is None
+                                 else f"no field {group_by!r} in its manifest record (fields: {', '.join(record)})"))
+        groups.append(str(record[group_by]))
+    return groups
 
 
 def load_feature_model(name: str, image_size: int, features: str = "package"):
