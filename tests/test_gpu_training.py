@@ -122,8 +122,7 @@ def test_knn_group_by_kind_keeps_the_photos_hard_negatives_among_photos(tmp_path
                              InstancePlan(photos=True, procedural=6, side=48), seed=0)
     kinds = {Path(record["file"]).stem: record["kind"] for record in records}
     CopyNCEDescriptorModel(CopyNCEDescriptorConfig(descriptor_dim=8, **TINY_VIT_3_BLOCKS)).save_pretrained(tmp_path / "d")
-    plan = gpu_training.RunPlan(folder, tmp_path, device="cpu", workers=0, knn_k=3,
-                                                    knn_group_by="kind")
+    plan = gpu_training.RunPlan(folder, tmp_path, device="cpu", workers=0, knn_k=3, knn_group_by="kind")
     report = {"descriptor": {"chosen": "ema"}}
     path = gpu_training._build_knn_graph(plan, tmp_path / "d", tmp_path, report, lambda stage: None)
     graph = KNNGraph.load(path)

@@ -137,8 +137,9 @@ def build_knn_graph(descriptors: np.ndarray, ids: Sequence[str], k: int, valid: 
     if k < 1:
         raise ConfigError(f"k={k} must be >= 1")
     valid = np.ones(len(vectors), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-    if int(valid.sum()) < 2:
-        raise ConfigError(f"need at least two readable images to build a k-NN graph, got {int(valid.sum())}")
+    readable = int(valid.sum())
+    if readable < 2:
+        raise ConfigError(f"need at least two readable images to build a k-NN graph, got {readable}")
     if groups is not None and len(groups) != len(ids):
         raise ValueError(f"groups must give one label per image ({len(ids)}), got {len(groups)}")
     vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
