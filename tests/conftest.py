@@ -260,6 +260,33 @@ TINY_VIT_3_BLOCKS = {**TINY_VIT, "num_hidden_layers": 3}
 TINY_VIT_8_PIXEL_PATCHES = {**TINY_VIT, "patch_size": 8}
 
 
+def phone_screenshot(photo: Image.Image, width: int = 360, height: int = 640, top: int = 150, photo_width: int = 300,
+                dark: bool = False) -> tuple[Image.Image, tuple[float, float, float, float]]:
+    """A phone screenshot drawn for one photo: a status bar, a coloured title bar, rows of text above and below the
+    photo, a bar of icons; the photo's box as fractions."""
+    page, ink = ((24, 24, 28), (230, 230, 230)) if dark else ((250, 250, 250), (30, 30, 30))
+    frame = Image.new("RGB", (width, height), page)
+    from PIL import ImageDraw
+
+    draw = ImageDraw.Draw(frame)
+    draw.text((12, 6), "9:41", fill=ink)
+    draw.rectangle((width - 40, 8, width - 14, 18), outline=ink)
+    draw.rectangle((0, 28, width, 72), fill=(40, 120, 200))
+    draw.text((40, 44), "< My notes from the weekend", fill=(255, 255, 255))
+    for row in range(4):
+        draw.text((16, 84 + 14 * row), "today we went to see it again, what a day " * 2, fill=ink)
+    shown = photo.resize((photo_width, round(photo.height * photo_width / photo.width)), Image.BICUBIC)
+    left = 16
+    frame.paste(shown, (left, top))
+    for row in range(12):
+        draw.text((16, top + shown.height + 12 + 14 * row), "never forget this moment with friends " * 2, fill=ink)
+    draw.rectangle((0, height - 44, width, height), fill=(230, 230, 235) if not dark else (10, 10, 12))
+    for number in range(4):
+        draw.ellipse((30 + 90 * number, height - 34, 52 + 90 * number, height - 12), outline=ink, width=2)
+    box = (left / width, top / height, (left + shown.width) / width, (top + shown.height) / height)
+    return frame, box
+
+
 def tiny_model_options(**overrides) -> list[str]:
     """``--model.<key> <value>`` training options of :data:`TINY_VIT` (its patch size is the configs' own)."""
     values = {key: value for key, value in TINY_VIT.items() if key != "patch_size"} | overrides

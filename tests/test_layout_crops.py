@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import phone_screenshot
 from PIL import Image, ImageDraw
 
 from copynce_hf.data import ASSET_IMAGES
@@ -28,34 +29,9 @@ def _photo(name: str) -> Image.Image:
     return Image.open(ASSET_IMAGES / f"{name}.jpg").convert("RGB")
 
 
-def _screenshot(photo: Image.Image, width: int = 360, height: int = 640, top: int = 150, photo_width: int = 300,
-                dark: bool = False) -> tuple[Image.Image, tuple[float, float, float, float]]:
-    """A phone screenshot drawn for one photo: a status bar, a coloured title bar, rows of text above and below the
-    photo, a bar of icons; the photo's box as fractions."""
-    page, ink = ((24, 24, 28), (230, 230, 230)) if dark else ((250, 250, 250), (30, 30, 30))
-    frame = Image.new("RGB", (width, height), page)
-    draw = ImageDraw.Draw(frame)
-    draw.text((12, 6), "9:41", fill=ink)
-    draw.rectangle((width - 40, 8, width - 14, 18), outline=ink)
-    draw.rectangle((0, 28, width, 72), fill=(40, 120, 200))
-    draw.text((40, 44), "< My notes from the weekend", fill=(255, 255, 255))
-    for row in range(4):
-        draw.text((16, 84 + 14 * row), "today we went to see it again, what a day " * 2, fill=ink)
-    shown = photo.resize((photo_width, round(photo.height * photo_width / photo.width)), Image.BICUBIC)
-    left = 16
-    frame.paste(shown, (left, top))
-    for row in range(12):
-        draw.text((16, top + shown.height + 12 + 14 * row), "never forget this moment with friends " * 2, fill=ink)
-    draw.rectangle((0, height - 44, width, height), fill=(230, 230, 235) if not dark else (10, 10, 12))
-    for number in range(4):
-        draw.ellipse((30 + 90 * number, height - 34, 52 + 90 * number, height - 12), outline=ink, width=2)
-    box = (left / width, top / height, (left + shown.width) / width, (top + shown.height) / height)
-    return frame, box
-
-
 def test_a_photo_in_a_lone_screenshot_is_the_region_not_of_the_frame_colours():
     for name, dark in (("rocket", False), ("astronaut", False), ("coffee", True), ("chelsea", False)):
-        framed, box = _screenshot(_photo(name), dark=dark)
+        framed, box = phone_screenshot(_photo(name), dark=dark)
         found = blob_boxes(framed, 2)
         assert found and box_iou(found[0], box) > 0.9, (name, found, box)  # the rows of text are small pieces
         boxes = layout_boxes(framed)
@@ -104,7 +80,7 @@ def test_no_box_where_the_layout_shows_no_photo_in_a_frame():
     ImageDraw.Draw(banner).rectangle((40, 100, 260, 300), fill=(30, 120, 220))
     assert blob_boxes(banner) == []  # a flat box of one colour is part of the frame
     # a photo filling most of its frame is the image itself: no box of it (MAX_SHARE)
-    big, box = _screenshot(_photo("astronaut"), width=360, height=420, top=70, photo_width=330)
+    big, box = phone_screenshot(_photo("astronaut"), width=360, height=420, top=70, photo_width=330)
     assert (box[2] - box[0]) * (box[3] - box[1]) >= MAX_SHARE
     assert all(box_iou(found, box) < 0.9 for found in layout_boxes(big))
 
@@ -181,7 +157,7 @@ def test_detect_finds_the_photo_of_a_lone_screenshot_on_its_layout_crop(tmp_path
 
     (tmp_path / "queries").mkdir()
     (tmp_path / "references").mkdir()
-    framed, box = _screenshot(_photo("rocket"))
+    framed, box = phone_screenshot(_photo("rocket"))
     framed.save(tmp_path / "queries" / "screenshot_rocket.png")
     for name in ("rocket", "horse", "astronaut", "brick", "coffee", "chelsea", "clock_motion", "camera"):
         _photo(name).save(tmp_path / "references" / f"{name}.png")

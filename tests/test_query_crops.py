@@ -163,11 +163,16 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
     import os
     from pathlib import Path
 
-    from conftest import launch_two_cpu_processes
+    from conftest import launch_two_cpu_processes, phone_screenshot
 
     from copynce_hf.cli import main
+    from copynce_hf.data import ASSET_IMAGES
 
     _framed_queries(tmp_path)
+    # and a lone screenshot, whose layout crop decides its pair (tests/test_layout_crops.py: the shipped models')
+    rocket = Image.open(ASSET_IMAGES / "rocket.jpg").convert("RGB")
+    rocket.save(tmp_path / "references" / "rocket.png")
+    phone_screenshot(rocket)[0].save(tmp_path / "queries" / "screenshot.png")
     options = [str(tmp_path / "queries"), "--references", str(tmp_path / "references"), "--candidates", "6", "--k",
                "6", "--gallery", "1", "--quiet", "--encoder-precision", "float32",  # as launched: --mixed_precision no
                "--layout-candidates", "5"]  # a layout crop's nearest five
@@ -181,10 +186,11 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
     from copynce_hf.retrieval.predictions import read_predictions
 
     crops = [(tmp_path / run / "query_crops.csv").read_text(encoding="utf-8") for run in ("one", "two")]
-    assert crops[0] == crops[1]  # the same boxes: the four framed queries'
+    assert crops[0] == crops[1]  # the same boxes: the four framed queries' content crops, the screenshot's layout
     # Which queries a crop decides is the shipped models' output, recorded with them: with the matcher before
     # 29 November's the plain query's layout crop decided a pair too and was listed; with today's it does not
-    assert [line.split(",")[0] for line in crops[0].splitlines()[1:]] == [f"framed{i}" for i in range(4)]
+    listed = [line.split(",")[0] for line in crops[0].splitlines()[1:]]
+    assert listed == [*(f"framed{i}" for i in range(4)), "screenshot"], crops[0]
     one, two = (read_predictions(tmp_path / run / "predictions.csv") for run in ("one", "two"))
     assert [p[:2] for p in one] == [p[:2] for p in two]  # the same pairs in the same order, the same scores
     assert [p.score for p in two] == pytest.approx([p.score for p in one], abs=1e-6)
