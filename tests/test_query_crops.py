@@ -186,11 +186,11 @@ def test_two_processes_crop_the_queries_as_one_does(tmp_path):
     from copynce_hf.retrieval.predictions import read_predictions
 
     crops = [(tmp_path / run / "query_crops.csv").read_text(encoding="utf-8") for run in ("one", "two")]
-    assert crops[0] == crops[1]  # the same boxes: the four framed queries' content crops, the screenshot's layout
-    # Which queries a crop decides is the shipped models' output, recorded with them: with the matcher before
-    # 29 November's the plain query's layout crop decided a pair too and was listed; with today's it does not
+    assert crops[0] == crops[1]  # the same boxes: the framed queries' content crops, the layout crops
+    # Which queries a crop decides is the shipped models' output, recorded with them: the plain query's layout crop
+    # decides a pair with the matcher shipped on 30 November (and before 29 November), not with the one between
     listed = [line.split(",")[0] for line in crops[0].splitlines()[1:]]
-    assert listed == [*(f"framed{i}" for i in range(4)), "screenshot"], crops[0]
+    assert listed == [*(f"framed{i}" for i in range(4)), "plain", "screenshot"], crops[0]
     one, two = (read_predictions(tmp_path / run / "predictions.csv") for run in ("one", "two"))
     assert [p[:2] for p in one] == [p[:2] for p in two]  # the same pairs in the same order, the same scores
     assert [p.score for p in two] == pytest.approx([p.score for p in one], abs=1e-6)
