@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -261,13 +261,11 @@ TINY_VIT_8_PIXEL_PATCHES = {**TINY_VIT, "patch_size": 8}
 
 
 def phone_screenshot(photo: Image.Image, width: int = 360, height: int = 640, top: int = 150, photo_width: int = 300,
-                dark: bool = False) -> tuple[Image.Image, tuple[float, float, float, float]]:
+                     dark: bool = False) -> tuple[Image.Image, tuple[float, float, float, float]]:
     """A phone screenshot drawn for one photo: a status bar, a coloured title bar, rows of text above and below the
     photo, a bar of icons; the photo's box as fractions."""
     page, ink = ((24, 24, 28), (230, 230, 230)) if dark else ((250, 250, 250), (30, 30, 30))
     frame = Image.new("RGB", (width, height), page)
-    from PIL import ImageDraw
-
     draw = ImageDraw.Draw(frame)
     draw.text((12, 6), "9:41", fill=ink)
     draw.rectangle((width - 40, 8, width - 14, 18), outline=ink)
